@@ -1,0 +1,241 @@
+//! The draft side of speculation: keeping a draft model's cache in step with the committed
+//! tokens, and drafting token trees.
+
+use crate::decoder::{forward_tokens, Decoder, LogitRows};
+use crate::sampling::{argmax, max_probability, top_k_tokens};
+use crate::tree::TokenTree;
+use crate::{Error, Result};
+
+/// Tracks which tokens a draft model's cache holds, so that after each verification only the
+/// tokens it has not seen are forwarded and rejected drafts are rolled back.
+#[derive(Clone, Debug, Default)]
+pub struct DraftCursor {
+    cached: Vec<u32>,
+}
+
+impl DraftCursor {
+    /// A cursor for a model whose cache holds the start of `context` (the first
+    /// `min(cached_len, context.len() - 1)` tokens); the rest of the cache is dropped.
+    pub fn attach<D: Decoder + ?Sized>(model: &mut D, context: &[u32]) -> Result<Self> {
+        let keep = model.cached_len().min(context.len().saturating_sub(1));
+        model.truncate(keep)?;
+        Ok(Self {
+            cached: context[..keep].to_vec(),
+        })
+    }
+
+    /// Tokens in the model's cache.
+    pub fn cached(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Rolls the cache back to its longest common prefix with `committed` (keeping at least the
+    /// last committed token out), forwards the missing tokens, and returns the logits that
+    /// predict the token after `committed`.
+    pub fn catch_up<D: Decoder + ?Sized>(
+        &mut self,
+        model: &mut D,
+        committed: &[u32],
+    ) -> Result<Vec<f32>> {
+        if committed.is_empty() {
+            return Err(Error::EmptyInput(
+                "the draft needs at least one committed token",
+            ));
+        }
+        self.rollback(model, committed)?;
+        let keep = self.cached.len().min(committed.len() - 1);
+        model.truncate(keep)?;
+        self.cached.truncate(keep);
+        let missing = &committed[keep..];
+        let row = forward_tokens(model, missing, LogitRows::Last(1))?.into_last_row();
+        self.cached.extend_from_slice(missing);
+        Ok(row)
+    }
+
+    /// Forwards one drafted token and returns the logits after it.
+    pub fn advance<D: Decoder + ?Sized>(&mut self, model: &mut D, token: u32) -> Result<Vec<f32>> {
+        let row = forward_tokens(model, &[token], LogitRows::Last(1))?.into_last_row();
+        self.cached.push(token);
+        Ok(row)
+    }
+
+    /// Drops cached tokens that are not a prefix of `committed`.
+    pub fn rollback<D: Decoder + ?Sized>(
+        &mut self,
+        model: &mut D,
+        committed: &[u32],
+    ) -> Result<()> {
+        let common = self
+            .cached
+            .iter()
+            .zip(committed)
+            .take_while(|(a, b)| a == b)
+            .count();
+        model.truncate(common)?;
+        self.cached.truncate(common);
+        Ok(())
+    }
+}
+
+/// A token tree drafted for one verification step, with the draft passes it cost.
+#[derive(Clone, Debug)]
+pub struct TreeDraft {
+    pub tree: TokenTree,
+    pub forwards: usize,
+}
+
+/// Anything that proposes token trees: a draft model, extra prediction heads, a cache of
+/// earlier outputs.
+pub trait TreeDrafter {
+    /// Proposes a tree rooted at `committed.last()` no deeper than `max_depth`.
+    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft>;
+
+    /// Called when generation ends with the final committed tokens, to drop draft state that
+    /// is not a prefix of them.
+    fn finish(&mut self, committed: &[u32]) -> Result<()>;
+}
+
+/// Settings of a [`SparseTreeDrafter`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SparseTreeConfig {
+    /// Length of the greedy trunk.
+    pub depth: usize,
+    /// Branch where the draft's top probability is below this.
+    pub branch_below: f32,
+    /// Candidates at a branching position, the trunk token included.
+    pub branch_width: usize,
+}
+
+impl Default for SparseTreeConfig {
+    fn default() -> Self {
+        Self {
+            depth: 6,
+            branch_below: 0.6,
+            branch_width: 3,
+        }
+    }
+}
+
+/// Drafts a sparse tree with a small model (SpecASR's sparse token tree, in one pass): a greedy
+/// trunk, plus the draft's runner-up tokens as alternatives wherever its confidence was low.
+#[derive(Debug)]
+pub struct SparseTreeDrafter<D> {
+    model: D,
+    cursor: DraftCursor,
+    config: SparseTreeConfig,
+}
+
+impl<D: Decoder> SparseTreeDrafter<D> {
+    /// Wraps a draft model whose cache holds the start of `context`.
+    pub fn new(mut model: D, context: &[u32], config: SparseTreeConfig) -> Result<Self> {
+        if config.depth == 0 || config.branch_width == 0 {
+            return Err(Error::InvalidConfig(
+                "a sparse tree needs depth >= 1 and branch_width >= 1".into(),
+            ));
+        }
+        let cursor = DraftCursor::attach(&mut model, context)?;
+        Ok(Self {
+            model,
+            cursor,
+            config,
+        })
+    }
+
+    /// The draft model.
+    pub fn model(&self) -> &D {
+        &self.model
+    }
+}
+
+impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
+    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
+        let root = *committed
+            .last()
+            .ok_or(Error::EmptyInput("a tree needs a committed root token"))?;
+        let depth = self.config.depth.min(max_depth);
+        if depth == 0 {
+            return Ok(TreeDraft {
+                tree: TokenTree::new(root),
+                forwards: 0,
+            });
+        }
+        let mut row = self.cursor.catch_up(&mut self.model, committed)?;
+        let mut forwards = 1;
+        let mut candidates = Vec::with_capacity(depth);
+        for i in 0..depth {
+            let trunk = argmax(&row);
+            candidates.push(if max_probability(&row) < self.config.branch_below {
+                top_k_tokens(&row, self.config.branch_width)
+            } else {
+                vec![trunk]
+            });
+            if i + 1 < depth {
+                row = self.cursor.advance(&mut self.model, trunk)?;
+                forwards += 1;
+            }
+        }
+        Ok(TreeDraft {
+            tree: TokenTree::from_candidates(root, &candidates)?,
+            forwards,
+        })
+    }
+
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        self.cursor.rollback(&mut self.model, committed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::{MockConfig, MockDecoder};
+
+    #[test]
+    fn catch_up_forwards_only_what_is_missing() {
+        let mut m = MockDecoder::new(MockConfig::target(16, 3));
+        let mut cursor = DraftCursor::attach(&mut m, &[1, 2, 3]).unwrap();
+        let row = cursor.catch_up(&mut m, &[1, 2, 3]).unwrap();
+        assert_eq!(row, m.logits_for(&[1, 2, 3], 2));
+        cursor.advance(&mut m, 7).unwrap();
+        cursor.advance(&mut m, 8).unwrap();
+        assert_eq!(m.cached_tokens(), vec![1, 2, 3, 7, 8]);
+        // 7 was accepted, 8 rejected and replaced by 9: only 9 is fed.
+        let before = m.forward_count();
+        let row = cursor.catch_up(&mut m, &[1, 2, 3, 7, 9]).unwrap();
+        assert_eq!(m.forward_count(), before + 1);
+        assert_eq!(m.cached_tokens(), vec![1, 2, 3, 7, 9]);
+        assert_eq!(row, m.logits_for(&[1, 2, 3, 7, 9], 4));
+        // Everything already cached: the last token is re-fed to get its logits.
+        cursor.catch_up(&mut m, &[1, 2, 3, 7, 9]).unwrap();
+        assert_eq!(m.cached_tokens(), vec![1, 2, 3, 7, 9]);
+    }
+
+    #[test]
+    fn sparse_drafter_branches_where_unsure() {
+        let target = MockConfig::target(16, 3);
+        let sure = SparseTreeConfig {
+            depth: 4,
+            branch_below: 0.0,
+            branch_width: 3,
+        };
+        let mut d =
+            SparseTreeDrafter::new(MockDecoder::new(target.clone()), &[1, 2], sure).unwrap();
+        let chain = d.draft_tree(&[1, 2], 10).unwrap();
+        assert_eq!(chain.tree.len(), 5, "never unsure: a plain chain");
+        assert_eq!(chain.forwards, 4);
+        let unsure = SparseTreeConfig {
+            depth: 4,
+            branch_below: 1.1,
+            branch_width: 3,
+        };
+        let mut d = SparseTreeDrafter::new(MockDecoder::new(target), &[1, 2], unsure).unwrap();
+        let tree = d.draft_tree(&[1, 2], 2).unwrap().tree;
+        assert_eq!(
+            tree.len(),
+            1 + 2 * 3,
+            "always unsure: three candidates at each of 2 depths"
+        );
+        assert_eq!(tree.max_depth(), 2);
+        assert_eq!(tree.token(1), chain.tree.token(1));
+    }
+}

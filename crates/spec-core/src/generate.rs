@@ -1,0 +1,529 @@
+//! Generic decoding loops over [`Decoder`]s: autoregressive generation, draft-model speculative
+//! decoding (fixed or adaptive draft length) and token-tree speculation.
+//!
+//! Every loop takes the full `context` (prompt and history). The model's cache may already hold
+//! the start of it (the first `min(cached_len, context.len() - 1)` positions are trusted and the
+//! rest is forwarded), which is how callers reuse a cache across turns or partial prompts. On
+//! return the target's cache holds `context` followed by every generated token except the last,
+//! which has not been forwarded yet.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::DType;
+use rand::RngCore;
+
+use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
+use crate::decoder::{forward_tokens, Decoder, Forward, LogitRows};
+use crate::draft::{DraftCursor, TreeDrafter};
+use crate::logits::Logits;
+use crate::sampling::{argmax, max_probability, sample, SamplingConfig};
+use crate::stats::{DecodeStats, StepRecord};
+use crate::tree::TokenTree;
+use crate::{Error, Result};
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token was produced (it is the last output token).
+    Eos,
+    /// `max_new_tokens` were produced.
+    MaxTokens,
+    /// The stop predicate fired.
+    Stop,
+    /// The model's context is full.
+    ContextFull,
+}
+
+/// A predicate over the generated tokens that ends generation when it returns true (e.g. end
+/// of sentence).
+pub type StopPredicate = Arc<dyn Fn(&[u32]) -> bool + Send + Sync>;
+
+/// When to stop generating.
+#[derive(Clone)]
+pub struct StopConditions {
+    /// Tokens that end generation (kept in the output).
+    pub eos: Vec<u32>,
+    /// Most tokens to produce.
+    pub max_new_tokens: usize,
+    /// Checked after every produced token with all tokens produced so far.
+    pub predicate: Option<StopPredicate>,
+}
+
+impl StopConditions {
+    /// Stop after `max_new_tokens` only.
+    pub fn new(max_new_tokens: usize) -> Self {
+        Self {
+            eos: Vec::new(),
+            max_new_tokens,
+            predicate: None,
+        }
+    }
+
+    /// Also stop at any of `eos`.
+    pub fn with_eos(mut self, eos: impl IntoIterator<Item = u32>) -> Self {
+        self.eos.extend(eos);
+        self
+    }
+
+    /// Also stop when `predicate` returns true.
+    pub fn with_predicate(
+        mut self,
+        predicate: impl Fn(&[u32]) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.predicate = Some(Arc::new(predicate));
+        self
+    }
+
+    /// The reason to stop after `generated`, if any.
+    pub fn check(&self, generated: &[u32]) -> Option<FinishReason> {
+        let last = *generated.last()?;
+        if self.eos.contains(&last) {
+            Some(FinishReason::Eos)
+        } else if self.predicate.as_ref().is_some_and(|p| p(generated)) {
+            Some(FinishReason::Stop)
+        } else if generated.len() >= self.max_new_tokens {
+            Some(FinishReason::MaxTokens)
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Debug for StopConditions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopConditions")
+            .field("eos", &self.eos)
+            .field("max_new_tokens", &self.max_new_tokens)
+            .field("predicate", &self.predicate.as_ref().map(|_| "…"))
+            .finish()
+    }
+}
+
+/// The result of a generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Produced tokens (the context not included).
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub stats: DecodeStats,
+}
+
+/// How long a linear draft is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DraftLength {
+    /// Always γ tokens.
+    Fixed(usize),
+    /// Draft until the draft model's top probability falls below `min_confidence` (that token
+    /// is still offered), at most `max` tokens.
+    Adaptive { min_confidence: f32, max: usize },
+}
+
+impl DraftLength {
+    /// The most tokens one step drafts.
+    pub fn max(&self) -> usize {
+        match *self {
+            Self::Fixed(gamma) => gamma,
+            Self::Adaptive { max, .. } => max,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        match *self {
+            Self::Fixed(0) | Self::Adaptive { max: 0, .. } => Err(Error::InvalidConfig(
+                "the draft length must be at least 1".into(),
+            )),
+            Self::Adaptive { min_confidence, .. } if !(0.0..=1.0).contains(&min_confidence) => {
+                Err(Error::InvalidConfig(format!(
+                    "min_confidence must be in [0, 1], got {min_confidence}"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Settings of [`speculative_generate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpeculativeConfig {
+    pub draft_length: DraftLength,
+    pub rule: AcceptanceRule,
+    /// Repetition penalty for every rule; temperature, top-k and top-p for speculative sampling,
+    /// whose draft samples from this distribution (other rules draft and correct by argmax).
+    pub sampling: SamplingConfig,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        Self {
+            draft_length: DraftLength::Fixed(4),
+            rule: AcceptanceRule::greedy(),
+            sampling: SamplingConfig::greedy(),
+        }
+    }
+}
+
+/// Collects produced tokens, streams them and applies the stop conditions.
+struct Output<'a> {
+    tokens: Vec<u32>,
+    stop: &'a StopConditions,
+    on_token: &'a mut dyn FnMut(u32),
+    finish: Option<FinishReason>,
+}
+
+impl<'a> Output<'a> {
+    fn new(stop: &'a StopConditions, on_token: &'a mut dyn FnMut(u32)) -> Self {
+        Self {
+            tokens: Vec::new(),
+            stop,
+            on_token,
+            finish: (stop.max_new_tokens == 0).then_some(FinishReason::MaxTokens),
+        }
+    }
+
+    /// Emits `tokens` in order until a stop condition fires; returns how many were emitted.
+    fn emit(&mut self, tokens: impl IntoIterator<Item = u32>) -> usize {
+        let mut emitted = 0;
+        for t in tokens {
+            if self.finish.is_some() {
+                break;
+            }
+            self.tokens.push(t);
+            (self.on_token)(t);
+            emitted += 1;
+            self.finish = self.stop.check(&self.tokens);
+        }
+        emitted
+    }
+}
+
+/// Forwards the part of `context` the target has not cached and returns the last logits.
+fn prefill<D: Decoder + ?Sized>(
+    model: &mut D,
+    context: &[u32],
+    stats: &mut DecodeStats,
+) -> Result<Vec<f32>> {
+    if context.is_empty() {
+        return Err(Error::EmptyInput(
+            "the context must hold at least one token",
+        ));
+    }
+    if context.len() > model.max_len() {
+        return Err(Error::ContextOverflow {
+            requested: context.len(),
+            max: model.max_len(),
+        });
+    }
+    let keep = model.cached_len().min(context.len() - 1);
+    model.truncate(keep)?;
+    let started = Instant::now();
+    let row = forward_tokens(model, &context[keep..], LogitRows::Last(1))?.into_last_row();
+    stats.target_time += started.elapsed();
+    stats.prompt_tokens += context.len() - keep;
+    stats.target_forwards += 1;
+    Ok(row)
+}
+
+/// Plain autoregressive generation (greedy or sampled), one target forward per token.
+pub fn generate<D: Decoder + ?Sized>(
+    model: &mut D,
+    context: &[u32],
+    sampling: &SamplingConfig,
+    stop: &StopConditions,
+    rng: &mut dyn RngCore,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<Generation> {
+    sampling.validate()?;
+    let started = Instant::now();
+    let mut stats = DecodeStats::default();
+    let mut out = Output::new(stop, on_token);
+    let mut committed = context.to_vec();
+    if out.finish.is_none() {
+        let mut logits = prefill(model, context, &mut stats)?;
+        loop {
+            let token = sampling.choose(&logits, &committed, rng);
+            committed.push(token);
+            out.emit([token]);
+            if out.finish.is_some() {
+                break;
+            }
+            if model.cached_len() + 1 > model.max_len() {
+                out.finish = Some(FinishReason::ContextFull);
+                break;
+            }
+            let t0 = Instant::now();
+            logits = forward_tokens(model, &[token], LogitRows::Last(1))?.into_last_row();
+            stats.target_time += t0.elapsed();
+            stats.target_forwards += 1;
+        }
+    }
+    stats.generated_tokens = out.tokens.len();
+    stats.total_time = started.elapsed();
+    Ok(Generation {
+        tokens: out.tokens,
+        finish: out.finish.expect("the loop ends only with a reason"),
+        stats,
+    })
+}
+
+/// Chooses the first token after the prefill the way the rule's corrections are chosen.
+fn first_token(
+    rule: &AcceptanceRule,
+    sampling: &SamplingConfig,
+    logits: &[f32],
+    context: &[u32],
+    rng: &mut dyn RngCore,
+) -> u32 {
+    let logits = sampling.penalize(logits, context);
+    if rule.is_stochastic() {
+        sample(&sampling.probabilities(&logits), rng)
+    } else {
+        rule.correction(&logits)
+    }
+}
+
+/// Draft-model speculative decoding with a linear draft. With [`AcceptanceRule::Greedy`] the
+/// output is exactly that of greedy [`generate`] on the target.
+pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
+    target: &mut T,
+    draft: &mut D,
+    context: &[u32],
+    config: &SpeculativeConfig,
+    stop: &StopConditions,
+    rng: &mut dyn RngCore,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<Generation> {
+    config.draft_length.validate()?;
+    config.rule.validate()?;
+    config.sampling.validate()?;
+    if draft.vocab_size() != target.vocab_size() {
+        return Err(Error::VocabMismatch {
+            draft: draft.vocab_size(),
+            target: target.vocab_size(),
+        });
+    }
+    let started = Instant::now();
+    let mut stats = DecodeStats::default();
+    let mut out = Output::new(stop, on_token);
+    let mut committed = context.to_vec();
+    let mut cursor = DraftCursor::attach(draft, context)?;
+    let stochastic = config.rule.is_stochastic();
+    let sampling = &config.sampling;
+
+    if out.finish.is_none() {
+        let logits = prefill(target, context, &mut stats)?;
+        let token = first_token(&config.rule, sampling, &logits, &committed, rng);
+        committed.push(token);
+        out.emit([token]);
+    }
+    while out.finish.is_none() {
+        let cached = target.cached_len();
+        let room = target.max_len().saturating_sub(cached);
+        if room == 0 {
+            out.finish = Some(FinishReason::ContextFull);
+            break;
+        }
+        // Never draft beyond what may still be produced or what fits in either cache.
+        let remaining = stop.max_new_tokens - out.tokens.len();
+        let draft_room = draft.max_len().saturating_sub(committed.len());
+        let budget = config
+            .draft_length
+            .max()
+            .min(remaining.saturating_sub(1))
+            .min(room - 1)
+            .min(draft_room);
+
+        let t_draft = Instant::now();
+        let mut drafted = Vec::with_capacity(budget);
+        let mut draft_probs = Vec::new();
+        if budget > 0 {
+            let mut row = cursor.catch_up(draft, &committed)?;
+            stats.draft_forwards += 1;
+            for i in 0..budget {
+                let context_i: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
+                let row_p = sampling.penalize(&row, &context_i);
+                let token = if stochastic {
+                    let probs = sampling.probabilities(&row_p);
+                    let token = sample(&probs, rng);
+                    draft_probs.push(probs);
+                    token
+                } else {
+                    argmax(&row_p)
+                };
+                drafted.push(token);
+                let unsure = matches!(config.draft_length,
+                    DraftLength::Adaptive { min_confidence, .. } if max_probability(&row_p) < min_confidence);
+                if unsure || i + 1 == budget {
+                    break;
+                }
+                row = cursor.advance(draft, token)?;
+                stats.draft_forwards += 1;
+            }
+        }
+        stats.draft_time += t_draft.elapsed();
+
+        let t_verify = Instant::now();
+        let pending = *committed.last().expect("at least one token was produced");
+        let input: Vec<u32> = std::iter::once(pending)
+            .chain(drafted.iter().copied())
+            .collect();
+        let mut rows = forward_tokens(target, &input, LogitRows::All)?;
+        stats.target_forwards += 1;
+        if sampling.repetition_penalty != 1.0 {
+            for i in 0..rows.len() {
+                let context_i: Vec<u32> = committed.iter().chain(&drafted[..i]).copied().collect();
+                sampling.apply_penalty(rows.row_mut(i), &context_i);
+            }
+        }
+        let check = DraftCheck {
+            draft: &drafted,
+            target_logits: &rows,
+            draft_probs: &draft_probs,
+            sampling,
+        };
+        let verdict = config.rule.verify(&check, rng)?;
+        target.truncate(cached + 1 + verdict.accepted)?;
+        stats.target_time += t_verify.elapsed();
+        stats.steps.push(StepRecord {
+            drafted: drafted.len(),
+            accepted: verdict.accepted,
+        });
+
+        let accepted = drafted[..verdict.accepted].iter().copied();
+        let new_tokens: Vec<u32> = accepted.chain([verdict.next_token]).collect();
+        let emitted = out.emit(new_tokens.iter().copied());
+        committed.extend_from_slice(&new_tokens[..emitted]);
+        if emitted < new_tokens.len() {
+            target.truncate(cached + emitted)?;
+        }
+    }
+    cursor.rollback(draft, &committed)?;
+    stats.generated_tokens = out.tokens.len();
+    stats.total_time = started.elapsed();
+    Ok(Generation {
+        tokens: out.tokens,
+        finish: out.finish.expect("the loop ends only with a reason"),
+        stats,
+    })
+}
+
+/// The outcome of verifying a token tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeVerdict {
+    /// Accepted nodes from the root (node 0) down.
+    pub path: Vec<usize>,
+    /// The target's token after the last accepted node.
+    pub next_token: u32,
+}
+
+/// Verifies `tree` (rooted at the last committed token, which the target has not cached) in
+/// one forward pass, keeps the longest path the rule accepts and compacts the target's cache
+/// to it: afterwards the cache holds the root and the accepted nodes.
+pub fn verify_tree<T: Decoder + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+) -> Result<TreeVerdict> {
+    if rule.is_stochastic() {
+        return Err(Error::Unsupported(
+            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
+        ));
+    }
+    let prefix = target.cached_len();
+    let bias = tree.attention_bias(prefix, DType::F32, target.device())?;
+    let positions = tree.position_ids(prefix);
+    let step = Forward::tokens(tree.tokens(), &positions).with_mask(&bias);
+    let logits = target.forward(&step)?;
+    let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
+    let path = tree.longest_path_where(|parent, child| {
+        rule.judge(tree.token(child), rows.row(parent)) == Some(true)
+    });
+    let next_token = rule.correction(rows.row(*path.last().expect("the path holds the root")));
+    let kept: Vec<usize> = path.iter().map(|&node| prefix + node).collect();
+    target.keep_positions(&kept)?;
+    Ok(TreeVerdict { path, next_token })
+}
+
+/// Token-tree speculative decoding: each step a [`TreeDrafter`] proposes a tree, the target
+/// verifies it in one pass ([`verify_tree`]) and keeps the longest accepted path. With
+/// [`AcceptanceRule::Greedy`] the output is exactly that of greedy [`generate`].
+pub fn tree_speculative_generate<T: Decoder + ?Sized>(
+    target: &mut T,
+    drafter: &mut dyn TreeDrafter,
+    context: &[u32],
+    rule: &AcceptanceRule,
+    stop: &StopConditions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<Generation> {
+    rule.validate()?;
+    if rule.is_stochastic() {
+        return Err(Error::Unsupported(
+            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
+        ));
+    }
+    let started = Instant::now();
+    let mut stats = DecodeStats::default();
+    let mut out = Output::new(stop, on_token);
+    let mut committed = context.to_vec();
+    if out.finish.is_none() {
+        let logits = prefill(target, context, &mut stats)?;
+        let token = rule.correction(&logits);
+        committed.push(token);
+        out.emit([token]);
+    }
+    while out.finish.is_none() {
+        let cached = target.cached_len();
+        let room = target.max_len().saturating_sub(cached);
+        if room == 0 {
+            out.finish = Some(FinishReason::ContextFull);
+            break;
+        }
+        let remaining = stop.max_new_tokens - out.tokens.len();
+        let max_depth = remaining.saturating_sub(1).min(room - 1);
+        let t_draft = Instant::now();
+        let draft = drafter.draft_tree(&committed, max_depth)?;
+        stats.draft_time += t_draft.elapsed();
+        stats.draft_forwards += draft.forwards;
+        let tree = draft.tree;
+        if tree.token(0) != *committed.last().expect("a token was produced") {
+            return Err(Error::InvalidTree(
+                "the drafted tree's root is not the last committed token".into(),
+            ));
+        }
+        if tree.len() > room {
+            return Err(Error::ContextOverflow {
+                requested: cached + tree.len(),
+                max: target.max_len(),
+            });
+        }
+
+        let t_verify = Instant::now();
+        let verdict = verify_tree(target, &tree, rule)?;
+        stats.target_time += t_verify.elapsed();
+        stats.target_forwards += 1;
+        stats.steps.push(StepRecord {
+            drafted: tree.len() - 1,
+            accepted: verdict.path.len() - 1,
+        });
+
+        let new_tokens: Vec<u32> = verdict.path[1..]
+            .iter()
+            .map(|&node| tree.token(node))
+            .chain([verdict.next_token])
+            .collect();
+        let emitted = out.emit(new_tokens.iter().copied());
+        committed.extend_from_slice(&new_tokens[..emitted]);
+        if emitted < new_tokens.len() {
+            target.truncate(cached + emitted)?;
+        }
+    }
+    drafter.finish(&committed)?;
+    stats.generated_tokens = out.tokens.len();
+    stats.total_time = started.elapsed();
+    Ok(Generation {
+        tokens: out.tokens,
+        finish: out.finish.expect("the loop ends only with a reason"),
+        stats,
+    })
+}

@@ -1,0 +1,346 @@
+//! A deterministic stand-in for a language model, for testing the loops without weights.
+//!
+//! [`MockDecoder`] is an n-gram model defined by hashing: the logits at a position are a
+//! pseudo-random function of the last `window` tokens the position may attend to and of its
+//! position id. It honours everything a real decoder must: the cache, rollback, tree-path
+//! compaction, explicit position ids and attention masks. A wrong position id or a mask that
+//! lets a node see a sibling changes its logits, so tests built on it catch those bugs. A draft
+//! is the same function plus seeded noise, so draft and target agree often but not always.
+
+use candle_core::{Device, Tensor};
+
+use crate::decoder::{Decoder, DecoderInput, Forward, LogitRows};
+use crate::kv_cache::validate_positions;
+use crate::{Error, Result};
+
+/// Parameters of a [`MockDecoder`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MockConfig {
+    pub vocab_size: usize,
+    /// How many preceding visible tokens the logits depend on.
+    pub window: usize,
+    pub seed: u64,
+    /// Scale of the logits: larger gives peakier distributions.
+    pub sharpness: f32,
+    /// Scale of the seeded noise added to the logits (0 for the target).
+    pub noise: f32,
+    pub noise_seed: u64,
+    pub max_len: usize,
+}
+
+impl MockConfig {
+    /// A target model over `vocab_size` tokens.
+    pub fn target(vocab_size: usize, seed: u64) -> Self {
+        Self {
+            vocab_size,
+            window: 3,
+            seed,
+            sharpness: 4.0,
+            noise: 0.0,
+            noise_seed: 0,
+            max_len: 4096,
+        }
+    }
+
+    /// A draft that approximates this model: the same logits plus noise of scale `noise`.
+    pub fn draft(&self, noise: f32, noise_seed: u64) -> Self {
+        Self {
+            noise,
+            noise_seed,
+            ..self.clone()
+        }
+    }
+}
+
+/// The deterministic mock model. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct MockDecoder {
+    config: MockConfig,
+    /// Cached (token, position id) pairs.
+    cache: Vec<(u32, usize)>,
+    forwards: usize,
+    device: Device,
+}
+
+impl MockDecoder {
+    pub fn new(config: MockConfig) -> Self {
+        Self {
+            config,
+            cache: Vec::new(),
+            forwards: 0,
+            device: Device::Cpu,
+        }
+    }
+
+    /// Forward passes run so far.
+    pub fn forward_count(&self) -> usize {
+        self.forwards
+    }
+
+    /// Tokens in the cache, in order.
+    pub fn cached_tokens(&self) -> Vec<u32> {
+        self.cache.iter().map(|&(t, _)| t).collect()
+    }
+
+    /// Logits after a visible context (tokens in order) for a token at `position`.
+    pub fn logits_for(&self, visible: &[u32], position: usize) -> Vec<f32> {
+        let context = &visible[visible.len().saturating_sub(self.config.window)..];
+        let mut h = mix(self.config.seed ^ 0x5eed);
+        for &t in context {
+            h = mix(h ^ u64::from(t));
+        }
+        h = mix(h ^ (position as u64).wrapping_mul(0x9e37_79b9));
+        let noise_key = mix(h ^ self.config.noise_seed.wrapping_add(0xabcd));
+        (0..self.config.vocab_size as u64)
+            .map(|v| {
+                let base = unit(mix(h ^ v.wrapping_mul(0x2545_f491)));
+                let noise = unit(mix(noise_key ^ v.wrapping_mul(0x6a09_e667)));
+                self.config.sharpness * base * base + self.config.noise * noise
+            })
+            .collect()
+    }
+}
+
+impl Decoder for MockDecoder {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_len(&self) -> usize {
+        self.config.max_len
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn cached_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn forward(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+        let cached = self.cache.len();
+        let rows = step.validate(cached)?;
+        let DecoderInput::Tokens(tokens) = step.input else {
+            return Err(Error::Unsupported("the mock decoder takes token ids only"));
+        };
+        let n = tokens.len();
+        if cached + n > self.config.max_len {
+            return Err(Error::ContextOverflow {
+                requested: cached + n,
+                max: self.config.max_len,
+            });
+        }
+        if let Some(&token) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::TokenOutOfRange {
+                token,
+                vocab: self.config.vocab_size,
+            });
+        }
+        let visible: Option<Vec<Vec<f32>>> = match step.mask {
+            Some(mask) => Some(mask.squeeze(0)?.squeeze(0)?.to_vec2()?),
+            None => None,
+        };
+        let all: Vec<u32> = self
+            .cache
+            .iter()
+            .map(|&(t, _)| t)
+            .chain(tokens.iter().copied())
+            .collect();
+        let first_row = match step.logits {
+            LogitRows::All => 0,
+            LogitRows::Last(k) => n - k,
+        };
+        let mut out = Vec::with_capacity(rows * self.config.vocab_size);
+        for i in first_row..n {
+            let context: Vec<u32> = match &visible {
+                Some(mask) => (0..=cached + i)
+                    .filter(|&j| mask[i][j].is_finite())
+                    .map(|j| all[j])
+                    .collect(),
+                None => all[..=cached + i].to_vec(),
+            };
+            out.extend(self.logits_for(&context, step.positions[i]));
+        }
+        self.cache
+            .extend(tokens.iter().copied().zip(step.positions.iter().copied()));
+        self.forwards += 1;
+        Ok(Tensor::from_vec(
+            out,
+            (rows, self.config.vocab_size),
+            &self.device,
+        )?)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.cache.len() {
+            return Err(Error::TruncateBeyondLength {
+                requested: len,
+                len: self.cache.len(),
+            });
+        }
+        self.cache.truncate(len);
+        Ok(())
+    }
+
+    fn keep_positions(&mut self, positions: &[usize]) -> Result<()> {
+        validate_positions(positions, self.cache.len())?;
+        let kept: Vec<(u32, usize)> = positions.iter().map(|&p| self.cache[p]).collect();
+        self.cache.truncate(positions[0]);
+        self.cache.extend(kept);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.cache.clear();
+    }
+}
+
+/// SplitMix64 finaliser.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A hash mapped to [0, 1).
+fn unit(h: u64) -> f32 {
+    (h >> 40) as f32 / (1u64 << 24) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::{causal_positions, forward_tokens};
+    use crate::logits::Logits;
+    use crate::tree::TokenTree;
+
+    fn model() -> MockDecoder {
+        MockDecoder::new(MockConfig::target(32, 1))
+    }
+
+    #[test]
+    fn incremental_equals_full_forward() {
+        let tokens = [3, 1, 4, 1, 5, 9, 2, 6];
+        let mut full = model();
+        let all = forward_tokens(&mut full, &tokens, LogitRows::All).unwrap();
+        let all: Vec<&[f32]> = all.rows().collect();
+        let mut step = model();
+        let mut rows: Vec<Vec<f32>> = forward_tokens(&mut step, &tokens[..5], LogitRows::All)
+            .unwrap()
+            .rows()
+            .map(<[f32]>::to_vec)
+            .collect();
+        for &t in &tokens[5..] {
+            rows.push(
+                forward_tokens(&mut step, &[t], LogitRows::All)
+                    .unwrap()
+                    .into_last_row(),
+            );
+        }
+        assert_eq!(all, rows);
+        assert_eq!(step.forward_count(), 4);
+        let last = forward_tokens(&mut model(), &tokens, LogitRows::Last(2)).unwrap();
+        assert_eq!(last.rows().collect::<Vec<_>>(), all[6..].to_vec());
+    }
+
+    #[test]
+    fn tree_forward_matches_each_path_run_linearly() {
+        let prefix = [7, 8, 9];
+        let mut tree = TokenTree::new(10);
+        let a = tree.push(0, 11).unwrap();
+        tree.push(0, 12).unwrap();
+        tree.push(a, 13).unwrap();
+        let mut m = model();
+        forward_tokens(&mut m, &prefix, LogitRows::Last(1)).unwrap();
+        let bias = tree
+            .attention_bias(3, candle_core::DType::F32, m.device())
+            .unwrap();
+        let positions = tree.position_ids(3);
+        let step = Forward::tokens(tree.tokens(), &positions).with_mask(&bias);
+        let rows = Logits::from_tensor(&m.forward(&step).unwrap(), 4, 32).unwrap();
+        for (node, row) in rows.rows().enumerate() {
+            let path: Vec<u32> = tree.path_to(node).iter().map(|&n| tree.token(n)).collect();
+            let mut linear = model();
+            let seq: Vec<u32> = prefix.iter().copied().chain(path).collect();
+            let expected = forward_tokens(&mut linear, &seq, LogitRows::Last(1)).unwrap();
+            assert_eq!(row, expected.row(0), "node {node}");
+        }
+        // Wrong position ids change the logits.
+        let mut m2 = model();
+        forward_tokens(&mut m2, &prefix, LogitRows::Last(1)).unwrap();
+        let wrong = causal_positions(3, 4);
+        let rows2 = Logits::from_tensor(
+            &m2.forward(&Forward::tokens(tree.tokens(), &wrong).with_mask(&bias))
+                .unwrap(),
+            4,
+            32,
+        )
+        .unwrap();
+        assert_ne!(rows2.row(2), rows.row(2));
+    }
+
+    #[test]
+    fn rollback_then_continue_equals_fresh_run() {
+        let mut m = model();
+        forward_tokens(&mut m, &[1, 2, 3, 4, 5], LogitRows::All).unwrap();
+        m.truncate(2).unwrap();
+        let continued = forward_tokens(&mut m, &[6, 7], LogitRows::All).unwrap();
+        let fresh = forward_tokens(&mut model(), &[1, 2, 6, 7], LogitRows::Last(2)).unwrap();
+        assert_eq!(continued, fresh);
+        assert_eq!(m.cached_tokens(), vec![1, 2, 6, 7]);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let mut m = MockDecoder::new(MockConfig {
+            max_len: 4,
+            ..MockConfig::target(8, 0)
+        });
+        assert!(matches!(
+            forward_tokens(&mut m, &[], LogitRows::All),
+            Err(Error::EmptyInput(_))
+        ));
+        assert!(matches!(
+            forward_tokens(&mut m, &[9], LogitRows::All),
+            Err(Error::TokenOutOfRange { .. })
+        ));
+        assert!(matches!(
+            forward_tokens(&mut m, &[1; 5], LogitRows::All),
+            Err(Error::ContextOverflow { .. })
+        ));
+        assert!(matches!(
+            forward_tokens(&mut m, &[1, 2], LogitRows::Last(3)),
+            Err(Error::InputShape(_))
+        ));
+        assert!(matches!(
+            m.forward(&Forward::tokens(&[1, 2], &[0])),
+            Err(Error::InputShape(_))
+        ));
+        let emb = Tensor::zeros((1, 2, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let step = Forward {
+            input: DecoderInput::Embeddings(&emb),
+            ..Forward::tokens(&[], &[0, 1])
+        };
+        assert!(matches!(m.forward(&step), Err(Error::Unsupported(_))));
+        assert_eq!(m.cached_len(), 0, "failed forwards cache nothing");
+    }
+
+    #[test]
+    fn draft_agrees_with_target_often_but_not_always() {
+        let target = model();
+        let draft = MockDecoder::new(target.config.draft(1.0, 9));
+        let mut agree = 0;
+        for pos in 0..200u32 {
+            let ctx = [pos % 7, pos % 5, pos % 3];
+            let t = crate::sampling::argmax(&target.logits_for(&ctx, pos as usize));
+            let d = crate::sampling::argmax(&draft.logits_for(&ctx, pos as usize));
+            agree += usize::from(t == d);
+        }
+        assert!((60..190).contains(&agree), "agreement {agree}/200");
+    }
+}

@@ -1,0 +1,439 @@
+//! The generic loops against the mock decoder: speculative decoding with greedy acceptance must
+//! reproduce greedy autoregressive decoding token for token, whatever the draft, draft length,
+//! tree shape, stop condition or cache state.
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::mock::{MockConfig, MockDecoder};
+use spec_core::sampling::{in_top_k, softmax};
+use spec_core::{
+    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
+    DraftLength, Error, FinishReason, Generation, SamplingConfig, SparseTreeConfig,
+    SparseTreeDrafter, SpeculativeConfig, StopConditions,
+};
+
+fn rng() -> StdRng {
+    StdRng::seed_from_u64(0)
+}
+
+fn greedy_reference(target: &MockConfig, context: &[u32], stop: &StopConditions) -> Generation {
+    let mut model = MockDecoder::new(target.clone());
+    let gen = generate(
+        &mut model,
+        context,
+        &SamplingConfig::greedy(),
+        stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_cache_holds_output(&model, context, &gen.tokens);
+    gen
+}
+
+/// After a loop the target's cache holds the context and all output tokens but the last.
+fn assert_cache_holds_output(model: &MockDecoder, context: &[u32], output: &[u32]) {
+    let mut expected = context.to_vec();
+    expected.extend_from_slice(&output[..output.len().saturating_sub(1)]);
+    assert_eq!(model.cached_tokens(), expected);
+}
+
+fn speculative(
+    target: &MockConfig,
+    draft: &MockConfig,
+    context: &[u32],
+    config: &SpeculativeConfig,
+    stop: &StopConditions,
+) -> Generation {
+    let mut t = MockDecoder::new(target.clone());
+    let mut d = MockDecoder::new(draft.clone());
+    let mut streamed = Vec::new();
+    let gen = speculative_generate(
+        &mut t,
+        &mut d,
+        context,
+        config,
+        stop,
+        &mut rng(),
+        &mut |tok| streamed.push(tok),
+    )
+    .unwrap();
+    assert_eq!(
+        streamed, gen.tokens,
+        "every token is streamed once, in order"
+    );
+    assert_cache_holds_output(&t, context, &gen.tokens);
+    let full: Vec<u32> = context.iter().chain(&gen.tokens).copied().collect();
+    assert!(
+        full.starts_with(&d.cached_tokens()),
+        "the draft cache holds only committed tokens"
+    );
+    gen
+}
+
+fn models(seed: u64, vocab: usize, noise: f32) -> (MockConfig, MockConfig) {
+    let target = MockConfig::target(vocab, seed);
+    let draft = target.draft(noise, seed ^ 0xd1);
+    (target, draft)
+}
+
+fn stop_for(max_new: usize, eos: Option<u32>) -> StopConditions {
+    StopConditions::new(max_new).with_eos(eos)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn fixed_gamma_greedy_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        noise in 0.0f32..4.0,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        max_new in 1usize..48,
+        eos in prop::option::of(0u32..1000),
+    ) {
+        let (target, draft) = models(seed, vocab, noise);
+        let prompt: Vec<u32> = prompt.iter().map(|t| t % vocab as u32).collect();
+        let stop = stop_for(max_new, eos.map(|e| e % vocab as u32));
+        let reference = greedy_reference(&target, &prompt, &stop);
+        for gamma in 1..=8 {
+            let config = SpeculativeConfig { draft_length: DraftLength::Fixed(gamma), ..Default::default() };
+            let spec = speculative(&target, &draft, &prompt, &config, &stop);
+            prop_assert_eq!(&spec.tokens, &reference.tokens, "γ = {}", gamma);
+            prop_assert_eq!(spec.finish, reference.finish);
+            prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
+        }
+    }
+
+    #[test]
+    fn adaptive_gamma_greedy_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        noise in 0.0f32..4.0,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        max_new in 1usize..48,
+        min_confidence in 0.0f32..1.0,
+        max in 1usize..10,
+    ) {
+        let (target, draft) = models(seed, vocab, noise);
+        let prompt: Vec<u32> = prompt.iter().map(|t| t % vocab as u32).collect();
+        let stop = stop_for(max_new, None);
+        let reference = greedy_reference(&target, &prompt, &stop);
+        let config = SpeculativeConfig {
+            draft_length: DraftLength::Adaptive { min_confidence, max },
+            ..Default::default()
+        };
+        let spec = speculative(&target, &draft, &prompt, &config, &stop);
+        prop_assert_eq!(&spec.tokens, &reference.tokens);
+        prop_assert!(spec.stats.steps.iter().all(|s| s.drafted <= max));
+    }
+
+    #[test]
+    fn tree_greedy_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        noise in 0.0f32..4.0,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        max_new in 1usize..48,
+        depth in 1usize..9,
+        branch_below in 0.0f32..1.0,
+        branch_width in 1usize..4,
+        eos in prop::option::of(0u32..1000),
+    ) {
+        let (target, draft) = models(seed, vocab, noise);
+        let prompt: Vec<u32> = prompt.iter().map(|t| t % vocab as u32).collect();
+        let stop = stop_for(max_new, eos.map(|e| e % vocab as u32));
+        let reference = greedy_reference(&target, &prompt, &stop);
+        let config = SparseTreeConfig { depth, branch_below, branch_width };
+        let mut drafter = SparseTreeDrafter::new(MockDecoder::new(draft), &prompt, config).unwrap();
+        let mut t = MockDecoder::new(target);
+        let tree = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+        prop_assert_eq!(&tree.tokens, &reference.tokens);
+        prop_assert_eq!(tree.finish, reference.finish);
+        assert_cache_holds_output(&t, &prompt, &tree.tokens);
+    }
+
+    #[test]
+    fn top_k_acceptance_keeps_every_token_in_the_targets_top_k(
+        seed in 0u64..1_000_000,
+        vocab in 4usize..32,
+        prompt in prop::collection::vec(0u32..1000, 1..6),
+        k in 1usize..4,
+    ) {
+        let (target, draft) = models(seed, vocab, 3.0);
+        let prompt: Vec<u32> = prompt.iter().map(|t| t % vocab as u32).collect();
+        let config = SpeculativeConfig { rule: AcceptanceRule::top_k(k), ..Default::default() };
+        let spec = speculative(&target, &draft, &prompt, &config, &stop_for(24, None));
+        let oracle = MockDecoder::new(target);
+        let mut context = prompt.clone();
+        for &token in &spec.tokens {
+            let logits = oracle.logits_for(&context, context.len() - 1);
+            prop_assert!(in_top_k(&logits, token, k));
+            context.push(token);
+        }
+    }
+}
+
+#[test]
+fn a_perfect_draft_is_always_accepted() {
+    let (target, _) = models(11, 32, 0.0);
+    let stop = StopConditions::new(40);
+    let config = SpeculativeConfig {
+        draft_length: DraftLength::Fixed(4),
+        ..Default::default()
+    };
+    let spec = speculative(&target, &target, &[1, 2, 3], &config, &stop);
+    assert_eq!(spec.stats.acceptance_rate(), 1.0);
+    // 1 prefill + 39 tokens at 5 per pass.
+    assert_eq!(spec.stats.target_forwards, 1 + 8);
+    assert!((spec.stats.tokens_per_target_pass() - 40.0 / 9.0).abs() < 1e-9);
+}
+
+#[test]
+fn repetition_penalty_is_applied_identically() {
+    let (target, draft) = models(5, 12, 1.0);
+    let sampling = SamplingConfig {
+        repetition_penalty: 1.8,
+        repeat_last_n: 8,
+        ..SamplingConfig::greedy()
+    };
+    let stop = StopConditions::new(40);
+    let mut model = MockDecoder::new(target.clone());
+    let reference = generate(
+        &mut model,
+        &[1, 2],
+        &sampling,
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let plain = greedy_reference(&target, &[1, 2], &stop);
+    assert_ne!(
+        reference.tokens, plain.tokens,
+        "the penalty changes this output"
+    );
+    let config = SpeculativeConfig {
+        sampling,
+        draft_length: DraftLength::Fixed(3),
+        ..Default::default()
+    };
+    assert_eq!(
+        speculative(&target, &draft, &[1, 2], &config, &stop).tokens,
+        reference.tokens
+    );
+}
+
+#[test]
+fn stop_predicate_ends_mid_step_and_rolls_the_cache_back() {
+    let (target, draft) = models(21, 16, 0.0);
+    let reference = greedy_reference(&target, &[4], &StopConditions::new(30));
+    let marker = reference.tokens[6];
+    let first = reference.tokens.iter().position(|&t| t == marker).unwrap();
+    let stop = StopConditions::new(30).with_predicate(move |out| out.last() == Some(&marker));
+    let config = SpeculativeConfig {
+        draft_length: DraftLength::Fixed(8),
+        ..Default::default()
+    };
+    let spec = speculative(&target, &draft, &[4], &config, &stop);
+    assert_eq!(spec.finish, FinishReason::Stop);
+    assert_eq!(spec.tokens, reference.tokens[..=first]);
+}
+
+#[test]
+fn continuing_from_a_kept_cache_equals_a_fresh_run() {
+    let (target, draft) = models(8, 24, 0.8);
+    let stop = StopConditions::new(12);
+    let config = SpeculativeConfig::default();
+    let mut t = MockDecoder::new(target.clone());
+    let mut d = MockDecoder::new(draft.clone());
+    let turn1 = speculative_generate(
+        &mut t,
+        &mut d,
+        &[1, 2, 3],
+        &config,
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let mut context: Vec<u32> = vec![1, 2, 3];
+    context.extend(&turn1.tokens);
+    context.extend([5, 6]);
+    let forwards_before = t.forward_count();
+    let turn2 = speculative_generate(
+        &mut t,
+        &mut d,
+        &context,
+        &config,
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        turn2.stats.prompt_tokens, 3,
+        "only the uncached tail is prefilled"
+    );
+    assert!(t.forward_count() > forwards_before);
+    assert_eq!(
+        turn2.tokens,
+        greedy_reference(&target, &context, &stop).tokens
+    );
+}
+
+#[test]
+fn a_full_context_ends_generation_the_same_way() {
+    let target = MockConfig {
+        max_len: 20,
+        ..MockConfig::target(16, 2)
+    };
+    let draft = target.draft(1.0, 3);
+    let prompt: Vec<u32> = (0..10).collect();
+    let stop = StopConditions::new(100);
+    let reference = greedy_reference(&target, &prompt, &stop);
+    assert_eq!(reference.finish, FinishReason::ContextFull);
+    assert_eq!(reference.tokens.len(), 11);
+    for gamma in [1, 3, 8] {
+        let config = SpeculativeConfig {
+            draft_length: DraftLength::Fixed(gamma),
+            ..Default::default()
+        };
+        let spec = speculative(&target, &draft, &prompt, &config, &stop);
+        assert_eq!(
+            (spec.tokens, spec.finish),
+            (reference.tokens.clone(), reference.finish)
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let (target, _) = models(1, 16, 0.0);
+    let mut t = MockDecoder::new(target.clone());
+    let mut other_vocab = MockDecoder::new(MockConfig::target(17, 1));
+    let config = SpeculativeConfig::default();
+    let stop = StopConditions::new(4);
+    let err = speculative_generate(
+        &mut t,
+        &mut other_vocab,
+        &[1],
+        &config,
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::VocabMismatch {
+                draft: 17,
+                target: 16
+            }
+        ),
+        "{err}"
+    );
+    let mut d = MockDecoder::new(target.clone());
+    let err = speculative_generate(&mut t, &mut d, &[], &config, &stop, &mut rng(), &mut |_| {})
+        .unwrap_err();
+    assert!(matches!(err, Error::EmptyInput(_)));
+    let long = vec![1u32; 5000];
+    let err = generate(
+        &mut t,
+        &long,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::ContextOverflow {
+            requested: 5000,
+            max: 4096
+        }
+    ));
+    let bad = SpeculativeConfig {
+        draft_length: DraftLength::Fixed(0),
+        ..Default::default()
+    };
+    assert!(matches!(
+        speculative_generate(&mut t, &mut d, &[1], &bad, &stop, &mut rng(), &mut |_| {}),
+        Err(Error::InvalidConfig(_))
+    ));
+    let mut drafter = SparseTreeDrafter::new(d, &[1], SparseTreeConfig::default()).unwrap();
+    let sampled = AcceptanceRule::speculative_sampling(0.0);
+    assert!(matches!(
+        tree_speculative_generate(&mut t, &mut drafter, &[1], &sampled, &stop, &mut |_| {}),
+        Err(Error::Unsupported(_))
+    ));
+    let zero = generate(
+        &mut t,
+        &[1],
+        &SamplingConfig::greedy(),
+        &StopConditions::new(0),
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(zero.tokens.is_empty());
+    assert_eq!(zero.finish, FinishReason::MaxTokens);
+}
+
+/// Exact probability of a 3-token continuation under the target sampled at temperature 1.
+fn sequence_probability(oracle: &MockDecoder, prompt: &[u32], seq: &[u32]) -> f64 {
+    let mut context = prompt.to_vec();
+    let mut p = 1.0;
+    for &t in seq {
+        p *= softmax(&oracle.logits_for(&context, context.len() - 1))[t as usize] as f64;
+        context.push(t);
+    }
+    p
+}
+
+#[test]
+fn speculative_sampling_loop_samples_the_targets_distribution() {
+    // Joint distribution of the first three tokens over a 3-token vocabulary: 27 outcomes.
+    let target = MockConfig {
+        sharpness: 2.0,
+        ..MockConfig::target(3, 4)
+    };
+    let draft = target.draft(2.5, 99);
+    let prompt = [0u32, 1];
+    let oracle = MockDecoder::new(target.clone());
+    let config = SpeculativeConfig {
+        draft_length: DraftLength::Fixed(3),
+        rule: AcceptanceRule::speculative_sampling(0.0),
+        sampling: SamplingConfig::with_temperature(1.0),
+    };
+    let stop = StopConditions::new(3);
+    let trials = 30_000;
+    let mut counts = [0usize; 27];
+    let mut r = StdRng::seed_from_u64(42);
+    let (mut t, mut d) = (MockDecoder::new(target.clone()), MockDecoder::new(draft));
+    let mut accepted = 0;
+    for _ in 0..trials {
+        t.reset();
+        d.reset();
+        let g = speculative_generate(&mut t, &mut d, &prompt, &config, &stop, &mut r, &mut |_| {})
+            .unwrap();
+        accepted += g.stats.accepted_tokens();
+        counts[(g.tokens[0] * 9 + g.tokens[1] * 3 + g.tokens[2]) as usize] += 1;
+    }
+    assert!(
+        accepted > 0 && accepted < 2 * trials,
+        "the draft is neither always right nor always wrong"
+    );
+    let mut chi2 = 0.0;
+    for (i, &c) in counts.iter().enumerate() {
+        let seq = [i as u32 / 9, (i as u32 / 3) % 3, i as u32 % 3];
+        let expected = sequence_probability(&oracle, &prompt, &seq) * trials as f64;
+        chi2 += (c as f64 - expected).powi(2) / expected;
+    }
+    // 26 degrees of freedom: the 99.9 % quantile of χ² is 54.05.
+    assert!(chi2 < 54.05, "χ² = {chi2}, counts {counts:?}");
+}
