@@ -133,7 +133,13 @@ pub trait Decoder {
     fn device(&self) -> &Device;
 
     /// Positions currently cached.
-    fn cached_len(&self) -> usize;
+    fn cached_len(&self) -> usize {
+        self.cached_tokens().len()
+    }
+
+    /// The token id at every cached position ([`EMBEDDING_INPUT`] where an embedding was fed).
+    /// The loops reuse the longest common prefix of this and a new context.
+    fn cached_tokens(&self) -> &[u32];
 
     /// Runs the model over the new inputs, appends them to the cache and returns f32 logits
     /// `[rows, vocab_size]`, one row per requested position (see [`Forward::logits`]).
@@ -163,6 +169,9 @@ impl<D: Decoder + ?Sized> Decoder for &mut D {
     fn cached_len(&self) -> usize {
         (**self).cached_len()
     }
+    fn cached_tokens(&self) -> &[u32] {
+        (**self).cached_tokens()
+    }
     fn forward(&mut self, step: &Forward<'_>) -> Result<Tensor> {
         (**self).forward(step)
     }
@@ -175,6 +184,31 @@ impl<D: Decoder + ?Sized> Decoder for &mut D {
     fn reset(&mut self) {
         (**self).reset()
     }
+}
+
+/// The token id recorded for a position fed as an embedding; it matches no real token.
+pub const EMBEDDING_INPUT: u32 = u32::MAX;
+
+/// The token ids a forward of `input` adds to the cache.
+pub fn input_tokens(input: &DecoderInput<'_>) -> Result<Vec<u32>> {
+    Ok(match input {
+        DecoderInput::Tokens(t) => t.to_vec(),
+        DecoderInput::Embeddings(_) => vec![EMBEDDING_INPUT; input.len()?],
+    })
+}
+
+/// Rolls `model` back to its longest common prefix with `context`, keeping at least the last
+/// token of `context` out of the cache, and returns the number of positions kept.
+pub fn rewind_to_prefix<D: Decoder + ?Sized>(model: &mut D, context: &[u32]) -> Result<usize> {
+    let common = model
+        .cached_tokens()
+        .iter()
+        .zip(context)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let keep = common.min(context.len().saturating_sub(1));
+    model.truncate(keep)?;
+    Ok(keep)
 }
 
 /// Position ids `start..start + n`.

@@ -1,80 +1,26 @@
 //! The draft side of speculation: keeping a draft model's cache in step with the committed
 //! tokens, and drafting token trees.
 
-use crate::decoder::{forward_tokens, Decoder, LogitRows};
+use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, LogitRows};
 use crate::sampling::{argmax, max_probability, top_k_tokens};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
-/// Tracks which tokens a draft model's cache holds, so that after each verification only the
-/// tokens it has not seen are forwarded and rejected drafts are rolled back.
-#[derive(Clone, Debug, Default)]
-pub struct DraftCursor {
-    cached: Vec<u32>,
+/// Brings a draft model's cache in line with `committed`: rolls back what is not a prefix of
+/// it, forwards the missing tokens, and returns the logits that predict the next token.
+pub fn catch_up<D: Decoder + ?Sized>(model: &mut D, committed: &[u32]) -> Result<Vec<f32>> {
+    if committed.is_empty() {
+        return Err(Error::EmptyInput(
+            "the draft needs at least one committed token",
+        ));
+    }
+    let keep = rewind_to_prefix(model, committed)?;
+    Ok(forward_tokens(model, &committed[keep..], LogitRows::Last(1))?.into_last_row())
 }
 
-impl DraftCursor {
-    /// A cursor for a model whose cache holds the start of `context` (the first
-    /// `min(cached_len, context.len() - 1)` tokens); the rest of the cache is dropped.
-    pub fn attach<D: Decoder + ?Sized>(model: &mut D, context: &[u32]) -> Result<Self> {
-        let keep = model.cached_len().min(context.len().saturating_sub(1));
-        model.truncate(keep)?;
-        Ok(Self {
-            cached: context[..keep].to_vec(),
-        })
-    }
-
-    /// Tokens in the model's cache.
-    pub fn cached(&self) -> &[u32] {
-        &self.cached
-    }
-
-    /// Rolls the cache back to its longest common prefix with `committed` (keeping at least the
-    /// last committed token out), forwards the missing tokens, and returns the logits that
-    /// predict the token after `committed`.
-    pub fn catch_up<D: Decoder + ?Sized>(
-        &mut self,
-        model: &mut D,
-        committed: &[u32],
-    ) -> Result<Vec<f32>> {
-        if committed.is_empty() {
-            return Err(Error::EmptyInput(
-                "the draft needs at least one committed token",
-            ));
-        }
-        self.rollback(model, committed)?;
-        let keep = self.cached.len().min(committed.len() - 1);
-        model.truncate(keep)?;
-        self.cached.truncate(keep);
-        let missing = &committed[keep..];
-        let row = forward_tokens(model, missing, LogitRows::Last(1))?.into_last_row();
-        self.cached.extend_from_slice(missing);
-        Ok(row)
-    }
-
-    /// Forwards one drafted token and returns the logits after it.
-    pub fn advance<D: Decoder + ?Sized>(&mut self, model: &mut D, token: u32) -> Result<Vec<f32>> {
-        let row = forward_tokens(model, &[token], LogitRows::Last(1))?.into_last_row();
-        self.cached.push(token);
-        Ok(row)
-    }
-
-    /// Drops cached tokens that are not a prefix of `committed`.
-    pub fn rollback<D: Decoder + ?Sized>(
-        &mut self,
-        model: &mut D,
-        committed: &[u32],
-    ) -> Result<()> {
-        let common = self
-            .cached
-            .iter()
-            .zip(committed)
-            .take_while(|(a, b)| a == b)
-            .count();
-        model.truncate(common)?;
-        self.cached.truncate(common);
-        Ok(())
-    }
+/// Forwards one drafted token and returns the logits after it.
+pub fn advance<D: Decoder + ?Sized>(model: &mut D, token: u32) -> Result<Vec<f32>> {
+    Ok(forward_tokens(model, &[token], LogitRows::Last(1))?.into_last_row())
 }
 
 /// A token tree drafted for one verification step, with the draft passes it cost.
@@ -121,24 +67,18 @@ impl Default for SparseTreeConfig {
 #[derive(Debug)]
 pub struct SparseTreeDrafter<D> {
     model: D,
-    cursor: DraftCursor,
     config: SparseTreeConfig,
 }
 
 impl<D: Decoder> SparseTreeDrafter<D> {
-    /// Wraps a draft model whose cache holds the start of `context`.
-    pub fn new(mut model: D, context: &[u32], config: SparseTreeConfig) -> Result<Self> {
+    /// Wraps a draft model.
+    pub fn new(model: D, config: SparseTreeConfig) -> Result<Self> {
         if config.depth == 0 || config.branch_width == 0 {
             return Err(Error::InvalidConfig(
                 "a sparse tree needs depth >= 1 and branch_width >= 1".into(),
             ));
         }
-        let cursor = DraftCursor::attach(&mut model, context)?;
-        Ok(Self {
-            model,
-            cursor,
-            config,
-        })
+        Ok(Self { model, config })
     }
 
     /// The draft model.
@@ -159,7 +99,7 @@ impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
                 forwards: 0,
             });
         }
-        let mut row = self.cursor.catch_up(&mut self.model, committed)?;
+        let mut row = catch_up(&mut self.model, committed)?;
         let mut forwards = 1;
         let mut candidates = Vec::with_capacity(depth);
         for i in 0..depth {
@@ -170,7 +110,7 @@ impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
                 vec![trunk]
             });
             if i + 1 < depth {
-                row = self.cursor.advance(&mut self.model, trunk)?;
+                row = advance(&mut self.model, trunk)?;
                 forwards += 1;
             }
         }
@@ -181,7 +121,7 @@ impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
     }
 
     fn finish(&mut self, committed: &[u32]) -> Result<()> {
-        self.cursor.rollback(&mut self.model, committed)
+        rewind_to_prefix(&mut self.model, committed).map(|_| ())
     }
 }
 
@@ -193,21 +133,23 @@ mod tests {
     #[test]
     fn catch_up_forwards_only_what_is_missing() {
         let mut m = MockDecoder::new(MockConfig::target(16, 3));
-        let mut cursor = DraftCursor::attach(&mut m, &[1, 2, 3]).unwrap();
-        let row = cursor.catch_up(&mut m, &[1, 2, 3]).unwrap();
+        let row = catch_up(&mut m, &[1, 2, 3]).unwrap();
         assert_eq!(row, m.logits_for(&[1, 2, 3], 2));
-        cursor.advance(&mut m, 7).unwrap();
-        cursor.advance(&mut m, 8).unwrap();
-        assert_eq!(m.cached_tokens(), vec![1, 2, 3, 7, 8]);
+        advance(&mut m, 7).unwrap();
+        advance(&mut m, 8).unwrap();
+        assert_eq!(m.cached_tokens(), [1, 2, 3, 7, 8]);
         // 7 was accepted, 8 rejected and replaced by 9: only 9 is fed.
         let before = m.forward_count();
-        let row = cursor.catch_up(&mut m, &[1, 2, 3, 7, 9]).unwrap();
+        let row = catch_up(&mut m, &[1, 2, 3, 7, 9]).unwrap();
         assert_eq!(m.forward_count(), before + 1);
-        assert_eq!(m.cached_tokens(), vec![1, 2, 3, 7, 9]);
+        assert_eq!(m.cached_tokens(), [1, 2, 3, 7, 9]);
         assert_eq!(row, m.logits_for(&[1, 2, 3, 7, 9], 4));
         // Everything already cached: the last token is re-fed to get its logits.
-        cursor.catch_up(&mut m, &[1, 2, 3, 7, 9]).unwrap();
-        assert_eq!(m.cached_tokens(), vec![1, 2, 3, 7, 9]);
+        catch_up(&mut m, &[1, 2, 3, 7, 9]).unwrap();
+        assert_eq!(m.cached_tokens(), [1, 2, 3, 7, 9]);
+        // A different conversation shares nothing: the cache starts over.
+        catch_up(&mut m, &[4, 5]).unwrap();
+        assert_eq!(m.cached_tokens(), [4, 5]);
     }
 
     #[test]
@@ -218,8 +160,7 @@ mod tests {
             branch_below: 0.0,
             branch_width: 3,
         };
-        let mut d =
-            SparseTreeDrafter::new(MockDecoder::new(target.clone()), &[1, 2], sure).unwrap();
+        let mut d = SparseTreeDrafter::new(MockDecoder::new(target.clone()), sure).unwrap();
         let chain = d.draft_tree(&[1, 2], 10).unwrap();
         assert_eq!(chain.tree.len(), 5, "never unsure: a plain chain");
         assert_eq!(chain.forwards, 4);
@@ -228,7 +169,7 @@ mod tests {
             branch_below: 1.1,
             branch_width: 3,
         };
-        let mut d = SparseTreeDrafter::new(MockDecoder::new(target), &[1, 2], unsure).unwrap();
+        let mut d = SparseTreeDrafter::new(MockDecoder::new(target), unsure).unwrap();
         let tree = d.draft_tree(&[1, 2], 2).unwrap().tree;
         assert_eq!(
             tree.len(),

@@ -1,11 +1,10 @@
 //! Generic decoding loops over [`Decoder`]s: autoregressive generation, draft-model speculative
 //! decoding (fixed or adaptive draft length) and token-tree speculation.
 //!
-//! Every loop takes the full `context` (prompt and history). The model's cache may already hold
-//! the start of it (the first `min(cached_len, context.len() - 1)` positions are trusted and the
-//! rest is forwarded), which is how callers reuse a cache across turns or partial prompts. On
-//! return the target's cache holds `context` followed by every generated token except the last,
-//! which has not been forwarded yet.
+//! Every loop takes the full `context` (prompt and history). Whatever the model's cache shares
+//! with it, as its longest common token prefix, is kept and only the rest is forwarded, which
+//! reuses the cache across turns or partial prompts. On return the target's cache holds
+//! `context` followed by every generated token except the last, which has not been forwarded yet.
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,8 +14,8 @@ use candle_core::DType;
 use rand::RngCore;
 
 use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
-use crate::decoder::{forward_tokens, Decoder, Forward, LogitRows};
-use crate::draft::{DraftCursor, TreeDrafter};
+use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
+use crate::draft::{advance, catch_up, TreeDrafter};
 use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, sample, SamplingConfig};
 use crate::stats::{DecodeStats, StepRecord};
@@ -215,8 +214,7 @@ fn prefill<D: Decoder + ?Sized>(
             max: model.max_len(),
         });
     }
-    let keep = model.cached_len().min(context.len() - 1);
-    model.truncate(keep)?;
+    let keep = rewind_to_prefix(model, context)?;
     let started = Instant::now();
     let row = forward_tokens(model, &context[keep..], LogitRows::Last(1))?.into_last_row();
     stats.target_time += started.elapsed();
@@ -307,7 +305,6 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
     let mut stats = DecodeStats::default();
     let mut out = Output::new(stop, on_token);
     let mut committed = context.to_vec();
-    let mut cursor = DraftCursor::attach(draft, context)?;
     let stochastic = config.rule.is_stochastic();
     let sampling = &config.sampling;
 
@@ -338,7 +335,7 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
         let mut drafted = Vec::with_capacity(budget);
         let mut draft_probs = Vec::new();
         if budget > 0 {
-            let mut row = cursor.catch_up(draft, &committed)?;
+            let mut row = catch_up(draft, &committed)?;
             stats.draft_forwards += 1;
             for i in 0..budget {
                 let context_i: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
@@ -357,7 +354,7 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
                 if unsure || i + 1 == budget {
                     break;
                 }
-                row = cursor.advance(draft, token)?;
+                row = advance(draft, token)?;
                 stats.draft_forwards += 1;
             }
         }
@@ -398,7 +395,7 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
             target.truncate(cached + emitted)?;
         }
     }
-    cursor.rollback(draft, &committed)?;
+    rewind_to_prefix(draft, &committed)?;
     stats.generated_tokens = out.tokens.len();
     stats.total_time = started.elapsed();
     Ok(Generation {

@@ -271,6 +271,16 @@ pub fn validate_positions(positions: &[usize], len: usize) -> Result<usize> {
     Ok(first + positions.len())
 }
 
+/// Applies [`LayerKvCache::keep_positions`] to any per-position record (e.g. the token ids a
+/// decoder keeps beside its cache).
+pub fn keep_positions_of<T: Copy>(items: &mut Vec<T>, positions: &[usize]) -> Result<()> {
+    validate_positions(positions, items.len())?;
+    let kept: Vec<T> = positions.iter().map(|&p| items[p]).collect();
+    items.truncate(positions[0]);
+    items.extend(kept);
+    Ok(())
+}
+
 fn check_rank4(name: &str, t: &Tensor) -> Result<()> {
     if t.rank() != 4 {
         return Err(Error::KvShape(format!(

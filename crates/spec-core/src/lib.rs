@@ -53,7 +53,7 @@ pub mod tree;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
-pub use draft::{DraftCursor, SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
+pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
 pub use error::{Error, Result};
 pub use generate::{
     generate, speculative_generate, tree_speculative_generate, verify_tree, DraftLength,

@@ -10,7 +10,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{Decoder, DecoderInput, Forward, LogitRows};
-use crate::kv_cache::validate_positions;
+use crate::kv_cache::keep_positions_of;
 use crate::{Error, Result};
 
 /// Parameters of a [`MockDecoder`].
@@ -56,8 +56,8 @@ impl MockConfig {
 #[derive(Clone, Debug)]
 pub struct MockDecoder {
     config: MockConfig,
-    /// Cached (token, position id) pairs.
-    cache: Vec<(u32, usize)>,
+    /// Cached token ids.
+    tokens: Vec<u32>,
     forwards: usize,
     device: Device,
 }
@@ -66,7 +66,7 @@ impl MockDecoder {
     pub fn new(config: MockConfig) -> Self {
         Self {
             config,
-            cache: Vec::new(),
+            tokens: Vec::new(),
             forwards: 0,
             device: Device::Cpu,
         }
@@ -75,11 +75,6 @@ impl MockDecoder {
     /// Forward passes run so far.
     pub fn forward_count(&self) -> usize {
         self.forwards
-    }
-
-    /// Tokens in the cache, in order.
-    pub fn cached_tokens(&self) -> Vec<u32> {
-        self.cache.iter().map(|&(t, _)| t).collect()
     }
 
     /// Logits after a visible context (tokens in order) for a token at `position`.
@@ -114,12 +109,12 @@ impl Decoder for MockDecoder {
         &self.device
     }
 
-    fn cached_len(&self) -> usize {
-        self.cache.len()
+    fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
     }
 
     fn forward(&mut self, step: &Forward<'_>) -> Result<Tensor> {
-        let cached = self.cache.len();
+        let cached = self.tokens.len();
         let rows = step.validate(cached)?;
         let DecoderInput::Tokens(tokens) = step.input else {
             return Err(Error::Unsupported("the mock decoder takes token ids only"));
@@ -144,12 +139,7 @@ impl Decoder for MockDecoder {
             Some(mask) => Some(mask.squeeze(0)?.squeeze(0)?.to_vec2()?),
             None => None,
         };
-        let all: Vec<u32> = self
-            .cache
-            .iter()
-            .map(|&(t, _)| t)
-            .chain(tokens.iter().copied())
-            .collect();
+        let all: Vec<u32> = self.tokens.iter().chain(tokens).copied().collect();
         let first_row = match step.logits {
             LogitRows::All => 0,
             LogitRows::Last(k) => n - k,
@@ -165,8 +155,7 @@ impl Decoder for MockDecoder {
             };
             out.extend(self.logits_for(&context, step.positions[i]));
         }
-        self.cache
-            .extend(tokens.iter().copied().zip(step.positions.iter().copied()));
+        self.tokens.extend_from_slice(tokens);
         self.forwards += 1;
         Ok(Tensor::from_vec(
             out,
@@ -176,26 +165,22 @@ impl Decoder for MockDecoder {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.cache.len() {
+        if len > self.tokens.len() {
             return Err(Error::TruncateBeyondLength {
                 requested: len,
-                len: self.cache.len(),
+                len: self.tokens.len(),
             });
         }
-        self.cache.truncate(len);
+        self.tokens.truncate(len);
         Ok(())
     }
 
     fn keep_positions(&mut self, positions: &[usize]) -> Result<()> {
-        validate_positions(positions, self.cache.len())?;
-        let kept: Vec<(u32, usize)> = positions.iter().map(|&p| self.cache[p]).collect();
-        self.cache.truncate(positions[0]);
-        self.cache.extend(kept);
-        Ok(())
+        keep_positions_of(&mut self.tokens, positions)
     }
 
     fn reset(&mut self) {
-        self.cache.clear();
+        self.tokens.clear();
     }
 }
 
@@ -292,7 +277,7 @@ mod tests {
         let continued = forward_tokens(&mut m, &[6, 7], LogitRows::All).unwrap();
         let fresh = forward_tokens(&mut model(), &[1, 2, 6, 7], LogitRows::Last(2)).unwrap();
         assert_eq!(continued, fresh);
-        assert_eq!(m.cached_tokens(), vec![1, 2, 6, 7]);
+        assert_eq!(m.cached_tokens(), [1, 2, 6, 7]);
     }
 
     #[test]

@@ -66,7 +66,7 @@ fn speculative(
     assert_cache_holds_output(&t, context, &gen.tokens);
     let full: Vec<u32> = context.iter().chain(&gen.tokens).copied().collect();
     assert!(
-        full.starts_with(&d.cached_tokens()),
+        full.starts_with(d.cached_tokens()),
         "the draft cache holds only committed tokens"
     );
     gen
@@ -147,7 +147,7 @@ proptest! {
         let stop = stop_for(max_new, eos.map(|e| e % vocab as u32));
         let reference = greedy_reference(&target, &prompt, &stop);
         let config = SparseTreeConfig { depth, branch_below, branch_width };
-        let mut drafter = SparseTreeDrafter::new(MockDecoder::new(draft), &prompt, config).unwrap();
+        let mut drafter = SparseTreeDrafter::new(MockDecoder::new(draft), config).unwrap();
         let mut t = MockDecoder::new(target);
         let tree = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
         prop_assert_eq!(&tree.tokens, &reference.tokens);
@@ -365,7 +365,7 @@ fn bad_inputs_are_clear_errors() {
         speculative_generate(&mut t, &mut d, &[1], &bad, &stop, &mut rng(), &mut |_| {}),
         Err(Error::InvalidConfig(_))
     ));
-    let mut drafter = SparseTreeDrafter::new(d, &[1], SparseTreeConfig::default()).unwrap();
+    let mut drafter = SparseTreeDrafter::new(d, SparseTreeConfig::default()).unwrap();
     let sampled = AcceptanceRule::speculative_sampling(0.0);
     assert!(matches!(
         tree_speculative_generate(&mut t, &mut drafter, &[1], &sampled, &stop, &mut |_| {}),
@@ -436,4 +436,70 @@ fn speculative_sampling_loop_samples_the_targets_distribution() {
     }
     // 26 degrees of freedom: the 99.9 % quantile of χ² is 54.05.
     assert!(chi2 < 54.05, "χ² = {chi2}, counts {counts:?}");
+}
+
+#[test]
+fn a_cache_holding_another_conversation_is_not_reused() {
+    let (target, draft) = models(13, 24, 0.8);
+    let stop = StopConditions::new(10);
+    let mut t = MockDecoder::new(target.clone());
+    let mut d = MockDecoder::new(draft);
+    let config = SpeculativeConfig::default();
+    speculative_generate(
+        &mut t,
+        &mut d,
+        &[1, 2, 3, 4],
+        &config,
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let other = [9u32, 8, 7];
+    let again = speculative_generate(
+        &mut t,
+        &mut d,
+        &other,
+        &config,
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        again.stats.prompt_tokens, 3,
+        "nothing of the first conversation is kept"
+    );
+    assert_eq!(
+        again.tokens,
+        greedy_reference(&target, &other, &stop).tokens
+    );
+    let shared = [1u32, 2, 5];
+    let mut model = MockDecoder::new(target.clone());
+    generate(
+        &mut model,
+        &[1, 2, 3, 4],
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let reused = generate(
+        &mut model,
+        &shared,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut rng(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        reused.stats.prompt_tokens, 1,
+        "the common prefix [1, 2] is kept"
+    );
+    assert_eq!(
+        reused.tokens,
+        greedy_reference(&target, &shared, &stop).tokens
+    );
 }

@@ -1,0 +1,20 @@
+//! # engine-llm
+//!
+//! Qwen2 / Llama chat models on [`spec_core`]: one transformer ([`Transformer`]) for both
+//! families, loaded from GGUF or safetensors, implementing [`spec_core::Decoder`] so that every
+//! loop of `spec-core` (autoregressive, draft-model speculative, token trees) runs on it.
+
+mod attention;
+pub mod chat;
+pub mod config;
+mod error;
+pub mod load;
+pub mod tokenizer;
+pub mod transformer;
+
+pub use chat::{ChatTemplate, LanguageModel, Message, Role};
+pub use config::{Architecture, RopeLayout, TransformerConfig};
+pub use error::{Error, Result};
+pub use load::{GgufFile, LoadOptions, Requantize};
+pub use tokenizer::TextTokenizer;
+pub use transformer::Transformer;

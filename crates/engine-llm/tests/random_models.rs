@@ -1,0 +1,335 @@
+//! The transformer on tiny random-weight checkpoints of both families, loaded through the real
+//! GGUF and safetensors loaders.
+
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::DType;
+use common::{Family, Tiny};
+use engine_llm::{Error, LoadOptions, Requantize, Transformer};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::{
+    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
+    DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig, SparseTreeConfig,
+    SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
+};
+
+const FAMILIES: [Family; 2] = [Family::Qwen2, Family::Llama];
+
+fn gguf_model(family: Family, seed: u64, dtype: GgmlDType) -> Transformer {
+    let path = Tiny::new(family).write_gguf(seed, dtype, &[]);
+    Transformer::from_gguf(&path, &LoadOptions::default()).unwrap()
+}
+
+fn rows(logits: &Logits) -> Vec<Vec<f32>> {
+    logits.rows().map(<[f32]>::to_vec).collect()
+}
+
+#[test]
+fn incremental_decoding_gives_the_logits_of_one_full_forward() {
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 96).collect();
+    for family in FAMILIES {
+        let mut full = gguf_model(family, 1, GgmlDType::Q8_0);
+        let all = rows(&full.forward_tokens(&tokens, LogitRows::All).unwrap());
+        let mut step = gguf_model(family, 1, GgmlDType::Q8_0);
+        let mut incremental = rows(&step.forward_tokens(&tokens[..5], LogitRows::All).unwrap());
+        for &t in &tokens[5..] {
+            incremental.push(
+                step.forward_tokens(&[t], LogitRows::All)
+                    .unwrap()
+                    .into_last_row(),
+            );
+        }
+        // Bit-identical: the verification of a draft must reproduce single-token decoding.
+        assert_eq!(all, incremental, "{family:?}");
+        let last = rows(&full.forward_tokens(&[5, 6, 7], LogitRows::Last(2)).unwrap());
+        let mut again = gguf_model(family, 1, GgmlDType::Q8_0);
+        let expected = rows(
+            &again
+                .forward_tokens(
+                    &[tokens.as_slice(), &[5, 6, 7]].concat(),
+                    LogitRows::Last(2),
+                )
+                .unwrap(),
+        );
+        assert_eq!(last, expected);
+    }
+}
+
+#[test]
+fn tree_forward_gives_each_node_the_logits_of_its_path() {
+    let prefix = [11u32, 22, 33, 44];
+    for family in FAMILIES {
+        let mut tree = TokenTree::new(50);
+        let a = tree.push(0, 51).unwrap();
+        let b = tree.push(0, 52).unwrap();
+        tree.push(a, 53).unwrap();
+        let c = tree.push(b, 54).unwrap();
+        tree.push(c, 55).unwrap();
+        let mut model = gguf_model(family, 2, GgmlDType::Q8_0);
+        model.forward_tokens(&prefix, LogitRows::Last(1)).unwrap();
+        let bias = tree
+            .attention_bias(prefix.len(), DType::F32, model.device())
+            .unwrap();
+        let positions = tree.position_ids(prefix.len());
+        let logits = model
+            .forward(&Forward::tokens(tree.tokens(), &positions).with_mask(&bias))
+            .unwrap();
+        let tree_rows = rows(&Logits::from_tensor(&logits, tree.len(), 96).unwrap());
+        for (node, row) in tree_rows.iter().enumerate() {
+            let path: Vec<u32> = tree.path_to(node).iter().map(|&n| tree.token(n)).collect();
+            let mut linear = gguf_model(family, 2, GgmlDType::Q8_0);
+            let seq = [prefix.as_slice(), &path].concat();
+            let expected = linear
+                .forward_tokens(&seq, LogitRows::Last(1))
+                .unwrap()
+                .into_last_row();
+            let diff = row
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-4, "{family:?} node {node}: max difference {diff}");
+        }
+        // Compacting the accepted path leaves the cache as if the path had been run linearly.
+        model.keep_positions(&[4, 4 + b, 4 + c]).unwrap();
+        let after = model
+            .forward_tokens(&[9], LogitRows::Last(1))
+            .unwrap()
+            .into_last_row();
+        let mut linear = gguf_model(family, 2, GgmlDType::Q8_0);
+        let expected = linear
+            .forward_tokens(&[11, 22, 33, 44, 50, 52, 54, 9], LogitRows::Last(1))
+            .unwrap()
+            .into_last_row();
+        let diff = after
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-4, "{family:?}: after compaction {diff}");
+    }
+}
+
+#[test]
+fn rollback_then_continue_equals_a_fresh_run() {
+    for family in FAMILIES {
+        let mut model = gguf_model(family, 3, GgmlDType::Q8_0);
+        model
+            .forward_tokens(&[1, 2, 3, 4, 5, 6], LogitRows::All)
+            .unwrap();
+        model.truncate(3).unwrap();
+        let continued = rows(&model.forward_tokens(&[7, 8], LogitRows::All).unwrap());
+        let mut fresh = gguf_model(family, 3, GgmlDType::Q8_0);
+        let expected = rows(
+            &fresh
+                .forward_tokens(&[1, 2, 3, 7, 8], LogitRows::Last(2))
+                .unwrap(),
+        );
+        assert_eq!(continued, expected, "{family:?}");
+    }
+}
+
+#[test]
+fn speculative_greedy_equals_autoregressive_greedy() {
+    for family in FAMILIES {
+        for (prompt, gamma) in [
+            (vec![1u32, 2, 3], 1),
+            (vec![5, 9], 3),
+            (vec![40, 41, 42, 43], 6),
+        ] {
+            let stop = StopConditions::new(40);
+            let mut target = gguf_model(family, 4, GgmlDType::Q8_0);
+            let mut rng = StdRng::seed_from_u64(0);
+            let reference = generate(
+                &mut target,
+                &prompt,
+                &SamplingConfig::greedy(),
+                &stop,
+                &mut rng,
+                &mut |_| {},
+            )
+            .unwrap();
+            // The draft: the same checkpoint at 4-bit, so it mostly agrees.
+            let mut target = gguf_model(family, 4, GgmlDType::Q8_0);
+            let mut draft = gguf_model(family, 4, GgmlDType::Q4_0);
+            let config = SpeculativeConfig {
+                draft_length: DraftLength::Fixed(gamma),
+                ..Default::default()
+            };
+            let spec = speculative_generate(
+                &mut target,
+                &mut draft,
+                &prompt,
+                &config,
+                &stop,
+                &mut rng,
+                &mut |_| {},
+            )
+            .unwrap();
+            assert_eq!(spec.tokens, reference.tokens, "{family:?} γ={gamma}");
+            assert!(
+                spec.stats.accepted_tokens() > 0,
+                "the 4-bit draft agrees sometimes"
+            );
+            let mut target = gguf_model(family, 4, GgmlDType::Q8_0);
+            let drafter_model = gguf_model(family, 4, GgmlDType::Q4_0);
+            let tree_config = SparseTreeConfig {
+                depth: 4,
+                branch_below: 0.5,
+                branch_width: 2,
+            };
+            let mut drafter = SparseTreeDrafter::new(drafter_model, tree_config).unwrap();
+            let tree = tree_speculative_generate(
+                &mut target,
+                &mut drafter,
+                &prompt,
+                &AcceptanceRule::greedy(),
+                &stop,
+                &mut |_| {},
+            )
+            .unwrap();
+            assert_eq!(tree.tokens, reference.tokens, "{family:?} tree");
+        }
+    }
+}
+
+#[test]
+fn safetensors_and_gguf_load_the_same_model() {
+    // Llama's GGUF has permuted Q/K rows and interleaved rotation; safetensors has neither.
+    for family in FAMILIES {
+        let tiny = Tiny::new(family);
+        let (config, shard) = tiny.write_safetensors(5);
+        let mut from_st =
+            Transformer::from_safetensors(&config, &[shard], &LoadOptions::default()).unwrap();
+        let mut from_gguf = Transformer::from_gguf(
+            &tiny.write_gguf(5, GgmlDType::Q8_0, &[]),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let tokens = [3u32, 14, 15, 92, 65, 35];
+        let a = rows(&from_st.forward_tokens(&tokens, LogitRows::All).unwrap());
+        let b = rows(&from_gguf.forward_tokens(&tokens, LogitRows::All).unwrap());
+        assert_eq!(
+            a, b,
+            "{family:?}: the same Q8_0 weights give the same logits"
+        );
+        let mut dense = Transformer::from_safetensors(
+            &config,
+            &[tiny.write_safetensors(5).1],
+            &LoadOptions {
+                requantize: Requantize::Keep,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let c = rows(&dense.forward_tokens(&tokens, LogitRows::All).unwrap());
+        let diff = a
+            .iter()
+            .flatten()
+            .zip(c.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        let scale = c.iter().flatten().map(|x| x.abs()).fold(0.0, f32::max);
+        assert!(
+            diff > 0.0 && diff < 0.05 * scale,
+            "{family:?}: f32 and Q8_0 differ only by quantization noise ({diff} of {scale})"
+        );
+    }
+}
+
+#[test]
+fn embeddings_input_matches_token_input() {
+    let tiny = Tiny::new(Family::Qwen2);
+    let (config, shard) = tiny.write_safetensors(6);
+    let table = tiny.hf_weights(6)["model.embed_tokens.weight"].clone();
+    let options = LoadOptions {
+        requantize: Requantize::Keep,
+        ..Default::default()
+    };
+    let tokens = [4u32, 8, 15];
+    let mut by_id = Transformer::from_safetensors(&config, std::slice::from_ref(&shard), &options).unwrap();
+    let expected = rows(&by_id.forward_tokens(&tokens, LogitRows::All).unwrap());
+    let ids = candle_core::Tensor::new(&tokens, &candle_core::Device::Cpu).unwrap();
+    let embeddings = table.index_select(&ids, 0).unwrap().unsqueeze(0).unwrap();
+    let mut by_vector = Transformer::from_safetensors(&config, &[shard], &options).unwrap();
+    let positions = [0, 1, 2];
+    let step = Forward {
+        input: DecoderInput::Embeddings(&embeddings),
+        ..Forward::tokens(&[], &positions)
+    };
+    let got = Logits::from_tensor(&by_vector.forward(&step).unwrap(), 3, 96).unwrap();
+    assert_eq!(rows(&got), expected);
+}
+
+#[test]
+fn bad_weights_and_inputs_are_clear_errors() {
+    let tiny = Tiny::new(Family::Qwen2);
+    let path = tiny.write_gguf(7, GgmlDType::Q8_0, &[]);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    let err = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::BadWeights { .. }), "truncated: {err}");
+    std::fs::write(&path, &bytes[..200]).unwrap();
+    assert!(matches!(
+        Transformer::from_gguf(&path, &LoadOptions::default()),
+        Err(Error::BadWeights { .. })
+    ));
+    let missing = common::temp_dir().join("absent.gguf");
+    assert!(matches!(
+        Transformer::from_gguf(&missing, &LoadOptions::default()),
+        Err(Error::Io { .. })
+    ));
+
+    let (config, shard) = tiny.write_safetensors(7);
+    let wrong = Tiny {
+        intermediate: 128,
+        ..Tiny::new(Family::Qwen2)
+    };
+    std::fs::write(&config, wrong.config_json()).unwrap();
+    let err = Transformer::from_safetensors(&config, std::slice::from_ref(&shard), &LoadOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ShapeMismatch { .. }),
+        "config does not match: {err}"
+    );
+    let other = Tiny {
+        layers: 3,
+        ..Tiny::new(Family::Qwen2)
+    };
+    std::fs::write(&config, other.config_json()).unwrap();
+    let err =
+        Transformer::from_safetensors(&config, &[shard], &LoadOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
+
+    let mut model = Transformer::from_gguf(
+        &tiny.write_gguf(7, GgmlDType::Q8_0, &[]),
+        &LoadOptions {
+            max_context: Some(8),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let err = model.forward_tokens(&[96], LogitRows::All).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Core(spec_core::Error::TokenOutOfRange {
+                token: 96,
+                vocab: 96
+            })
+        ),
+        "{err}"
+    );
+    let err = model.forward_tokens(&[1; 9], LogitRows::All).unwrap_err();
+    assert!(
+        matches!(err, Error::Core(spec_core::Error::ContextOverflow { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        model.cached_len(),
+        0,
+        "failed forwards leave the cache untouched"
+    );
+}

@@ -1,0 +1,190 @@
+//! Real weights from `../shared/models/fetch` (found in `$SPECVOICE_MODELS`, default
+//! `~/.cache/specvoice/models`). Ignored by plain `cargo test`; CI runs them with
+//! `cargo test --release -- --ignored` after fetching the models.
+
+use std::path::PathBuf;
+
+use engine_llm::{Error, LanguageModel, LoadOptions, Message};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::{
+    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
+    DraftLength, SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig,
+    StopConditions,
+};
+
+const SMOLLM: &str = "smollm2-135m-instruct";
+const QWEN_SMALL: &str = "qwen2.5-coder-0.5b-instruct";
+const QWEN_LARGE: &str = "qwen2.5-coder-1.5b-instruct";
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("SPECVOICE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/specvoice/models")
+        })
+}
+
+fn load(name: &str) -> LanguageModel {
+    let path = models_dir().join(name);
+    LanguageModel::load(&path, &LoadOptions::default()).unwrap_or_else(|e| {
+        panic!(
+            "{name} at {}: {e} (run ../shared/models/fetch)",
+            path.display()
+        )
+    })
+}
+
+fn greedy_answer(model: &mut LanguageModel, question: &str, max_tokens: usize) -> String {
+    let prompt = model.chat_prompt(&[Message::user(question)]).unwrap();
+    let stop =
+        StopConditions::new(max_tokens).with_eos(model.tokenizer.end_tokens().iter().copied());
+    let out = generate(
+        &mut model.model,
+        &prompt,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut StdRng::seed_from_u64(0),
+        &mut |_| {},
+    )
+    .unwrap();
+    model.tokenizer.decode_text(&out.tokens).unwrap()
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn each_model_answers_known_questions() {
+    for name in [SMOLLM, QWEN_SMALL, QWEN_LARGE] {
+        let mut model = load(name);
+        let capital = greedy_answer(
+            &mut model,
+            "What is the capital of France? Answer in one word.",
+            16,
+        );
+        assert!(capital.contains("Paris"), "{name}: {capital:?}");
+        if name != SMOLLM {
+            let sum = greedy_answer(
+                &mut model,
+                "What is 17 + 25? Answer with the number only.",
+                16,
+            );
+            assert!(sum.contains("42"), "{name}: {sum:?}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn tokenizers_round_trip_text() {
+    let samples = [
+        "Hello, world! How's it going?",
+        "Numbers: 3.14159, 1,000,000 and 2026-11-22.",
+        "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
+        "Unicode: naïve café — 日本語のテキスト, Ελληνικά, emoji 🎉🚀",
+        "   leading spaces,\ttabs\t\tand\n\n\nnewlines   ",
+        "<|im_start|>user\nHi<|im_end|>",
+    ];
+    for name in [SMOLLM, QWEN_LARGE] {
+        let model = load(name);
+        for text in samples {
+            let ids = model.tokenizer.encode(text).unwrap();
+            assert_eq!(model.tokenizer.decode(&ids).unwrap(), text, "{name}");
+        }
+        let special = model.tokenizer.encode("<|im_start|>").unwrap();
+        assert_eq!(special.len(), 1, "{name}: special tokens are matched whole");
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn mismatched_draft_is_refused() {
+    let target = load(QWEN_LARGE);
+    let draft = load(SMOLLM);
+    assert!(matches!(
+        target.check_draft(&draft),
+        Err(Error::VocabularyMismatch(_))
+    ));
+    target.check_draft(&load(QWEN_SMALL)).unwrap();
+}
+
+/// The first turn of the first `count` MT-Bench questions.
+fn mt_bench_questions(count: usize) -> Vec<String> {
+    let path = models_dir().join("data/mt_bench/question.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .take(count)
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            v["turns"][0].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn speculative_greedy_reproduces_the_targets_greedy_output() {
+    let mut target = load(QWEN_LARGE);
+    let mut draft = load(QWEN_SMALL);
+    target.check_draft(&draft).unwrap();
+    let mut tree_draft = load(QWEN_SMALL);
+    let end = target.tokenizer.end_tokens().to_vec();
+    for question in mt_bench_questions(4) {
+        let prompt = target
+            .chat_prompt(&[Message::user(question.clone())])
+            .unwrap();
+        let stop = StopConditions::new(48).with_eos(end.iter().copied());
+        let mut rng = StdRng::seed_from_u64(0);
+        target.model.reset();
+        let plain = generate(
+            &mut target.model,
+            &prompt,
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut rng,
+            &mut |_| {},
+        )
+        .unwrap();
+        for gamma in [2, 5] {
+            target.model.reset();
+            draft.model.reset();
+            let config = SpeculativeConfig {
+                draft_length: DraftLength::Fixed(gamma),
+                ..Default::default()
+            };
+            let spec = speculative_generate(
+                &mut target.model,
+                &mut draft.model,
+                &prompt,
+                &config,
+                &stop,
+                &mut rng,
+                &mut |_| {},
+            )
+            .unwrap();
+            assert_eq!(spec.tokens, plain.tokens, "γ={gamma} on {question:?}");
+            assert!(
+                spec.stats.acceptance_rate() > 0.2,
+                "the 0.5B drafts usefully: {}",
+                spec.stats
+            );
+        }
+        target.model.reset();
+        tree_draft.model.reset();
+        let config = SparseTreeConfig {
+            depth: 5,
+            branch_below: 0.5,
+            branch_width: 2,
+        };
+        let mut drafter = SparseTreeDrafter::new(&mut tree_draft.model, config).unwrap();
+        let tree = tree_speculative_generate(
+            &mut target.model,
+            &mut drafter,
+            &prompt,
+            &AcceptanceRule::greedy(),
+            &stop,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(tree.tokens, plain.tokens, "tree on {question:?}");
+    }
+}
