@@ -10,21 +10,21 @@
 //! `$SPECVOICE_MODELS` (default `~/.cache/specvoice/models`).
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use engine_llm::{LanguageModel, LoadOptions, Message};
+use engine_llm::{forward_costs, locate_model, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, speculative_generate, AcceptanceRule, DraftLength, SamplingConfig, SpeculativeConfig,
-    StopConditions,
+    generate, speculative_generate, AcceptanceRule, CostAwarePolicy, DraftLength, SamplingConfig,
+    SpeculativeConfig, StopConditions,
 };
 
 struct Args {
     model: String,
     draft: Option<String>,
     gamma: usize,
+    cost_aware: bool,
     adaptive: Option<f32>,
     chat: Option<String>,
     prompt: Option<String>,
@@ -34,7 +34,8 @@ struct Args {
     seed: u64,
 }
 
-const USAGE: &str = "usage: generate --model M [--draft D] [--gamma N] [--adaptive CONFIDENCE] \
+const USAGE: &str =
+    "usage: generate --model M [--draft D] [--gamma N] [--adaptive CONFIDENCE] [--cost-aware] \
 (--chat TEXT | --prompt TEXT) [--system TEXT] [--max-tokens N] [--temperature T] [--top-k K] \
 [--top-p P] [--repetition-penalty R] [--seed S]";
 
@@ -43,6 +44,7 @@ fn parse_args() -> Result<Args> {
         model: String::new(),
         draft: None,
         gamma: 4,
+        cost_aware: false,
         adaptive: None,
         chat: None,
         prompt: None,
@@ -62,6 +64,7 @@ fn parse_args() -> Result<Args> {
             "--draft" => args.draft = Some(value()?),
             "--gamma" => args.gamma = value()?.parse()?,
             "--adaptive" => args.adaptive = Some(value()?.parse()?),
+            "--cost-aware" => args.cost_aware = true,
             "--chat" => args.chat = Some(value()?),
             "--prompt" => args.prompt = Some(value()?),
             "--system" => args.system = Some(value()?),
@@ -84,36 +87,13 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
-/// A path as given, or a folder of that name in the models folder.
-fn locate(name: &str) -> Result<PathBuf> {
-    let path = PathBuf::from(name);
-    if path.exists() {
-        return Ok(path);
-    }
-    let models = std::env::var_os("SPECVOICE_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/specvoice/models"))
-        })
-        .context("neither SPECVOICE_MODELS nor HOME is set")?;
-    let dir = models.join(name);
-    if dir.exists() {
-        Ok(dir)
-    } else {
-        bail!(
-            "model `{name}` is neither a path nor a folder in {}",
-            models.display()
-        )
-    }
-}
-
 fn main() -> Result<()> {
     let args = parse_args()?;
     let options = LoadOptions::default();
-    let target = LanguageModel::load(&locate(&args.model)?, &options)?;
+    let target = LanguageModel::load(&locate_model(&args.model)?, &options)?;
     let draft = match &args.draft {
         Some(name) => {
-            let draft = LanguageModel::load(&locate(name)?, &options)?;
+            let draft = LanguageModel::load(&locate_model(name)?, &options)?;
             target.check_draft(&draft)?;
             Some(draft)
         }
@@ -157,14 +137,20 @@ fn main() -> Result<()> {
         )?,
         Some(draft) => {
             let mut draft_model = draft.model;
+            let draft_length = if args.cost_aware {
+                let target_costs = forward_costs(&mut target_model, &target.weights)?;
+                let draft_costs = forward_costs(&mut draft_model, &draft.weights)?;
+                DraftLength::CostAware(CostAwarePolicy::new(target_costs, draft_costs, args.gamma))
+            } else if let Some(min_confidence) = args.adaptive {
+                DraftLength::Adaptive {
+                    min_confidence,
+                    max: args.gamma,
+                }
+            } else {
+                DraftLength::Fixed(args.gamma)
+            };
             let config = SpeculativeConfig {
-                draft_length: match args.adaptive {
-                    Some(min_confidence) => DraftLength::Adaptive {
-                        min_confidence,
-                        max: args.gamma,
-                    },
-                    None => DraftLength::Fixed(args.gamma),
-                },
+                draft_length,
                 rule: if args.sampling.is_greedy() {
                     AcceptanceRule::greedy()
                 } else {

@@ -149,6 +149,8 @@ pub struct LanguageModel {
     pub model: Transformer,
     pub tokenizer: TextTokenizer,
     pub template: ChatTemplate,
+    /// The weights file it was loaded from (the first shard of a safetensors checkpoint).
+    pub weights: PathBuf,
 }
 
 impl LanguageModel {
@@ -181,7 +183,7 @@ impl LanguageModel {
             None => None,
         };
         let template = ChatTemplate::detect(jinja.as_deref(), &tokenizer)?;
-        Self::checked(model, tokenizer, template)
+        Self::checked(model, tokenizer, template, path.to_path_buf())
     }
 
     fn load_hf_folder(dir: &Path, options: &LoadOptions) -> Result<Self> {
@@ -193,13 +195,15 @@ impl LanguageModel {
             .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
             .and_then(|v| v.get("chat_template")?.as_str().map(str::to_string));
         let template = ChatTemplate::detect(jinja.as_deref(), &tokenizer)?;
-        Self::checked(model, tokenizer, template)
+        let weights = shards.first().cloned().unwrap_or_else(|| dir.to_path_buf());
+        Self::checked(model, tokenizer, template, weights)
     }
 
     fn checked(
         model: Transformer,
         tokenizer: TextTokenizer,
         template: ChatTemplate,
+        weights: PathBuf,
     ) -> Result<Self> {
         // The embedding matrix may be padded past the tokenizer's last id, never the reverse.
         if tokenizer.vocab_size() > model.config().vocab_size {
@@ -213,6 +217,7 @@ impl LanguageModel {
             model,
             tokenizer,
             template,
+            weights,
         })
     }
 
@@ -239,6 +244,35 @@ impl LanguageModel {
                 .vocab_size()
                 .max(draft.tokenizer.vocab_size()),
         )
+    }
+}
+
+/// The models folder: `$SPECVOICE_MODELS`, else `~/.cache/specvoice/models`.
+pub fn models_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("SPECVOICE_MODELS") {
+        return Ok(PathBuf::from(dir));
+    }
+    std::env::var_os("HOME")
+        .map(|home| PathBuf::from(home).join(".cache/specvoice/models"))
+        .ok_or_else(|| Error::Config("neither SPECVOICE_MODELS nor HOME is set".into()))
+}
+
+/// A path as given, or the folder of that name in [`models_dir`].
+pub fn locate_model(name_or_path: &str) -> Result<PathBuf> {
+    let path = PathBuf::from(name_or_path);
+    if path.exists() {
+        return Ok(path);
+    }
+    let dir = models_dir()?;
+    let candidate = dir.join(name_or_path);
+    if candidate.exists() {
+        Ok(candidate)
+    } else {
+        Err(Error::Config(format!(
+            "model `{name_or_path}` is neither a path nor a folder in {} (fill it with \
+             ../shared/models/fetch, or set SPECVOICE_MODELS)",
+            dir.display()
+        )))
     }
 }
 

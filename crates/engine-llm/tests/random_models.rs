@@ -249,7 +249,8 @@ fn embeddings_input_matches_token_input() {
         ..Default::default()
     };
     let tokens = [4u32, 8, 15];
-    let mut by_id = Transformer::from_safetensors(&config, std::slice::from_ref(&shard), &options).unwrap();
+    let mut by_id =
+        Transformer::from_safetensors(&config, std::slice::from_ref(&shard), &options).unwrap();
     let expected = rows(&by_id.forward_tokens(&tokens, LogitRows::All).unwrap());
     let ids = candle_core::Tensor::new(&tokens, &candle_core::Device::Cpu).unwrap();
     let embeddings = table.index_select(&ids, 0).unwrap().unsqueeze(0).unwrap();
@@ -288,8 +289,12 @@ fn bad_weights_and_inputs_are_clear_errors() {
         ..Tiny::new(Family::Qwen2)
     };
     std::fs::write(&config, wrong.config_json()).unwrap();
-    let err = Transformer::from_safetensors(&config, std::slice::from_ref(&shard), &LoadOptions::default())
-        .unwrap_err();
+    let err = Transformer::from_safetensors(
+        &config,
+        std::slice::from_ref(&shard),
+        &LoadOptions::default(),
+    )
+    .unwrap_err();
     assert!(
         matches!(err, Error::ShapeMismatch { .. }),
         "config does not match: {err}"
@@ -332,4 +337,24 @@ fn bad_weights_and_inputs_are_clear_errors() {
         0,
         "failed forwards leave the cache untouched"
     );
+}
+
+#[test]
+fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
+    let path = Tiny::new(Family::Llama).write_gguf(8, GgmlDType::Q8_0, &[]);
+    let mut model = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap();
+    let measured = engine_llm::forward_costs(&mut model, &path).unwrap();
+    assert_eq!(model.cached_len(), 0);
+    let cache = path.with_file_name("model.gguf.forward-costs.json");
+    assert!(cache.exists());
+    let again = engine_llm::forward_costs(&mut model, &path).unwrap();
+    assert_eq!(again, measured, "read back from the cache");
+    // Costs measured on another machine are measured again.
+    let text = std::fs::read_to_string(&cache).unwrap();
+    let mut record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    record["cpu"] = "another CPU".into();
+    record["points"] = serde_json::json!([[1, 9.0], [2, 9.5]]);
+    std::fs::write(&cache, record.to_string()).unwrap();
+    let remeasured = engine_llm::forward_costs(&mut model, &path).unwrap();
+    assert!(remeasured.cost(1) < 9.0);
 }

@@ -2,9 +2,7 @@
 //! `~/.cache/specvoice/models`). Ignored by plain `cargo test`; CI runs them with
 //! `cargo test --release -- --ignored` after fetching the models.
 
-use std::path::PathBuf;
-
-use engine_llm::{Error, LanguageModel, LoadOptions, Message};
+use engine_llm::{models_dir, Error, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
@@ -17,16 +15,8 @@ const SMOLLM: &str = "smollm2-135m-instruct";
 const QWEN_SMALL: &str = "qwen2.5-coder-0.5b-instruct";
 const QWEN_LARGE: &str = "qwen2.5-coder-1.5b-instruct";
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("SPECVOICE_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/specvoice/models")
-        })
-}
-
 fn load(name: &str) -> LanguageModel {
-    let path = models_dir().join(name);
+    let path = models_dir().unwrap().join(name);
     LanguageModel::load(&path, &LoadOptions::default()).unwrap_or_else(|e| {
         panic!(
             "{name} at {}: {e} (run ../shared/models/fetch)",
@@ -95,6 +85,40 @@ fn tokenizers_round_trip_text() {
     }
 }
 
+/// Our GGUF tokenizers against llama.cpp's on the strings of `data/tokenizer_reference.json`
+/// (made by `data/make_tokenizer_reference.py`). Qwen2's reference (Hugging Face) tokenizer
+/// normalizes to NFC first and llama.cpp does not, so Qwen is compared with llama.cpp's ids of
+/// the NFC-normalized text.
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn tokenizers_match_the_reference_tokenizer() {
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("data/tokenizer_reference.json")).unwrap();
+    let texts = reference["texts"].as_array().unwrap();
+    for (name, reference_name, form) in [
+        (SMOLLM, SMOLLM, "raw"),
+        (QWEN_SMALL, QWEN_SMALL, "nfc"),
+        (QWEN_LARGE, QWEN_SMALL, "nfc"),
+    ] {
+        let gguf = engine_llm::GgufFile::open(&models_dir().unwrap().join(name).join("model.gguf"))
+            .unwrap();
+        let tokenizer = engine_llm::TextTokenizer::from_gguf(&gguf).unwrap();
+        let expected = reference["models"][reference_name][form]
+            .as_array()
+            .unwrap();
+        for (text, ids) in texts.iter().zip(expected) {
+            let text = text.as_str().unwrap();
+            let ids: Vec<u32> = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(tokenizer.encode(text).unwrap(), ids, "{name} on {text:?}");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
 fn mismatched_draft_is_refused() {
@@ -109,7 +133,7 @@ fn mismatched_draft_is_refused() {
 
 /// The first turn of the first `count` MT-Bench questions.
 fn mt_bench_questions(count: usize) -> Vec<String> {
-    let path = models_dir().join("data/mt_bench/question.jsonl");
+    let path = models_dir().unwrap().join("data/mt_bench/question.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .take(count)

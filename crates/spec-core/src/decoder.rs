@@ -197,15 +197,15 @@ pub fn input_tokens(input: &DecoderInput<'_>) -> Result<Vec<u32>> {
     })
 }
 
+/// Length of the longest common prefix of two token sequences.
+pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Rolls `model` back to its longest common prefix with `context`, keeping at least the last
 /// token of `context` out of the cache, and returns the number of positions kept.
 pub fn rewind_to_prefix<D: Decoder + ?Sized>(model: &mut D, context: &[u32]) -> Result<usize> {
-    let common = model
-        .cached_tokens()
-        .iter()
-        .zip(context)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let common = common_prefix_len(model.cached_tokens(), context);
     let keep = common.min(context.len().saturating_sub(1));
     model.truncate(keep)?;
     Ok(keep)

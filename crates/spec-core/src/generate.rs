@@ -14,7 +14,10 @@ use candle_core::DType;
 use rand::RngCore;
 
 use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
-use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
+use crate::cost::CostAwarePolicy;
+use crate::decoder::{
+    common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows,
+};
 use crate::draft::{advance, catch_up, TreeDrafter};
 use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, sample, SamplingConfig};
@@ -110,13 +113,16 @@ pub struct Generation {
 }
 
 /// How long a linear draft is.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum DraftLength {
     /// Always γ tokens.
     Fixed(usize),
     /// Draft until the draft model's top probability falls below `min_confidence` (that token
     /// is still offered), at most `max` tokens.
     Adaptive { min_confidence: f32, max: usize },
+    /// Chosen each step to maximise expected tokens per second from measured forward costs and
+    /// the running acceptance rate; 0 (plain decoding) when drafting does not pay.
+    CostAware(CostAwarePolicy),
 }
 
 impl DraftLength {
@@ -125,14 +131,17 @@ impl DraftLength {
         match *self {
             Self::Fixed(gamma) => gamma,
             Self::Adaptive { max, .. } => max,
+            Self::CostAware(ref policy) => policy.max_draft(),
         }
     }
 
     fn validate(&self) -> Result<()> {
-        match *self {
-            Self::Fixed(0) | Self::Adaptive { max: 0, .. } => Err(Error::InvalidConfig(
+        if self.max() == 0 {
+            return Err(Error::InvalidConfig(
                 "the draft length must be at least 1".into(),
-            )),
+            ));
+        }
+        match *self {
             Self::Adaptive { min_confidence, .. } if !(0.0..=1.0).contains(&min_confidence) => {
                 Err(Error::InvalidConfig(format!(
                     "min_confidence must be in [0, 1], got {min_confidence}"
@@ -307,6 +316,10 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
     let mut committed = context.to_vec();
     let stochastic = config.rule.is_stochastic();
     let sampling = &config.sampling;
+    let mut policy = match &config.draft_length {
+        DraftLength::CostAware(policy) => Some(policy.clone()),
+        _ => None,
+    };
 
     if out.finish.is_none() {
         let logits = prefill(target, context, &mut stats)?;
@@ -324,12 +337,14 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
         // Never draft beyond what may still be produced or what fits in either cache.
         let remaining = stop.max_new_tokens - out.tokens.len();
         let draft_room = draft.max_len().saturating_sub(committed.len());
-        let budget = config
-            .draft_length
-            .max()
-            .min(remaining.saturating_sub(1))
-            .min(room - 1)
-            .min(draft_room);
+        let limit = remaining.saturating_sub(1).min(room - 1).min(draft_room);
+        let budget = match &mut policy {
+            Some(policy) => {
+                let seen = common_prefix_len(draft.cached_tokens(), &committed);
+                policy.choose(limit, committed.len() - seen, rng)
+            }
+            None => config.draft_length.max().min(limit),
+        };
 
         let t_draft = Instant::now();
         let mut drafted = Vec::with_capacity(budget);
@@ -386,6 +401,9 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
             drafted: drafted.len(),
             accepted: verdict.accepted,
         });
+        if let Some(policy) = &mut policy {
+            policy.observe(drafted.len(), verdict.accepted);
+        }
 
         let accepted = drafted[..verdict.accepted].iter().copied();
         let new_tokens: Vec<u32> = accepted.chain([verdict.next_token]).collect();

@@ -40,6 +40,7 @@
 //! ```
 
 pub mod acceptance;
+pub mod cost;
 pub mod decoder;
 pub mod draft;
 mod error;
@@ -52,6 +53,7 @@ pub mod stats;
 pub mod tree;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
+pub use cost::{CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
 pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
 pub use error::{Error, Result};

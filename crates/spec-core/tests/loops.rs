@@ -503,3 +503,39 @@ fn a_cache_holding_another_conversation_is_not_reused() {
         greedy_reference(&target, &shared, &stop).tokens
     );
 }
+
+#[test]
+fn cost_aware_drafting_is_lossless_and_stops_drafting_when_it_does_not_pay() {
+    use spec_core::{CostAwarePolicy, ForwardCosts};
+    let (target, draft) = models(17, 32, 1.0);
+    let stop = StopConditions::new(64);
+    let reference = greedy_reference(&target, &[3, 1, 4], &stop);
+    let cheap = CostAwarePolicy::new(
+        ForwardCosts::from_points(&[(1, 0.030), (16, 0.040)]).unwrap(),
+        ForwardCosts::from_points(&[(1, 0.002), (2, 0.002)]).unwrap(),
+        8,
+    );
+    let config = SpeculativeConfig {
+        draft_length: DraftLength::CostAware(cheap),
+        ..Default::default()
+    };
+    let spec = speculative(&target, &draft, &[3, 1, 4], &config, &stop);
+    assert_eq!(spec.tokens, reference.tokens);
+    assert!(spec.stats.mean_draft_length() > 2.0, "{}", spec.stats);
+    let costly = CostAwarePolicy::new(
+        ForwardCosts::from_points(&[(1, 0.029), (2, 0.048), (4, 0.072), (8, 0.146)]).unwrap(),
+        ForwardCosts::from_points(&[(1, 0.019), (2, 0.030), (8, 0.056)]).unwrap(),
+        8,
+    );
+    let config = SpeculativeConfig {
+        draft_length: DraftLength::CostAware(costly),
+        ..Default::default()
+    };
+    let spec = speculative(&target, &draft, &[3, 1, 4], &config, &stop);
+    assert_eq!(spec.tokens, reference.tokens);
+    assert!(
+        spec.stats.drafted_tokens() <= 4,
+        "only probes: {}",
+        spec.stats
+    );
+}

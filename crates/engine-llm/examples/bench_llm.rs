@@ -1,0 +1,386 @@
+//! Benchmark of engine-llm on this machine, every comparison made in the same run:
+//! forward costs for 1–32 tokens, greedy autoregressive decoding against candle-transformers'
+//! quantized models on the same GGUF files, and 0.5B → 1.5B speculative decoding (fixed γ and
+//! the cost-aware policy) against autoregressive decoding of the 1.5B, with a check that every
+//! speculative output is identical to the autoregressive one.
+//!
+//! ```sh
+//! cargo run --release -p engine-llm --example bench_llm -- [--questions 10] [--tokens 128] [--markdown PATH]
+//! ```
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::models::{quantized_llama, quantized_qwen2};
+use engine_llm::{models_dir, LanguageModel, LoadOptions, Message, Requantize};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::sampling::argmax;
+use spec_core::{
+    generate, speculative_generate, CostAwarePolicy, Decoder, DraftLength, ForwardCosts,
+    Generation, SamplingConfig, SpeculativeConfig, StopConditions,
+};
+
+const SMOLLM: &str = "smollm2-135m-instruct";
+const DRAFT: &str = "qwen2.5-coder-0.5b-instruct";
+const TARGET: &str = "qwen2.5-coder-1.5b-instruct";
+/// llama.cpp decode tokens/s on this machine for the same GGUF files (`../shared/peers/README.md`,
+/// midpoints of the recorded ranges).
+const LLAMA_CPP_DECODE: [(&str, f64); 3] = [(SMOLLM, 140.0), (DRAFT, 52.5), (TARGET, 32.5)];
+const FORWARD_LENGTHS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+struct Table {
+    caption: String,
+    columns: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn markdown(&self) -> String {
+        let mut out = format!(
+            "{}\n\n| {} |\n|{}\n",
+            self.caption,
+            self.columns.join(" | "),
+            "---|".repeat(self.columns.len())
+        );
+        for row in &self.rows {
+            out.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+        out
+    }
+}
+
+fn load(name: &str, requantize: Requantize) -> Result<LanguageModel> {
+    let path = models_dir()?.join(name);
+    LanguageModel::load(
+        &path,
+        &LoadOptions {
+            requantize,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading {} (run ../shared/models/fetch)", path.display()))
+}
+
+fn first_turns(count: usize) -> Result<Vec<String>> {
+    let path = models_dir()?.join("data/mt_bench/question.jsonl");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    text.lines()
+        .take(count)
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            Ok(v["turns"][0].as_str().context("turns[0]")?.to_string())
+        })
+        .collect()
+}
+
+fn ms(seconds: f64) -> String {
+    format!("{:.1}", seconds * 1e3)
+}
+
+/// candle-transformers' quantized models, decoding greedily on the same prompt tokens.
+enum Reference {
+    Qwen2(quantized_qwen2::ModelWeights),
+    Llama(quantized_llama::ModelWeights),
+}
+
+impl Reference {
+    fn load(path: &Path) -> Result<Self> {
+        let mut file = std::fs::File::open(path)?;
+        let content = gguf_file::Content::read(&mut file)?;
+        let arch = content.metadata["general.architecture"]
+            .to_string()?
+            .clone();
+        Ok(match arch.as_str() {
+            "qwen2" => Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(
+                content,
+                &mut file,
+                &Device::Cpu,
+            )?),
+            _ => Self::Llama(quantized_llama::ModelWeights::from_gguf(
+                content,
+                &mut file,
+                &Device::Cpu,
+            )?),
+        })
+    }
+
+    fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Vec<f32>> {
+        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+        let logits = match self {
+            Self::Qwen2(m) => m.forward(&x, position)?,
+            Self::Llama(m) => m.forward(&x, position)?,
+        };
+        Ok(logits.squeeze(0)?.to_vec1()?)
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: usize,
+        end: &[u32],
+    ) -> Result<(usize, Duration)> {
+        match self {
+            Self::Qwen2(m) => m.clear_kv_cache(),
+            Self::Llama(m) => m.clear_kv_cache(),
+        }
+        let started = Instant::now();
+        let mut logits = self.forward(prompt, 0)?;
+        let mut produced = 0;
+        loop {
+            let token = argmax(&logits);
+            produced += 1;
+            if produced == max_tokens || end.contains(&token) {
+                break;
+            }
+            logits = self.forward(&[token], prompt.len() + produced - 1)?;
+        }
+        Ok((produced, started.elapsed()))
+    }
+}
+
+/// Greedy answers of `model` to every prompt.
+fn autoregressive(
+    model: &mut LanguageModel,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Result<Vec<Generation>> {
+    let stop =
+        StopConditions::new(max_tokens).with_eos(model.tokenizer.end_tokens().iter().copied());
+    prompts
+        .iter()
+        .map(|p| {
+            model.model.reset();
+            Ok(generate(
+                &mut model.model,
+                p,
+                &SamplingConfig::greedy(),
+                &stop,
+                &mut StdRng::seed_from_u64(0),
+                &mut |_| {},
+            )?)
+        })
+        .collect()
+}
+
+fn rate(tokens: usize, time: Duration) -> f64 {
+    tokens as f64 / time.as_secs_f64()
+}
+
+fn main() -> Result<()> {
+    let mut questions = 10;
+    let mut max_tokens = 128;
+    let mut markdown_path = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--questions" => questions = args.next().context("--questions N")?.parse()?,
+            "--tokens" => max_tokens = args.next().context("--tokens N")?.parse()?,
+            "--markdown" => markdown_path = Some(args.next().context("--markdown PATH")?),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let turns = first_turns(questions)?;
+    let mut tables = Vec::new();
+
+    // Forward costs, with the default re-quantization and with the GGUF's own formats.
+    // Models are loaded once; measuring their costs also warms them (weights repacked on
+    // first use), so no timing below includes one-time work.
+    let mut costs = std::collections::HashMap::new();
+    let mut models = std::collections::HashMap::new();
+    let mut cost_rows = Vec::new();
+    for name in [SMOLLM, DRAFT, TARGET] {
+        for requantize in [Requantize::FastAndBatchInvariant, Requantize::Keep] {
+            let mut model = load(name, requantize)?;
+            let c = ForwardCosts::measure(&mut model.model, 32, 3)?;
+            let mut row = vec![name.to_string(), format!("{requantize:?}")];
+            row.extend(FORWARD_LENGTHS.iter().map(|&k| ms(c.cost(k))));
+            row.push(format!("{:.1}", 1.0 / c.cost(1)));
+            row.push(format!("{:.2}", c.cost(4) / c.cost(1)));
+            cost_rows.push(row);
+            if requantize == Requantize::FastAndBatchInvariant {
+                costs.insert(name, c);
+                models.insert(name, model);
+            }
+        }
+    }
+    let mut columns = vec!["model", "weights"];
+    columns.extend(["1 tok (ms)", "2", "4", "8", "16", "32"]);
+    columns.extend(["tok/s at 1", "4 tok ÷ 1 tok"]);
+    tables.push(Table {
+        caption: "Forward cost by number of new tokens (64 cached), best of 3".into(),
+        columns,
+        rows: cost_rows,
+    });
+
+    // Autoregressive greedy decoding: ours against candle-transformers on the same prompts.
+    let mut ar_rows = Vec::new();
+    let mut target_reference = Vec::new();
+    for name in [SMOLLM, DRAFT, TARGET] {
+        let model = models.get_mut(name).expect("loaded above");
+        let prompts: Vec<Vec<u32>> = turns
+            .iter()
+            .map(|q| model.chat_prompt(&[Message::user(q.clone())]))
+            .collect::<engine_llm::Result<_>>()?;
+        let ours = autoregressive(model, &prompts, max_tokens)?;
+        let (tokens, time) = ours.iter().fold((0, Duration::ZERO), |(n, t), g| {
+            (n + g.tokens.len(), t + g.stats.total_time)
+        });
+        let ours_rate = rate(tokens, time);
+        let mut reference = Reference::load(&models_dir()?.join(name).join("model.gguf"))?;
+        let end = model.tokenizer.end_tokens().to_vec();
+        reference.generate(&prompts[0], 2, &end)?;
+        let (mut ref_tokens, mut ref_time) = (0, Duration::ZERO);
+        for p in &prompts {
+            let (n, t) = reference.generate(p, max_tokens, &end)?;
+            ref_tokens += n;
+            ref_time += t;
+        }
+        let ref_rate = rate(ref_tokens, ref_time);
+        let llama_cpp = LLAMA_CPP_DECODE
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, r)| *r)
+            .unwrap_or(f64::NAN);
+        ar_rows.push(vec![
+            name.to_string(),
+            format!("{ours_rate:.1}"),
+            format!("{ref_rate:.1}"),
+            format!("{:.2}×", ours_rate / ref_rate),
+            format!("{llama_cpp:.1}"),
+            format!("{:.2}", ours_rate / llama_cpp),
+        ]);
+        if name == TARGET {
+            target_reference = ours.into_iter().zip(prompts).collect::<Vec<_>>();
+        }
+    }
+    tables.push(Table {
+        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens (tokens/s, prompt included)"),
+        columns: vec!["model", "SpecVoice", "candle-transformers", "ratio", "llama.cpp (recorded)", "ratio to llama.cpp"],
+        rows: ar_rows,
+    });
+
+    // Speculative decoding 0.5B → 1.5B against the 1.5B's own greedy decoding above.
+    let mut target = models.remove(TARGET).expect("loaded above");
+    let mut draft = models.remove(DRAFT).expect("loaded above");
+    target.check_draft(&draft)?;
+    let stop =
+        StopConditions::new(max_tokens).with_eos(target.tokenizer.end_tokens().iter().copied());
+    let policy = CostAwarePolicy::new(costs[TARGET].clone(), costs[DRAFT].clone(), 8);
+    let configs: Vec<(String, DraftLength)> = vec![
+        ("γ = 2".into(), DraftLength::Fixed(2)),
+        ("γ = 4".into(), DraftLength::Fixed(4)),
+        ("γ = 8".into(), DraftLength::Fixed(8)),
+        ("cost-aware (γ ≤ 8)".into(), DraftLength::CostAware(policy)),
+    ];
+    // Each prompt runs plain decoding and every configuration back to back, so that the
+    // machine's drift (±15 % here) affects them alike.
+    let mut plain = spec_core::DecodeStats::default();
+    let mut runs: Vec<(spec_core::DecodeStats, usize, Vec<f64>)> =
+        vec![(Default::default(), 0, Vec::new()); configs.len()];
+    for (reference, prompt) in &target_reference {
+        target.model.reset();
+        let ar = generate(
+            &mut target.model,
+            prompt,
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut StdRng::seed_from_u64(0),
+            &mut |_| {},
+        )?;
+        plain.merge(&ar.stats);
+        for ((_, draft_length), (stats, identical, speedups)) in configs.iter().zip(runs.iter_mut())
+        {
+            let config = SpeculativeConfig {
+                draft_length: draft_length.clone(),
+                ..Default::default()
+            };
+            target.model.reset();
+            draft.model.reset();
+            let out = speculative_generate(
+                &mut target.model,
+                &mut draft.model,
+                prompt,
+                &config,
+                &stop,
+                &mut StdRng::seed_from_u64(0),
+                &mut |_| {},
+            )?;
+            *identical += usize::from(out.tokens == reference.tokens && out.tokens == ar.tokens);
+            speedups.push(ar.stats.total_time.as_secs_f64() / out.stats.total_time.as_secs_f64());
+            stats.merge(&out.stats);
+        }
+    }
+    let plain_rate = rate(plain.generated_tokens, plain.total_time);
+    let mut spec_rows = Vec::new();
+    for ((label, _), (stats, identical, speedups)) in configs.iter().zip(&runs) {
+        let spec_rate = rate(stats.generated_tokens, stats.total_time);
+        let (lo, hi) = speedups
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+        spec_rows.push(vec![
+            label.clone(),
+            format!("{spec_rate:.1}"),
+            format!("{:.2}×", spec_rate / plain_rate),
+            format!("{lo:.2}× / {hi:.2}×"),
+            format!("{:.0} %", 100.0 * stats.acceptance_rate()),
+            format!("{:.2}", stats.tokens_per_target_pass()),
+            format!("{:.2}", stats.mean_draft_length()),
+            format!("{identical}/{}", target_reference.len()),
+        ]);
+    }
+    spec_rows.insert(
+        0,
+        vec![
+            "1.5B alone".into(),
+            format!("{plain_rate:.1}"),
+            "1.00×".into(),
+            "—".into(),
+            "—".into(),
+            "1.00".into(),
+            "0".into(),
+            "—".into(),
+        ],
+    );
+    tables.push(Table {
+        caption: format!(
+            "Speculative decoding, draft {DRAFT} → target {TARGET}, greedy, same prompts"
+        ),
+        columns: vec![
+            "decoding",
+            "tokens/s",
+            "speed-up",
+            "per-prompt min / max",
+            "acceptance",
+            "tokens per target pass",
+            "mean draft length",
+            "identical to greedy",
+        ],
+        rows: spec_rows,
+    });
+
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let mut report = format!(
+        "Machine: {cpu}, {} threads. Command: `cargo run --release -p engine-llm --example bench_llm -- --questions {questions} --tokens {max_tokens}`\n\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for t in &tables {
+        report.push_str(&t.markdown());
+        report.push('\n');
+    }
+    print!("{report}");
+    if let Some(path) = markdown_path {
+        std::fs::write(&path, &report).with_context(|| path.clone())?;
+    }
+    Ok(())
+}

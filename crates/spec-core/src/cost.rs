@@ -1,0 +1,288 @@
+//! Cost-aware speculation: choose the draft length, or not to speculate, from what forwards
+//! actually cost on this machine and how often the target accepts the draft.
+//!
+//! With per-token acceptance probability α and draft length γ, one step yields on average
+//! (1 − α^(γ+1)) / (1 − α) tokens (Leviathan et al. 2023, eq. 1) and costs the draft's forwards
+//! plus one target forward over γ + 1 tokens. The policy picks the γ (0 = plain decoding) that
+//! maximises tokens per second for an α drawn from its Beta posterior (Thompson sampling): it
+//! keeps exploring while unsure of α and settles once the evidence is clear.
+
+use std::time::Instant;
+
+use rand::RngCore;
+use rand_distr::{Beta, Distribution};
+
+use crate::decoder::{forward_tokens, Decoder, LogitRows};
+use crate::{Error, Result};
+
+/// Measured wall time of one forward over k new tokens, k = 1..=max.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForwardCosts {
+    /// Seconds; index k − 1.
+    seconds: Vec<f64>,
+}
+
+/// Forward lengths measured; the others are interpolated.
+const MEASURED_LENGTHS: [usize; 9] = [1, 2, 3, 4, 6, 8, 12, 16, 32];
+
+impl ForwardCosts {
+    /// Costs from measured `(tokens, seconds)` points, linearly interpolated up to the largest.
+    pub fn from_points(points: &[(usize, f64)]) -> Result<Self> {
+        let mut points = points.to_vec();
+        points.sort_by_key(|p| p.0);
+        let valid = !points.is_empty()
+            && points[0].0 == 1
+            && points.windows(2).all(|w| w[0].0 < w[1].0)
+            && points.iter().all(|p| p.1.is_finite() && p.1 > 0.0);
+        if !valid {
+            return Err(Error::InvalidConfig(format!(
+                "forward costs need distinct lengths starting at 1 with positive times, got {points:?}"
+            )));
+        }
+        let max = points.last().expect("checked non-empty").0;
+        let seconds = (1..=max)
+            .map(|k| {
+                let i = points.partition_point(|p| p.0 < k);
+                let (hi_k, hi_s) = points[i];
+                if hi_k == k || i == 0 {
+                    hi_s
+                } else {
+                    let (lo_k, lo_s) = points[i - 1];
+                    lo_s + (hi_s - lo_s) * (k - lo_k) as f64 / (hi_k - lo_k) as f64
+                }
+            })
+            .collect();
+        Ok(Self { seconds })
+    }
+
+    /// Times forwards of 1 to `max_tokens` tokens after a 64-token context (best of `repeats`),
+    /// rolling each back. Leaves the model's cache empty.
+    pub fn measure<D: Decoder + ?Sized>(
+        model: &mut D,
+        max_tokens: usize,
+        repeats: usize,
+    ) -> Result<Self> {
+        let vocab = model.vocab_size() as u32;
+        let context: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        model.reset();
+        forward_tokens(model, &context, LogitRows::Last(1))?;
+        let batch: Vec<u32> = (0..max_tokens as u32)
+            .map(|i| (i * 104_729 + 5) % vocab)
+            .collect();
+        // One untimed forward lets lazily prepared weights (repacking) settle.
+        forward_tokens(model, &batch[..1], LogitRows::All)?;
+        model.truncate(context.len())?;
+        let mut points = Vec::new();
+        for &k in MEASURED_LENGTHS.iter().filter(|&&k| k <= max_tokens) {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats.max(1) {
+                let started = Instant::now();
+                forward_tokens(model, &batch[..k], LogitRows::All)?;
+                best = best.min(started.elapsed().as_secs_f64());
+                model.truncate(context.len())?;
+            }
+            points.push((k, best));
+        }
+        model.reset();
+        Self::from_points(&points)
+    }
+
+    /// Seconds for a forward over `tokens` (the largest measured length's cost scaled linearly
+    /// beyond it).
+    pub fn cost(&self, tokens: usize) -> f64 {
+        let max = self.seconds.len();
+        match tokens {
+            0 => 0.0,
+            k if k <= max => self.seconds[k - 1],
+            k => self.seconds[max - 1] * k as f64 / max as f64,
+        }
+    }
+
+    /// The measured lengths and their costs, for reports.
+    pub fn table(&self) -> Vec<(usize, f64)> {
+        self.seconds
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (i + 1, s))
+            .collect()
+    }
+}
+
+/// Chooses draft lengths that maximise expected tokens per second.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostAwarePolicy {
+    target: ForwardCosts,
+    draft: ForwardCosts,
+    max_draft: usize,
+    /// Decayed counts of accepted and rejected draft tokens, the prior included.
+    accepted: f64,
+    rejected: f64,
+}
+
+/// Weight of past steps in the acceptance estimate (per step).
+const DECAY: f64 = 0.9;
+/// The prior: α = 0.6 with the weight of a few tokens.
+const PRIOR_ACCEPTED: f64 = 3.0;
+const PRIOR_REJECTED: f64 = 2.0;
+
+impl CostAwarePolicy {
+    /// A policy for a target/draft pair with these costs, drafting at most `max_draft` tokens.
+    pub fn new(target: ForwardCosts, draft: ForwardCosts, max_draft: usize) -> Self {
+        Self {
+            target,
+            draft,
+            max_draft,
+            accepted: PRIOR_ACCEPTED,
+            rejected: PRIOR_REJECTED,
+        }
+    }
+
+    /// The longest draft it may choose.
+    pub fn max_draft(&self) -> usize {
+        self.max_draft
+    }
+
+    /// The current estimate of α, the probability that a draft token is accepted.
+    pub fn acceptance(&self) -> f64 {
+        (self.accepted / (self.accepted + self.rejected)).clamp(0.0, 0.999)
+    }
+
+    /// Expected tokens per second of one step with draft length `gamma` at acceptance `alpha`,
+    /// when the draft has not yet seen the last `draft_lag` committed tokens (its first forward
+    /// catches up on them: 1 or 2 while speculating, more after plain steps).
+    pub fn throughput(&self, gamma: usize, alpha: f64, draft_lag: usize) -> f64 {
+        if gamma == 0 {
+            return 1.0 / self.target.cost(1);
+        }
+        let tokens = (1.0 - alpha.powi(gamma as i32 + 1)) / (1.0 - alpha);
+        let draft = self.draft.cost(draft_lag.max(1)) + (gamma - 1) as f64 * self.draft.cost(1);
+        tokens / (draft + self.target.cost(gamma + 1))
+    }
+
+    /// The draft length for the next step, at most `budget` (0 = decode without a draft), for
+    /// a draft that lags `draft_lag` tokens behind.
+    pub fn choose(&self, budget: usize, draft_lag: usize, rng: &mut dyn RngCore) -> usize {
+        let alpha = Beta::new(self.accepted, self.rejected)
+            .map_or_else(|_| self.acceptance(), |beta| beta.sample(rng))
+            .clamp(0.0, 0.999);
+        self.best_length(budget, alpha, draft_lag)
+    }
+
+    /// The draft length with the highest expected throughput at acceptance `alpha`.
+    pub fn best_length(&self, budget: usize, alpha: f64, draft_lag: usize) -> usize {
+        let rate = |gamma| self.throughput(gamma, alpha, draft_lag);
+        (0..=self.max_draft.min(budget))
+            .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
+            .unwrap_or(0)
+    }
+
+    /// Records a step's outcome.
+    pub fn observe(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let rejected = usize::from(accepted < drafted);
+        self.accepted = DECAY * self.accepted + accepted as f64;
+        self.rejected = DECAY * self.rejected + rejected as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    fn costs(points: &[(usize, f64)]) -> ForwardCosts {
+        ForwardCosts::from_points(points).unwrap()
+    }
+
+    #[test]
+    fn interpolates_between_measured_lengths() {
+        let c = costs(&[(1, 0.010), (4, 0.016), (8, 0.024)]);
+        assert_eq!(c.cost(1), 0.010);
+        assert!((c.cost(2) - 0.012).abs() < 1e-12);
+        assert!((c.cost(6) - 0.020).abs() < 1e-12);
+        assert!((c.cost(16) - 0.048).abs() < 1e-12);
+        assert_eq!(c.cost(0), 0.0);
+        assert!(ForwardCosts::from_points(&[(2, 0.1)]).is_err());
+        assert!(ForwardCosts::from_points(&[(1, 0.1), (1, 0.2)]).is_err());
+    }
+
+    #[test]
+    fn speculates_only_when_it_pays() {
+        // A cheap draft and a target whose batched forwards cost little more than one token.
+        let cheap = CostAwarePolicy::new(
+            costs(&[(1, 0.030), (8, 0.036)]),
+            costs(&[(1, 0.003), (8, 0.004)]),
+            8,
+        );
+        // At the prior α = 0.6 a step yields at most 2.5 tokens: γ = 3 is the best trade-off.
+        assert_eq!(cheap.best_length(100, cheap.acceptance(), 2), 3);
+        assert!(cheap.throughput(3, 0.6, 2) > 1.4 * cheap.throughput(0, 0.6, 2));
+        // The peer figures of this CPU: verification of 4 tokens costs 2.4 target tokens and the
+        // draft costs 60 % of a target token: speculation loses unless nearly every token is kept.
+        let costly = costs(&[(1, 0.029), (2, 0.048), (4, 0.072), (8, 0.146)]);
+        let slow_draft = costs(&[(1, 0.019), (2, 0.030), (4, 0.044), (8, 0.056)]);
+        let mut policy = CostAwarePolicy::new(costly, slow_draft, 8);
+        assert_eq!(policy.best_length(100, policy.acceptance(), 2), 0);
+        for _ in 0..30 {
+            policy.observe(2, 0);
+        }
+        let mut rng = StdRng::seed_from_u64(1);
+        let drafting = (0..1000)
+            .filter(|_| policy.choose(100, 2, &mut rng) > 0)
+            .count();
+        assert!(
+            drafting < 50,
+            "a rejected draft is rarely tried again: {drafting}/1000"
+        );
+    }
+
+    #[test]
+    fn acceptance_estimate_follows_observations() {
+        let mut p = CostAwarePolicy::new(costs(&[(1, 0.03), (8, 0.04)]), costs(&[(1, 0.003)]), 8);
+        let start = p.best_length(100, p.acceptance(), 2);
+        for _ in 0..40 {
+            p.observe(4, 0);
+        }
+        assert!(p.acceptance() < 0.1);
+        assert!(
+            p.best_length(100, p.acceptance(), 2) < start,
+            "poor acceptance shortens the draft"
+        );
+        for _ in 0..40 {
+            p.observe(4, 4);
+        }
+        assert!(p.acceptance() > 0.9);
+        assert_eq!(
+            p.choose(3, 2, &mut StdRng::seed_from_u64(0)),
+            3,
+            "never beyond the budget"
+        );
+    }
+
+    #[test]
+    fn uncertainty_makes_it_explore() {
+        // At the prior, drafting is slightly worse than plain decoding on average, but α is
+        // uncertain: some steps draft, and evidence of high acceptance makes drafting the rule.
+        let mut p = CostAwarePolicy::new(
+            costs(&[(1, 0.075), (2, 0.097), (4, 0.111), (8, 0.152)]),
+            costs(&[(1, 0.024), (2, 0.044), (4, 0.085)]),
+            8,
+        );
+        let mut rng = StdRng::seed_from_u64(2);
+        let exploring = (0..1000).filter(|_| p.choose(100, 2, &mut rng) > 0).count();
+        assert!((50..950).contains(&exploring), "{exploring}/1000");
+        // A draft far behind must catch up first, which makes resuming unattractive.
+        let resuming = (0..1000)
+            .filter(|_| p.choose(100, 20, &mut rng) > 0)
+            .count();
+        assert!(resuming < exploring / 2, "{resuming} vs {exploring}");
+        for _ in 0..30 {
+            p.observe(4, 4);
+        }
+        let drafting = (0..1000).filter(|_| p.choose(100, 2, &mut rng) > 0).count();
+        assert!(drafting > 950, "{drafting}/1000");
+    }
+}
