@@ -18,7 +18,8 @@ use spec_core::{
 const FAMILIES: [Family; 2] = [Family::Qwen2, Family::Llama];
 
 fn gguf_model(family: Family, seed: u64, dtype: GgmlDType) -> Transformer {
-    let path = Tiny::new(family).write_gguf(seed, dtype, &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let path = Tiny::new(family).write_gguf(scratch.path(), seed, dtype, &[]);
     Transformer::from_gguf(&path, &LoadOptions::default()).unwrap()
 }
 
@@ -199,12 +200,13 @@ fn speculative_greedy_equals_autoregressive_greedy() {
 fn safetensors_and_gguf_load_the_same_model() {
     // Llama's GGUF has permuted Q/K rows and interleaved rotation; safetensors has neither.
     for family in FAMILIES {
+        let scratch = tempfile::tempdir().unwrap();
         let tiny = Tiny::new(family);
-        let (config, shard) = tiny.write_safetensors(5);
+        let (config, shard) = tiny.write_safetensors(scratch.path(), 5);
         let mut from_st =
             Transformer::from_safetensors(&config, &[shard], &LoadOptions::default()).unwrap();
         let mut from_gguf = Transformer::from_gguf(
-            &tiny.write_gguf(5, GgmlDType::Q8_0, &[]),
+            &tiny.write_gguf(scratch.path(), 5, GgmlDType::Q8_0, &[]),
             &LoadOptions::default(),
         )
         .unwrap();
@@ -217,7 +219,7 @@ fn safetensors_and_gguf_load_the_same_model() {
         );
         let mut dense = Transformer::from_safetensors(
             &config,
-            &[tiny.write_safetensors(5).1],
+            &[tiny.write_safetensors(scratch.path(), 5).1],
             &LoadOptions {
                 requantize: Requantize::Keep,
                 ..Default::default()
@@ -241,8 +243,9 @@ fn safetensors_and_gguf_load_the_same_model() {
 
 #[test]
 fn embeddings_input_matches_token_input() {
+    let scratch = tempfile::tempdir().unwrap();
     let tiny = Tiny::new(Family::Qwen2);
-    let (config, shard) = tiny.write_safetensors(6);
+    let (config, shard) = tiny.write_safetensors(scratch.path(), 6);
     let table = tiny.hf_weights(6)["model.embed_tokens.weight"].clone();
     let options = LoadOptions {
         requantize: Requantize::Keep,
@@ -266,8 +269,9 @@ fn embeddings_input_matches_token_input() {
 
 #[test]
 fn bad_weights_and_inputs_are_clear_errors() {
+    let scratch = tempfile::tempdir().unwrap();
     let tiny = Tiny::new(Family::Qwen2);
-    let path = tiny.write_gguf(7, GgmlDType::Q8_0, &[]);
+    let path = tiny.write_gguf(scratch.path(), 7, GgmlDType::Q8_0, &[]);
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
     let err = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap_err();
@@ -277,13 +281,13 @@ fn bad_weights_and_inputs_are_clear_errors() {
         Transformer::from_gguf(&path, &LoadOptions::default()),
         Err(Error::BadWeights { .. })
     ));
-    let missing = common::temp_dir().join("absent.gguf");
+    let missing = scratch.path().join("absent.gguf");
     assert!(matches!(
         Transformer::from_gguf(&missing, &LoadOptions::default()),
         Err(Error::Io { .. })
     ));
 
-    let (config, shard) = tiny.write_safetensors(7);
+    let (config, shard) = tiny.write_safetensors(scratch.path(), 7);
     let wrong = Tiny {
         intermediate: 128,
         ..Tiny::new(Family::Qwen2)
@@ -309,7 +313,7 @@ fn bad_weights_and_inputs_are_clear_errors() {
     assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
 
     let mut model = Transformer::from_gguf(
-        &tiny.write_gguf(7, GgmlDType::Q8_0, &[]),
+        &tiny.write_gguf(scratch.path(), 7, GgmlDType::Q8_0, &[]),
         &LoadOptions {
             max_context: Some(8),
             ..Default::default()
@@ -341,7 +345,8 @@ fn bad_weights_and_inputs_are_clear_errors() {
 
 #[test]
 fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
-    let path = Tiny::new(Family::Llama).write_gguf(8, GgmlDType::Q8_0, &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let path = Tiny::new(Family::Llama).write_gguf(scratch.path(), 8, GgmlDType::Q8_0, &[]);
     let mut model = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap();
     let measured = engine_llm::forward_costs(&mut model, &path).unwrap();
     assert_eq!(model.cached_len(), 0);

@@ -190,6 +190,45 @@ impl<'a> Output<'a> {
         }
     }
 
+    /// Room left in `target`'s cache, or `None` (and the finish reason set) when it is full.
+    fn room<T: Decoder + ?Sized>(&mut self, target: &T) -> Option<usize> {
+        let room = target.max_len().saturating_sub(target.cached_len());
+        if room == 0 {
+            self.finish = Some(FinishReason::ContextFull);
+            return None;
+        }
+        Some(room)
+    }
+
+    /// Emits a verified step's tokens (the target's cache holds `cached` positions before the
+    /// step's input, and the step's accepted ones after it). When a stop condition fires
+    /// mid-step, the cache is rolled back to the last emitted token.
+    fn commit_step<T: Decoder + ?Sized>(
+        &mut self,
+        target: &mut T,
+        committed: &mut Vec<u32>,
+        cached: usize,
+        new_tokens: &[u32],
+    ) -> Result<()> {
+        let emitted = self.emit(new_tokens.iter().copied());
+        committed.extend_from_slice(&new_tokens[..emitted]);
+        if emitted < new_tokens.len() {
+            target.truncate(cached + emitted)?;
+        }
+        Ok(())
+    }
+
+    /// The result, with the run's statistics completed.
+    fn into_generation(self, mut stats: DecodeStats, started: Instant) -> Generation {
+        stats.generated_tokens = self.tokens.len();
+        stats.total_time = started.elapsed();
+        Generation {
+            tokens: self.tokens,
+            finish: self.finish.expect("the loop ends only with a reason"),
+            stats,
+        }
+    }
+
     /// Emits `tokens` in order until a stop condition fires; returns how many were emitted.
     fn emit(&mut self, tokens: impl IntoIterator<Item = u32>) -> usize {
         let mut emitted = 0;
@@ -255,8 +294,7 @@ pub fn generate<D: Decoder + ?Sized>(
             if out.finish.is_some() {
                 break;
             }
-            if model.cached_len() + 1 > model.max_len() {
-                out.finish = Some(FinishReason::ContextFull);
+            if out.room(model).is_none() {
                 break;
             }
             let t0 = Instant::now();
@@ -265,13 +303,7 @@ pub fn generate<D: Decoder + ?Sized>(
             stats.target_forwards += 1;
         }
     }
-    stats.generated_tokens = out.tokens.len();
-    stats.total_time = started.elapsed();
-    Ok(Generation {
-        tokens: out.tokens,
-        finish: out.finish.expect("the loop ends only with a reason"),
-        stats,
-    })
+    Ok(out.into_generation(stats, started))
 }
 
 /// Chooses the first token after the prefill the way the rule's corrections are chosen.
@@ -329,11 +361,9 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
     }
     while out.finish.is_none() {
         let cached = target.cached_len();
-        let room = target.max_len().saturating_sub(cached);
-        if room == 0 {
-            out.finish = Some(FinishReason::ContextFull);
+        let Some(room) = out.room(target) else {
             break;
-        }
+        };
         // Never draft beyond what may still be produced or what fits in either cache.
         let remaining = stop.max_new_tokens - out.tokens.len();
         let draft_room = draft.max_len().saturating_sub(committed.len());
@@ -407,20 +437,10 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
 
         let accepted = drafted[..verdict.accepted].iter().copied();
         let new_tokens: Vec<u32> = accepted.chain([verdict.next_token]).collect();
-        let emitted = out.emit(new_tokens.iter().copied());
-        committed.extend_from_slice(&new_tokens[..emitted]);
-        if emitted < new_tokens.len() {
-            target.truncate(cached + emitted)?;
-        }
+        out.commit_step(target, &mut committed, cached, &new_tokens)?;
     }
     rewind_to_prefix(draft, &committed)?;
-    stats.generated_tokens = out.tokens.len();
-    stats.total_time = started.elapsed();
-    Ok(Generation {
-        tokens: out.tokens,
-        finish: out.finish.expect("the loop ends only with a reason"),
-        stats,
-    })
+    Ok(out.into_generation(stats, started))
 }
 
 /// The outcome of verifying a token tree.
@@ -489,11 +509,9 @@ pub fn tree_speculative_generate<T: Decoder + ?Sized>(
     }
     while out.finish.is_none() {
         let cached = target.cached_len();
-        let room = target.max_len().saturating_sub(cached);
-        if room == 0 {
-            out.finish = Some(FinishReason::ContextFull);
+        let Some(room) = out.room(target) else {
             break;
-        }
+        };
         let remaining = stop.max_new_tokens - out.tokens.len();
         let max_depth = remaining.saturating_sub(1).min(room - 1);
         let t_draft = Instant::now();
@@ -527,18 +545,8 @@ pub fn tree_speculative_generate<T: Decoder + ?Sized>(
             .map(|&node| tree.token(node))
             .chain([verdict.next_token])
             .collect();
-        let emitted = out.emit(new_tokens.iter().copied());
-        committed.extend_from_slice(&new_tokens[..emitted]);
-        if emitted < new_tokens.len() {
-            target.truncate(cached + emitted)?;
-        }
+        out.commit_step(target, &mut committed, cached, &new_tokens)?;
     }
     drafter.finish(&committed)?;
-    stats.generated_tokens = out.tokens.len();
-    stats.total_time = started.elapsed();
-    Ok(Generation {
-        tokens: out.tokens,
-        finish: out.finish.expect("the loop ends only with a reason"),
-        stats,
-    })
+    Ok(out.into_generation(stats, started))
 }

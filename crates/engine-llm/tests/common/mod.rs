@@ -1,8 +1,7 @@
 //! Tiny random-weight Qwen2 / Llama checkpoints written to real GGUF and safetensors files.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
@@ -113,9 +112,8 @@ impl Tiny {
         }
     }
 
-    /// Writes `config.json` + `model.safetensors`; returns (config, shard).
-    pub fn write_safetensors(&self, seed: u64) -> (PathBuf, PathBuf) {
-        let dir = temp_dir();
+    /// Writes `config.json` + `model.safetensors` into `dir`; returns (config, shard).
+    pub fn write_safetensors(&self, dir: &Path, seed: u64) -> (PathBuf, PathBuf) {
         let config = dir.join("config.json");
         std::fs::write(&config, self.config_json()).unwrap();
         let shard = dir.join("model.safetensors");
@@ -127,6 +125,7 @@ impl Tiny {
     /// Q and K rows are permuted as the GGUF converter does, for interleaved rotation.
     pub fn write_gguf(
         &self,
+        dir: &Path,
         seed: u64,
         dtype: GgmlDType,
         extra: &[(&str, gguf_file::Value)],
@@ -237,7 +236,7 @@ impl Tiny {
             (format!("{arch}.context_length"), u(512)),
         ];
         meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-        let path = temp_dir().join("model.gguf");
+        let path = dir.join("model.gguf");
         let mut file = std::fs::File::create(&path).unwrap();
         let meta_refs: Vec<(&str, &gguf_file::Value)> =
             meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -246,16 +245,4 @@ impl Tiny {
         gguf_file::write(&mut file, &meta_refs, &tensor_refs).unwrap();
         path
     }
-}
-
-/// A fresh directory under the system temp dir.
-pub fn temp_dir() -> PathBuf {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "engine-llm-test-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
