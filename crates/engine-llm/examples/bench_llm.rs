@@ -5,7 +5,11 @@
 //! speculative output is identical to the autoregressive one.
 //!
 //! ```sh
-//! cargo run --release -p engine-llm --example bench_llm -- [--questions 10] [--tokens 128] [--markdown PATH]
+//! cargo run --release -p engine-llm --example bench_llm -- [--questions 10] [--tokens 128] [--json PATH]
+//! ```
+//!
+//! `cargo xtask bench llm` runs it and files the results with the machine and date.
+//! ```text
 //! ```
 
 use std::path::Path;
@@ -15,9 +19,10 @@ use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
-use engine_llm::{models_dir, LanguageModel, LoadOptions, Message, Requantize};
+use engine_llm::{LanguageModel, LoadOptions, Message, Requantize};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_core::report::{Report, Table};
 use spec_core::sampling::argmax;
 use spec_core::{
     generate, speculative_generate, CostAwarePolicy, Decoder, DraftLength, ForwardCosts,
@@ -32,41 +37,16 @@ const TARGET: &str = "qwen2.5-coder-1.5b-instruct";
 const LLAMA_CPP_DECODE: [(&str, f64); 3] = [(SMOLLM, 140.0), (DRAFT, 52.5), (TARGET, 32.5)];
 const FORWARD_LENGTHS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 
-struct Table {
-    caption: String,
-    columns: Vec<&'static str>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn markdown(&self) -> String {
-        let mut out = format!(
-            "{}\n\n| {} |\n|{}\n",
-            self.caption,
-            self.columns.join(" | "),
-            "---|".repeat(self.columns.len())
-        );
-        for row in &self.rows {
-            out.push_str(&format!("| {} |\n", row.join(" | ")));
-        }
-        out
-    }
-}
-
 fn load(name: &str, requantize: Requantize) -> Result<LanguageModel> {
-    let path = models_dir()?.join(name);
-    LanguageModel::load(
-        &path,
-        &LoadOptions {
-            requantize,
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("loading {} (run ../shared/models/fetch)", path.display()))
+    let options = LoadOptions {
+        requantize,
+        ..Default::default()
+    };
+    Ok(LanguageModel::open(name, &options)?)
 }
 
 fn first_turns(count: usize) -> Result<Vec<String>> {
-    let path = models_dir()?.join("data/mt_bench/question.jsonl");
+    let path = spec_models::Store::from_env()?.data_file("mt_bench/question.jsonl")?;
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     text.lines()
         .take(count)
@@ -173,13 +153,13 @@ fn rate(tokens: usize, time: Duration) -> f64 {
 fn main() -> Result<()> {
     let mut questions = 10;
     let mut max_tokens = 128;
-    let mut markdown_path = None;
+    let mut json_path = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         match flag.as_str() {
             "--questions" => questions = args.next().context("--questions N")?.parse()?,
             "--tokens" => max_tokens = args.next().context("--tokens N")?.parse()?,
-            "--markdown" => markdown_path = Some(args.next().context("--markdown PATH")?),
+            "--json" => json_path = Some(args.next().context("--json PATH")?),
             other => bail!("unknown argument {other}"),
         }
     }
@@ -212,7 +192,7 @@ fn main() -> Result<()> {
     columns.extend(["tok/s at 1", "4 tok ÷ 1 tok"]);
     tables.push(Table {
         caption: "Forward cost by number of new tokens (64 cached), best of 3".into(),
-        columns,
+        columns: columns.into_iter().map(String::from).collect(),
         rows: cost_rows,
     });
 
@@ -230,7 +210,7 @@ fn main() -> Result<()> {
             (n + g.tokens.len(), t + g.stats.total_time)
         });
         let ours_rate = rate(tokens, time);
-        let mut reference = Reference::load(&models_dir()?.join(name).join("model.gguf"))?;
+        let mut reference = Reference::load(&model.weights)?;
         let end = model.tokenizer.end_tokens().to_vec();
         reference.generate(&prompts[0], 2, &end)?;
         let (mut ref_tokens, mut ref_time) = (0, Duration::ZERO);
@@ -259,7 +239,9 @@ fn main() -> Result<()> {
     }
     tables.push(Table {
         caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens (tokens/s, prompt included)"),
-        columns: vec!["model", "SpecVoice", "candle-transformers", "ratio", "llama.cpp (recorded)", "ratio to llama.cpp"],
+        columns: ["model", "SpecVoice", "candle-transformers", "ratio", "llama.cpp (recorded)", "ratio to llama.cpp"]
+            .map(String::from)
+            .to_vec(),
         rows: ar_rows,
     });
 
@@ -349,7 +331,7 @@ fn main() -> Result<()> {
         caption: format!(
             "Speculative decoding, draft {DRAFT} → target {TARGET}, greedy, same prompts"
         ),
-        columns: vec![
+        columns: [
             "decoding",
             "tokens/s",
             "speed-up",
@@ -358,29 +340,23 @@ fn main() -> Result<()> {
             "tokens per target pass",
             "mean draft length",
             "identical to greedy",
-        ],
+        ]
+        .map(String::from)
+        .to_vec(),
         rows: spec_rows,
     });
 
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let mut report = format!(
-        "Machine: {cpu}, {} threads. Command: `cargo run --release -p engine-llm --example bench_llm -- --questions {questions} --tokens {max_tokens}`\n\n",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
-    for t in &tables {
-        report.push_str(&t.markdown());
-        report.push('\n');
-    }
-    print!("{report}");
-    if let Some(path) = markdown_path {
-        std::fs::write(&path, &report).with_context(|| path.clone())?;
+    let report = Report {
+        command: format!(
+            "cargo run --release -p engine-llm --example bench_llm -- --questions {questions} --tokens {max_tokens}"
+        ),
+        tables,
+        notes: Vec::new(),
+    };
+    print!("{}", report.markdown());
+    if let Some(path) = json_path {
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| path.clone())?;
     }
     Ok(())
 }

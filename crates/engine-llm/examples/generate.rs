@@ -12,7 +12,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use engine_llm::{forward_costs, locate_model, LanguageModel, LoadOptions, Message};
+use engine_llm::{forward_costs, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
@@ -90,10 +90,10 @@ fn parse_args() -> Result<Args> {
 fn main() -> Result<()> {
     let args = parse_args()?;
     let options = LoadOptions::default();
-    let target = LanguageModel::load(&locate_model(&args.model)?, &options)?;
+    let target = LanguageModel::open(&args.model, &options)?;
     let draft = match &args.draft {
         Some(name) => {
-            let draft = LanguageModel::load(&locate_model(name)?, &options)?;
+            let draft = LanguageModel::open(name, &options)?;
             target.check_draft(&draft)?;
             Some(draft)
         }

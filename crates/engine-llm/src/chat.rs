@@ -154,6 +154,41 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
+    /// Loads a model by registry name, by folder name in the models folder, or by path (see
+    /// [`spec_models::Store::resolve`]): a GGUF file, or a Hugging Face folder with safetensors.
+    pub fn open(name_or_path: &str, options: &LoadOptions) -> Result<Self> {
+        Self::open_in(&spec_models::Store::from_env()?, name_or_path, options)
+    }
+
+    /// [`LanguageModel::open`] with a given models folder and registry.
+    pub fn open_in(
+        store: &spec_models::Store,
+        name_or_path: &str,
+        options: &LoadOptions,
+    ) -> Result<Self> {
+        let files = store.resolve(name_or_path)?;
+        if let Some(entry) = &files.entry {
+            if entry.kind != spec_models::ModelKind::ChatLlm {
+                return Err(Error::Config(format!(
+                    "`{}` is a {} model, not a chat LLM",
+                    entry.name, entry.kind
+                )));
+            }
+        }
+        match files.with_extension("gguf").as_slice() {
+            [gguf] => Self::load_gguf(gguf, options),
+            [] if files.file("config.json").is_some() => Self::load_hf_folder(&files.dir, options),
+            [] => Err(Error::Config(format!(
+                "`{name_or_path}` ({}) holds neither a GGUF file nor config.json with safetensors",
+                files.dir.display()
+            ))),
+            _ => Err(Error::Config(format!(
+                "{} holds several GGUF files; name one",
+                files.dir.display()
+            ))),
+        }
+    }
+
     /// Loads a GGUF file, or a folder holding one, or a Hugging Face folder (`config.json`,
     /// `*.safetensors`, `tokenizer.json`, optionally `tokenizer_config.json`).
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
@@ -244,35 +279,6 @@ impl LanguageModel {
                 .vocab_size()
                 .max(draft.tokenizer.vocab_size()),
         )
-    }
-}
-
-/// The models folder: `$SPECVOICE_MODELS`, else `~/.cache/specvoice/models`.
-pub fn models_dir() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("SPECVOICE_MODELS") {
-        return Ok(PathBuf::from(dir));
-    }
-    std::env::var_os("HOME")
-        .map(|home| PathBuf::from(home).join(".cache/specvoice/models"))
-        .ok_or_else(|| Error::Config("neither SPECVOICE_MODELS nor HOME is set".into()))
-}
-
-/// A path as given, or the folder of that name in [`models_dir`].
-pub fn locate_model(name_or_path: &str) -> Result<PathBuf> {
-    let path = PathBuf::from(name_or_path);
-    if path.exists() {
-        return Ok(path);
-    }
-    let dir = models_dir()?;
-    let candidate = dir.join(name_or_path);
-    if candidate.exists() {
-        Ok(candidate)
-    } else {
-        Err(Error::Config(format!(
-            "model `{name_or_path}` is neither a path nor a folder in {} (fill it with \
-             ../shared/models/fetch, or set SPECVOICE_MODELS)",
-            dir.display()
-        )))
     }
 }
 

@@ -11,6 +11,9 @@ pub enum Error {
     #[error(transparent)]
     Core(#[from] spec_core::Error),
 
+    #[error(transparent)]
+    Store(#[from] spec_models::Error),
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -13,7 +13,7 @@ pub mod load;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use chat::{locate_model, models_dir, ChatTemplate, LanguageModel, Message, Role};
+pub use chat::{ChatTemplate, LanguageModel, Message, Role};
 pub use config::{Architecture, RopeLayout, TransformerConfig};
 pub use costs::forward_costs;
 pub use error::{Error, Result};

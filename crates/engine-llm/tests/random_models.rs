@@ -363,3 +363,80 @@ fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
     let remeasured = engine_llm::forward_costs(&mut model, &path).unwrap();
     assert!(remeasured.cost(1) < 9.0);
 }
+
+#[test]
+fn models_open_by_name_through_the_model_store() {
+    use engine_llm::LanguageModel;
+    use spec_models::{Registry, Store};
+
+    let root = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new(Family::Qwen2);
+    let metadata = common::chatml_tokenizer_metadata(tiny.vocab);
+    let folder = root.path().join("tiny-chat");
+    std::fs::create_dir_all(&folder).unwrap();
+    let gguf = tiny.write_gguf(&folder, 3, GgmlDType::Q8_0, &metadata);
+    let registry = Registry::parse(&format!(
+        r#"
+[[model]]
+name = "pinned-chat"
+kind = "chat-llm"
+format = "gguf"
+description = "pinned to other bytes"
+repo = "o/pinned"
+revision = "main"
+files = [{{ remote = "x.gguf", local = "model.gguf", sha256 = "{}" }}]
+
+[[model]]
+name = "speech"
+kind = "whisper"
+format = "gguf"
+description = "not a chat model"
+repo = "o/speech"
+revision = "main"
+files = [{{ remote = "model.gguf" }}]
+"#,
+        "0".repeat(64)
+    ))
+    .unwrap();
+    let store = Store::new(root.path(), &registry);
+    let options = LoadOptions::default();
+
+    // A folder placed by hand, by name; and the same file by path.
+    let mut model = LanguageModel::open_in(&store, "tiny-chat", &options).unwrap();
+    assert_eq!(model.weights, gguf);
+    let prompt = model
+        .chat_prompt(&[engine_llm::Message::user("hi!")])
+        .unwrap();
+    assert!(prompt.len() > 5);
+    let stop = StopConditions::new(4);
+    let out = generate(
+        &mut model.model,
+        &prompt,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut StdRng::seed_from_u64(0),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(out.tokens.len(), 4);
+    LanguageModel::open_in(&store, gguf.to_str().unwrap(), &options).unwrap();
+
+    // A registry model whose file does not match its pin, and a model of another kind.
+    for name in ["pinned-chat", "speech"] {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&gguf, dir.join("model.gguf")).unwrap();
+    }
+    let err = LanguageModel::open_in(&store, "pinned-chat", &options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Store(spec_models::Error::ChecksumMismatch { .. })
+        ),
+        "{err:?}"
+    );
+    let err = LanguageModel::open_in(&store, "speech", &options).unwrap_err();
+    assert!(err.to_string().contains("is a whisper model"), "{err}");
+    let err = LanguageModel::open_in(&store, "absent", &options).unwrap_err();
+    assert!(err.to_string().contains("unknown model `absent`"), "{err}");
+}

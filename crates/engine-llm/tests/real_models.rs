@@ -2,7 +2,7 @@
 //! `~/.cache/specvoice/models`). Ignored by plain `cargo test`; CI runs them with
 //! `cargo test --release -- --ignored` after fetching the models.
 
-use engine_llm::{models_dir, Error, LanguageModel, LoadOptions, Message};
+use engine_llm::{Error, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
@@ -10,19 +10,21 @@ use spec_core::{
     DraftLength, SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig,
     StopConditions,
 };
+use spec_models::Store;
 
 const SMOLLM: &str = "smollm2-135m-instruct";
 const QWEN_SMALL: &str = "qwen2.5-coder-0.5b-instruct";
 const QWEN_LARGE: &str = "qwen2.5-coder-1.5b-instruct";
 
 fn load(name: &str) -> LanguageModel {
-    let path = models_dir().unwrap().join(name);
-    LanguageModel::load(&path, &LoadOptions::default()).unwrap_or_else(|e| {
-        panic!(
-            "{name} at {}: {e} (run ../shared/models/fetch)",
-            path.display()
-        )
-    })
+    LanguageModel::open(name, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{name}: {e} (run ../shared/models/fetch)"))
+}
+
+/// The GGUF file of a registry model, found (and checked) by the resolver.
+fn load_path(name: &str) -> std::path::PathBuf {
+    let files = Store::from_env().and_then(|s| s.resolve(name)).unwrap();
+    files.file("model.gguf").unwrap().to_path_buf()
 }
 
 fn greedy_answer(model: &mut LanguageModel, question: &str, max_tokens: usize) -> String {
@@ -100,8 +102,7 @@ fn tokenizers_match_the_reference_tokenizer() {
         (QWEN_SMALL, QWEN_SMALL, "nfc"),
         (QWEN_LARGE, QWEN_SMALL, "nfc"),
     ] {
-        let gguf = engine_llm::GgufFile::open(&models_dir().unwrap().join(name).join("model.gguf"))
-            .unwrap();
+        let gguf = engine_llm::GgufFile::open(&load_path(name)).unwrap();
         let tokenizer = engine_llm::TextTokenizer::from_gguf(&gguf).unwrap();
         let expected = reference["models"][reference_name][form]
             .as_array()
@@ -133,7 +134,9 @@ fn mismatched_draft_is_refused() {
 
 /// The first turn of the first `count` MT-Bench questions.
 fn mt_bench_questions(count: usize) -> Vec<String> {
-    let path = models_dir().unwrap().join("data/mt_bench/question.jsonl");
+    let path = Store::from_env()
+        .and_then(|store| store.data_file("mt_bench/question.jsonl"))
+        .unwrap();
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .take(count)

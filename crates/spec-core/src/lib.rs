@@ -48,6 +48,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod logits;
 pub mod mock;
+pub mod report;
 pub mod sampling;
 pub mod stats;
 pub mod tree;

@@ -246,3 +246,38 @@ impl Tiny {
         path
     }
 }
+
+/// GGUF metadata for a tiny byte-level BPE tokenizer of `vocab` tokens (no merges): `Ġ`, `Ċ`,
+/// printable ASCII, and the ChatML control tokens last.
+pub fn chatml_tokenizer_metadata(vocab: usize) -> Vec<(&'static str, gguf_file::Value)> {
+    let specials = ["<|im_start|>", "<|im_end|>"];
+    let mut tokens: Vec<String> = ["Ġ", "Ċ"].map(String::from).to_vec();
+    tokens.extend(('!'..='~').map(String::from));
+    tokens.truncate(vocab - specials.len());
+    let mut types = vec![1i32; tokens.len()];
+    tokens.extend(specials.map(String::from));
+    types.extend([3, 3]);
+    let strings = |v: Vec<String>| {
+        gguf_file::Value::Array(v.into_iter().map(gguf_file::Value::String).collect())
+    };
+    vec![
+        (
+            "tokenizer.ggml.model",
+            gguf_file::Value::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.pre",
+            gguf_file::Value::String("gpt2".into()),
+        ),
+        ("tokenizer.ggml.tokens", strings(tokens)),
+        ("tokenizer.ggml.merges", strings(Vec::new())),
+        (
+            "tokenizer.ggml.token_type",
+            gguf_file::Value::Array(types.into_iter().map(gguf_file::Value::I32).collect()),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            gguf_file::Value::U32(vocab as u32 - 1),
+        ),
+    ]
+}

@@ -1,0 +1,268 @@
+//! `cargo xtask bench`: runs the benchmarks the engines register in their `Cargo.toml`
+//! (`[[package.metadata.specvoice.bench]]`: name, example, args, quick-args), files each report
+//! as `results/NAME.json` and `results/NAME.md` with the machine, date and commit, and can
+//! refresh the README section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use spec_core::report::Report;
+
+use crate::machine::{self, Machine};
+
+/// A benchmark registered by an engine.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct Benchmark {
+    name: String,
+    example: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    quick_args: Vec<String>,
+    #[serde(skip)]
+    package: String,
+}
+
+/// What `results/NAME.json` holds.
+#[derive(Serialize)]
+struct Filed<'a> {
+    benchmark: &'a str,
+    date: String,
+    commit: String,
+    machine: Machine,
+    command: String,
+    report: Report,
+}
+
+struct Options {
+    names: Vec<String>,
+    quick: bool,
+    update_readme: bool,
+    out: PathBuf,
+    extra: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut options = Options {
+        names: Vec::new(),
+        quick: false,
+        update_readme: false,
+        out: PathBuf::from("results"),
+        extra: Vec::new(),
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--update-readme" => options.update_readme = true,
+            "--out" => options.out = args.next().context("--out DIR")?.into(),
+            "--" => {
+                options.extra = args.cloned().collect();
+                break;
+            }
+            flag if flag.starts_with('-') => bail!("unknown flag `{flag}`"),
+            name => options.names.push(name.to_string()),
+        }
+    }
+    Ok(options)
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// The benchmarks every workspace package registers.
+fn registered() -> Result<Vec<Benchmark>> {
+    let output = Command::new(cargo())
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let mut benchmarks = Vec::new();
+    for package in metadata["packages"].as_array().context("packages")? {
+        let Some(list) = package["metadata"]["specvoice"]["bench"].as_array() else {
+            continue;
+        };
+        let package_name = package["name"].as_str().context("package name")?;
+        for item in list {
+            let mut benchmark: Benchmark = serde_json::from_value(item.clone())
+                .with_context(|| format!("{package_name}: package.metadata.specvoice.bench"))?;
+            benchmark.package = package_name.to_string();
+            benchmarks.push(benchmark);
+        }
+    }
+    Ok(benchmarks)
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let options = parse(args)?;
+    let all = registered()?;
+    let known = || {
+        all.iter()
+            .map(|b| b.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let selected: Vec<&Benchmark> = if options.names.is_empty() {
+        all.iter().collect()
+    } else {
+        options
+            .names
+            .iter()
+            .map(|name| {
+                all.iter()
+                    .find(|b| &b.name == name)
+                    .with_context(|| format!("no benchmark `{name}`; registered: {}", known()))
+            })
+            .collect::<Result<_>>()?
+    };
+    std::fs::create_dir_all(&options.out).with_context(|| options.out.display().to_string())?;
+    for benchmark in selected {
+        let filed = run_one(benchmark, &options)?;
+        let markdown = markdown(&filed);
+        let base = options.out.join(&benchmark.name);
+        std::fs::write(
+            base.with_extension("json"),
+            serde_json::to_string_pretty(&filed)?,
+        )?;
+        std::fs::write(base.with_extension("md"), &markdown)?;
+        println!("wrote {}.{{json,md}}", base.display());
+        if options.update_readme {
+            update_readme(Path::new("README.md"), &benchmark.name, &markdown)?;
+        }
+    }
+    Ok(())
+}
+
+fn run_one<'a>(benchmark: &'a Benchmark, options: &Options) -> Result<Filed<'a>> {
+    let json = std::env::temp_dir().join(format!(
+        "specvoice-bench-{}-{}.json",
+        benchmark.name,
+        std::process::id()
+    ));
+    let mut args = if options.quick && !benchmark.quick_args.is_empty() {
+        benchmark.quick_args.clone()
+    } else {
+        benchmark.args.clone()
+    };
+    args.extend(options.extra.iter().cloned());
+    println!(
+        "== {} ({} example {}) {}",
+        benchmark.name,
+        benchmark.package,
+        benchmark.example,
+        args.join(" ")
+    );
+    let status = Command::new(cargo())
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "--package",
+            &benchmark.package,
+        ])
+        .args(["--example", &benchmark.example, "--"])
+        .args(&args)
+        .arg("--json")
+        .arg(&json)
+        .status()
+        .context("running cargo")?;
+    if !status.success() {
+        bail!("benchmark `{}` failed ({status})", benchmark.name);
+    }
+    let text = std::fs::read_to_string(&json)
+        .with_context(|| format!("{}: the benchmark wrote no report", json.display()))?;
+    let _ = std::fs::remove_file(&json);
+    let report: Report = serde_json::from_str(&text).context("reading the benchmark's report")?;
+    let mut command = format!("cargo xtask bench {}", benchmark.name);
+    if options.quick {
+        command.push_str(" --quick");
+    }
+    if !options.extra.is_empty() {
+        command.push_str(&format!(" -- {}", options.extra.join(" ")));
+    }
+    Ok(Filed {
+        benchmark: &benchmark.name,
+        date: machine::today(),
+        commit: machine::commit(),
+        machine: Machine::current(),
+        command,
+        report,
+    })
+}
+
+fn markdown(filed: &Filed) -> String {
+    format!(
+        "Measured {} on {} (commit {}) with `{}` (runs `{}`).\n\n{}",
+        filed.date,
+        filed.machine.describe(),
+        filed.commit,
+        filed.command,
+        filed.report.command,
+        filed.report.markdown()
+    )
+}
+
+/// Replaces the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`.
+fn update_readme(path: &Path, name: &str, markdown: &str) -> Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    match replace_section(&text, name, markdown) {
+        Some(updated) => {
+            std::fs::write(path, updated)?;
+            println!("updated the `{name}` section of {}", path.display());
+        }
+        None => println!(
+            "{} has no `<!-- bench:{name} -->` … `<!-- /bench:{name} -->` section; left as is",
+            path.display()
+        ),
+    }
+    Ok(())
+}
+
+fn replace_section(text: &str, name: &str, body: &str) -> Option<String> {
+    let open = format!("<!-- bench:{name} -->");
+    let close = format!("<!-- /bench:{name} -->");
+    let start = text.find(&open)? + open.len();
+    let end = start + text[start..].find(&close)?;
+    Some(format!("{}\n{}{}", &text[..start], body, &text[end..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readme_sections_are_replaced_in_place() {
+        let text = "intro\n<!-- bench:llm -->\nold\n<!-- /bench:llm -->\nrest\n";
+        assert_eq!(
+            replace_section(text, "llm", "new\n").unwrap(),
+            "intro\n<!-- bench:llm -->\nnew\n<!-- /bench:llm -->\nrest\n"
+        );
+        assert!(replace_section(text, "mt", "x").is_none());
+    }
+
+    #[test]
+    fn every_registered_benchmark_names_an_existing_example() {
+        let benchmarks = registered().unwrap();
+        assert!(benchmarks.iter().any(|b| b.name == "llm"));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for b in &benchmarks {
+            let crate_dir = ["crates", "."]
+                .iter()
+                .map(|d| root.join(d).join(&b.package))
+                .find(|d| d.is_dir())
+                .unwrap();
+            let example = crate_dir.join("examples").join(format!("{}.rs", b.example));
+            assert!(example.is_file(), "{}: {}", b.name, example.display());
+        }
+    }
+}

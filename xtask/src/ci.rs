@@ -1,0 +1,142 @@
+//! `cargo xtask ci`: what `.ci/run` runs after fetching the real models.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use spec_models::{Check, Store};
+
+/// Passed and failed tests, summed over the `test result:` lines of cargo's output.
+#[derive(Default, Debug, PartialEq)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+}
+
+impl Tally {
+    fn add_line(&mut self, line: &str) {
+        // test result: ok. 46 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; …
+        let Some(rest) = line.trim_start().strip_prefix("test result:") else {
+            return;
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        for pair in words.windows(2) {
+            let count = pair[0].parse::<u64>().unwrap_or(0);
+            match pair[1].trim_end_matches([';', ',']) {
+                "passed" => self.passed += count,
+                "failed" => self.failed += count,
+                _ => {}
+            }
+        }
+    }
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let require_models = match args {
+        [] => false,
+        [flag] if flag == "--require-models" => true,
+        _ => bail!("usage: cargo xtask ci [--require-models]"),
+    };
+    let mut tally = Tally::default();
+    step(&["fmt", "--all", "--", "--check"], None)?;
+    step(
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        None,
+    )?;
+    step(&["test", "--workspace"], Some(&mut tally))?;
+    match missing_models()? {
+        missing if missing.is_empty() => step(
+            &["test", "--workspace", "--release", "--", "--ignored"],
+            Some(&mut tally),
+        )?,
+        missing if require_models => bail!(
+            "real models missing: {}; run ../shared/models/fetch or cargo xtask download",
+            missing.join("; ")
+        ),
+        missing => println!(
+            "skipping the real-model tests, models missing: {}",
+            missing.join("; ")
+        ),
+    }
+    println!("ci: {} passed, {} failed", tally.passed, tally.failed);
+    Ok(())
+}
+
+/// Runs `cargo ARGS…`, echoing its output; counts test results when asked.
+fn step(args: &[&str], tally: Option<&mut Tally>) -> Result<()> {
+    println!("$ cargo {}", args.join(" "));
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.args(args);
+    let status = match tally {
+        None => command.status()?,
+        Some(tally) => {
+            let mut child = command.stdout(Stdio::piped()).spawn()?;
+            let stdout = child.stdout.take().context("piped stdout")?;
+            for line in BufReader::new(stdout).lines() {
+                let line = line?;
+                println!("{line}");
+                tally.add_line(&line);
+            }
+            child.wait()?
+        }
+    };
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// The pinned registry models (every file with a size and checksum: the ones the tests use)
+/// and the evaluation data that are not in the models folder.
+fn missing_models() -> Result<Vec<String>> {
+    let store = Store::from_env()?;
+    let mut missing = Vec::new();
+    for entry in store.registry().models() {
+        let pinned = entry
+            .files
+            .iter()
+            .all(|f| f.size.is_some() && f.sha256.is_some());
+        if !pinned {
+            continue;
+        }
+        let states = store.check(entry, Check::Checksum)?;
+        if let Some((file, state)) = states.iter().find(|(_, s)| !s.is_usable()) {
+            missing.push(format!("{}: {} {state:?}", entry.name, file.local()));
+        }
+    }
+    if let Err(e) = store.data_file("mt_bench/question.jsonl") {
+        missing.push(e.to_string());
+    }
+    Ok(missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    #[test]
+    fn test_result_lines_are_counted() {
+        let mut tally = Tally::default();
+        for line in [
+            "test result: ok. 46 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.3s",
+            "running 3 tests",
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        ] {
+            tally.add_line(line);
+        }
+        assert_eq!(
+            tally,
+            Tally {
+                passed: 48,
+                failed: 1
+            }
+        );
+    }
+}
