@@ -192,6 +192,10 @@ impl Acceptance for Biased {
         if token as usize >= target_logits.len() {
             return Some(false);
         }
+        if self.beta == 0.0 {
+            // Exactly greedy: compare logits, not rounded probabilities, where ties could differ.
+            return Some(argmax(target_logits) == token);
+        }
         let mut biased = softmax(target_logits);
         biased.iter_mut().for_each(|p| *p *= 1.0 - self.beta);
         biased[token as usize] += self.beta;

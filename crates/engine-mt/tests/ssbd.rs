@@ -1,0 +1,175 @@
+//! SSBD against the mock decoder: β = 0 is exactly greedy re-translation whatever the draft and
+//! cache state; β > 0 only ever keeps draft tokens the bias allows, then continues greedily.
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::mock::{MockConfig, MockDecoder};
+use spec_core::sampling::{argmax, softmax};
+use spec_core::{generate, Decoder, SamplingConfig, StopConditions};
+
+use engine_mt::{decode_update, Decoding, Error};
+
+const END: u32 = 0;
+
+fn greedy(config: &MockConfig, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    let mut model = MockDecoder::new(config.clone());
+    let out = generate(
+        &mut model,
+        prompt,
+        &SamplingConfig::greedy(),
+        &StopConditions::new(max_tokens).with_eos([END]),
+        &mut StdRng::seed_from_u64(0),
+        &mut |_| {},
+    )
+    .unwrap();
+    out.tokens.into_iter().take_while(|&t| t != END).collect()
+}
+
+fn ssbd(
+    model: &mut MockDecoder,
+    prompt: &[u32],
+    draft: &[u32],
+    beta: f32,
+    max_tokens: usize,
+) -> engine_mt::UpdateDecode {
+    decode_update(
+        model,
+        None,
+        prompt,
+        draft,
+        &Decoding::Ssbd { beta },
+        &[END],
+        max_tokens,
+    )
+    .unwrap()
+}
+
+fn tokens(vocab: u32) -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(1..vocab, 1..12)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// β = 0 gives the greedy output for any draft (related or not) and any stale cache.
+    #[test]
+    fn beta_zero_is_greedy_retranslation(
+        seed in 0u64..1000,
+        prompt in tokens(40),
+        draft in prop::collection::vec(0u32..40, 0..16),
+        stale in prop::collection::vec(1u32..40, 0..20),
+        max_tokens in 1usize..24,
+    ) {
+        let config = MockConfig::target(40, seed);
+        let mut model = MockDecoder::new(config.clone());
+        // Leave something else in the cache first.
+        if !stale.is_empty() {
+            generate(&mut model, &stale, &SamplingConfig::greedy(), &StopConditions::new(2),
+                     &mut StdRng::seed_from_u64(0), &mut |_| {}).unwrap();
+        }
+        let out = ssbd(&mut model, &prompt, &draft, 0.0, max_tokens);
+        prop_assert_eq!(&out.tokens, &greedy(&config, &prompt, max_tokens));
+        prop_assert!(out.accepted <= out.drafted);
+    }
+
+    /// With a bias, the output is a prefix of the draft whose every token passed the biased
+    /// check, followed by the greedy continuation of that prefix.
+    #[test]
+    fn biased_output_is_an_allowed_draft_prefix_then_greedy(
+        seed in 0u64..1000,
+        prompt in tokens(30),
+        draft in prop::collection::vec(1u32..30, 1..12),
+        beta in 0.05f32..0.95,
+    ) {
+        let config = MockConfig { sharpness: 1.0, ..MockConfig::target(30, seed) };
+        let mut model = MockDecoder::new(config.clone());
+        let max_tokens = 20;
+        let out = ssbd(&mut model, &prompt, &draft, beta, max_tokens);
+        let kept = out.accepted;
+        prop_assert_eq!(&out.tokens[..kept], &draft[..kept]);
+        let reference = MockDecoder::new(config.clone());
+        for i in 0..kept {
+            let visible: Vec<u32> = prompt.iter().chain(&draft[..i]).copied().collect();
+            let probs = softmax(&reference.logits_for(&visible, visible.len() - 1));
+            let best = probs[argmax(&probs)];
+            let p = probs[draft[i] as usize];
+            prop_assert!((1.0 - beta) * p + beta >= (1.0 - beta) * best - 1e-6);
+        }
+        let prefix: Vec<u32> = prompt.iter().chain(&draft[..kept]).copied().collect();
+        let rest = greedy(&config, &prefix, max_tokens - kept);
+        prop_assert_eq!(&out.tokens[kept..], &rest[..]);
+    }
+
+    /// A chain of updates through one decoder (cache reused between updates, each drafted by the
+    /// previous output) gives what fresh decoders give.
+    #[test]
+    fn cache_reuse_across_updates_changes_nothing(
+        seed in 0u64..1000,
+        source in prop::collection::vec(1u32..50, 4..16),
+        beta in prop::sample::select(vec![0.0f32, 0.2, 0.5]),
+    ) {
+        let config = MockConfig::target(50, seed);
+        let mut shared = MockDecoder::new(config.clone());
+        let mut previous = Vec::new();
+        for end in (2..=source.len()).step_by(3) {
+            let prompt = &source[..end];
+            let out = ssbd(&mut shared, prompt, &previous, beta, 16);
+            let mut fresh = MockDecoder::new(config.clone());
+            prop_assert_eq!(&out.tokens, &ssbd(&mut fresh, prompt, &previous, beta, 16).tokens);
+            previous = out.tokens;
+        }
+    }
+}
+
+#[test]
+fn an_unchanged_draft_costs_one_forward_and_full_bias_keeps_everything() {
+    let config = MockConfig::target(64, 7);
+    let prompt = [5, 9, 13, 2];
+    let answer = greedy(&config, &prompt, 10);
+    assert_eq!(answer.len(), 10);
+    let mut model = MockDecoder::new(config.clone());
+    let out = ssbd(&mut model, &prompt, &answer[..9], 0.0, 10);
+    assert_eq!(out.tokens, answer);
+    assert_eq!((out.accepted, out.drafted, out.target_forwards), (9, 9, 1));
+
+    let junk = [63, 62, 61];
+    let mut model = MockDecoder::new(config.clone());
+    let out = ssbd(&mut model, &prompt, &junk, 1.0, 10);
+    assert_eq!(&out.tokens[..3], &junk);
+    assert_eq!(out.accepted, 3);
+}
+
+#[test]
+fn an_assistant_model_continues_losslessly() {
+    let config = MockConfig::target(48, 3);
+    let prompt = [4, 8, 15, 16, 23];
+    let expected = greedy(&config, &prompt, 20);
+    let mut target = MockDecoder::new(config.clone());
+    let mut assistant = MockDecoder::new(config.draft(0.3, 11));
+    let out = decode_update(
+        &mut target,
+        Some((&mut assistant as &mut dyn Decoder, 4)),
+        &prompt,
+        &expected[..5],
+        &Decoding::Ssbd { beta: 0.0 },
+        &[END],
+        20,
+    )
+    .unwrap();
+    assert_eq!(out.tokens, expected);
+    assert!(out.draft_forwards > 0);
+    assert!(out.target_forwards < 15, "{}", out.target_forwards);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let mut model = MockDecoder::new(MockConfig::target(16, 1));
+    let err = decode_update(&mut model, None, &[], &[], &Decoding::Autoregressive, &[END], 4);
+    assert!(matches!(err, Err(Error::Input(_))));
+    let err = decode_update(&mut model, None, &[1, 2], &[3], &Decoding::Ssbd { beta: 1.5 }, &[END], 4);
+    assert!(matches!(err, Err(Error::Core(spec_core::Error::InvalidConfig(_)))), "{err:?}");
+    let long: Vec<u32> = (0..model.max_len() as u32 + 5).map(|t| 1 + t % 15).collect();
+    let err = decode_update(&mut model, None, &long, &[3], &Decoding::Ssbd { beta: 0.2 }, &[END], 4);
+    assert!(matches!(err, Err(Error::Core(spec_core::Error::ContextOverflow { .. }))), "{err:?}");
+}
