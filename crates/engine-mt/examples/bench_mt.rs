@@ -41,10 +41,20 @@ fn setups() -> Vec<Setup> {
         false,
     )];
     for beta in [0.0, 0.1, 0.2, 0.3, 0.4, 0.5] {
-        all.push(setup(&format!("SSBD β={beta}"), ssbd(beta), Masking::None, false));
+        all.push(setup(
+            &format!("SSBD β={beta}"),
+            ssbd(beta),
+            Masking::None,
+            false,
+        ));
     }
     for k in [3, 5] {
-        all.push(setup(&format!("SSBD β=0.2, mask-{k}"), ssbd(0.2), Masking::Draft(k), false));
+        all.push(setup(
+            &format!("SSBD β=0.2, mask-{k}"),
+            ssbd(0.2),
+            Masking::Draft(k),
+            false,
+        ));
         all.push(setup(
             &format!("SSBD β=0.2, display-only mask-{k}"),
             ssbd(0.2),
@@ -52,7 +62,12 @@ fn setups() -> Vec<Setup> {
             false,
         ));
     }
-    all.push(setup("SSBD β=0 + draft model", ssbd(0.0), Masking::None, true));
+    all.push(setup(
+        "SSBD β=0 + draft model",
+        ssbd(0.0),
+        Masking::None,
+        true,
+    ));
     all
 }
 
@@ -67,7 +82,11 @@ struct Outcome {
 
 impl Outcome {
     fn same_outputs(&self, other: &Outcome) -> usize {
-        self.outputs.iter().zip(&other.outputs).filter(|(a, b)| a == b).count()
+        self.outputs
+            .iter()
+            .zip(&other.outputs)
+            .filter(|(a, b)| a == b)
+            .count()
     }
 }
 
@@ -79,7 +98,10 @@ struct Sentence {
 fn read_sentences(count: usize) -> Result<Vec<Sentence>> {
     let text = include_str!("../data/sentences.tsv");
     let mut sentences = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
         let columns: Vec<&str> = line.split('\t').collect();
         if columns.len() != 3 {
             bail!("data/sentences.tsv: expected 3 columns in {line:?}");
@@ -143,8 +165,8 @@ fn main() -> Result<()> {
     let mut tables = Vec::new();
     let mut notes = Vec::new();
     for language in &languages {
-        let by_characters = engine_mt::TranslationTask::new("English", language.as_str())
-            .target_uses_characters();
+        let by_characters =
+            engine_mt::TranslationTask::new("English", language.as_str()).target_uses_characters();
         // Warm-up (weights are repacked on first use): one sentence, every setup, untimed.
         for setup in &setups {
             let updates = lag_k(&sentences[0].english, lag)?;
@@ -158,14 +180,17 @@ fn main() -> Result<()> {
             for (setup, outcome) in setups.iter().zip(outcomes.iter_mut()) {
                 let captions = run_sentence(&mut model, &mut assistant, setup, language, &updates)?;
                 outcome.summary.add_sentence(&captions, by_characters);
+                outcome.finals.push(
+                    captions
+                        .last()
+                        .map(|c| c.output.clone())
+                        .unwrap_or_default(),
+                );
                 outcome
-                    .finals
-                    .push(captions.last().map(|c| c.output.clone()).unwrap_or_default());
-                outcome.outputs.extend(captions.iter().map(|c| c.output.clone()));
+                    .outputs
+                    .extend(captions.iter().map(|c| c.output.clone()));
             }
-            if let Some((_, reference)) =
-                sentence.references.iter().find(|(l, _)| l == language)
-            {
+            if let Some((_, reference)) = sentence.references.iter().find(|(l, _)| l == language) {
                 references.push(reference.clone());
             }
             eprintln!("{language}: {}", outcomes[0].finals.last().unwrap());
@@ -195,17 +220,34 @@ fn main() -> Result<()> {
             let s = &outcome.summary;
             let finals: Vec<&str> = outcome.finals.iter().map(String::as_str).collect();
             let with_reference = if references.len() == finals.len() {
-                format!("{:.1}", chrf(&finals, &references.iter().map(String::as_str).collect::<Vec<_>>()))
+                format!(
+                    "{:.1}",
+                    chrf(
+                        &finals,
+                        &references.iter().map(String::as_str).collect::<Vec<_>>()
+                    )
+                )
             } else {
                 "—".into()
             };
             table.push(vec![
                 setup.label.clone(),
                 format!("{:.2}", s.normalized_erasure()),
-                if s.drafted == 0 { "—".into() } else { format!("{:.2}", s.accepted_per_drafted()) },
-                if s.drafted == 0 { "—".into() } else { format!("{:.2}", s.accepted_per_output()) },
+                if s.drafted == 0 {
+                    "—".into()
+                } else {
+                    format!("{:.2}", s.accepted_per_drafted())
+                },
+                if s.drafted == 0 {
+                    "—".into()
+                } else {
+                    format!("{:.2}", s.accepted_per_output())
+                },
                 format!("{:.1}", s.tokens_per_second()),
-                format!("{:.2}×", ar.summary.time.as_secs_f64() / s.time.as_secs_f64()),
+                format!(
+                    "{:.2}×",
+                    ar.summary.time.as_secs_f64() / s.time.as_secs_f64()
+                ),
                 format!("{}", s.target_forwards),
                 with_reference,
                 format!("{:.1}", chrf(&finals, &ar_finals)),
@@ -219,7 +261,11 @@ fn main() -> Result<()> {
         let speedup = ar.summary.time.as_secs_f64() / ssbd.time.as_secs_f64();
         let ne_drop = 1.0 - ssbd.normalized_erasure() / ar.summary.normalized_erasure().max(1e-9);
         let quality = chrf(
-            &outcomes[3].finals.iter().map(String::as_str).collect::<Vec<_>>(),
+            &outcomes[3]
+                .finals
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
             &ar_finals,
         );
         notes.push(format!(
@@ -244,7 +290,8 @@ fn main() -> Result<()> {
     };
     print!("{}", report.markdown());
     if let Some(path) = json_path {
-        std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| path.clone())?;
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| path.clone())?;
     }
     Ok(())
 }

@@ -27,7 +27,10 @@ fn main() -> Result<()> {
     let (mut sentence, mut partials, mut lag) = (None, None, 3);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value\n{USAGE}"));
+        let mut value = || {
+            args.next()
+                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
+        };
         match flag.as_str() {
             "--model" => model_name = value()?,
             "--assistant" => assistant_name = Some(value()?),
@@ -36,7 +39,11 @@ fn main() -> Result<()> {
             "--sentence" => sentence = Some(value()?),
             "--partials" => partials = Some(value()?),
             "--lag" => lag = value()?.parse()?,
-            "--beta" => config.decoding = Decoding::Ssbd { beta: value()?.parse()? },
+            "--beta" => {
+                config.decoding = Decoding::Ssbd {
+                    beta: value()?.parse()?,
+                }
+            }
             "--autoregressive" => config.decoding = Decoding::Autoregressive,
             "--mask-display" => config.masking = Masking::Display(value()?.parse()?),
             "--mask-draft" => config.masking = Masking::Draft(value()?.parse()?),
@@ -76,7 +83,11 @@ fn main() -> Result<()> {
         for update in updates {
             let caption = live.update(update)?;
             let d = &caption.decode;
-            println!("source  | {}{}", update.text, if update.is_final { "  [final]" } else { "" });
+            println!(
+                "source  | {}{}",
+                update.text,
+                if update.is_final { "  [final]" } else { "" }
+            );
             println!("caption | {}", caption.display);
             println!(
                 "        | kept {}/{} draft tokens, {} new, {} forwards, {:.0} ms\n",

@@ -160,10 +160,12 @@ impl<'m> LiveTranslator<'m> {
             _ => self.previous.len(),
         };
         let draft = &self.previous[..keep];
-        let assistant = self
-            .assistant
-            .as_deref_mut()
-            .map(|a| (&mut a.model as &mut dyn Decoder, self.config.assistant_gamma));
+        let assistant = self.assistant.as_deref_mut().map(|a| {
+            (
+                &mut a.model as &mut dyn Decoder,
+                self.config.assistant_gamma,
+            )
+        });
         let decode = decode_update(
             &mut self.model.model,
             assistant,

@@ -120,8 +120,14 @@ mod tests {
         // Reference values from sacrebleu 2.6.0 (`CHRF().corpus_score(hyps, [refs])`).
         assert!((chrf(&["the cat"], &["the cat"]) - 100.0).abs() < 1e-9);
         assert_eq!(chrf(&["xyz"], &["abc"]), 0.0);
-        let hyps = ["Der Hund läuft schnell nach Hause.", "Ich habe heute keine Zeit."];
-        let refs = ["Der Hund rennt schnell nach Hause.", "Heute habe ich keine Zeit."];
+        let hyps = [
+            "Der Hund läuft schnell nach Hause.",
+            "Ich habe heute keine Zeit.",
+        ];
+        let refs = [
+            "Der Hund rennt schnell nach Hause.",
+            "Heute habe ich keine Zeit.",
+        ];
         let score = chrf(&hyps, &refs);
         assert!((score - SACREBLEU_EXAMPLE).abs() < 1e-6, "{score}");
     }

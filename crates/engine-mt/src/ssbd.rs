@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::acceptance::{Acceptance, DraftCheck};
+use spec_core::decoder::{common_prefix_len, forward_tokens};
 use spec_core::{
-    common_prefix_len, forward_tokens, generate, speculative_generate, AcceptanceRule, Decoder,
-    DraftLength, Generation, LogitRows, SamplingConfig, SpeculativeConfig, StopConditions,
+    generate, speculative_generate, AcceptanceRule, Decoder, DraftLength, Generation, LogitRows,
+    SamplingConfig, SpeculativeConfig, StopConditions,
 };
 
 use crate::error::{Error, Result};
@@ -78,11 +79,8 @@ pub fn decode_update<T: Decoder + ?Sized>(
             // judge the first draft token.
             let keep = common_prefix_len(target.cached_tokens(), &context).min(prompt.len() - 1);
             target.truncate(keep)?;
-            let logits = forward_tokens(
-                target,
-                &context[keep..],
-                LogitRows::Last(draft.len() + 1),
-            )?;
+            let logits =
+                forward_tokens(target, &context[keep..], LogitRows::Last(draft.len() + 1))?;
             out.target_forwards += 1;
             let verdict = rule.verify(
                 &DraftCheck {
@@ -116,8 +114,8 @@ pub fn decode_update<T: Decoder + ?Sized>(
 
     if !finished {
         let context: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
-        let stop = StopConditions::new(max_tokens - tokens.len())
-            .with_eos(end_tokens.iter().copied());
+        let stop =
+            StopConditions::new(max_tokens - tokens.len()).with_eos(end_tokens.iter().copied());
         let rest = continue_greedy(target, assistant, &context, &stop)?;
         out.target_forwards += rest.stats.target_forwards;
         out.draft_forwards += rest.stats.draft_forwards;

@@ -81,7 +81,10 @@ mod tests {
     use super::*;
 
     fn texts(updates: &[SourceUpdate]) -> Vec<(&str, bool)> {
-        updates.iter().map(|u| (u.text.as_str(), u.is_final)).collect()
+        updates
+            .iter()
+            .map(|u| (u.text.as_str(), u.is_final))
+            .collect()
     }
 
     #[test]
@@ -113,7 +116,10 @@ mod tests {
                 ("what is 1 + 23.", true)
             ]
         );
-        assert_eq!(texts(&sentences[1]), [("hello", false), ("hello there", true)]);
+        assert_eq!(
+            texts(&sentences[1]),
+            [("hello", false), ("hello there", true)]
+        );
         assert!(parse_partials("# nothing\n\n").is_err());
     }
 }

@@ -92,7 +92,7 @@ proptest! {
         for i in 0..kept {
             let visible: Vec<u32> = prompt.iter().chain(&draft[..i]).copied().collect();
             let probs = softmax(&reference.logits_for(&visible, visible.len() - 1));
-            let best = probs[argmax(&probs)];
+            let best = probs[argmax(&probs) as usize];
             let p = probs[draft[i] as usize];
             prop_assert!((1.0 - beta) * p + beta >= (1.0 - beta) * best - 1e-6);
         }
@@ -165,11 +165,46 @@ fn an_assistant_model_continues_losslessly() {
 #[test]
 fn bad_input_is_a_clear_error() {
     let mut model = MockDecoder::new(MockConfig::target(16, 1));
-    let err = decode_update(&mut model, None, &[], &[], &Decoding::Autoregressive, &[END], 4);
+    let err = decode_update(
+        &mut model,
+        None,
+        &[],
+        &[],
+        &Decoding::Autoregressive,
+        &[END],
+        4,
+    );
     assert!(matches!(err, Err(Error::Input(_))));
-    let err = decode_update(&mut model, None, &[1, 2], &[3], &Decoding::Ssbd { beta: 1.5 }, &[END], 4);
-    assert!(matches!(err, Err(Error::Core(spec_core::Error::InvalidConfig(_)))), "{err:?}");
-    let long: Vec<u32> = (0..model.max_len() as u32 + 5).map(|t| 1 + t % 15).collect();
-    let err = decode_update(&mut model, None, &long, &[3], &Decoding::Ssbd { beta: 0.2 }, &[END], 4);
-    assert!(matches!(err, Err(Error::Core(spec_core::Error::ContextOverflow { .. }))), "{err:?}");
+    let err = decode_update(
+        &mut model,
+        None,
+        &[1, 2],
+        &[3],
+        &Decoding::Ssbd { beta: 1.5 },
+        &[END],
+        4,
+    );
+    assert!(
+        matches!(err, Err(Error::Core(spec_core::Error::InvalidConfig(_)))),
+        "{err:?}"
+    );
+    let long: Vec<u32> = (0..model.max_len() as u32 + 5)
+        .map(|t| 1 + t % 15)
+        .collect();
+    let err = decode_update(
+        &mut model,
+        None,
+        &long,
+        &[3],
+        &Decoding::Ssbd { beta: 0.2 },
+        &[END],
+        4,
+    );
+    assert!(
+        matches!(
+            err,
+            Err(Error::Core(spec_core::Error::ContextOverflow { .. }))
+        ),
+        "{err:?}"
+    );
 }
