@@ -2,6 +2,7 @@
 
 mod bench;
 mod ci;
+mod demo;
 mod machine;
 mod models;
 
@@ -12,6 +13,8 @@ use anyhow::{bail, Result};
 const USAGE: &str = "\
 usage: cargo xtask <command>
 
+  demo [--model NAME]          speak a few questions into PredGen and compare its latency with
+                               the plain cascade (downloads the model when it is missing)
   models [--verify]            known models, and which are in the models folder
                                (--verify: also check SHA-256 of files not yet verified)
   download NAME…               fetch models from the Hugging Face Hub into the models folder
@@ -42,6 +45,7 @@ fn run(args: &[String]) -> Result<()> {
         Some("download") => models::download(rest),
         Some("bench") => bench::run(rest),
         Some("ci") => ci::run(rest),
+        Some("demo") => demo::run(rest),
         Some("help" | "--help" | "-h") | None => {
             println!("{USAGE}");
             Ok(())

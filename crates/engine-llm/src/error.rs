@@ -52,6 +52,10 @@ pub enum Error {
     /// Draft and target cannot be paired.
     #[error("draft and target do not share a vocabulary: {0}")]
     VocabularyMismatch(String),
+
+    /// Input that cannot be used: empty text, a bad rate, a malformed partial-transcript file.
+    #[error("invalid input: {0}")]
+    Input(String),
 }
 
 /// `Result` with [`Error`].

@@ -2,7 +2,8 @@
 //!
 //! Qwen2 / Llama chat models on [`spec_core`]: one transformer ([`Transformer`]) for both
 //! families, loaded from GGUF or safetensors, implementing [`spec_core::Decoder`] so that every
-//! loop of `spec-core` (autoregressive, draft-model speculative, token trees) runs on it.
+//! loop of `spec-core` (autoregressive, draft-model speculative, token trees) runs on it, and
+//! [`predgen`]: input-time speculation for voice assistants.
 
 mod attention;
 pub mod chat;
@@ -10,6 +11,7 @@ pub mod config;
 pub mod costs;
 mod error;
 pub mod load;
+pub mod predgen;
 pub mod tokenizer;
 pub mod transformer;
 
@@ -18,5 +20,6 @@ pub use config::{Architecture, RopeLayout, TransformerConfig};
 pub use costs::forward_costs;
 pub use error::{Error, Result};
 pub use load::{GgufFile, LoadOptions, Requantize};
+pub use predgen::{Continuation, PredGen, PredGenConfig, Turn, Verifier};
 pub use tokenizer::TextTokenizer;
-pub use transformer::Transformer;
+pub use transformer::{CacheState, Transformer};

@@ -359,6 +359,48 @@ impl Decoder for Transformer {
     }
 }
 
+/// A KV cache detached from its model, with the tokens it holds: one set of weights can keep
+/// several contexts (a conversation and a judge prompt) and switch between them without
+/// recomputing either.
+#[derive(Debug)]
+pub struct CacheState {
+    cache: KvCache,
+    tokens: Vec<u32>,
+}
+
+impl Transformer {
+    /// An empty cache shaped for this model, to use with [`Transformer::swap_cache`].
+    pub fn new_cache(&self) -> CacheState {
+        CacheState {
+            cache: KvCache::new(
+                self.config.num_layers,
+                INITIAL_CACHE_CAPACITY.min(self.max_len),
+                self.max_len,
+            ),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// Exchanges the model's cache with `other` in O(1). Fails for a cache shaped for another
+    /// model.
+    pub fn swap_cache(&mut self, other: &mut CacheState) -> Result<()> {
+        if other.cache.num_layers() != self.config.num_layers
+            || other.cache.max_len() != self.max_len
+        {
+            return Err(Error::Config(format!(
+                "a cache of {} layers and {} positions does not fit a model of {} layers and {}",
+                other.cache.num_layers(),
+                other.cache.max_len(),
+                self.config.num_layers,
+                self.max_len
+            )));
+        }
+        std::mem::swap(&mut self.cache, &mut other.cache);
+        std::mem::swap(&mut self.tokens, &mut other.tokens);
+        Ok(())
+    }
+}
+
 impl Transformer {
     /// Logits for the last `rows` of `tokens`, forwarded causally after the cache (convenience
     /// over [`Decoder::forward`]).

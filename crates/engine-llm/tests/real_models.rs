@@ -215,3 +215,68 @@ fn speculative_greedy_reproduces_the_targets_greedy_output() {
         assert_eq!(tree.tokens, plain.tokens, "tree on {question:?}");
     }
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
+    use engine_llm::predgen::input::spoken_at_rate;
+    use engine_llm::predgen::tts::FixedLatencySynthesizer;
+    use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
+
+    let mut target = load(QWEN_LARGE);
+    let mut draft = load(QWEN_SMALL);
+    let mut tts = FixedLatencySynthesizer::default();
+    let config = |verifier, continuation| PredGenConfig {
+        verifier,
+        continuation,
+        max_answer_tokens: 32,
+        ..PredGenConfig::default()
+    };
+    // Two turns of a conversation: the second is spoken with the first one's history.
+    let turns = [
+        "What is the capital of France, and what is it famous for?",
+        "And how many people live there?",
+    ];
+    let inputs: Vec<_> = turns
+        .iter()
+        .map(|t| spoken_at_rate(t, 600.0).unwrap())
+        .collect();
+    let mut cascade = PredGen::new(
+        &mut target,
+        config(Verifier::Greedy, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let expected: Vec<_> = inputs
+        .iter()
+        .map(|i| cascade.baseline_turn(i, &mut tts).unwrap())
+        .collect();
+    drop(cascade);
+    assert!(
+        expected[0].answer.contains("Paris"),
+        "{}",
+        expected[0].answer
+    );
+    for continuation in [
+        Continuation::Autoregressive,
+        Continuation::Jacobi { window: 8 },
+        Continuation::DraftModel { gamma: 3 },
+    ] {
+        let mut session = PredGen::new(&mut target, config(Verifier::Greedy, continuation))
+            .unwrap()
+            .with_draft(&mut draft)
+            .unwrap();
+        for (inputs, expected) in inputs.iter().zip(&expected) {
+            let turn = session.turn(inputs, &mut tts).unwrap();
+            assert_eq!(turn.answer, expected.answer, "{continuation:?}");
+            assert!(turn.tokens_during_input > 0);
+        }
+    }
+    // The reflection verifier asks the judge; its answers are the model's own words again.
+    let mut session = PredGen::new(
+        &mut target,
+        config(Verifier::Reflection, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let turn = session.turn(&inputs[0], &mut tts).unwrap();
+    assert!(!turn.first_sentence.is_empty());
+}

@@ -173,15 +173,15 @@ impl Default for SpeculativeConfig {
 }
 
 /// Collects produced tokens, streams them and applies the stop conditions.
-struct Output<'a> {
-    tokens: Vec<u32>,
+pub(crate) struct Output<'a> {
+    pub(crate) tokens: Vec<u32>,
     stop: &'a StopConditions,
     on_token: &'a mut dyn FnMut(u32),
-    finish: Option<FinishReason>,
+    pub(crate) finish: Option<FinishReason>,
 }
 
 impl<'a> Output<'a> {
-    fn new(stop: &'a StopConditions, on_token: &'a mut dyn FnMut(u32)) -> Self {
+    pub(crate) fn new(stop: &'a StopConditions, on_token: &'a mut dyn FnMut(u32)) -> Self {
         Self {
             tokens: Vec::new(),
             stop,
@@ -191,7 +191,7 @@ impl<'a> Output<'a> {
     }
 
     /// Room left in `target`'s cache, or `None` (and the finish reason set) when it is full.
-    fn room<T: Decoder + ?Sized>(&mut self, target: &T) -> Option<usize> {
+    pub(crate) fn room<T: Decoder + ?Sized>(&mut self, target: &T) -> Option<usize> {
         let room = target.max_len().saturating_sub(target.cached_len());
         if room == 0 {
             self.finish = Some(FinishReason::ContextFull);
@@ -203,7 +203,7 @@ impl<'a> Output<'a> {
     /// Emits a verified step's tokens (the target's cache holds `cached` positions before the
     /// step's input, and the step's accepted ones after it). When a stop condition fires
     /// mid-step, the cache is rolled back to the last emitted token.
-    fn commit_step<T: Decoder + ?Sized>(
+    pub(crate) fn commit_step<T: Decoder + ?Sized>(
         &mut self,
         target: &mut T,
         committed: &mut Vec<u32>,
@@ -219,7 +219,7 @@ impl<'a> Output<'a> {
     }
 
     /// The result, with the run's statistics completed.
-    fn into_generation(self, mut stats: DecodeStats, started: Instant) -> Generation {
+    pub(crate) fn into_generation(self, mut stats: DecodeStats, started: Instant) -> Generation {
         stats.generated_tokens = self.tokens.len();
         stats.total_time = started.elapsed();
         Generation {
@@ -230,7 +230,7 @@ impl<'a> Output<'a> {
     }
 
     /// Emits `tokens` in order until a stop condition fires; returns how many were emitted.
-    fn emit(&mut self, tokens: impl IntoIterator<Item = u32>) -> usize {
+    pub(crate) fn emit(&mut self, tokens: impl IntoIterator<Item = u32>) -> usize {
         let mut emitted = 0;
         for t in tokens {
             if self.finish.is_some() {
@@ -246,7 +246,7 @@ impl<'a> Output<'a> {
 }
 
 /// Forwards the part of `context` the target has not cached and returns the last logits.
-fn prefill<D: Decoder + ?Sized>(
+pub(crate) fn prefill<D: Decoder + ?Sized>(
     model: &mut D,
     context: &[u32],
     stats: &mut DecodeStats,

@@ -9,8 +9,10 @@
 //! - acceptance rules ([`AcceptanceRule`]): greedy, top-k, threshold, speculative sampling with a
 //!   tolerance factor, biased verification;
 //! - the [`Decoder`] trait that model engines implement, and [`mock::MockDecoder`] for tests;
-//! - generic loops ([`generate`], [`speculative_generate`], [`tree_speculative_generate`]) and
-//!   their [`DecodeStats`].
+//! - generic loops ([`generate`], [`speculative_generate`], [`tree_speculative_generate`],
+//!   [`jacobi_generate`]) and their [`DecodeStats`];
+//! - [`verify_continuation`]: one forward that prefills a changed prompt and verifies a previous
+//!   output after it (live re-translation, input-time speculation).
 //!
 //! The loops keep the target's output: with greedy acceptance, speculative decoding returns
 //! exactly the tokens of greedy autoregressive decoding.
@@ -40,11 +42,13 @@
 //! ```
 
 pub mod acceptance;
+pub mod continuation;
 pub mod cost;
 pub mod decoder;
 pub mod draft;
 mod error;
 pub mod generate;
+pub mod jacobi;
 pub mod kv_cache;
 pub mod logits;
 pub mod mock;
@@ -54,6 +58,7 @@ pub mod stats;
 pub mod tree;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
+pub use continuation::{forward_continuation, verify_continuation};
 pub use cost::{CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
 pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
@@ -62,6 +67,7 @@ pub use generate::{
     generate, speculative_generate, tree_speculative_generate, verify_tree, DraftLength,
     FinishReason, Generation, SpeculativeConfig, StopConditions, TreeVerdict,
 };
+pub use jacobi::jacobi_generate;
 pub use kv_cache::{KvCache, LayerKvCache};
 pub use logits::Logits;
 pub use sampling::SamplingConfig;

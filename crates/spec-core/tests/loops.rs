@@ -8,8 +8,8 @@ use rand::SeedableRng;
 use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{in_top_k, softmax};
 use spec_core::{
-    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
-    DraftLength, Error, FinishReason, Generation, SamplingConfig, SparseTreeConfig,
+    generate, jacobi_generate, speculative_generate, tree_speculative_generate, AcceptanceRule,
+    Decoder, DraftLength, Error, FinishReason, Generation, SamplingConfig, SparseTreeConfig,
     SparseTreeDrafter, SpeculativeConfig, StopConditions,
 };
 
@@ -153,6 +153,36 @@ proptest! {
         prop_assert_eq!(&tree.tokens, &reference.tokens);
         prop_assert_eq!(tree.finish, reference.finish);
         assert_cache_holds_output(&t, &prompt, &tree.tokens);
+    }
+
+    #[test]
+    fn jacobi_decoding_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        guess in prop::collection::vec(0u32..1000, 0..12),
+        window in 1usize..10,
+        max_new in 1usize..48,
+        eos in prop::option::of(0u32..1000),
+        stale in prop::collection::vec(0u32..1000, 0..6),
+    ) {
+        let (target, _) = models(seed, vocab, 0.0);
+        let in_vocab = |v: &[u32]| v.iter().map(|t| t % vocab as u32).collect::<Vec<u32>>();
+        let (prompt, guess, stale) = (in_vocab(&prompt), in_vocab(&guess), in_vocab(&stale));
+        let stop = stop_for(max_new, eos.map(|e| e % vocab as u32));
+        let reference = greedy_reference(&target, &prompt, &stop);
+        let mut model = MockDecoder::new(target);
+        // A cache left by another context must not change the result.
+        if !stale.is_empty() {
+            model.forward(&spec_core::Forward::tokens(&stale, &(0..stale.len()).collect::<Vec<_>>())).unwrap();
+        }
+        let mut streamed = Vec::new();
+        let jacobi = jacobi_generate(&mut model, &prompt, &guess, window, &stop, &mut |t| streamed.push(t)).unwrap();
+        prop_assert_eq!(&jacobi.tokens, &reference.tokens);
+        prop_assert_eq!(&streamed, &reference.tokens);
+        prop_assert_eq!(jacobi.finish, reference.finish);
+        prop_assert!(jacobi.stats.target_forwards <= reference.stats.target_forwards);
+        assert_cache_holds_output(&model, &prompt, &jacobi.tokens);
     }
 
     #[test]
@@ -538,4 +568,29 @@ fn cost_aware_drafting_is_lossless_and_stops_drafting_when_it_does_not_pay() {
         "only probes: {}",
         spec.stats
     );
+}
+
+#[test]
+fn jacobi_seeded_with_the_answer_needs_one_pass_per_window() {
+    let (target, _) = models(11, 32, 0.0);
+    let prompt = [3, 1, 4];
+    let stop = StopConditions::new(17);
+    let reference = greedy_reference(&target, &prompt, &stop);
+    let mut model = MockDecoder::new(target);
+    let gen = jacobi_generate(
+        &mut model,
+        &prompt,
+        &reference.tokens[1..],
+        8,
+        &stop,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(gen.tokens, reference.tokens);
+    // The prefill, then 16 tokens in two passes: 8 accepted + 1, then 6 accepted + 1.
+    assert_eq!(gen.stats.target_forwards, 3);
+    assert!(matches!(
+        jacobi_generate(&mut model, &prompt, &[], 0, &stop, &mut |_| {}),
+        Err(Error::InvalidConfig(_))
+    ));
 }

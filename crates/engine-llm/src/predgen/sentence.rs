@@ -1,0 +1,462 @@
+//! Sentence boundaries, for handing an answer to speech synthesis one sentence at a time.
+//!
+//! A sentence ends at `.`, `?`, `!` or `…` (a run of them, as in `?!` or `...`), optionally
+//! followed by closing quotes or brackets, and then whitespace or the end of the text. The CJK
+//! terminators `。`, `？` and `！` end a sentence even without whitespace after them. A blank line
+//! after text without a terminator (a Markdown heading or list item) ends a sentence too.
+//!
+//! A `.` does not end a sentence after a common abbreviation (`Mr.`, `e.g.`, `etc.` in the middle
+//! of the text), after a single capital initial (`J. K. Rowling`) or a dotted initialism
+//! (`U.S.`), in a numbered-list marker (`1. ` at the start of a line), or between digits. While
+//! more text may follow, a `.` right after a digit at the end of the text is held back (it may be
+//! a decimal point), as is one after an abbreviation or an initial; after an ordinary word it
+//! ends the sentence at once, so that speech can start without waiting for the next token.
+//! A candidate sentence with no letter or digit (`...`, `!`) merges into the next one.
+
+/// Terminators that end a sentence only when whitespace or the end of the text follows.
+fn is_western_terminator(c: char) -> bool {
+    matches!(c, '.' | '?' | '!' | '…')
+}
+
+/// Terminators that end a sentence whatever follows.
+fn is_cjk_terminator(c: char) -> bool {
+    matches!(c, '。' | '？' | '！')
+}
+
+fn is_terminator(c: char) -> bool {
+    is_western_terminator(c) || is_cjk_terminator(c)
+}
+
+/// Closing quotes and brackets that belong to the sentence they follow.
+fn is_closer(c: char) -> bool {
+    matches!(
+        c,
+        '"' | '\'' | '”' | '’' | ')' | ']' | '»' | '」' | '』' | '）'
+    )
+}
+
+/// Opening quotes and brackets that may precede a word.
+fn is_opener(c: char) -> bool {
+    matches!(
+        c,
+        '"' | '\'' | '“' | '‘' | '(' | '[' | '«' | '「' | '『' | '（'
+    )
+}
+
+/// Abbreviations written in lower case (also accepted capitalised or in capitals).
+const LOWER_ABBREVIATIONS: [&str; 6] = ["vs", "etc", "e.g", "i.e", "approx", "cf"];
+
+/// Abbreviations of titles and names, matched exactly (`fig.` in lower case is a fruit).
+const TITLE_ABBREVIATIONS: [&str; 9] = ["Mr", "Mrs", "Ms", "Dr", "Prof", "Sr", "Jr", "St", "Fig"];
+
+/// Byte offset just past the first complete sentence of `text` (terminator and any closing
+/// quotes/brackets included; leading whitespace of the text belongs to the sentence), or None.
+/// `complete` = true when no more text will follow (end of answer).
+///
+/// The offset is always on a character boundary. A sentence ended by a blank line stops just
+/// before the line break.
+pub fn first_sentence_end(text: &str, complete: bool) -> Option<usize> {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let byte_at = |i: usize| chars.get(i).map_or(text.len(), |&(pos, _)| pos);
+    let mut has_content = false;
+    let mut i = 0;
+    while let Some(&(pos, c)) = chars.get(i) {
+        if is_terminator(c) {
+            let run_end = (i..chars.len())
+                .find(|&j| !is_terminator(chars[j].1))
+                .unwrap_or(chars.len());
+            let close_end = (run_end..chars.len())
+                .find(|&j| !is_closer(chars[j].1))
+                .unwrap_or(chars.len());
+            let at_end = close_end == chars.len();
+            let cjk = chars[i..run_end].iter().any(|&(_, t)| is_cjk_terminator(t));
+            let separated = cjk || at_end || chars[close_end].1.is_whitespace();
+            let single_period = c == '.' && run_end == i + 1;
+            let ends = separated
+                && has_content
+                && (!single_period
+                    || period_ends(text, pos, run_end == chars.len(), at_end, complete));
+            if ends {
+                return Some(byte_at(close_end));
+            }
+            i = run_end;
+            continue;
+        }
+        if c == '\n' && has_content && blank_line_follows(&chars[i + 1..]) {
+            return Some(pos);
+        }
+        has_content |= c.is_alphanumeric();
+        i += 1;
+    }
+    None
+}
+
+/// Whether the characters after a line break complete a blank line (only spaces, tabs or
+/// carriage returns before the next line break).
+fn blank_line_follows(rest: &[(usize, char)]) -> bool {
+    rest.iter()
+        .find(|&&(_, c)| !matches!(c, ' ' | '\t' | '\r'))
+        .is_some_and(|&(_, c)| c == '\n')
+}
+
+/// Whether a lone `.` at byte `dot`, already followed by whitespace or the end of the text,
+/// ends a sentence. `dot_is_last`: nothing at all follows the `.`; `at_end`: only closing quotes
+/// or brackets follow it.
+fn period_ends(text: &str, dot: usize, dot_is_last: bool, at_end: bool, complete: bool) -> bool {
+    if at_end && complete {
+        return true;
+    }
+    let before = &text[..dot];
+    let word_start = before
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| c.is_whitespace())
+        .map_or(0, |(pos, c)| pos + c.len_utf8());
+    let word = before[word_start..].trim_start_matches(is_opener);
+    let next = text[dot + 1..].trim_start().chars().next();
+    if is_abbreviation(word, next, at_end) || is_initial(word, at_end) {
+        return false;
+    }
+    let numeric = !word.is_empty() && word.chars().all(|c| c.is_ascii_digit());
+    if numeric && starts_line(&text[..word_start]) {
+        return false;
+    }
+    let after_digit = word.chars().next_back().is_some_and(|c| c.is_ascii_digit());
+    !(dot_is_last && !complete && after_digit)
+}
+
+/// Whether `word` (the text before a `.`) is an abbreviation. `next` is the first character of
+/// the following word; `at_end` means none has arrived yet.
+fn is_abbreviation(word: &str, next: Option<char>, at_end: bool) -> bool {
+    let lower = word.to_lowercase();
+    if LOWER_ABBREVIATIONS.contains(&lower.as_str()) || TITLE_ABBREVIATIONS.contains(&word) {
+        return true;
+    }
+    // "No. 5": only before a number, as "No." is also an answer.
+    word == "No" && (at_end || next.is_some_and(|c| c.is_ascii_digit()))
+}
+
+/// Whether `word` is a single capital initial (`J`), a dotted initialism (`U.S`, `e.g`), or,
+/// when nothing has followed it yet (`at_end`), any single letter (the `i` of `i.e.`).
+fn is_initial(word: &str, at_end: bool) -> bool {
+    let mut chars = word.chars();
+    if let (Some(c), None) = (chars.next(), chars.next()) {
+        return c.is_uppercase() || (at_end && c.is_alphabetic());
+    }
+    word.contains('.')
+        && word.split('.').all(|part| {
+            let mut letters = part.chars();
+            matches!((letters.next(), letters.next()), (Some(c), None) if c.is_alphabetic())
+        })
+}
+
+/// Whether a word preceded by `before` starts the text or a line (only spaces or tabs between).
+fn starts_line(before: &str) -> bool {
+    let line = before.trim_end_matches([' ', '\t']);
+    line.is_empty() || line.ends_with('\n')
+}
+
+/// Complete sentences of `text` in order (trimmed), and the unfinished remainder (trimmed, may
+/// be empty). With complete=true a non-empty remainder becomes the last sentence.
+///
+/// With complete=true, a remainder with no letter or digit (a trailing `...`) joins the last
+/// sentence instead, when there is one.
+pub fn split_sentences(text: &str, complete: bool) -> (Vec<String>, String) {
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut start = 0;
+    while let Some(len) = first_sentence_end(&text[start..], complete) {
+        ranges.push((start, start + len));
+        start += len;
+    }
+    let rest = text[start..].trim();
+    if complete && !rest.is_empty() {
+        match ranges.last_mut() {
+            Some(last) if !rest.chars().any(char::is_alphanumeric) => last.1 = text.len(),
+            _ => ranges.push((start, text.len())),
+        }
+        start = text.len();
+    }
+    let sentences = ranges
+        .iter()
+        .map(|&(from, to)| text[from..to].trim().to_string())
+        .collect();
+    (sentences, text[start..].trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn split(text: &str, complete: bool) -> (Vec<String>, String) {
+        split_sentences(text, complete)
+    }
+
+    fn sentences(text: &str) -> Vec<String> {
+        split(text, true).0
+    }
+
+    #[test]
+    fn plain_sentences() {
+        assert_eq!(
+            sentences("Hello there. How are you? Fine!"),
+            ["Hello there.", "How are you?", "Fine!"]
+        );
+        assert_eq!(first_sentence_end("  Hi. Next", false), Some(5));
+    }
+
+    #[test]
+    fn commas_colons_and_semicolons_do_not_end() {
+        assert_eq!(
+            sentences("First, mix; then: bake. Done."),
+            ["First, mix; then: bake.", "Done."]
+        );
+    }
+
+    #[test]
+    fn decimals_do_not_end() {
+        assert_eq!(
+            sentences("It costs 3.5 dollars. Pi is 3.14159. A million is 1.000.000 here."),
+            [
+                "It costs 3.5 dollars.",
+                "Pi is 3.14159.",
+                "A million is 1.000.000 here."
+            ]
+        );
+    }
+
+    #[test]
+    fn trailing_period_after_digit_waits_unless_complete() {
+        assert_eq!(first_sentence_end("It costs 3.", false), None);
+        assert_eq!(first_sentence_end("It costs 3.", true), Some(11));
+        assert_eq!(first_sentence_end("It costs 3.5", false), None);
+        assert_eq!(first_sentence_end("It costs 3. Then", false), Some(11));
+        assert_eq!(first_sentence_end("It costs three.", false), Some(15));
+    }
+
+    #[test]
+    fn question_and_exclamation_at_the_end_count() {
+        assert_eq!(first_sentence_end("Really?", false), Some(7));
+        assert_eq!(first_sentence_end("Wow!", false), Some(4));
+        assert_eq!(first_sentence_end("Wait, what?!", false), Some(12));
+        assert_eq!(first_sentence_end("Well… maybe", false), Some(7));
+    }
+
+    #[test]
+    fn abbreviations_do_not_end() {
+        assert_eq!(
+            sentences("Mr. Smith met Dr. Jones vs. Prof. Lee at St. Mary's. They spoke."),
+            [
+                "Mr. Smith met Dr. Jones vs. Prof. Lee at St. Mary's.",
+                "They spoke."
+            ]
+        );
+        assert_eq!(
+            sentences("Use herbs, e.g. basil, i.e. fresh ones, approx. ten leaves. See Fig. 2."),
+            [
+                "Use herbs, e.g. basil, i.e. fresh ones, approx. ten leaves.",
+                "See Fig. 2."
+            ]
+        );
+        assert_eq!(first_sentence_end("Ask Mr.", false), None);
+        assert_eq!(first_sentence_end("I ate a fig. Then", false), Some(12));
+    }
+
+    #[test]
+    fn etc_ends_only_at_the_end_of_complete_text() {
+        assert_eq!(
+            sentences("Buy eggs, milk, etc. and bake. Then eat, etc."),
+            ["Buy eggs, milk, etc. and bake.", "Then eat, etc."]
+        );
+        assert_eq!(first_sentence_end("Buy eggs, milk, etc.", false), None);
+        assert_eq!(first_sentence_end("Buy eggs, milk, etc.", true), Some(20));
+    }
+
+    #[test]
+    fn number_abbreviation_only_before_a_number() {
+        assert_eq!(
+            sentences("See No. 5 on the list. No. It is not."),
+            ["See No. 5 on the list.", "No.", "It is not."]
+        );
+    }
+
+    #[test]
+    fn initials_and_initialisms_do_not_end() {
+        assert_eq!(
+            sentences("J. K. Rowling wrote it. The U.S. economy grew. Ok."),
+            ["J. K. Rowling wrote it.", "The U.S. economy grew.", "Ok."]
+        );
+        assert_eq!(first_sentence_end("Written by J.", false), None);
+        assert_eq!(first_sentence_end("Written by J.", true), Some(13));
+        assert_eq!(first_sentence_end("Blue light, i.", false), None);
+        assert_eq!(first_sentence_end("Blue light, i.e", false), None);
+        assert_eq!(first_sentence_end("Blue light, i.e.", false), None);
+        assert_eq!(first_sentence_end("Plan a. Then", false), Some(7));
+    }
+
+    #[test]
+    fn numbered_list_markers_do_not_end() {
+        let text = "1. Preheat the oven\n2. Mix the flour.\n3) Bake it.";
+        assert_eq!(
+            sentences(text),
+            ["1. Preheat the oven\n2. Mix the flour.", "3) Bake it."]
+        );
+        assert_eq!(first_sentence_end("  10. Stir", false), None);
+        assert_eq!(
+            sentences("The answer is 2. Then stop."),
+            ["The answer is 2.", "Then stop."]
+        );
+    }
+
+    #[test]
+    fn closing_quotes_and_brackets_belong_to_the_sentence() {
+        assert_eq!(
+            sentences("He said \"stop.\" She left (quickly!) Then 'ok.' ”Yes.” Done.]"),
+            [
+                "He said \"stop.\"",
+                "She left (quickly!)",
+                "Then 'ok.'",
+                "”Yes.”",
+                "Done.]"
+            ]
+        );
+        assert_eq!(first_sentence_end("Hi.\"Next", true), None);
+    }
+
+    #[test]
+    fn cjk_terminators_need_no_space() {
+        assert_eq!(
+            sentences("你好。今天天气怎么样？很好！"),
+            ["你好。", "今天天气怎么样？", "很好！"]
+        );
+        assert_eq!(first_sentence_end("「好。」他说", false), Some(12));
+    }
+
+    #[test]
+    fn blank_lines_end_sentences() {
+        let text = "## Ingredients\n\n- two eggs\n- flour\n  \nMix well. Bake";
+        assert_eq!(
+            split(text, false),
+            (
+                vec![
+                    "## Ingredients".to_string(),
+                    "- two eggs\n- flour".to_string(),
+                    "Mix well.".to_string()
+                ],
+                "Bake".to_string()
+            )
+        );
+        assert_eq!(first_sentence_end("Heading\n", false), None);
+        assert_eq!(first_sentence_end("Heading\n\n", false), Some(7));
+        assert_eq!(first_sentence_end("---\n\nText", false), None);
+    }
+
+    #[test]
+    fn punctuation_alone_merges_into_the_next_sentence() {
+        assert_eq!(
+            sentences("... Well, yes. ! Right."),
+            ["... Well, yes.", "! Right."]
+        );
+        assert_eq!(first_sentence_end("!", true), None);
+        assert_eq!(sentences("Really? ?!"), ["Really? ?!"]);
+        assert_eq!(sentences("..."), ["..."]);
+    }
+
+    #[test]
+    fn remainder_is_kept_until_complete() {
+        assert_eq!(
+            split("One. Two is unfini", false),
+            (vec!["One.".to_string()], "Two is unfini".to_string())
+        );
+        assert_eq!(
+            split("One. Two is unfini", true),
+            (
+                vec!["One.".to_string(), "Two is unfini".to_string()],
+                String::new()
+            )
+        );
+    }
+
+    #[test]
+    fn empty_and_whitespace_only_input() {
+        for complete in [false, true] {
+            assert_eq!(first_sentence_end("", complete), None);
+            assert_eq!(first_sentence_end(" \n\n\t ", complete), None);
+            assert_eq!(split("", complete), (Vec::new(), String::new()));
+            assert_eq!(split("  \n\n ", complete), (Vec::new(), String::new()));
+        }
+    }
+
+    #[test]
+    fn multi_byte_text_is_never_sliced_inside_a_char() {
+        let text = "Crème brûlée… ça va? Ünïcödé «ok.» 🎉 Fin. 日本語。";
+        assert_eq!(
+            sentences(text),
+            [
+                "Crème brûlée…",
+                "ça va?",
+                "Ünïcödé «ok.»",
+                "🎉 Fin.",
+                "日本語。"
+            ]
+        );
+        for (end, _) in text.char_indices().skip(1) {
+            if let Some(at) = first_sentence_end(&text[..end], false) {
+                assert!(text.is_char_boundary(at));
+            }
+        }
+    }
+
+    const PIECES: [&str; 32] = [
+        "word", "Hello", "Mr.", "Dr.", "etc.", "e.g.", "U.S.", "J.", "No.", "3.5", "3.", "12",
+        "1.", "2)", ".", "...", "…", "?", "!", "?!", ",", ";", "\"", "”", ")", "。", "！", "日本",
+        "é", "🎉", "\n", "\n\n",
+    ];
+    const SEPARATORS: [&str; 5] = [" ", " ", "", "\n", "  "];
+
+    fn random_text(rng: &mut StdRng) -> String {
+        let mut text = String::new();
+        for _ in 0..rng.random_range(0..24) {
+            text.push_str(SEPARATORS[rng.random_range(0..SEPARATORS.len())]);
+            text.push_str(PIECES[rng.random_range(0..PIECES.len())]);
+        }
+        text
+    }
+
+    fn without_whitespace(text: &str) -> String {
+        text.chars().filter(|c| !c.is_whitespace()).collect()
+    }
+
+    #[test]
+    fn random_texts_lose_nothing_and_cut_on_char_boundaries() {
+        let mut rng = StdRng::seed_from_u64(0x5e7e);
+        for _ in 0..2000 {
+            let text = random_text(&mut rng);
+            for complete in [false, true] {
+                for (end, _) in text.char_indices().chain([(text.len(), ' ')]) {
+                    let prefix = &text[..end];
+                    if let Some(at) = first_sentence_end(prefix, complete) {
+                        assert!(at > 0 && at <= prefix.len(), "{prefix:?} -> {at}");
+                        assert!(prefix.is_char_boundary(at), "{prefix:?} -> {at}");
+                    }
+                }
+                let (found, rest) = split_sentences(&text, complete);
+                assert!(found.iter().all(|s| !s.is_empty() && s.trim() == s));
+                let joined = format!("{} {rest}", found.join(" "));
+                assert_eq!(without_whitespace(&joined), without_whitespace(&text));
+                if complete {
+                    assert!(rest.is_empty(), "{text:?}");
+                }
+            }
+            if !text.contains(is_cjk_terminator) {
+                let (found, _) = split_sentences(&text, true);
+                let joined = found.join(" ");
+                assert!(
+                    joined.split_whitespace().eq(text.split_whitespace()),
+                    "{text:?} -> {found:?}"
+                );
+            }
+        }
+    }
+}

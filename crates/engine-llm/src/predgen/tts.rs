@@ -1,0 +1,231 @@
+//! The hand-off to speech synthesis: sentences in, audio out.
+//!
+//! PredGen synthesizes the first sentence of its guessed answer while the user is still
+//! speaking and keeps it as [`PreparedAudio`]; when the final answer starts with that sentence,
+//! its audio plays at once instead of after the synthesizer's latency.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// Audio samples (mono f32) at a sample rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AudioChunk {
+    /// Mono samples in [-1, 1].
+    pub samples: Vec<f32>,
+    /// Samples per second.
+    pub sample_rate: u32,
+}
+
+impl AudioChunk {
+    /// How long the chunk plays (zero at a zero sample rate).
+    pub fn duration(&self) -> Duration {
+        if self.sample_rate == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(self.samples.len() as f64 / f64::from(self.sample_rate))
+    }
+}
+
+/// A synthesized sentence: its audio, and the compute time until its first chunk is ready (what
+/// a listener waits for).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Synthesis {
+    /// The sentence spoken, trimmed.
+    pub sentence: String,
+    /// Its audio, in playing order.
+    pub chunks: Vec<AudioChunk>,
+    /// Compute time from the request until the first chunk is ready.
+    pub first_audio_after: Duration,
+}
+
+/// Synthesizes speech sentence by sentence. PredGen calls it ahead of time with the first
+/// sentence of its guessed answer and keeps the Synthesis, so that if the final answer starts
+/// with the same sentence its audio plays at once.
+pub trait SentenceSynthesizer {
+    /// Speech for `sentence`; an error for an empty or whitespace-only sentence.
+    fn synthesize(&mut self, sentence: &str) -> Result<Synthesis>;
+}
+
+/// Speaking rate of [`FixedLatencySynthesizer`]'s audio: characters per second of speech.
+pub const SPOKEN_CHARS_PER_SECOND: f64 = 15.0;
+
+/// Longest audio chunk [`FixedLatencySynthesizer`] produces, in seconds.
+pub const MAX_CHUNK_SECONDS: f64 = 0.5;
+
+/// Stands in for a real TTS model (until engine-tts exists): fixed latency to first audio
+/// (default 200 ms, the PredGen paper's measurement for Zonos), and silence of a plausible
+/// duration ([`SPOKEN_CHARS_PER_SECOND`] characters per second of speech) at 24 kHz, in chunks
+/// of at most [`MAX_CHUNK_SECONDS`].
+///
+/// It does not sleep: the latency is reported in [`Synthesis::first_audio_after`], for the
+/// caller to charge to its clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FixedLatencySynthesizer {
+    /// Compute time until the first audio chunk.
+    pub latency: Duration,
+    /// Sample rate of the audio (must not be zero).
+    pub sample_rate: u32,
+}
+
+impl Default for FixedLatencySynthesizer {
+    fn default() -> Self {
+        Self::new(Duration::from_millis(200))
+    }
+}
+
+impl FixedLatencySynthesizer {
+    /// A synthesizer with `latency` to first audio, at 24 kHz.
+    pub fn new(latency: Duration) -> Self {
+        Self {
+            latency,
+            sample_rate: 24_000,
+        }
+    }
+}
+
+impl SentenceSynthesizer for FixedLatencySynthesizer {
+    fn synthesize(&mut self, sentence: &str) -> Result<Synthesis> {
+        let sentence = sentence.trim();
+        if sentence.is_empty() {
+            return Err(Error::Input(
+                "cannot synthesize an empty sentence".to_string(),
+            ));
+        }
+        if self.sample_rate == 0 {
+            return Err(Error::Input(
+                "cannot synthesize at a sample rate of 0 Hz".to_string(),
+            ));
+        }
+        let rate = f64::from(self.sample_rate);
+        let seconds = sentence.chars().count() as f64 / SPOKEN_CHARS_PER_SECOND;
+        let total = (seconds * rate).round() as usize;
+        let chunk_len = ((MAX_CHUNK_SECONDS * rate) as usize).max(1);
+        let chunks = (0..total)
+            .step_by(chunk_len)
+            .map(|start| AudioChunk {
+                samples: vec![0.0; chunk_len.min(total - start)],
+                sample_rate: self.sample_rate,
+            })
+            .collect();
+        Ok(Synthesis {
+            sentence: sentence.to_string(),
+            chunks,
+            first_audio_after: self.latency,
+        })
+    }
+}
+
+/// Audio prepared ahead of time, kept until the final answer is known.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedAudio {
+    /// The synthesized sentence.
+    pub synthesis: Synthesis,
+    /// When (on the session clock) the first audio chunk is ready.
+    pub ready_at: Duration,
+}
+
+impl PreparedAudio {
+    /// Whether this audio can be played for `sentence` (same text after trimming whitespace).
+    pub fn matches(&self, sentence: &str) -> bool {
+        self.synthesis.sentence.trim() == sentence.trim()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn total_samples(synthesis: &Synthesis) -> usize {
+        synthesis.chunks.iter().map(|c| c.samples.len()).sum()
+    }
+
+    #[test]
+    fn default_is_200_ms_at_24_khz() {
+        let tts = FixedLatencySynthesizer::default();
+        assert_eq!(tts.latency, Duration::from_millis(200));
+        assert_eq!(tts.sample_rate, 24_000);
+        let tts = FixedLatencySynthesizer::new(Duration::from_millis(75));
+        assert_eq!(tts.latency, Duration::from_millis(75));
+        assert_eq!(tts.sample_rate, 24_000);
+    }
+
+    #[test]
+    fn silence_lasts_as_long_as_the_sentence_takes_to_say() {
+        let mut tts = FixedLatencySynthesizer::default();
+        let synthesis = tts.synthesize("  Hello there.\n").unwrap();
+        assert_eq!(synthesis.sentence, "Hello there.");
+        assert_eq!(synthesis.first_audio_after, Duration::from_millis(200));
+        // 12 characters at 15 per second: 0.8 s.
+        assert_eq!(total_samples(&synthesis), 19_200);
+        let lengths: Vec<usize> = synthesis.chunks.iter().map(|c| c.samples.len()).collect();
+        assert_eq!(lengths, [12_000, 7_200]);
+        let played: Duration = synthesis.chunks.iter().map(AudioChunk::duration).sum();
+        assert_eq!(played, Duration::from_millis(800));
+        assert!(synthesis
+            .chunks
+            .iter()
+            .all(|c| c.sample_rate == 24_000 && c.samples.iter().all(|&s| s == 0.0)));
+    }
+
+    #[test]
+    fn chunks_are_at_most_half_a_second() {
+        let mut tts = FixedLatencySynthesizer {
+            latency: Duration::ZERO,
+            sample_rate: 16_000,
+        };
+        // 45 characters (multi-byte ones count once): 3 s.
+        let sentence = "é".repeat(45);
+        let synthesis = tts.synthesize(&sentence).unwrap();
+        assert_eq!(synthesis.chunks.len(), 6);
+        assert!(synthesis.chunks.iter().all(|c| c.samples.len() == 8_000));
+        assert_eq!(synthesis.first_audio_after, Duration::ZERO);
+        let one = tts.synthesize("a").unwrap();
+        assert_eq!(one.chunks.len(), 1);
+        assert_eq!(total_samples(&one), 1_067);
+    }
+
+    #[test]
+    fn tiny_sample_rates_still_chunk() {
+        let mut tts = FixedLatencySynthesizer {
+            latency: Duration::ZERO,
+            sample_rate: 1,
+        };
+        let synthesis = tts.synthesize(&"x".repeat(60)).unwrap();
+        assert_eq!(total_samples(&synthesis), 4);
+        assert!(synthesis.chunks.iter().all(|c| c.samples.len() == 1));
+    }
+
+    #[test]
+    fn empty_sentences_and_zero_sample_rate_are_errors() {
+        let mut tts = FixedLatencySynthesizer::default();
+        for sentence in ["", "  \n\t"] {
+            assert!(matches!(tts.synthesize(sentence), Err(Error::Input(_))));
+        }
+        tts.sample_rate = 0;
+        assert!(matches!(tts.synthesize("Hi."), Err(Error::Input(_))));
+    }
+
+    #[test]
+    fn zero_rate_chunk_plays_for_no_time() {
+        let chunk = AudioChunk {
+            samples: vec![0.0; 10],
+            sample_rate: 0,
+        };
+        assert_eq!(chunk.duration(), Duration::ZERO);
+    }
+
+    #[test]
+    fn prepared_audio_matches_the_same_sentence_only() {
+        let mut tts = FixedLatencySynthesizer::default();
+        let prepared = PreparedAudio {
+            synthesis: tts.synthesize("Boil it for six minutes.").unwrap(),
+            ready_at: Duration::from_millis(1_400),
+        };
+        assert!(prepared.matches("Boil it for six minutes."));
+        assert!(prepared.matches("  Boil it for six minutes.\n"));
+        assert!(!prepared.matches("Boil it for seven minutes."));
+        assert!(!prepared.matches("Boil it for six minutes"));
+        assert!(!prepared.matches(""));
+    }
+}

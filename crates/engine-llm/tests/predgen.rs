@@ -1,0 +1,260 @@
+//! PredGen on tiny random-weight chat models: greedy verification is lossless whatever the
+//! partial prompts and the continuation, the guess carries over between prompts, and bad
+//! input is a clear error.
+
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use candle_core::quantized::GgmlDType;
+use common::{Family, Tiny};
+use engine_llm::predgen::input::{spoken_at_rate, PartialInput};
+use engine_llm::predgen::tts::FixedLatencySynthesizer;
+use engine_llm::predgen::EventKind;
+use engine_llm::{
+    Continuation, Error, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
+};
+
+fn tiny_chat_model(dir: &Path, seed: u64) -> LanguageModel {
+    // Untied output weights: a tiny random model with tied embeddings only repeats its input.
+    let tiny = Tiny {
+        tied: false,
+        ..Tiny::new(Family::Qwen2)
+    };
+    let metadata = common::chatml_tokenizer_metadata(tiny.vocab);
+    let folder = dir.join(format!("chat-{seed}"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let path = tiny.write_gguf(&folder, seed, GgmlDType::Q8_0, &metadata);
+    LanguageModel::load(&path, &LoadOptions::default()).unwrap()
+}
+
+fn config(verifier: Verifier, continuation: Continuation) -> PredGenConfig {
+    PredGenConfig {
+        verifier,
+        continuation,
+        max_guess_tokens: 12,
+        max_answer_tokens: 24,
+        tokens_per_step: 4,
+        ..PredGenConfig::default()
+    }
+}
+
+/// Partial prompts with self-corrections: earlier words change, as ASR partials do.
+fn corrected_inputs(final_text: &str) -> Vec<PartialInput> {
+    let mut inputs = vec![
+        PartialInput {
+            at: Duration::from_millis(100),
+            text: "what is".into(),
+            is_final: false,
+        },
+        PartialInput {
+            at: Duration::from_millis(400),
+            text: "what is one plus twenty".into(),
+            is_final: false,
+        },
+    ];
+    let spoken = spoken_at_rate(final_text, 600.0).unwrap();
+    inputs.extend(spoken.into_iter().map(|mut p| {
+        p.at += Duration::from_millis(800);
+        p
+    }));
+    inputs
+}
+
+fn run_turns(session: &mut PredGen<'_>, turns: &[Vec<PartialInput>], baseline: bool) -> Vec<Turn> {
+    let mut tts = FixedLatencySynthesizer::default();
+    turns
+        .iter()
+        .map(|inputs| {
+            if baseline {
+                session.baseline_turn(inputs, &mut tts).unwrap()
+            } else {
+                session.turn(inputs, &mut tts).unwrap()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_predgen_answers_exactly_as_the_plain_cascade() {
+    let scratch = tempfile::tempdir().unwrap();
+    let turns = vec![
+        corrected_inputs("what is 1 + 23?"),
+        spoken_at_rate("and what is it times four, roughly?", 600.0).unwrap(),
+    ];
+    let mut reference_model = tiny_chat_model(scratch.path(), 9);
+    let cfg = |continuation| config(Verifier::Greedy, continuation);
+    let mut reference =
+        PredGen::new(&mut reference_model, cfg(Continuation::Autoregressive)).unwrap();
+    let expected = run_turns(&mut reference, &turns, true);
+    assert!(expected.iter().all(|t| t.answer.len() > 10), "{expected:?}");
+
+    let mut draft = tiny_chat_model(scratch.path(), 2);
+    for continuation in [
+        Continuation::Autoregressive,
+        Continuation::Jacobi { window: 4 },
+        Continuation::DraftModel { gamma: 3 },
+    ] {
+        let mut model = tiny_chat_model(scratch.path(), 9);
+        let mut session = PredGen::new(&mut model, cfg(continuation))
+            .unwrap()
+            .with_draft(&mut draft)
+            .unwrap();
+        let got = run_turns(&mut session, &turns, false);
+        for (turn, (got, expected)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(got.answer, expected.answer, "{continuation:?}, turn {turn}");
+            assert_eq!(got.first_sentence, expected.first_sentence);
+            assert!(
+                got.tokens_during_input > 0,
+                "{continuation:?}: no speculation"
+            );
+            assert!(got.forwards_to_first_sentence >= 1);
+            assert!(got.audio_latency >= got.time_to_first_sentence);
+            assert!(got.answer_latency >= got.time_to_first_sentence);
+            assert!(got.timeline.windows(2).all(|w| w[0].at <= w[1].at));
+        }
+    }
+}
+
+#[test]
+fn greedy_predgen_with_the_same_budget_gives_the_cascade_answer_token_for_token() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut reference_model = tiny_chat_model(scratch.path(), 11);
+    let mut model = tiny_chat_model(scratch.path(), 11);
+    let cfg = config(Verifier::Greedy, Continuation::Autoregressive);
+    let mut reference = PredGen::new(&mut reference_model, cfg.clone()).unwrap();
+    let mut session = PredGen::new(&mut model, cfg).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    for question in [
+        "tell me about the sea",
+        "why is the sky blue",
+        "what is 3.5 plus 2",
+    ] {
+        let inputs = spoken_at_rate(question, 900.0).unwrap();
+        let expected = reference.baseline_turn(&inputs, &mut tts).unwrap();
+        let got = session.turn(&inputs, &mut tts).unwrap();
+        assert!(!expected.answer.is_empty());
+        assert_eq!(got.answer, expected.answer, "{question}");
+        assert_eq!(got.first_sentence, expected.first_sentence);
+        // The plain cascade synthesizes after the first sentence, at the fixed latency.
+        assert_eq!(
+            expected.audio_latency,
+            expected.time_to_first_sentence + Duration::from_millis(200)
+        );
+        assert!(!expected.prepared_audio_used);
+        assert_eq!(expected.tokens_during_input, 0);
+    }
+    assert_eq!(session.history(), reference.history());
+    assert_eq!(session.history().len(), 6);
+}
+
+#[test]
+fn a_guess_for_the_final_prompt_is_kept_whole() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(scratch.path(), 7);
+    let mut session = PredGen::new(
+        &mut model,
+        config(Verifier::Greedy, Continuation::Autoregressive),
+    )
+    .unwrap();
+    // The last partial already holds every word: the final prompt is the same.
+    let text = "what is the tallest mountain";
+    let inputs = vec![
+        PartialInput {
+            at: Duration::from_millis(0),
+            text: text.into(),
+            is_final: false,
+        },
+        PartialInput {
+            at: Duration::from_secs(5),
+            text: text.into(),
+            is_final: true,
+        },
+    ];
+    let turn = session
+        .turn(&inputs, &mut FixedLatencySynthesizer::default())
+        .unwrap();
+    assert!(turn.guessed_at_end > 0);
+    assert_eq!(turn.kept_at_end, turn.guessed_at_end);
+    assert!(turn
+        .timeline
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::Generated { tokens, .. } if tokens > 0)));
+}
+
+#[test]
+fn lossy_verifiers_run_and_reflection_needs_yes_and_no_tokens() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(scratch.path(), 0);
+    let turns = vec![corrected_inputs("what is 1 + 23?")];
+    let mut session = PredGen::new(
+        &mut model,
+        config(Verifier::TopK(3), Continuation::Autoregressive),
+    )
+    .unwrap();
+    let got = run_turns(&mut session, &turns, false);
+    assert!(!got[0].answer.is_empty());
+    drop(session);
+    // The tiny tokenizer spells "yes" with three tokens.
+    let err = PredGen::new(
+        &mut model,
+        config(Verifier::Reflection, Continuation::Autoregressive),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(err, Error::Tokenizer(_)), "{err}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(scratch.path(), 3);
+    let mut tts = FixedLatencySynthesizer::default();
+    let partial = |ms, text: &str, is_final| PartialInput {
+        at: Duration::from_millis(ms),
+        text: text.into(),
+        is_final,
+    };
+    let mut session = PredGen::new(
+        &mut model,
+        config(Verifier::Greedy, Continuation::DraftModel { gamma: 2 }),
+    )
+    .unwrap();
+    let ok = [partial(0, "hi", true)];
+    assert!(matches!(session.turn(&ok, &mut tts), Err(Error::Config(_))));
+    drop(session);
+    let mut session = PredGen::new(&mut model, PredGenConfig::default()).unwrap();
+    for inputs in [
+        vec![],
+        vec![partial(0, "hi", false)],
+        vec![partial(0, "hi", true), partial(10, "hi there", true)],
+        vec![partial(50, "hi", false), partial(10, "hi there", true)],
+        vec![partial(0, "  ", true)],
+    ] {
+        assert!(
+            matches!(session.turn(&inputs, &mut tts), Err(Error::Input(_))),
+            "{inputs:?}"
+        );
+        assert!(matches!(
+            session.baseline_turn(&inputs, &mut tts),
+            Err(Error::Input(_))
+        ));
+    }
+    let bad = PredGenConfig {
+        max_answer_tokens: 0,
+        ..PredGenConfig::default()
+    };
+    assert!(matches!(
+        PredGen::new(&mut model, bad),
+        Err(Error::Config(_))
+    ));
+    // A prompt longer than the context.
+    let long = "word ".repeat(5000);
+    let mut session = PredGen::new(&mut model, PredGenConfig::default()).unwrap();
+    let err = session
+        .turn(&[partial(0, &long, true)], &mut tts)
+        .unwrap_err();
+    assert!(err.to_string().contains("context overflow"), "{err}");
+}

@@ -1,0 +1,67 @@
+//! `cargo xtask demo`: what SpecVoice is for, in one command. A few questions are spoken into
+//! PredGen at a speaking rate; each turn's timeline is printed, then the latency against the
+//! plain cascade (wait for the question, generate, synthesize) on the same model.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use spec_models::Store;
+
+use crate::models;
+
+/// The default chat model: the one `../shared/models/fetch` provides.
+const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
+
+const QUESTIONS: [&str; 3] = [
+    "What is the capital of France, and what is it famous for?",
+    "Can you give me three tips for sleeping better at night?",
+    "How long should I boil an egg if I want the yolk to stay soft?",
+];
+
+pub fn run(args: &[String]) -> Result<()> {
+    let mut model = DEFAULT_MODEL.to_string();
+    let mut extra = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--model" => model = it.next().context("--model NAME")?.clone(),
+            "--" => extra.extend(it.by_ref().cloned()),
+            other => {
+                bail!("usage: cargo xtask demo [--model NAME] [-- PREDGEN-ARGS…] (got `{other}`)")
+            }
+        }
+    }
+    let store = Store::from_env()?;
+    if let Err(missing) = store.resolve(&model) {
+        if store.registry().get(&model).is_none() {
+            return Err(missing).with_context(|| format!("cannot use `{model}`"));
+        }
+        println!(
+            "`{model}` is not in {}: downloading it",
+            store.root().display()
+        );
+        models::download(std::slice::from_ref(&model))?;
+    }
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "engine-llm",
+        "--example",
+        "predgen",
+        "--",
+        "--model",
+        &model,
+    ]);
+    for question in QUESTIONS {
+        command.args(["--question", question]);
+    }
+    command.args(&extra);
+    let status = command.status().context("running the predgen example")?;
+    if !status.success() {
+        bail!("the predgen example failed ({status})");
+    }
+    Ok(())
+}
