@@ -20,8 +20,9 @@ use anyhow::{bail, Context, Result};
 use engine_llm::predgen::input::{read_partials, spoken_at_rate, PartialInput};
 use engine_llm::predgen::tts::FixedLatencySynthesizer;
 use engine_llm::{
-    Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
+    Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, Turn, Verifier,
 };
+use spec_core::{Decoder, LogitRows};
 
 const USAGE: &str = "usage: predgen [--model M] [--draft D] [--verifier greedy|topK|reflection] \
 [--continuation ar|jacobi[:L]|draft[:γ]] (--question TEXT… | --partials FILE) [--rate CPM] \
@@ -126,6 +127,13 @@ fn summary(label: &str, turn: &Turn) -> String {
     )
 }
 
+fn warm_up(model: &mut LanguageModel) -> Result<()> {
+    let prompt = model.chat_prompt(&[Message::user("Hello!")])?;
+    model.model.forward_tokens(&prompt, LogitRows::Last(1))?;
+    model.model.reset();
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     let options = LoadOptions::default();
@@ -134,6 +142,11 @@ fn main() -> Result<()> {
         Some(name) => Some(LanguageModel::open(name, &options)?),
         None => None,
     };
+    // The first forward repacks the weights (seconds for the 1.5B): do it before timing.
+    warm_up(&mut model)?;
+    if let Some(draft) = draft.as_mut() {
+        warm_up(draft)?;
+    }
     let mut tts = FixedLatencySynthesizer::new(args.tts_latency);
     let mut predgen_turns = Vec::new();
     {

@@ -15,7 +15,7 @@ use spec_core::{
 };
 
 use super::input::{PartialInput, SimClock};
-use super::sentence::first_sentence_end;
+use super::sentence::{first_sentence_end, split_sentences};
 use super::tts::{PreparedAudio, SentenceSynthesizer};
 use super::{Continuation, PredGenConfig, Verifier, JUDGE_PROMPT};
 use crate::chat::{LanguageModel, Message};
@@ -53,6 +53,9 @@ pub enum EventKind {
     },
     /// The first sentence of the final answer is complete.
     FirstSentence { text: String },
+    /// A later sentence of the answer is complete and handed to TTS; its audio is ready at
+    /// `ready_at`.
+    Sentence { text: String, ready_at: Duration },
     /// Its audio starts playing (`prepared`: synthesized before the input ended).
     AudioStarts { prepared: bool },
     /// The answer is complete.
@@ -92,6 +95,12 @@ impl fmt::Display for Event {
                 ready_at.as_secs_f64()
             ),
             EventKind::FirstSentence { text } => write!(f, "{:<14} \"{text}\"", "first sentence"),
+            EventKind::Sentence { text, ready_at } => write!(
+                f,
+                "{:<14} \"{text}\" (audio ready at {:.3} s)",
+                "next sentence",
+                ready_at.as_secs_f64()
+            ),
             EventKind::AudioStarts { prepared } => write!(
                 f,
                 "{:<14} {}",
@@ -277,28 +286,38 @@ impl<'m> PredGen<'m> {
             if latest == inputs.len() - 1 {
                 break;
             }
-            let started = Instant::now();
+            // Each step verifies the guess if a new partial prompt has arrived, then generates
+            // on for up to `tokens_per_step` tokens, then looks for new input again: verifying
+            // alone would starve generation whenever a verification outlasts a spoken word.
+            let mut worked = false;
             if heard.as_ref().is_none_or(|(i, _)| *i != latest) {
+                let started = Instant::now();
                 let text = &inputs[latest].text;
                 timeline.push(event(&clock, heard_event(&inputs[latest])));
                 let prompt = self.prompt_for(text)?;
                 let check = self.verify(&prompt, text, &mut guess)?;
                 clock.advance(started.elapsed());
                 forwards_during_input += check.forwards;
+                tokens_during_input += guess.tokens.len().saturating_sub(check.kept);
                 timeline.push(event(&clock, verified_event(&check)));
                 rejected_tail = check.rejected_tail;
                 heard = Some((latest, prompt));
-            } else if !guess.done
+                worked = true;
+            }
+            let input_over = final_input.at <= clock.now();
+            if !input_over
+                && !guess.done
                 && guess.tokens.len() < self.config.max_guess_tokens
                 && self.first_sentence(&guess)?.is_none()
             {
+                let started = Instant::now();
                 let prompt = heard.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
                 let budget = self
                     .config
                     .tokens_per_step
                     .min(self.config.max_guess_tokens - guess.tokens.len());
                 let before = guess.tokens.len();
-                let gen = self.extend(&prompt, &mut guess, &rejected_tail, budget, true)?;
+                let gen = self.extend(&prompt, &mut guess, &rejected_tail, budget, Some(1))?;
                 clock.advance(started.elapsed());
                 forwards_during_input += gen.stats.target_forwards;
                 tokens_during_input += guess.tokens.len() - before;
@@ -307,7 +326,9 @@ impl<'m> PredGen<'m> {
                     &clock,
                     self.generated_event(&guess.tokens[before..])?,
                 ));
-            } else {
+                worked = true;
+            }
+            if !worked {
                 clock.wait_until(inputs[latest + 1].at);
                 continue;
             }
@@ -341,7 +362,7 @@ impl<'m> PredGen<'m> {
             let started = Instant::now();
             let before = answer.tokens.len();
             let budget = self.config.max_answer_tokens - answer.tokens.len();
-            let gen = self.extend(&prompt, &mut answer, &check.rejected_tail, budget, true)?;
+            let gen = self.extend(&prompt, &mut answer, &check.rejected_tail, budget, Some(1))?;
             clock.advance(started.elapsed());
             forwards_to_first_sentence += gen.stats.target_forwards;
             timeline.push(event(
@@ -392,7 +413,7 @@ impl<'m> PredGen<'m> {
             &mut answer,
             &[],
             budget,
-            true,
+            Some(1),
         )?;
         clock.advance(started.elapsed());
         timeline.push(event(&clock, self.generated_event(&answer.tokens)?));
@@ -457,16 +478,34 @@ impl<'m> PredGen<'m> {
                 prepared: prepared_audio_used,
             },
         });
-        if !answer.done && answer.tokens.len() < self.config.max_answer_tokens {
+        // The rest of the answer, sentence by sentence, each to TTS as soon as it is complete.
+        let mut spoken = 1;
+        while !answer.done && answer.tokens.len() < self.config.max_answer_tokens {
             let started = Instant::now();
-            let before = answer.tokens.len();
             let budget = self.config.max_answer_tokens - answer.tokens.len();
-            self.extend_with(continuation, prompt, &mut answer, &[], budget, false)?;
+            self.extend_with(
+                continuation,
+                prompt,
+                &mut answer,
+                &[],
+                budget,
+                Some(spoken + 1),
+            )?;
             clock.advance(started.elapsed());
-            timeline.push(event(
-                &clock,
-                self.generated_event(&answer.tokens[before..])?,
-            ));
+            let text = self.model.tokenizer.decode_text(&answer.tokens)?;
+            let complete = answer.done || answer.tokens.len() >= self.config.max_answer_tokens;
+            let (sentences, _) = split_sentences(&text, complete);
+            for sentence in sentences.iter().skip(spoken) {
+                let ready_at = clock.now() + tts.synthesize(sentence)?.first_audio_after;
+                timeline.push(event(
+                    &clock,
+                    EventKind::Sentence {
+                        text: sentence.clone(),
+                        ready_at,
+                    },
+                ));
+            }
+            spoken = spoken.max(sentences.len());
         }
         timeline.push(event(
             &clock,
@@ -638,7 +677,7 @@ impl<'m> PredGen<'m> {
         answer: &mut Answer,
         guess: &[u32],
         budget: usize,
-        until_first_sentence: bool,
+        until_sentences: Option<usize>,
     ) -> Result<Generation> {
         self.extend_with(
             self.config.continuation,
@@ -646,13 +685,13 @@ impl<'m> PredGen<'m> {
             answer,
             guess,
             budget,
-            until_first_sentence,
+            until_sentences,
         )
     }
 
     /// Generates up to `budget` tokens onto `answer` (greedy, by `continuation`), stopping at
-    /// an end token, a full context, or, with `until_first_sentence`, once the answer holds a
-    /// complete first sentence.
+    /// an end token, a full context, or, with `until_sentences: Some(n)`, once the answer holds
+    /// `n` complete sentences.
     fn extend_with(
         &mut self,
         continuation: Continuation,
@@ -660,19 +699,19 @@ impl<'m> PredGen<'m> {
         answer: &mut Answer,
         guess: &[u32],
         budget: usize,
-        until_first_sentence: bool,
+        until_sentences: Option<usize>,
     ) -> Result<Generation> {
         let context: Vec<u32> = prompt.iter().chain(&answer.tokens).copied().collect();
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
         let mut stop = StopConditions::new(budget).with_eos(end_tokens.iter().copied());
-        if until_first_sentence {
+        if let Some(wanted) = until_sentences {
             let tokenizer = self.model.tokenizer.clone();
             let before = answer.tokens.clone();
             stop = stop.with_predicate(move |generated| {
                 let tokens: Vec<u32> = before.iter().chain(generated).copied().collect();
                 tokenizer
                     .decode_text(&tokens)
-                    .is_ok_and(|text| first_sentence_end(&text, false).is_some())
+                    .is_ok_and(|text| split_sentences(&text, false).0.len() >= wanted)
             });
         }
         let target = &mut self.model.model;
