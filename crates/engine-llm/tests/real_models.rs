@@ -279,4 +279,11 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
     .unwrap();
     let turn = session.turn(&inputs[0], &mut tts).unwrap();
     assert!(!turn.first_sentence.is_empty());
+    let question = "What is the capital of France?";
+    assert!(session
+        .judge(question, "The capital of France is Paris.")
+        .unwrap());
+    assert!(!session
+        .judge(question, "Bananas are rich in potassium.")
+        .unwrap());
 }

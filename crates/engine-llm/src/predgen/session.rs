@@ -168,7 +168,7 @@ pub struct PredGen<'m> {
     model: &'m mut LanguageModel,
     draft: Option<&'m mut LanguageModel>,
     judge_cache: CacheState,
-    /// Present with the reflection verifier.
+    /// Built with the reflection verifier, or on the first [`PredGen::judge`].
     judge_tokens: Option<JudgeTokens>,
     config: PredGenConfig,
     history: Vec<Message>,
@@ -597,7 +597,7 @@ impl<'m> PredGen<'m> {
         let mut kept = verdict.accepted;
         let mut forwards = 1;
         let mut judged_yes = None;
-        if let Some(judge_tokens) = self.judge_tokens.clone() {
+        if self.config.verifier == Verifier::Reflection {
             // The judge is asked only when greedy verification loses part of the first
             // sentence: where greedy keeps it all, the judge could keep nothing more.
             if let Some(sentence_len) = self.first_sentence_tokens(&guess.tokens)? {
@@ -606,7 +606,7 @@ impl<'m> PredGen<'m> {
                         .model
                         .tokenizer
                         .decode_text(&guess.tokens[..sentence_len])?;
-                    let yes = self.judge(&judge_tokens, prompt_text, sentence.trim())?;
+                    let yes = self.judge(prompt_text, sentence.trim())?;
                     forwards += 1;
                     judged_yes = Some(yes);
                     if yes {
@@ -654,11 +654,20 @@ impl<'m> PredGen<'m> {
         Ok(None)
     }
 
-    /// The reflection verifier's question, in a cache of its own so that the conversation's
-    /// stays as it is.
-    fn judge(&mut self, answers: &JudgeTokens, prompt_text: &str, sentence: &str) -> Result<bool> {
+    /// The reflection verifier's question: is `answer` consistent with the (possibly partial)
+    /// `prompt`? P("yes") against P("no") after the paper's judge prompt, in one forward in a
+    /// cache of its own, so that the conversation's stays as it is.
+    pub fn judge(&mut self, prompt: &str, answer: &str) -> Result<bool> {
+        let answers = match &self.judge_tokens {
+            Some(answers) => answers.clone(),
+            None => {
+                let answers = JudgeTokens::new(&self.model.tokenizer)?;
+                self.judge_tokens = Some(answers.clone());
+                answers
+            }
+        };
         let question = format!(
-            "{JUDGE_PROMPT}\nPartial Prompt: {prompt_text}\nPartial Answer: {sentence}\n\
+            "{JUDGE_PROMPT}\nPartial Prompt: {prompt}\nPartial Answer: {answer}\n\
              Answer with yes or no."
         );
         let tokens = self.model.chat_prompt(&[Message::user(question)])?;
