@@ -371,6 +371,11 @@ impl<'m> PredGen<'m> {
             ));
         }
         let finish = Finish {
+            continuation: self.config.continuation,
+            question: final_input.text.clone(),
+            prompt,
+            clock,
+            timeline,
             input_end,
             forwards_to_first_sentence,
             prepared,
@@ -379,16 +384,7 @@ impl<'m> PredGen<'m> {
             guessed_at_end,
             kept_at_end: check.kept,
         };
-        self.finish_turn(
-            self.config.continuation,
-            &final_input.text,
-            &prompt,
-            answer,
-            clock,
-            timeline,
-            finish,
-            tts,
-        )
+        self.finish_turn(answer, finish, tts)
     }
 
     /// The plain cascade for comparison: wait for the final input, generate greedily, then
@@ -418,6 +414,11 @@ impl<'m> PredGen<'m> {
         clock.advance(started.elapsed());
         timeline.push(event(&clock, self.generated_event(&answer.tokens)?));
         let finish = Finish {
+            continuation: Continuation::Autoregressive,
+            question: final_input.text.clone(),
+            prompt,
+            clock,
+            timeline,
             input_end: final_input.at,
             forwards_to_first_sentence: gen.stats.target_forwards,
             prepared: None,
@@ -426,31 +427,24 @@ impl<'m> PredGen<'m> {
             guessed_at_end: 0,
             kept_at_end: 0,
         };
-        self.finish_turn(
-            Continuation::Autoregressive,
-            &final_input.text,
-            &prompt,
-            answer,
-            clock,
-            timeline,
-            finish,
-            tts,
-        )
+        self.finish_turn(answer, finish, tts)
     }
 
     /// After the first sentence: its audio, the rest of the answer, the history.
-    #[allow(clippy::too_many_arguments)]
     fn finish_turn(
         &mut self,
-        continuation: Continuation,
-        question: &str,
-        prompt: &[u32],
         mut answer: Answer,
-        mut clock: SimClock,
-        mut timeline: Vec<Event>,
         finish: Finish,
         tts: &mut dyn SentenceSynthesizer,
     ) -> Result<Turn> {
+        let Finish {
+            continuation,
+            question,
+            prompt,
+            mut clock,
+            mut timeline,
+            ..
+        } = finish;
         let first_at = clock.now();
         let text = self.model.tokenizer.decode_text(&answer.tokens)?;
         let first_sentence = match first_sentence_end(&text, answer.done) {
@@ -485,7 +479,7 @@ impl<'m> PredGen<'m> {
             let budget = self.config.max_answer_tokens - answer.tokens.len();
             self.extend_with(
                 continuation,
-                prompt,
+                &prompt,
                 &mut answer,
                 &[],
                 budget,
@@ -514,12 +508,12 @@ impl<'m> PredGen<'m> {
             },
         ));
         let answer_text = self.model.tokenizer.decode_text(&answer.tokens)?;
-        self.history.push(Message::user(question));
+        self.history.push(Message::user(question.clone()));
         self.history
             .push(Message::assistant(answer_text.trim().to_string()));
         timeline.sort_by_key(|e| e.at);
         Ok(Turn {
-            question: question.to_string(),
+            question,
             answer: answer_text.trim().to_string(),
             first_sentence,
             input_end: finish.input_end,
@@ -778,6 +772,12 @@ impl<'m> PredGen<'m> {
 
 /// What the end of a turn needs from its beginning.
 struct Finish {
+    /// How the rest of the answer is generated.
+    continuation: Continuation,
+    question: String,
+    prompt: Vec<u32>,
+    clock: SimClock,
+    timeline: Vec<Event>,
     input_end: Duration,
     forwards_to_first_sentence: usize,
     prepared: Option<PreparedAudio>,
