@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::acceptance::{Acceptance, DraftCheck};
-use spec_core::decoder::{common_prefix_len, forward_tokens};
 use spec_core::{
-    generate, speculative_generate, AcceptanceRule, Decoder, DraftLength, Generation, LogitRows,
-    SamplingConfig, SpeculativeConfig, StopConditions,
+    generate, speculative_generate, verify_continuation, AcceptanceRule, Decoder, DraftLength,
+    Generation, SamplingConfig, SpeculativeConfig, StopConditions,
 };
 
 use crate::error::{Error, Result};
@@ -74,23 +72,8 @@ pub fn decode_update<T: Decoder + ?Sized>(
             rule.validate()?;
             let room = target.max_len().saturating_sub(prompt.len());
             let draft = &draft[..draft.len().min(room).min(max_tokens)];
-            let context: Vec<u32> = prompt.iter().chain(draft).copied().collect();
-            // Keep the cached prefix, but recompute at least the last prompt token: its logits
-            // judge the first draft token.
-            let keep = common_prefix_len(target.cached_tokens(), &context).min(prompt.len() - 1);
-            target.truncate(keep)?;
-            let logits =
-                forward_tokens(target, &context[keep..], LogitRows::Last(draft.len() + 1))?;
+            let verdict = verify_continuation(target, prompt, draft, &rule)?;
             out.target_forwards += 1;
-            let verdict = rule.verify(
-                &DraftCheck {
-                    draft,
-                    target_logits: &logits,
-                    draft_probs: &[],
-                    sampling: &SamplingConfig::greedy(),
-                },
-                &mut StdRng::seed_from_u64(0),
-            )?;
             out.drafted = draft.len();
             // An end token inside the draft ends the output there.
             let kept = draft[..verdict.accepted]
@@ -105,7 +88,7 @@ pub fn decode_update<T: Decoder + ?Sized>(
                 tokens.push(verdict.next_token);
                 tokens.len() >= max_tokens
             };
-            // Roll back to what is kept (the next token is not in the cache yet).
+            // Roll back past an end token inside the draft (the next token is not cached yet).
             target.truncate(prompt.len() + kept)?;
             (tokens, finished)
         }
