@@ -55,6 +55,9 @@ pub fn run(args: &[String]) -> Result<()> {
         "--model",
         &model,
     ]);
+    // Short answers keep the demo to a minute or two on a 2-core CPU; the latency that
+    // matters, to the first sentence's audio, does not depend on it.
+    command.args(["--max-tokens", "96"]);
     for question in QUESTIONS {
         command.args(["--question", question]);
     }

@@ -5,7 +5,7 @@
 //! hits all of them alike.
 //!
 //! ```sh
-//! cargo run --release -p engine-llm --example bench_predgen -- [--questions 8 | --all] \
+//! cargo run --release -p engine-llm --example bench_predgen -- [--questions 4 | --all] \
 //!     [--model M] [--draft D] [--max-tokens N] [--rate CPM] [--json PATH] [--plot SVG]
 //! ```
 //!
@@ -97,7 +97,7 @@ fn parse_args() -> Result<Options> {
     let mut options = Options {
         model: "qwen2.5-coder-1.5b-instruct".into(),
         draft: "qwen2.5-coder-0.5b-instruct".into(),
-        count: Some(8),
+        count: Some(4),
         max_tokens: 64,
         rate: DEFAULT_CHARS_PER_MINUTE,
         json: None,
@@ -198,7 +198,7 @@ fn latency_svg(rows: &[(&str, Vec<f64>)], caption: &str) -> String {
     );
     let _ = writeln!(
         svg,
-        r#"<rect width="100%" height="100%" fill="white"/><text x="{left}" y="22" font-weight="bold">{caption}</text>"#
+        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-weight="bold">{caption}</text>"#
     );
     let mut tick = 0.0;
     while tick <= scale_max + 1e-9 {

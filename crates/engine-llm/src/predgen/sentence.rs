@@ -6,10 +6,10 @@
 //! after text without a terminator (a Markdown heading or list item) ends a sentence too.
 //!
 //! A `.` does not end a sentence after a common abbreviation (`Mr.`, `e.g.`, `etc.` in the middle
-//! of the text), after a single capital initial (`J. K. Rowling`) or a dotted initialism
+//! of the text), after initials in a run (`J. K. Rowling`) or a dotted initialism
 //! (`U.S.`), in a numbered-list marker (`1. ` at the start of a line), or between digits. While
 //! more text may follow, a `.` right after a digit at the end of the text is held back (it may be
-//! a decimal point), as is one after an abbreviation or an initial; after an ordinary word it
+//! a decimal point), as is one after an abbreviation or a single letter; after an ordinary word it
 //! ends the sentence at once, so that speech can start without waiting for the next token.
 //! A candidate sentence with no letter or digit (`...`, `!`) merges into the next one.
 
@@ -113,8 +113,18 @@ fn period_ends(text: &str, dot: usize, dot_is_last: bool, at_end: bool, complete
         .find(|&(_, c)| c.is_whitespace())
         .map_or(0, |(pos, c)| pos + c.len_utf8());
     let word = before[word_start..].trim_start_matches(is_opener);
-    let next = text[dot + 1..].trim_start().chars().next();
-    if is_abbreviation(word, next, at_end) || is_initial(word, at_end) {
+    let next_word = text[dot + 1..]
+        .trim_start()
+        .split(char::is_whitespace)
+        .next()
+        .unwrap_or_default();
+    let previous_word = text[..word_start]
+        .trim_end()
+        .rsplit(char::is_whitespace)
+        .next()
+        .unwrap_or_default();
+    let next = next_word.chars().next();
+    if is_abbreviation(word, next, at_end) || is_initial(word, previous_word, next_word, at_end) {
         return false;
     }
     let numeric = !word.is_empty() && word.chars().all(|c| c.is_ascii_digit());
@@ -136,12 +146,21 @@ fn is_abbreviation(word: &str, next: Option<char>, at_end: bool) -> bool {
     word == "No" && (at_end || next.is_some_and(|c| c.is_ascii_digit()))
 }
 
-/// Whether `word` is a single capital initial (`J`), a dotted initialism (`U.S`, `e.g`), or,
-/// when nothing has followed it yet (`at_end`), any single letter (the `i` of `i.e.`).
-fn is_initial(word: &str, at_end: bool) -> bool {
+/// Whether `word` is an initial in a run of initials (`J` in `J. K. Rowling`, with a `previous`
+/// or `next` word that is one too), a dotted initialism (`U.S`, `e.g`), or, when nothing has
+/// followed it yet (`at_end`), any single letter (the `i` of `i.e.`, or the first of a run). A
+/// lone capital is a sentence's last word more often than a name's initial in an assistant's
+/// answers ("A is the grandfather of C. Therefore …", "vitamin C. It …").
+fn is_initial(word: &str, previous: &str, next: &str, at_end: bool) -> bool {
+    let single_capital = |w: &str| {
+        let mut chars = w.chars();
+        matches!((chars.next(), chars.next()), (Some(c), None) if c.is_uppercase())
+    };
     let mut chars = word.chars();
     if let (Some(c), None) = (chars.next(), chars.next()) {
-        return c.is_uppercase() || (at_end && c.is_alphabetic());
+        let in_run = |w: &str| w.strip_suffix('.').is_some_and(single_capital);
+        return (c.is_uppercase() && (in_run(previous) || in_run(next)))
+            || (at_end && c.is_alphabetic());
     }
     word.contains('.')
         && word.split('.').all(|part| {
@@ -293,6 +312,18 @@ mod tests {
         assert_eq!(first_sentence_end("Blue light, i.e", false), None);
         assert_eq!(first_sentence_end("Blue light, i.e.", false), None);
         assert_eq!(first_sentence_end("Plan a. Then", false), Some(7));
+        // A lone capital ends a sentence once the next word shows it is not a run of initials.
+        assert_eq!(
+            sentences("A is the father of C. Therefore, A is older. Take vitamin C. It helps."),
+            [
+                "A is the father of C.",
+                "Therefore, A is older.",
+                "Take vitamin C.",
+                "It helps."
+            ]
+        );
+        assert_eq!(first_sentence_end("The father of C.", false), None);
+        assert_eq!(first_sentence_end("The father of C. The", false), Some(16));
     }
 
     #[test]
