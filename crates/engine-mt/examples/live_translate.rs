@@ -1,4 +1,5 @@
-//! Shows a live caption as the source grows: each update's display, with what SSBD kept.
+//! Shows a live caption as the source grows: each update's display, with what SSBD kept. The
+//! final update of a sentence is verified without bias unless `--biased-final` is given.
 //!
 //! ```sh
 //! cargo run --release -p engine-mt --example live-translate -- --to German \
@@ -16,9 +17,9 @@ use engine_mt::{
 const USAGE: &str = "usage: live-translate [--model NAME|PATH] [--to LANGUAGE] [--from LANGUAGE]
     (--sentence TEXT [--lag K] | --partials FILE)
     [--beta B | --autoregressive] [--mask-display K | --mask-draft K | --no-mask]
-    [--assistant NAME|PATH] [--max-tokens N]
+    [--biased-final] [--assistant NAME|PATH] [--max-tokens N]
 defaults: --model qwen2.5-coder-1.5b-instruct --to German --from English --lag 3 --beta 0.2
-          --mask-display 3";
+          --mask-display 3, final updates verified with β = 0 (--biased-final: with β too)";
 
 fn main() -> Result<()> {
     let mut model_name = "qwen2.5-coder-1.5b-instruct".to_string();
@@ -48,6 +49,7 @@ fn main() -> Result<()> {
             "--mask-display" => config.masking = Masking::Display(value()?.parse()?),
             "--mask-draft" => config.masking = Masking::Draft(value()?.parse()?),
             "--no-mask" => config.masking = Masking::None,
+            "--biased-final" => config.unbiased_final = false,
             "--max-tokens" => config.max_tokens = value()?.parse()?,
             "--help" | "-h" => {
                 println!("{USAGE}");
@@ -73,8 +75,12 @@ fn main() -> Result<()> {
         live = live.with_assistant(assistant)?;
     }
     println!(
-        "{model_name}: {} → {}, {:?}, {:?}\n",
-        config.task.source_language, config.task.target_language, config.decoding, config.masking
+        "{model_name}: {} → {}, {:?}, {:?}, final update {:?}\n",
+        config.task.source_language,
+        config.task.target_language,
+        config.decoding,
+        config.masking,
+        config.decoding_for(true)
     );
     let mut summary = StreamSummary::default();
     for updates in &sentences {

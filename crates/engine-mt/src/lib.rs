@@ -10,7 +10,9 @@
 //! - [`ssbd::decode_update`]: the algorithm on any `spec_core::Decoder` (β = 0 is exactly
 //!   greedy re-translation), optionally with a draft model after the divergence point.
 //! - [`LiveTranslator`]: the streaming API over a `LanguageModel`: feed [`SourceUpdate`]s, get
-//!   each update's output, what to display (display-only mask-k) and its counters.
+//!   each update's output, what to display (display-only mask-k) and its counters. By default
+//!   the final update of a sentence is verified without bias ([`LiveConfig::unbiased_final`]),
+//!   so the committed caption is exactly autoregressive re-translation's.
 //! - [`stream`]: lag-k reveals and replays of partial transcripts; [`metrics`]: normalized
 //!   erasure and chrF.
 //!

@@ -73,11 +73,20 @@ pub struct LiveConfig {
     pub max_tokens: usize,
     /// Draft length of the assistant model, when one is attached.
     pub assistant_gamma: usize,
+    /// Verify the final update of a sentence without bias: with `Ssbd { beta }`, the final
+    /// update is decoded with `Ssbd { beta: 0.0 }`, still drafted by the previous output (so it
+    /// stays fast), while the non-final updates keep β. The bias then only steadies the partial
+    /// captions, and the committed translation is exactly autoregressive re-translation's. Off,
+    /// the final update is biased too (the paper's setting) and may keep earlier phrasings the
+    /// model would revise. No effect on [`Decoding::Autoregressive`].
+    pub unbiased_final: bool,
 }
 
 impl LiveConfig {
-    /// English → `target_language` with SSBD at the paper's default β = 0.2 and display-only
-    /// mask-3.
+    /// English → `target_language` with SSBD at the paper's default β = 0.2, display-only
+    /// mask-3, and an unbiased final update: the bias steadies what is shown while the sentence
+    /// grows, but the committed caption is exactly the model's own translation of the whole
+    /// sentence (what autoregressive re-translation gives), never a stale phrasing the bias kept.
     pub fn new(target_language: impl Into<String>) -> Self {
         LiveConfig {
             task: TranslationTask::new("English", target_language),
@@ -85,6 +94,18 @@ impl LiveConfig {
             masking: Masking::Display(3),
             max_tokens: 128,
             assistant_gamma: 3,
+            unbiased_final: true,
+        }
+    }
+
+    /// How an update is decoded: [`LiveConfig::decoding`], except that a final update under
+    /// SSBD is verified with β = 0 when [`LiveConfig::unbiased_final`] is set.
+    pub fn decoding_for(&self, is_final: bool) -> Decoding {
+        match self.decoding {
+            Decoding::Ssbd { .. } if is_final && self.unbiased_final => {
+                Decoding::Ssbd { beta: 0.0 }
+            }
+            ref decoding => decoding.clone(),
         }
     }
 
@@ -171,7 +192,7 @@ impl<'m> LiveTranslator<'m> {
             assistant,
             &prompt,
             draft,
-            &self.config.decoding,
+            &self.config.decoding_for(update.is_final),
             self.model.tokenizer.end_tokens(),
             self.config.max_tokens,
         )?;

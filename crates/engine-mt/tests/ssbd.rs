@@ -1,5 +1,6 @@
 //! SSBD against the mock decoder: β = 0 is exactly greedy re-translation whatever the draft and
-//! cache state; β > 0 only ever keeps draft tokens the bias allows, then continues greedily.
+//! cache state; β > 0 only ever keeps draft tokens the bias allows, then continues greedily; with
+//! an unbiased final update a sentence's committed output is exactly greedy re-translation's.
 
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -8,7 +9,7 @@ use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{generate, Decoder, SamplingConfig, StopConditions};
 
-use engine_mt::{decode_update, Decoding, Error};
+use engine_mt::{decode_update, Decoding, Error, LiveConfig, Masking};
 
 const END: u32 = 0;
 
@@ -43,6 +44,44 @@ fn ssbd(
         max_tokens,
     )
     .unwrap()
+}
+
+/// One sentence's outputs the way `LiveTranslator` produces them, on one decoder: update `i`
+/// decodes `source[..ends[i]]` (the last update is final) with `config.decoding_for(is_final)`,
+/// drafted by the previous output less the mask-k tail.
+fn sentence(
+    config: &LiveConfig,
+    model: &mut MockDecoder,
+    source: &[u32],
+    ends: &[usize],
+) -> Vec<Vec<u32>> {
+    let mut previous: Vec<u32> = Vec::new();
+    let mut outputs = Vec::new();
+    for (i, &end) in ends.iter().enumerate() {
+        let is_final = i + 1 == ends.len();
+        let keep = match config.masking {
+            Masking::Draft(k) => previous.len().saturating_sub(k),
+            _ => previous.len(),
+        };
+        let out = decode_update(
+            model,
+            None,
+            &source[..end],
+            &previous[..keep],
+            &config.decoding_for(is_final),
+            &[END],
+            config.max_tokens,
+        )
+        .unwrap();
+        previous = out.tokens.clone();
+        outputs.push(out.tokens);
+    }
+    outputs
+}
+
+/// Update ends of a lag-3 reveal of `len` source tokens.
+fn lag_3_ends(len: usize) -> Vec<usize> {
+    (1..=len.div_ceil(3)).map(|i| (3 * i).min(len)).collect()
 }
 
 fn tokens(vocab: u32) -> impl Strategy<Value = Vec<u32>> {
@@ -120,6 +159,105 @@ proptest! {
             previous = out.tokens;
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// With an unbiased final update, whatever β, masking and source, a sentence's final output
+    /// is greedy re-translation's, and every partial output is what the biased setting gives.
+    #[test]
+    fn an_unbiased_final_update_commits_autoregressive_retranslation(
+        seed in 0u64..1000,
+        source in prop::collection::vec(1u32..40, 1..20),
+        beta in 0.0f32..=1.0,
+        masking in prop::sample::select(vec![Masking::None, Masking::Draft(3), Masking::Display(3)]),
+    ) {
+        let mock = MockConfig { sharpness: 1.0, ..MockConfig::target(40, seed) };
+        let ends = lag_3_ends(source.len());
+        let config = LiveConfig {
+            decoding: Decoding::Ssbd { beta },
+            masking,
+            max_tokens: 12,
+            ..LiveConfig::new("German")
+        };
+        prop_assert!(config.unbiased_final);
+        let unbiased = sentence(&config, &mut MockDecoder::new(mock.clone()), &source, &ends);
+        let biased = sentence(
+            &LiveConfig { unbiased_final: false, ..config.clone() },
+            &mut MockDecoder::new(mock.clone()),
+            &source,
+            &ends,
+        );
+        let ar = sentence(
+            &LiveConfig { decoding: Decoding::Autoregressive, ..config.clone() },
+            &mut MockDecoder::new(mock.clone()),
+            &source,
+            &ends,
+        );
+        prop_assert_eq!(unbiased.last(), ar.last());
+        prop_assert_eq!(unbiased.last().unwrap(), &greedy(&mock, &source, 12));
+        prop_assert_eq!(&unbiased[..ends.len() - 1], &biased[..ends.len() - 1]);
+    }
+}
+
+#[test]
+fn only_the_final_update_of_ssbd_loses_its_bias() {
+    let config = LiveConfig::new("German");
+    assert!(config.unbiased_final);
+    assert_eq!(config.decoding_for(false), Decoding::Ssbd { beta: 0.2 });
+    assert_eq!(config.decoding_for(true), Decoding::Ssbd { beta: 0.0 });
+    let paper = LiveConfig {
+        unbiased_final: false,
+        ..config.clone()
+    };
+    assert_eq!(paper.decoding_for(true), Decoding::Ssbd { beta: 0.2 });
+    let ar = LiveConfig {
+        decoding: Decoding::Autoregressive,
+        ..config
+    };
+    assert_eq!(ar.decoding_for(true), Decoding::Autoregressive);
+    assert_eq!(ar.decoding_for(false), Decoding::Autoregressive);
+}
+
+/// A strong bias keeps the draft in the final update unless that update is unbiased, and the
+/// unbiased final update still verifies the previous output as its draft.
+#[test]
+fn a_biased_final_update_keeps_what_re_translation_would_revise() {
+    let mock = MockConfig::target(40, 5);
+    let source: Vec<u32> = (0..12).map(|i| 1 + (i * 7) % 39).collect();
+    let ends = lag_3_ends(source.len());
+    let config = LiveConfig {
+        decoding: Decoding::Ssbd { beta: 0.9 },
+        masking: Masking::None,
+        max_tokens: 12,
+        ..LiveConfig::new("German")
+    };
+    let ar = greedy(&mock, &source, 12);
+    let unbiased = sentence(&config, &mut MockDecoder::new(mock.clone()), &source, &ends);
+    assert_eq!(unbiased.last().unwrap(), &ar);
+    let biased = sentence(
+        &LiveConfig {
+            unbiased_final: false,
+            ..config.clone()
+        },
+        &mut MockDecoder::new(mock.clone()),
+        &source,
+        &ends,
+    );
+    assert_ne!(biased.last().unwrap(), &ar);
+    assert_eq!(biased[..ends.len() - 1], unbiased[..ends.len() - 1]);
+
+    let before_final = &unbiased[ends.len() - 2];
+    let out = ssbd(
+        &mut MockDecoder::new(mock.clone()),
+        &source,
+        before_final,
+        0.0,
+        12,
+    );
+    assert_eq!(out.tokens, ar);
+    assert_eq!(out.drafted, before_final.len().min(12));
 }
 
 #[test]
