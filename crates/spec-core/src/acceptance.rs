@@ -36,16 +36,15 @@ pub struct DraftCheck<'a> {
     pub sampling: &'a SamplingConfig,
 }
 
-impl DraftCheck<'_> {
-    fn check_shapes(&self) -> Result<()> {
-        if self.target_logits.len() != self.draft.len() + 1 {
-            return Err(Error::LogitsShape {
-                got: vec![self.target_logits.len()],
-                expected: format!("{} target rows (draft length + 1)", self.draft.len() + 1),
-            });
-        }
-        Ok(())
+/// Fails unless there is one row of target logits per draft token and one after the last.
+fn check_target_rows(draft: &[u32], target_logits: &Logits) -> Result<()> {
+    if target_logits.len() != draft.len() + 1 {
+        return Err(Error::LogitsShape {
+            got: vec![target_logits.len()],
+            expected: format!("{} target rows (draft length + 1)", draft.len() + 1),
+        });
     }
+    Ok(())
 }
 
 /// A way of deciding which draft tokens the target keeps.
@@ -61,9 +60,16 @@ pub trait Acceptance {
 
     /// Verifies a linear draft: the longest accepted prefix, then the target's next token.
     fn verify(&self, check: &DraftCheck<'_>, _rng: &mut dyn RngCore) -> Result<Verdict> {
-        check.check_shapes()?;
+        self.verify_by_judging(check.draft, check.target_logits)
+    }
+
+    /// Verifies a linear draft token by token with [`Acceptance::judge`], without randomness or
+    /// draft probabilities (`target_logits`: `draft.len() + 1` rows, as in [`DraftCheck`]);
+    /// [`Error::Unsupported`] for rules that cannot judge token by token.
+    fn verify_by_judging(&self, draft: &[u32], target_logits: &Logits) -> Result<Verdict> {
+        check_target_rows(draft, target_logits)?;
         let mut accepted = 0;
-        for (&token, logits) in check.draft.iter().zip(check.target_logits.rows()) {
+        for (&token, logits) in draft.iter().zip(target_logits.rows()) {
             match self.judge(token, logits) {
                 Some(true) => accepted += 1,
                 Some(false) => break,
@@ -72,7 +78,7 @@ pub trait Acceptance {
         }
         Ok(Verdict {
             accepted,
-            next_token: self.correction(check.target_logits.row(accepted)),
+            next_token: self.correction(target_logits.row(accepted)),
         })
     }
 
@@ -139,7 +145,7 @@ impl Acceptance for SpeculativeSampling {
     }
 
     fn verify(&self, check: &DraftCheck<'_>, rng: &mut dyn RngCore) -> Result<Verdict> {
-        check.check_shapes()?;
+        check_target_rows(check.draft, check.target_logits)?;
         if check.draft_probs.len() != check.draft.len() {
             return Err(Error::InvalidConfig(format!(
                 "speculative sampling needs the draft's distribution for each of the {} draft \

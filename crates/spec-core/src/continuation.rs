@@ -6,13 +6,9 @@
 //! prompt not yet cached, followed by the whole previous output, is at once the prefill of the
 //! new prompt and the verification of every output token.
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-
-use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
+use crate::acceptance::{Acceptance, AcceptanceRule, Verdict};
 use crate::decoder::{common_prefix_len, forward_tokens, Decoder, LogitRows};
 use crate::logits::Logits;
-use crate::sampling::SamplingConfig;
 use crate::{Error, Result};
 
 /// Forwards `prompt` (reusing the longest cached prefix, but always recomputing its last token)
@@ -57,25 +53,19 @@ pub fn verify_continuation<D: Decoder + ?Sized>(
         ));
     }
     let logits = forward_continuation(model, prompt, previous)?;
-    let verdict = rule.verify(
-        &DraftCheck {
-            draft: previous,
-            target_logits: &logits,
-            draft_probs: &[],
-            sampling: &SamplingConfig::greedy(),
-        },
-        // Deterministic rules draw nothing.
-        &mut StdRng::seed_from_u64(0),
-    )?;
+    let verdict = rule.verify_by_judging(previous, &logits)?;
     model.truncate(prompt.len() + verdict.accepted)?;
     Ok(verdict)
 }
 
 #[cfg(test)]
 mod tests {
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
     use super::*;
     use crate::mock::{MockConfig, MockDecoder};
-    use crate::{generate, StopConditions};
+    use crate::{generate, SamplingConfig, StopConditions};
 
     fn greedy_output(config: &MockConfig, prompt: &[u32], n: usize) -> Vec<u32> {
         let mut model = MockDecoder::new(config.clone());

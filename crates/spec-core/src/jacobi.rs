@@ -9,13 +9,10 @@
 
 use std::time::Instant;
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-
-use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
+use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::decoder::{forward_tokens, Decoder, LogitRows};
 use crate::generate::{prefill, Generation, Output, StopConditions};
-use crate::sampling::{argmax, SamplingConfig};
+use crate::sampling::argmax;
 use crate::stats::{DecodeStats, StepRecord};
 use crate::{Error, Result};
 
@@ -71,15 +68,7 @@ pub fn jacobi_generate<D: Decoder + ?Sized>(
             .collect();
         let rows = forward_tokens(model, &input, LogitRows::All)?;
         stats.target_forwards += 1;
-        let verdict = greedy.verify(
-            &DraftCheck {
-                draft: &draft,
-                target_logits: &rows,
-                draft_probs: &[],
-                sampling: &SamplingConfig::greedy(),
-            },
-            &mut StdRng::seed_from_u64(0),
-        )?;
+        let verdict = greedy.verify_by_judging(&draft, &rows)?;
         model.truncate(cached + 1 + verdict.accepted)?;
         stats.target_time += t0.elapsed();
         stats.steps.push(StepRecord {

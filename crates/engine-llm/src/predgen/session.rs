@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::acceptance::{Acceptance, DraftCheck};
+use spec_core::acceptance::Acceptance;
 use spec_core::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
@@ -579,15 +579,7 @@ impl<'m> PredGen<'m> {
             Verifier::TopK(k) => AcceptanceRule::top_k(k),
             Verifier::Greedy | Verifier::Reflection => AcceptanceRule::greedy(),
         };
-        let verdict = rule.verify(
-            &DraftCheck {
-                draft: &guess.tokens,
-                target_logits: &logits,
-                draft_probs: &[],
-                sampling: &SamplingConfig::greedy(),
-            },
-            &mut StdRng::seed_from_u64(0),
-        )?;
+        let verdict = rule.verify_by_judging(&guess.tokens, &logits)?;
         let mut kept = verdict.accepted;
         let mut forwards = 1;
         let mut judged_yes = None;
