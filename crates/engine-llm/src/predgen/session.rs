@@ -446,10 +446,10 @@ impl<'m> PredGen<'m> {
             ..
         } = finish;
         let first_at = clock.now();
-        let text = self.model.tokenizer.decode_text(&answer.tokens)?;
-        let first_sentence = match first_sentence_end(&text, answer.done) {
-            Some(end) => text[..end].trim().to_string(),
-            None => text.trim().to_string(),
+        // An answer cut off before its first sentence ends is spoken whole.
+        let first_sentence = match self.first_sentence(&answer)? {
+            Some(sentence) => sentence,
+            None => self.answer_text(&answer)?,
         };
         timeline.push(event(
             &clock,
@@ -507,14 +507,13 @@ impl<'m> PredGen<'m> {
                 tokens: answer.tokens.len(),
             },
         ));
-        let answer_text = self.model.tokenizer.decode_text(&answer.tokens)?;
+        let answer_text = self.answer_text(&answer)?;
         self.history.push(Message::user(question.clone()));
-        self.history
-            .push(Message::assistant(answer_text.trim().to_string()));
+        self.history.push(Message::assistant(answer_text.clone()));
         timeline.sort_by_key(|e| e.at);
         Ok(Turn {
             question,
-            answer: answer_text.trim().to_string(),
+            answer: answer_text,
             first_sentence,
             input_end: finish.input_end,
             time_to_first_sentence: first_at - finish.input_end,
@@ -557,6 +556,16 @@ impl<'m> PredGen<'m> {
             }));
         }
         Ok(prompt)
+    }
+
+    /// The text of `answer`, trimmed.
+    fn answer_text(&self, answer: &Answer) -> Result<String> {
+        Ok(self
+            .model
+            .tokenizer
+            .decode_text(&answer.tokens)?
+            .trim()
+            .to_string())
     }
 
     /// The first complete sentence of `answer`, if it has one.
