@@ -82,7 +82,12 @@ pub fn decode_update<T: Decoder + ?Sized>(
                 .unwrap_or(verdict.accepted);
             out.accepted = kept;
             let mut tokens = draft[..kept].to_vec();
-            let finished = if kept < verdict.accepted || is_end(&verdict.next_token) {
+            // The model's next token is added only while the budget has room: a draft kept
+            // whole may already fill it.
+            let finished = if kept < verdict.accepted
+                || tokens.len() >= max_tokens
+                || is_end(&verdict.next_token)
+            {
                 true
             } else {
                 tokens.push(verdict.next_token);

@@ -88,6 +88,26 @@ fn tokens(vocab: u32) -> impl Strategy<Value = Vec<u32>> {
     prop::collection::vec(1..vocab, 1..12)
 }
 
+/// A draft the model keeps whole that already fills the token budget is the whole output: the
+/// model's next token is not added past the budget (a case proptest found).
+#[test]
+fn a_kept_draft_that_fills_the_budget_is_the_whole_output() {
+    let prompt = [1, 1, 1, 1, 1, 1, 1, 1, 32, 37, 15];
+    let config = MockConfig::target(40, 46);
+    for max_tokens in 1..4 {
+        let expected = greedy(&config, &prompt, max_tokens);
+        let mut model = MockDecoder::new(config.clone());
+        let out = ssbd(&mut model, &prompt, &expected, 0.0, max_tokens);
+        assert_eq!(out.tokens, expected);
+        assert_eq!(
+            expected.len(),
+            max_tokens,
+            "the greedy output fills the budget"
+        );
+        assert_eq!(out.accepted, max_tokens);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
