@@ -1,0 +1,76 @@
+//! Activations quantized to signed bytes, once per matmul, for integer dot products.
+//!
+//! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
+//! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
+//! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4), which the
+//! kernels need for the formats whose quants carry an offset or a minimum.
+
+/// A batch of quantized token rows.
+pub(crate) struct QuantizedTokens {
+    pub cols: usize,
+    /// Values per scale (32 or 256).
+    pub block: usize,
+    /// `tokens × cols / block` scales.
+    pub scales: Vec<f32>,
+    /// `tokens × cols` quants.
+    pub quants: Vec<i8>,
+    /// `tokens × cols / 4` lane sums.
+    pub lane_sums: Vec<i32>,
+    /// `tokens × cols / 32` sums of each group of 32 quants.
+    pub group_sums: Vec<i32>,
+}
+
+impl QuantizedTokens {
+    /// Quantizes `tokens` rows of `cols` values (`cols` a multiple of `block`).
+    pub fn new(x: &[f32], tokens: usize, cols: usize, block: usize) -> Self {
+        debug_assert_eq!(x.len(), tokens * cols);
+        debug_assert_eq!(cols % block, 0);
+        let mut scales = Vec::with_capacity(x.len() / block);
+        let mut quants = vec![0i8; x.len()];
+        for (values, out) in x.chunks_exact(block).zip(quants.chunks_exact_mut(block)) {
+            let max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = max / 127.0;
+            let inverse = if max > 0.0 { 127.0 / max } else { 0.0 };
+            for (q, &v) in out.iter_mut().zip(values) {
+                *q = (v * inverse).round().clamp(-127.0, 127.0) as i8;
+            }
+            scales.push(scale);
+        }
+        let lane_sums: Vec<i32> = quants
+            .chunks_exact(4)
+            .map(|lane| lane.iter().map(|&q| q as i32).sum())
+            .collect();
+        let group_sums = lane_sums.chunks_exact(8).map(|g| g.iter().sum()).collect();
+        Self {
+            cols,
+            block,
+            scales,
+            quants,
+            lane_sums,
+            group_sums,
+        }
+    }
+
+    /// Token `t`'s quants.
+    pub fn quants_of(&self, t: usize) -> &[i8] {
+        &self.quants[t * self.cols..(t + 1) * self.cols]
+    }
+
+    /// Token `t`'s scales, one per block.
+    pub fn scales_of(&self, t: usize) -> &[f32] {
+        let per = self.cols / self.block;
+        &self.scales[t * per..(t + 1) * per]
+    }
+
+    /// Token `t`'s lane sums, 8 per group of 32.
+    pub fn lane_sums_of(&self, t: usize) -> &[i32] {
+        let per = self.cols / 4;
+        &self.lane_sums[t * per..(t + 1) * per]
+    }
+
+    /// Token `t`'s group sums, one per group of 32.
+    pub fn group_sums_of(&self, t: usize) -> &[i32] {
+        let per = self.cols / 32;
+        &self.group_sums[t * per..(t + 1) * per]
+    }
+}

@@ -1,0 +1,279 @@
+//! # spec-kernels
+//!
+//! Quantized matrix × token-batch products for GGUF weights on CPUs, written for decoding
+//! (one token) and speculative verification (2–32 tokens): every weight block is read once
+//! per batch and unpacked once, then met by every token of the batch.
+//!
+//! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]), in ggml's own block layout, so
+//!   weights are used as the file stores them.
+//! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd` on 256-bit registers), AVX2 + FMA,
+//!   and portable Rust, chosen at run time. All three give **bit-identical** results: integer
+//!   dot products are exact, and the float arithmetic after them is the same sequence of
+//!   fused multiply-adds in every path (see [`portable`](crate::portable) for the contract).
+//! - **Batch-invariant**: a token's result does not depend on how many tokens share the call
+//!   or on how rows are split among threads, so verifying k draft tokens in one forward gives
+//!   each exactly the logits decoding it alone gives (lossless greedy speculation needs this).
+//! - Activations are quantized to 8 bits per block of 32 (K-quants: 256) values, as llama.cpp
+//!   does.
+//!
+//! ```
+//! use spec_kernels::{Format, QMatrix};
+//! // A 2 × 32 Q8_0 matrix: per row an f16 scale (1.0) and 32 signed bytes.
+//! let mut bytes = Vec::new();
+//! for row in 0..2i8 {
+//!     bytes.extend(half::f16::from_f32(1.0).to_le_bytes());
+//!     bytes.extend((0..32).map(|i| (row + 1) as u8 * (i % 3) as u8));
+//! }
+//! let w = QMatrix::new(Format::Q8_0, 2, 32, bytes).unwrap();
+//! let x = vec![1.0f32; 32];
+//! let mut y = vec![0f32; 2];
+//! w.matmul(&x, 1, &mut y).unwrap();
+//! assert_eq!(y, [31.0, 62.0]);
+//! ```
+
+mod activations;
+mod formats;
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use rayon::prelude::*;
+
+use crate::activations::QuantizedTokens;
+pub use crate::formats::{dequantize_block, Format};
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("a {format:?} row of {cols} weights is not a whole number of {block}-weight blocks")]
+    RaggedRow {
+        format: Format,
+        cols: usize,
+        block: usize,
+    },
+    #[error("{what} holds {got} bytes or values, {expected} expected")]
+    WrongLength {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+    #[error("the {0:?} instruction set is not available on this CPU")]
+    Unsupported(Isa),
+}
+
+/// An instruction set the kernels can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// AVX2, FMA, AVX-512 VL and VNNI: `vpdpbusd` on 256-bit registers.
+    Avx512Vnni,
+    /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// Plain Rust.
+    Portable,
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU has (detected once).
+    pub fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            Isa::all()
+                .into_iter()
+                .find(|isa| isa.available())
+                .unwrap_or(Isa::Portable)
+        })
+    }
+
+    /// Every instruction set, fastest first.
+    pub fn all() -> [Isa; 3] {
+        [Isa::Avx512Vnni, Isa::Avx2, Isa::Portable]
+    }
+
+    /// Whether this CPU can run it.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::has_avx512_vnni(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// A quantized weight matrix `[rows, cols]` in a GGUF block format (rows are outputs).
+#[derive(Clone, Debug)]
+pub struct QMatrix {
+    format: Format,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl QMatrix {
+    /// Wraps ggml-layout bytes: `rows` rows of `cols / block_len` blocks each.
+    pub fn new(
+        format: Format,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, KernelError> {
+        if cols == 0 || cols % format.block_len() != 0 {
+            return Err(KernelError::RaggedRow {
+                format,
+                cols,
+                block: format.block_len(),
+            });
+        }
+        let expected = rows * format.row_bytes(cols);
+        if data.len() != expected {
+            return Err(KernelError::WrongLength {
+                what: "the weight data",
+                got: data.len(),
+                expected,
+            });
+        }
+        Ok(Self {
+            format,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The raw block bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.format.row_bytes(self.cols);
+        &self.data[r * n..(r + 1) * n]
+    }
+
+    /// Row `r` dequantized (`cols` values), e.g. an embedding lookup.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.rows {
+            return Err(KernelError::WrongLength {
+                what: "the row index",
+                got: r,
+                expected: self.rows,
+            });
+        }
+        check_len("the output row", out.len(), self.cols)?;
+        let (len, bytes) = (self.format.block_len(), self.format.block_bytes());
+        for (block, out) in self
+            .row(r)
+            .chunks_exact(bytes)
+            .zip(out.chunks_exact_mut(len))
+        {
+            dequantize_block(self.format, block, out);
+        }
+        Ok(())
+    }
+
+    /// `out[t, r] = Σ_c self[r, c] · x[t, c]` for `tokens` rows of `x` (`[tokens, cols]`,
+    /// row-major; `out` is `[tokens, rows]`), with the fastest instruction set and the rayon
+    /// thread pool.
+    pub fn matmul(&self, x: &[f32], tokens: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_with(Isa::best(), x, tokens, out)
+    }
+
+    /// [`QMatrix::matmul`] with a chosen instruction set.
+    pub fn matmul_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        if !isa.available() {
+            return Err(KernelError::Unsupported(isa));
+        }
+        check_len("the input", x.len(), tokens * self.cols)?;
+        check_len("the output", out.len(), tokens * self.rows)?;
+        if tokens == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        let block = match self.format {
+            Format::Q4K | Format::Q6K => 256,
+            _ => 32,
+        };
+        // Token chunks bound the activations one row meets to what stays in L1/L2.
+        let mut by_row = vec![0f32; self.rows * tokens];
+        for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
+            let n = MAX_TOKENS_PER_PASS.min(tokens - first);
+            let acts = QuantizedTokens::new(
+                &x[first * self.cols..(first + n) * self.cols],
+                n,
+                self.cols,
+                block,
+            );
+            let mut pass = vec![0f32; self.rows * n];
+            let rows_per_task =
+                ROWS_PER_TASK.max(self.rows.div_ceil(4 * rayon::current_num_threads()));
+            pass.par_chunks_mut(rows_per_task * n)
+                .enumerate()
+                .for_each(|(task, out)| {
+                    let first_row = task * rows_per_task;
+                    for (i, out) in out.chunks_exact_mut(n).enumerate() {
+                        self.row_dot(isa, first_row + i, &acts, out);
+                    }
+                });
+            for (r, values) in pass.chunks_exact(n).enumerate() {
+                for (t, &v) in values.iter().enumerate() {
+                    by_row[r * tokens + first + t] = v;
+                }
+            }
+        }
+        for (r, values) in by_row.chunks_exact(tokens).enumerate() {
+            for (t, &v) in values.iter().enumerate() {
+                out[t * self.rows + r] = v;
+            }
+        }
+        Ok(())
+    }
+
+    fn row_dot(&self, isa: Isa, r: usize, acts: &QuantizedTokens, out: &mut [f32]) {
+        let row = self.row(r);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni | Isa::Avx2 => x86::row_dot(isa, self.format, row, acts, out),
+            _ => portable::row_dot(self.format, row, acts, out),
+        }
+    }
+}
+
+/// Tokens quantized and multiplied in one pass over the weights.
+const MAX_TOKENS_PER_PASS: usize = 64;
+/// The fewest rows a thread takes at a time.
+const ROWS_PER_TASK: usize = 16;
+
+fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(KernelError::WrongLength {
+            what,
+            got,
+            expected,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! Every kernel against a plain reference, on random blocks of every format and odd sizes.
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::activations::QuantizedTokens;
+use crate::{dequantize_block, Format, Isa, KernelError, QMatrix};
+
+/// Random blocks: every quant and scale byte random, f16 scale fields finite and moderate.
+fn random_matrix(format: Format, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
+    let blocks = rows * cols / format.block_len();
+    let mut data = Vec::with_capacity(blocks * format.block_bytes());
+    for _ in 0..blocks {
+        let mut block: Vec<u8> = (0..format.block_bytes()).map(|_| rng.random()).collect();
+        let scale_fields: &[usize] = match format {
+            Format::Q4_1 | Format::Q4K => &[0, 2],
+            Format::Q6K => &[208],
+            _ => &[0],
+        };
+        for &at in scale_fields {
+            let v = half::f16::from_f32(rng.random_range(-0.05f32..0.05));
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        data.extend(block);
+    }
+    QMatrix::new(format, rows, cols, data).unwrap()
+}
+
+fn random_input(tokens: usize, cols: usize, rng: &mut StdRng) -> Vec<f32> {
+    (0..tokens * cols)
+        .map(|_| {
+            // Mostly small values with a few outliers, as activations are.
+            let v: f32 = rng.random_range(-1.0..1.0);
+            if rng.random_bool(0.02) {
+                v * 20.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+fn dequantized(w: &QMatrix) -> Vec<f32> {
+    let mut all = vec![0f32; w.rows() * w.cols()];
+    for (r, row) in all.chunks_exact_mut(w.cols()).enumerate() {
+        w.dequantize_row(r, row).unwrap();
+    }
+    all
+}
+
+fn matmul(w: &QMatrix, isa: Isa, x: &[f32], tokens: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; tokens * w.rows()];
+    w.matmul_with(isa, x, tokens, &mut out).unwrap();
+    out
+}
+
+fn sizes() -> impl Strategy<Value = (usize, usize, usize, usize, u64)> {
+    (
+        0..Format::ALL.len(),
+        1usize..37,
+        1usize..5,
+        1usize..10,
+        any::<u64>(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The kernel computes exactly (to f32 rounding) the dot product of the dequantized
+    /// weights with the quantized activations it was given.
+    #[test]
+    fn kernels_compute_the_dot_products_of_their_quantized_operands(
+        (format, rows, blocks, tokens, seed) in sizes()
+    ) {
+        let format = Format::ALL[format];
+        let mut rng = StdRng::seed_from_u64(seed);
+        let cols = blocks * format.block_len();
+        let w = random_matrix(format, rows, cols, &mut rng);
+        let x = random_input(tokens, cols, &mut rng);
+        let block = if format.block_len() == 256 { 256 } else { 32 };
+        let acts = QuantizedTokens::new(&x, tokens, cols, block);
+        let weights = dequantized(&w);
+        let got = matmul(&w, Isa::Portable, &x, tokens);
+        for t in 0..tokens {
+            let a: Vec<f64> = acts.quants_of(t).iter().enumerate()
+                .map(|(c, &q)| q as f64 * acts.scales_of(t)[c / block] as f64)
+                .collect();
+            for r in 0..rows {
+                let row = &weights[r * cols..(r + 1) * cols];
+                let exact: f64 = row.iter().zip(&a).map(|(&w, &a)| w as f64 * a).sum();
+                let magnitude: f64 = row.iter().zip(&a).map(|(&w, &a)| (w as f64 * a).abs()).sum();
+                let y = got[t * rows + r] as f64;
+                prop_assert!((y - exact).abs() <= 1e-5 * magnitude + 1e-9,
+                    "{format:?} row {r} token {t}: {y} vs {exact} (magnitude {magnitude})");
+            }
+        }
+    }
+
+    /// Against the unquantized activations, the error is that of 8-bit activations.
+    #[test]
+    fn kernels_approximate_the_float_product(
+        (format, rows, blocks, tokens, seed) in sizes()
+    ) {
+        let format = Format::ALL[format];
+        let mut rng = StdRng::seed_from_u64(seed);
+        let cols = blocks * format.block_len();
+        let w = random_matrix(format, rows, cols, &mut rng);
+        let x = random_input(tokens, cols, &mut rng);
+        let weights = dequantized(&w);
+        let got = matmul(&w, Isa::best(), &x, tokens);
+        for t in 0..tokens {
+            let x = &x[t * cols..(t + 1) * cols];
+            for r in 0..rows {
+                let row = &weights[r * cols..(r + 1) * cols];
+                let exact: f64 = row.iter().zip(x).map(|(&w, &x)| w as f64 * x as f64).sum();
+                let norm = (row.iter().map(|&w| (w as f64).powi(2)).sum::<f64>()
+                    * x.iter().map(|&x| (x as f64).powi(2)).sum::<f64>()).sqrt();
+                let y = got[t * rows + r] as f64;
+                prop_assert!((y - exact).abs() <= 0.02 * norm + 1e-9,
+                    "{format:?}: {y} vs {exact} (norm {norm})");
+            }
+        }
+    }
+
+    /// Every instruction set this CPU has gives the portable path's bits.
+    #[test]
+    fn every_instruction_set_gives_identical_bits(
+        (format, rows, blocks, tokens, seed) in sizes()
+    ) {
+        let format = Format::ALL[format];
+        let mut rng = StdRng::seed_from_u64(seed);
+        let cols = blocks * format.block_len();
+        let w = random_matrix(format, rows, cols, &mut rng);
+        let x = random_input(tokens, cols, &mut rng);
+        let portable = matmul(&w, Isa::Portable, &x, tokens);
+        for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+            let got = matmul(&w, isa, &x, tokens);
+            prop_assert!(got.iter().zip(&portable).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa:?} {format:?}: {got:?} vs {portable:?}");
+        }
+    }
+
+    /// A token's result does not depend on the batch it came in.
+    #[test]
+    fn results_do_not_depend_on_the_batch(
+        (format, rows, blocks, tokens, seed) in sizes()
+    ) {
+        let format = Format::ALL[format];
+        let mut rng = StdRng::seed_from_u64(seed);
+        let cols = blocks * format.block_len();
+        let w = random_matrix(format, rows, cols, &mut rng);
+        let x = random_input(tokens, cols, &mut rng);
+        for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+            let batch = matmul(&w, isa, &x, tokens);
+            for t in 0..tokens {
+                let alone = matmul(&w, isa, &x[t * cols..(t + 1) * cols], 1);
+                let in_batch = &batch[t * w.rows()..(t + 1) * w.rows()];
+                prop_assert!(alone.iter().zip(in_batch).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} {format:?} token {t} of {tokens}");
+            }
+        }
+    }
+}
+
+#[test]
+fn batches_longer_than_one_pass_match_single_tokens() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (rows, cols, tokens) = (33, 512, crate::MAX_TOKENS_PER_PASS + 7);
+    for format in Format::ALL {
+        let w = random_matrix(format, rows, cols, &mut rng);
+        let x = random_input(tokens, cols, &mut rng);
+        let batch = matmul(&w, Isa::best(), &x, tokens);
+        for t in [
+            0,
+            crate::MAX_TOKENS_PER_PASS - 1,
+            crate::MAX_TOKENS_PER_PASS,
+            tokens - 1,
+        ] {
+            let alone = matmul(&w, Isa::best(), &x[t * cols..(t + 1) * cols], 1);
+            assert_eq!(
+                alone,
+                batch[t * rows..(t + 1) * rows],
+                "{format:?} token {t}"
+            );
+        }
+    }
+}
+
+#[test]
+fn zero_activations_give_zero() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for format in Format::ALL {
+        let w = random_matrix(format, 7, 256, &mut rng);
+        let out = matmul(&w, Isa::best(), &[0.0; 256], 1);
+        assert!(out.iter().all(|&y| y == 0.0), "{format:?}: {out:?}");
+    }
+}
+
+#[test]
+fn known_blocks_dequantize_as_ggml_defines_them() {
+    // Q4_0: d = 0.5, bytes 0x21 → elements 0..16 are (1 − 8)·0.5, 16..32 are (2 − 8)·0.5.
+    let mut block = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+    block.extend([0x21u8; 16]);
+    let mut out = [0f32; 32];
+    dequantize_block(Format::Q4_0, &block, &mut out);
+    assert_eq!(out[0], -3.5);
+    assert_eq!(out[31], -3.0);
+    // Q5_0: high bit of element 17 set → (2 | 16) − 16 = 2.
+    let mut block = half::f16::from_f32(1.0).to_le_bytes().to_vec();
+    block.extend((1u32 << 17).to_le_bytes());
+    block.extend([0x21u8; 16]);
+    dequantize_block(Format::Q5_0, &block, &mut out);
+    assert_eq!((out[1], out[17], out[16]), (-15.0, 2.0, -14.0));
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    assert!(matches!(
+        QMatrix::new(Format::Q4K, 2, 100, vec![0; 10]),
+        Err(KernelError::RaggedRow { .. })
+    ));
+    assert!(matches!(
+        QMatrix::new(Format::Q8_0, 2, 32, vec![0; 67]),
+        Err(KernelError::WrongLength { .. })
+    ));
+    let w = QMatrix::new(Format::Q8_0, 2, 32, vec![0; 68]).unwrap();
+    let mut out = vec![0f32; 2];
+    assert!(w.matmul(&[0.0; 31], 1, &mut out).is_err());
+    assert!(w.matmul(&[0.0; 32], 1, &mut out[..1]).is_err());
+    assert!(w.dequantize_row(2, &mut [0.0; 32]).is_err());
+}
