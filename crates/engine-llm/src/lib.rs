@@ -10,6 +10,7 @@ pub mod chat;
 pub mod config;
 pub mod costs;
 mod error;
+mod linear;
 pub mod load;
 pub mod predgen;
 pub mod tokenizer;

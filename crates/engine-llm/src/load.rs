@@ -11,18 +11,19 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::{Architecture, RopeLayout, TransformerConfig};
+use crate::linear::QLinear;
 use crate::transformer::{Attention, FeedForward, Layer, Transformer, Weights};
 use crate::{Error, Result};
 
 /// Which matrices are re-quantized at load.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Requantize {
-    /// Formats candle has no fast, batch-invariant CPU kernel for (Q5_0, Q5_1, Q2K–Q6K except
-    /// Q4K, and dense f16/bf16/f32 matrices) become Q8_0.
+    /// Formats `spec-kernels` has no kernel for (Q5_1, Q2K, Q3K, Q5K, and dense f16/bf16/f32
+    /// matrices) become Q8_0, so that every matrix runs on the fast, batch-invariant kernels.
     #[default]
     FastAndBatchInvariant,
     /// Keep every tensor as stored (dense safetensors weights stay f32).
@@ -31,10 +32,7 @@ pub enum Requantize {
 
 impl Requantize {
     fn wants(self, dtype: GgmlDType, row_len: usize) -> bool {
-        let kept = matches!(
-            dtype,
-            GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q4K | GgmlDType::Q8_0
-        );
+        let kept = crate::linear::kernel_format(dtype).is_some();
         self == Self::FastAndBatchInvariant
             && !kept
             && row_len.is_multiple_of(GgmlDType::Q8_0.block_size())
@@ -253,8 +251,8 @@ impl Transformer {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}");
-            let mut linear = |name: &str, shape| -> Result<QMatMul> {
-                Ok(QMatMul::from_arc(matrix(&mut gguf, &p(name), shape)?)?)
+            let mut linear = |name: &str, shape| -> Result<QLinear> {
+                QLinear::new(matrix(&mut gguf, &p(name), shape)?, device)
             };
             let attention = Attention {
                 q: linear("attn_q.weight", [q_out, c.hidden_size])?,
@@ -285,9 +283,9 @@ impl Transformer {
             });
         }
         let weights = Weights {
-            embeddings: QMatMul::from_arc(embeddings)?,
+            embeddings: QLinear::new(embeddings, device)?,
             final_norm: vector(&mut gguf, "output_norm.weight", c.hidden_size)?,
-            lm_head: QMatMul::from_arc(lm_head)?,
+            lm_head: QLinear::new(lm_head, device)?,
             layers,
         };
         Transformer::new(config, weights, options.max_context, device)
@@ -350,8 +348,8 @@ impl Transformer {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}");
-            let mut linear = |name: &str, shape: [usize; 2]| -> Result<QMatMul> {
-                Ok(QMatMul::from_arc(dense(take(&p(name), &shape)?)?)?)
+            let mut linear = |name: &str, shape: [usize; 2]| -> Result<QLinear> {
+                QLinear::new(dense(take(&p(name), &shape)?)?, device)
             };
             let q = linear("self_attn.q_proj.weight", [q_out, c.hidden_size])?;
             let k = linear("self_attn.k_proj.weight", [kv_out, c.hidden_size])?;
@@ -377,9 +375,9 @@ impl Transformer {
             });
         }
         let weights = Weights {
-            embeddings: QMatMul::from_arc(embeddings)?,
+            embeddings: QLinear::new(embeddings, device)?,
             final_norm: take("model.norm.weight", &[c.hidden_size])?,
-            lm_head: QMatMul::from_arc(lm_head)?,
+            lm_head: QLinear::new(lm_head, device)?,
             layers,
         };
         Transformer::new(config, weights, options.max_context, device)

@@ -8,7 +8,6 @@
 //! query heads attend to their shared key/value head without copying it (the query heads of a
 //! group are folded into the row dimension of one matmul).
 
-use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor, D};
 use spec_core::decoder::input_tokens;
 use spec_core::kv_cache::keep_positions_of;
@@ -16,6 +15,7 @@ use spec_core::{Decoder, DecoderInput, Forward, KvCache, LogitRows};
 
 use crate::attention::{row_attention, RowMask};
 use crate::config::{RopeLayout, TransformerConfig};
+use crate::linear::QLinear;
 use crate::{Error, Result};
 
 /// Initial KV capacity per layer; it doubles as needed.
@@ -24,10 +24,10 @@ const INITIAL_CACHE_CAPACITY: usize = 256;
 /// One attention block's projections.
 #[derive(Debug)]
 pub(crate) struct Attention {
-    pub q: QMatMul,
-    pub k: QMatMul,
-    pub v: QMatMul,
-    pub o: QMatMul,
+    pub q: QLinear,
+    pub k: QLinear,
+    pub v: QLinear,
+    pub o: QLinear,
     /// q/k/v biases (Qwen2).
     pub bias: Option<[Tensor; 3]>,
 }
@@ -35,9 +35,9 @@ pub(crate) struct Attention {
 /// SwiGLU feed-forward: down(silu(gate(x)) · up(x)).
 #[derive(Debug)]
 pub(crate) struct FeedForward {
-    pub gate: QMatMul,
-    pub up: QMatMul,
-    pub down: QMatMul,
+    pub gate: QLinear,
+    pub up: QLinear,
+    pub down: QLinear,
 }
 
 /// One transformer layer.
@@ -53,11 +53,11 @@ pub(crate) struct Layer {
 #[derive(Debug)]
 pub(crate) struct Weights {
     /// Token embeddings `[vocab, hidden]` (looked up row by row, never dequantized whole).
-    pub embeddings: QMatMul,
+    pub embeddings: QLinear,
     pub layers: Vec<Layer>,
     pub final_norm: Tensor,
     /// Output projection; shares the embedding tensor when the checkpoint ties them.
-    pub lm_head: QMatMul,
+    pub lm_head: QLinear,
 }
 
 /// A loaded model with its KV cache. Batch size 1.
@@ -200,8 +200,11 @@ impl Transformer {
                     }
                     .into());
                 }
-                let ids = Tensor::new(*tokens, &self.device)?;
-                Ok(self.weights.embeddings.embedding(&ids)?.unsqueeze(0)?)
+                Ok(self
+                    .weights
+                    .embeddings
+                    .embedding(tokens, &self.device)?
+                    .unsqueeze(0)?)
             }
             DecoderInput::Embeddings(e) => {
                 let hidden = e.dim(D::Minus1)?;

@@ -2,7 +2,8 @@
 //!
 //! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
 //! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
-//! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4), which the
+//! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4), of its value
+//! pairs and of all 32, which the
 //! kernels need for the formats whose quants carry an offset or a minimum.
 
 /// A batch of quantized token rows.
@@ -17,7 +18,9 @@ pub(crate) struct QuantizedTokens {
     /// `tokens × cols / 4` lane sums.
     pub lane_sums: Vec<i32>,
     /// `tokens × cols / 32` sums of each group of 32 quants.
-    pub group_sums: Vec<i32>,
+    pub group_sums: Vec<i16>,
+    /// `tokens × cols / 2` sums of neighbouring quant pairs.
+    pub pair_sums: Vec<i16>,
 }
 
 impl QuantizedTokens {
@@ -40,7 +43,14 @@ impl QuantizedTokens {
             .chunks_exact(4)
             .map(|lane| lane.iter().map(|&q| q as i32).sum())
             .collect();
-        let group_sums = lane_sums.chunks_exact(8).map(|g| g.iter().sum()).collect();
+        let group_sums = lane_sums
+            .chunks_exact(8)
+            .map(|g| g.iter().sum::<i32>() as i16)
+            .collect();
+        let pair_sums = quants
+            .chunks_exact(2)
+            .map(|p| p[0] as i16 + p[1] as i16)
+            .collect();
         Self {
             cols,
             block,
@@ -48,6 +58,7 @@ impl QuantizedTokens {
             quants,
             lane_sums,
             group_sums,
+            pair_sums,
         }
     }
 
@@ -69,7 +80,7 @@ impl QuantizedTokens {
     }
 
     /// Token `t`'s group sums, one per group of 32.
-    pub fn group_sums_of(&self, t: usize) -> &[i32] {
+    pub fn group_sums_of(&self, t: usize) -> &[i16] {
         let per = self.cols / 32;
         &self.group_sums[t * per..(t + 1) * per]
     }

@@ -76,6 +76,7 @@ impl Format {
     }
 }
 
+#[inline(always)]
 pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }

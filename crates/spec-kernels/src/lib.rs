@@ -33,14 +33,14 @@
 
 mod activations;
 mod formats;
+mod pool;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use rayon::prelude::*;
-
 use crate::activations::QuantizedTokens;
 pub use crate::formats::{dequantize_block, Format};
+use crate::pool::Pool;
 
 /// What can go wrong.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -187,8 +187,8 @@ impl QMatrix {
     }
 
     /// `out[t, r] = Σ_c self[r, c] · x[t, c]` for `tokens` rows of `x` (`[tokens, cols]`,
-    /// row-major; `out` is `[tokens, rows]`), with the fastest instruction set and the rayon
-    /// thread pool.
+    /// row-major; `out` is `[tokens, rows]`), with the fastest instruction set, on the kernels'
+    /// thread pool (one thread per core, or `SPECVOICE_THREADS`).
     pub fn matmul(&self, x: &[f32], tokens: usize, out: &mut [f32]) -> Result<(), KernelError> {
         self.matmul_with(Isa::best(), x, tokens, out)
     }
@@ -213,36 +213,43 @@ impl QMatrix {
             Format::Q4K | Format::Q6K => 256,
             _ => 32,
         };
-        // Token chunks bound the activations one row meets to what stays in L1/L2.
-        let mut by_row = vec![0f32; self.rows * tokens];
+        // Token chunks bound the activations one row meets to what stays in L1/L2. Rows are
+        // split evenly among the threads (equal rows are equal work).
+        let pool = Pool::global();
+        let rows_per_task = self.rows.div_ceil(pool.threads()).max(MIN_ROWS_PER_TASK);
+        let tasks = self.rows.div_ceil(rows_per_task);
+        if tokens == 1 {
+            let acts = QuantizedTokens::new(x, 1, self.cols, block);
+            let out = SharedOut::new(out);
+            pool.run(tasks, &|task| {
+                let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
+                // SAFETY: tasks write disjoint row ranges.
+                let out = unsafe { out.range(rows.clone()) };
+                for (r, out) in rows.zip(out.chunks_exact_mut(1)) {
+                    self.row_dot(isa, r, &acts, out);
+                }
+            });
+            return Ok(());
+        }
+        let mut pass = Vec::new();
         for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
             let n = MAX_TOKENS_PER_PASS.min(tokens - first);
-            let acts = QuantizedTokens::new(
-                &x[first * self.cols..(first + n) * self.cols],
-                n,
-                self.cols,
-                block,
-            );
-            let mut pass = vec![0f32; self.rows * n];
-            let rows_per_task =
-                ROWS_PER_TASK.max(self.rows.div_ceil(4 * rayon::current_num_threads()));
-            pass.par_chunks_mut(rows_per_task * n)
-                .enumerate()
-                .for_each(|(task, out)| {
-                    let first_row = task * rows_per_task;
-                    for (i, out) in out.chunks_exact_mut(n).enumerate() {
-                        self.row_dot(isa, first_row + i, &acts, out);
-                    }
-                });
+            let x = &x[first * self.cols..(first + n) * self.cols];
+            let acts = QuantizedTokens::new(x, n, self.cols, block);
+            pass.resize(self.rows * n, 0.0);
+            let shared = SharedOut::new(&mut pass);
+            pool.run(tasks, &|task| {
+                let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
+                // SAFETY: tasks write disjoint row ranges.
+                let out = unsafe { shared.range(rows.start * n..rows.end * n) };
+                for (r, out) in rows.zip(out.chunks_exact_mut(n)) {
+                    self.row_dot(isa, r, &acts, out);
+                }
+            });
             for (r, values) in pass.chunks_exact(n).enumerate() {
                 for (t, &v) in values.iter().enumerate() {
-                    by_row[r * tokens + first + t] = v;
+                    out[(first + t) * self.rows + r] = v;
                 }
-            }
-        }
-        for (r, values) in by_row.chunks_exact(tokens).enumerate() {
-            for (t, &v) in values.iter().enumerate() {
-                out[t * self.rows + r] = v;
             }
         }
         Ok(())
@@ -261,7 +268,33 @@ impl QMatrix {
 /// Tokens quantized and multiplied in one pass over the weights.
 const MAX_TOKENS_PER_PASS: usize = 64;
 /// The fewest rows a thread takes at a time.
-const ROWS_PER_TASK: usize = 16;
+const MIN_ROWS_PER_TASK: usize = 16;
+
+/// An output buffer that tasks write disjoint ranges of.
+struct SharedOut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks only write disjoint ranges (see `range`).
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn new(out: &mut [f32]) -> Self {
+        Self {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// # Safety
+    /// No two live ranges may overlap, and the buffer must outlive them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, range: std::ops::Range<usize>) -> &mut [f32] {
+        assert!(range.start <= range.end && range.end <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
+    }
+}
 
 fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
     if got == expected {

@@ -90,7 +90,7 @@ pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &
                         for (t, l) in total.iter_mut().zip(l) {
                             *t += scale as i32 * l;
                         }
-                        min_sum += min as i32 * groups[g];
+                        min_sum += min as i32 * groups[g] as i32;
                     }
                     accumulate(&mut acc, total, d * da);
                     extra = (dmin * da).mul_add(min_sum as f32, extra);

@@ -1,0 +1,113 @@
+//! Quantized linear layers: `spec-kernels` on CPU for the GGUF formats it has kernels for
+//! (batch-invariant, so verification matches decoding bit for bit), candle's `QMatMul`
+//! otherwise (other devices, dense weights kept as stored).
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Shape, Tensor};
+use spec_kernels::{Format, QMatrix};
+
+use crate::Result;
+
+/// `y = x · Wᵀ` for a quantized `W` of shape `[out, in]`.
+#[derive(Debug, Clone)]
+pub(crate) enum QLinear {
+    Kernel(Arc<QMatrix>),
+    Candle(QMatMul),
+}
+
+/// The `spec-kernels` format of a candle quantized dtype, if it has a kernel.
+pub(crate) fn kernel_format(dtype: GgmlDType) -> Option<Format> {
+    match dtype {
+        GgmlDType::Q4_0 => Some(Format::Q4_0),
+        GgmlDType::Q4_1 => Some(Format::Q4_1),
+        GgmlDType::Q5_0 => Some(Format::Q5_0),
+        GgmlDType::Q8_0 => Some(Format::Q8_0),
+        GgmlDType::Q4K => Some(Format::Q4K),
+        GgmlDType::Q6K => Some(Format::Q6K),
+        _ => None,
+    }
+}
+
+impl QLinear {
+    /// Uses the kernels when `device` is the CPU and the format has one.
+    pub fn new(weights: Arc<QTensor>, device: &Device) -> Result<Self> {
+        if let (true, Some(format), Ok((rows, cols))) = (
+            device.is_cpu(),
+            kernel_format(weights.dtype()),
+            weights.shape().dims2(),
+        ) {
+            let data = weights.data()?.into_owned();
+            if let Ok(matrix) = QMatrix::new(format, rows, cols, data) {
+                return Ok(Self::Kernel(Arc::new(matrix)));
+            }
+        }
+        Ok(Self::Candle(QMatMul::from_arc(weights)?))
+    }
+
+    /// Rows `ids` of the matrix, dequantized: an embedding lookup, `[len, in]` f32.
+    pub fn embedding(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        match self {
+            Self::Kernel(m) => {
+                let cols = m.cols();
+                let mut out = vec![0f32; ids.len() * cols];
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(cols)) {
+                    m.dequantize_row(id as usize, row)
+                        .map_err(candle_core::Error::wrap)?;
+                }
+                Ok(Tensor::from_vec(out, (ids.len(), cols), device)?)
+            }
+            Self::Candle(m) => Ok(m.embedding(&Tensor::new(ids, device)?)?),
+        }
+    }
+}
+
+impl Module for QLinear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Kernel(m) => x
+                .to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op1_no_bwd(&KernelMatMul(m.clone())),
+            Self::Candle(m) => m.forward(x),
+        }
+    }
+}
+
+/// The candle custom op that runs a `spec-kernels` matmul on the last dimension of `x`.
+struct KernelMatMul(Arc<QMatrix>);
+
+impl CustomOp1 for KernelMatMul {
+    fn name(&self) -> &'static str {
+        "spec-kernels-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let m = &self.0;
+        let dims = layout.shape().dims();
+        let cols = *dims.last().unwrap_or(&0);
+        if cols != m.cols() {
+            candle_core::bail!(
+                "matmul of a [{}, {}] matrix with input {dims:?}",
+                m.rows(),
+                m.cols()
+            );
+        }
+        let x = match layout.contiguous_offsets() {
+            Some((start, end)) => &storage.as_slice::<f32>()?[start..end],
+            None => candle_core::bail!("spec-kernels matmul needs a contiguous input"),
+        };
+        let tokens = x.len() / cols;
+        let mut out = vec![0f32; tokens * m.rows()];
+        m.matmul(x, tokens, &mut out)
+            .map_err(candle_core::Error::wrap)?;
+        let mut shape = dims.to_vec();
+        *shape.last_mut().expect("cols checked") = m.rows();
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
