@@ -213,9 +213,18 @@ fn safetensors_and_gguf_load_the_same_model() {
         let tokens = [3u32, 14, 15, 92, 65, 35];
         let a = rows(&from_st.forward_tokens(&tokens, LogitRows::All).unwrap());
         let b = rows(&from_gguf.forward_tokens(&tokens, LogitRows::All).unwrap());
-        assert_eq!(
-            a, b,
-            "{family:?}: the same Q8_0 weights give the same logits"
+        // Llama's GGUF rows put each head's rotary pairs side by side, so q·k adds the head
+        // dimensions in another order: equal up to f32 rounding.
+        let diff = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        let scale = a.iter().flatten().map(|x| x.abs()).fold(0.0, f32::max);
+        assert!(
+            diff <= 1e-5 * scale,
+            "{family:?}: the same Q8_0 weights give the same logits ({diff} of {scale})"
         );
         let mut dense = Transformer::from_safetensors(
             &config,
