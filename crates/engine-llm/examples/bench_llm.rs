@@ -36,6 +36,42 @@ const TARGET: &str = "qwen2.5-coder-1.5b-instruct";
 /// midpoints of the recorded ranges).
 const LLAMA_CPP_DECODE: [(&str, f64); 3] = [(SMOLLM, 140.0), (DRAFT, 52.5), (TARGET, 32.5)];
 const FORWARD_LENGTHS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+/// llama.cpp's recorded cost in ms of a forward over 1, 2, 4, 8, 16, 32 tokens on this machine
+/// (`../shared/peers/README.md`; None where not recorded).
+const LLAMA_CPP_FORWARD_MS: [(&str, [Option<f64>; 6]); 2] = [
+    (
+        DRAFT,
+        [Some(19.0), None, Some(44.0), Some(56.0), Some(71.0), None],
+    ),
+    (
+        TARGET,
+        [
+            Some(29.0),
+            Some(48.0),
+            Some(72.0),
+            Some(146.0),
+            Some(171.0),
+            None,
+        ],
+    ),
+];
+
+/// Bytes of weights a one-token forward reads: every tensor but the embedding table (of
+/// which it reads one row), which it reads whole as the output layer when they are tied.
+fn weight_bytes_per_token(path: &Path) -> Result<f64> {
+    let mut file = std::fs::File::open(path)?;
+    let content = gguf_file::Content::read(&mut file)?;
+    let tied = !content.tensor_infos.contains_key("output.weight");
+    Ok(content
+        .tensor_infos
+        .iter()
+        .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
+        .map(|(_, info)| {
+            (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size())
+                as f64
+        })
+        .sum())
+}
 
 fn load(name: &str, requantize: Requantize) -> Result<LanguageModel> {
     let options = LoadOptions {
@@ -55,10 +91,6 @@ fn first_turns(count: usize) -> Result<Vec<String>> {
             Ok(v["turns"][0].as_str().context("turns[0]")?.to_string())
         })
         .collect()
-}
-
-fn ms(seconds: f64) -> String {
-    format!("{:.1}", seconds * 1e3)
 }
 
 /// candle-transformers' quantized models, decoding greedily on the same prompt tokens.
@@ -88,6 +120,37 @@ impl Reference {
         })
     }
 
+    /// Seconds for a forward over 1…32 new tokens after 64 cached ones (best of `repeats`),
+    /// measured as [`ForwardCosts::measure`] measures ours.
+    fn forward_costs(&mut self, vocab: u32, repeats: usize) -> Result<Vec<f64>> {
+        let context: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let batch: Vec<u32> = (0..32u32).map(|i| (i * 104_729 + 5) % vocab).collect();
+        let mut costs = Vec::new();
+        for k in FORWARD_LENGTHS {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats {
+                self.clear();
+                self.forward(&context, 0)?;
+                let started = Instant::now();
+                let x = Tensor::new(&batch[..k], &Device::Cpu)?.unsqueeze(0)?;
+                match self {
+                    Self::Qwen2(m) => m.forward(&x, context.len())?,
+                    Self::Llama(m) => m.forward(&x, context.len())?,
+                };
+                best = best.min(started.elapsed().as_secs_f64());
+            }
+            costs.push(best);
+        }
+        Ok(costs)
+    }
+
+    fn clear(&mut self) {
+        match self {
+            Self::Qwen2(m) => m.clear_kv_cache(),
+            Self::Llama(m) => m.clear_kv_cache(),
+        }
+    }
+
     fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Vec<f32>> {
         let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
         let logits = match self {
@@ -103,10 +166,7 @@ impl Reference {
         max_tokens: usize,
         end: &[u32],
     ) -> Result<(usize, Duration)> {
-        match self {
-            Self::Qwen2(m) => m.clear_kv_cache(),
-            Self::Llama(m) => m.clear_kv_cache(),
-        }
+        self.clear();
         let started = Instant::now();
         let mut logits = self.forward(prompt, 0)?;
         let mut produced = 0;
@@ -166,28 +226,50 @@ fn main() -> Result<()> {
     let turns = first_turns(questions)?;
     let mut tables = Vec::new();
 
-    // Forward costs, with the default re-quantization and with the GGUF's own formats.
-    // Models are loaded once; measuring their costs also warms them (weights repacked on
-    // first use), so no timing below includes one-time work.
+    // Forward costs: ours, candle-transformers' on the same GGUF, and llama.cpp's recorded.
+    // Models are loaded once; measuring their costs also warms them, so no timing below
+    // includes one-time work.
+    let bandwidth = spec_kernels::read_bandwidth_gbs(2);
     let mut costs = std::collections::HashMap::new();
     let mut models = std::collections::HashMap::new();
+    let mut weight_bytes = std::collections::HashMap::new();
     let mut cost_rows = Vec::new();
+    let cost_row = |name: &str, who: &str, ms: Vec<Option<f64>>| {
+        let mut row = vec![name.to_string(), who.to_string()];
+        row.extend(
+            ms.iter()
+                .map(|m| m.map_or("—".into(), |m| format!("{m:.1}"))),
+        );
+        row.push(ms[0].map_or("—".into(), |m| format!("{:.1}", 1e3 / m)));
+        row.push(match (ms[0], ms[2]) {
+            (Some(one), Some(four)) => format!("{:.2}", four / one),
+            _ => "—".into(),
+        });
+        row
+    };
     for name in [SMOLLM, DRAFT, TARGET] {
-        for requantize in [Requantize::FastAndBatchInvariant, Requantize::Keep] {
-            let mut model = load(name, requantize)?;
-            let c = ForwardCosts::measure(&mut model.model, 32, 3)?;
-            let mut row = vec![name.to_string(), format!("{requantize:?}")];
-            row.extend(FORWARD_LENGTHS.iter().map(|&k| ms(c.cost(k))));
-            row.push(format!("{:.1}", 1.0 / c.cost(1)));
-            row.push(format!("{:.2}", c.cost(4) / c.cost(1)));
-            cost_rows.push(row);
-            if requantize == Requantize::FastAndBatchInvariant {
-                costs.insert(name, c);
-                models.insert(name, model);
-            }
+        let mut model = load(name, Requantize::default())?;
+        let c = ForwardCosts::measure(&mut model.model, 32, 3)?;
+        let ours: Vec<Option<f64>> = FORWARD_LENGTHS
+            .iter()
+            .map(|&k| Some(c.cost(k) * 1e3))
+            .collect();
+        cost_rows.push(cost_row(name, "SpecVoice", ours));
+        let mut reference = Reference::load(&model.weights)?;
+        let theirs = reference.forward_costs(model.model.vocab_size() as u32, 3)?;
+        cost_rows.push(cost_row(
+            name,
+            "candle-transformers",
+            theirs.iter().map(|&s| Some(s * 1e3)).collect(),
+        ));
+        if let Some((_, ms)) = LLAMA_CPP_FORWARD_MS.iter().find(|(n, _)| *n == name) {
+            cost_rows.push(cost_row(name, "llama.cpp (recorded)", ms.to_vec()));
         }
+        weight_bytes.insert(name, weight_bytes_per_token(&model.weights)?);
+        costs.insert(name, c);
+        models.insert(name, model);
     }
-    let mut columns = vec!["model", "weights"];
+    let mut columns = vec!["model", "implementation"];
     columns.extend(["1 tok (ms)", "2", "4", "8", "16", "32"]);
     columns.extend(["tok/s at 1", "4 tok ÷ 1 tok"]);
     tables.push(Table {
@@ -225,9 +307,11 @@ fn main() -> Result<()> {
             .find(|(n, _)| *n == name)
             .map(|(_, r)| *r)
             .unwrap_or(f64::NAN);
+        let limit = bandwidth * 1e9 / weight_bytes[name];
         ar_rows.push(vec![
             name.to_string(),
             format!("{ours_rate:.1}"),
+            format!("{:.0} %", 100.0 * ours_rate / limit),
             format!("{ref_rate:.1}"),
             format!("{:.2}×", ours_rate / ref_rate),
             format!("{llama_cpp:.1}"),
@@ -238,8 +322,8 @@ fn main() -> Result<()> {
         }
     }
     tables.push(Table {
-        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens (tokens/s, prompt included)"),
-        columns: ["model", "SpecVoice", "candle-transformers", "ratio", "llama.cpp (recorded)", "ratio to llama.cpp"]
+        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens (tokens/s, prompt included; bandwidth limit = {bandwidth:.1} GB/s measured here ÷ weight bytes per token)"),
+        columns: ["model", "SpecVoice", "of the bandwidth limit", "candle-transformers", "ratio", "llama.cpp (recorded)", "ratio to llama.cpp"]
             .map(String::from)
             .to_vec(),
         rows: ar_rows,

@@ -265,6 +265,31 @@ impl QMatrix {
     }
 }
 
+/// This machine's memory read bandwidth in GB/s with `threads` threads (best of three sums
+/// over a 1 GiB buffer): the limit of one-token decoding, which reads every weight once.
+pub fn read_bandwidth_gbs(threads: usize) -> f64 {
+    let threads = threads.max(1);
+    let words = (1usize << 30) / 8;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let total = std::thread::scope(|s| {
+            let handles: Vec<_> = buffer
+                .chunks(words.div_ceil(threads))
+                .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / started.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
 /// Tokens quantized and multiplied in one pass over the weights.
 const MAX_TOKENS_PER_PASS: usize = 64;
 /// The fewest rows a thread takes at a time.
