@@ -111,3 +111,77 @@ impl CustomOp1 for KernelMatMul {
         Ok((CpuStorage::F32(out), Shape::from(shape)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORMATS: [GgmlDType; 6] = [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ];
+
+    /// Random weights quantized by candle (ggml's own quantizers), read by the kernels.
+    fn quantized(dtype: GgmlDType) -> (Tensor, Arc<QTensor>) {
+        let device = Device::Cpu;
+        let w = Tensor::randn(0f32, 0.1, (24, 512), &device).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
+        (w, q)
+    }
+
+    #[test]
+    fn kernel_rows_are_candles_dequantized_rows() {
+        for dtype in FORMATS {
+            let (_, q) = quantized(dtype);
+            let expected: Vec<Vec<f32>> = q.dequantize(&Device::Cpu).unwrap().to_vec2().unwrap();
+            let linear = QLinear::new(q, &Device::Cpu).unwrap();
+            assert!(matches!(linear, QLinear::Kernel(_)), "{dtype:?}");
+            let ids: Vec<u32> = (0..24).collect();
+            let rows: Vec<Vec<f32>> = linear
+                .embedding(&ids, &Device::Cpu)
+                .unwrap()
+                .to_vec2()
+                .unwrap();
+            assert_eq!(rows, expected, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn kernel_products_match_candles_quantized_matmul() {
+        let device = Device::Cpu;
+        for dtype in FORMATS {
+            let (w, q) = quantized(dtype);
+            let x = Tensor::randn(0f32, 1.0, (1, 3, 512), &device).unwrap();
+            let ours = QLinear::new(q.clone(), &device)
+                .unwrap()
+                .forward(&x)
+                .unwrap();
+            let theirs = QMatMul::from_arc(q).unwrap().forward(&x).unwrap();
+            let exact = x.broadcast_matmul(&w.t().unwrap()).unwrap();
+            let err = |y: &Tensor| -> f32 {
+                (y - &exact)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_keepdim(2)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap()
+            };
+            let (ours, theirs) = (err(&ours), err(&theirs));
+            // Both quantize the activations to 8 bits; neither may be much further off.
+            assert!(
+                ours <= 1.5 * theirs + 1e-3,
+                "{dtype:?}: error {ours} against candle's {theirs}"
+            );
+        }
+    }
+}

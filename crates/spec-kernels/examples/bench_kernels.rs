@@ -1,6 +1,7 @@
 //! Benchmark of the quantized kernels on this machine, every comparison in the same run:
 //! each format on a 8960 × 1536 matrix (the 1.5B model's FFN up-projection) for 1, 4 and 16
-//! tokens, with each instruction set and with candle's quantized matmul on the same bytes,
+//! tokens (copies of it cycled through, as a model's weights come from memory, not cache), with
+//! each instruction set and with candle's quantized matmul on the same bytes,
 //! plus this machine's memory bandwidth with two threads (the limit of one-token decoding).
 //!
 //! ```sh
@@ -18,6 +19,8 @@ use spec_kernels::{Format, Isa, QMatrix};
 const ROWS: usize = 8960;
 const COLS: usize = 1536;
 const TOKENS: [usize; 3] = [1, 4, 16];
+/// Bytes of weights each timing cycles through (well above the 32 MiB of L3 here).
+const WORKING_SET: usize = 256 << 20;
 
 fn candle_dtype(format: Format) -> GgmlDType {
     match format {
@@ -57,11 +60,18 @@ fn main() -> Result<()> {
     let weights = Tensor::randn(0f32, 0.05, (ROWS, COLS), &device)?;
     let mut rows = Vec::new();
     for format in Format::ALL {
+        // Enough copies of the matrix that they do not fit in the caches: a model's weights are
+        // read from memory, never from cache.
         let quantized = QTensor::quantize(&weights, candle_dtype(format))?;
         let bytes = quantized.data()?.into_owned();
         let size = bytes.len() as f64;
-        let ours = QMatrix::new(format, ROWS, COLS, bytes)?;
-        let theirs = QMatMul::from_qtensor(quantized)?;
+        let copies = (WORKING_SET / bytes.len()).max(1);
+        let ours: Vec<QMatrix> = (0..copies)
+            .map(|_| QMatrix::new(format, ROWS, COLS, bytes.clone()))
+            .collect::<Result<_, _>>()?;
+        let theirs: Vec<QMatMul> = (0..copies)
+            .map(|_| QMatMul::from_qtensor(QTensor::quantize(&weights, candle_dtype(format))?))
+            .collect::<Result<_, _>>()?;
         for tokens in TOKENS {
             let x: Vec<f32> = Tensor::randn(0f32, 1.0, (tokens, COLS), &device)?
                 .flatten_all()?
@@ -71,17 +81,29 @@ fn main() -> Result<()> {
             let mut row = vec![format!("{format:?}"), tokens.to_string()];
             for isa in [Isa::Avx512Vnni, Isa::Avx2] {
                 if isa.available() {
-                    let t = best(repeats, || Ok(ours.matmul_with(isa, &x, tokens, &mut out)?))?;
+                    let t = best(repeats, || {
+                        for m in &ours {
+                            m.matmul_with(isa, &x, tokens, &mut out)?;
+                        }
+                        Ok(())
+                    })? / copies as f64;
                     row.push(format!("{:.3}", t * 1e3));
                 } else {
                     row.push("—".into());
                 }
             }
             let candle = best(repeats, || {
-                std::hint::black_box(theirs.forward(&input)?);
+                for m in &theirs {
+                    std::hint::black_box(m.forward(&input)?);
+                }
                 Ok(())
-            })?;
-            let fastest = best(repeats, || Ok(ours.matmul(&x, tokens, &mut out)?))?;
+            })? / copies as f64;
+            let fastest = best(repeats, || {
+                for m in &ours {
+                    m.matmul(&x, tokens, &mut out)?;
+                }
+                Ok(())
+            })? / copies as f64;
             row.push(format!("{:.3}", candle * 1e3));
             row.push(format!("{:.2}×", candle / fastest));
             row.push(format!("{:.1}", size / fastest / 1e9));

@@ -164,3 +164,43 @@ pub fn dequantize_block(format: Format, block: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+/// Bytes per block as the kernels keep it: Q4_K's packed 6-bit scales and minimums are
+/// unpacked at load into 8 + 8 bytes (148 instead of 144 bytes a block), which spares every
+/// matmul the bit juggling; the other formats keep ggml's layout.
+pub(crate) const fn kernel_block_bytes(format: Format) -> usize {
+    match format {
+        Format::Q4K => 148,
+        _ => format.block_bytes(),
+    }
+}
+
+/// ggml blocks → the kernels' layout (see [`kernel_block_bytes`]).
+pub(crate) fn to_kernel_layout(format: Format, data: Vec<u8>) -> Vec<u8> {
+    if format != Format::Q4K {
+        return data;
+    }
+    let mut out = Vec::with_capacity(data.len() / 144 * 148);
+    for block in data.chunks_exact(144) {
+        out.extend_from_slice(&block[..4]);
+        let unpacked: [(u8, u8); 8] = std::array::from_fn(|j| q4k_scale_min(&block[4..16], j));
+        out.extend(unpacked.iter().map(|&(scale, _)| scale));
+        out.extend(unpacked.iter().map(|&(_, min)| min));
+        out.extend_from_slice(&block[16..]);
+    }
+    out
+}
+
+/// Dequantizes one block in the kernels' layout.
+pub(crate) fn dequantize_kernel_block(format: Format, block: &[u8], out: &mut [f32]) {
+    if format != Format::Q4K {
+        return dequantize_block(format, block, out);
+    }
+    let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+    for (e, o) in out.iter_mut().enumerate() {
+        let j = e / 32;
+        let byte = block[20 + 32 * (j / 2) + e % 32];
+        let q = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+        *o = d * block[4 + j] as f32 * q as f32 - dmin * block[12 + j] as f32;
+    }
+}

@@ -120,7 +120,7 @@ impl QMatrix {
         cols: usize,
         data: Vec<u8>,
     ) -> Result<Self, KernelError> {
-        if cols == 0 || cols % format.block_len() != 0 {
+        if cols == 0 || !cols.is_multiple_of(format.block_len()) {
             return Err(KernelError::RaggedRow {
                 format,
                 cols,
@@ -139,7 +139,7 @@ impl QMatrix {
             format,
             rows,
             cols,
-            data,
+            data: formats::to_kernel_layout(format, data),
         })
     }
 
@@ -155,13 +155,8 @@ impl QMatrix {
         self.cols
     }
 
-    /// The raw block bytes.
-    pub fn data(&self) -> &[u8] {
-        &self.data
-    }
-
     fn row(&self, r: usize) -> &[u8] {
-        let n = self.format.row_bytes(self.cols);
+        let n = self.cols / self.format.block_len() * formats::kernel_block_bytes(self.format);
         &self.data[r * n..(r + 1) * n]
     }
 
@@ -175,13 +170,14 @@ impl QMatrix {
             });
         }
         check_len("the output row", out.len(), self.cols)?;
-        let (len, bytes) = (self.format.block_len(), self.format.block_bytes());
+        let len = self.format.block_len();
+        let bytes = formats::kernel_block_bytes(self.format);
         for (block, out) in self
             .row(r)
             .chunks_exact(bytes)
             .zip(out.chunks_exact_mut(len))
         {
-            dequantize_block(self.format, block, out);
+            formats::dequantize_kernel_block(self.format, block, out);
         }
         Ok(())
     }
@@ -214,9 +210,12 @@ impl QMatrix {
             _ => 32,
         };
         // Token chunks bound the activations one row meets to what stays in L1/L2. Rows are
-        // split evenly among the threads (equal rows are equal work).
+        // split into a few equal tasks per thread, taken first come first served.
         let pool = Pool::global();
-        let rows_per_task = self.rows.div_ceil(pool.threads()).max(MIN_ROWS_PER_TASK);
+        let rows_per_task = self
+            .rows
+            .div_ceil(TASKS_PER_THREAD * pool.threads())
+            .max(MIN_ROWS_PER_TASK);
         let tasks = self.rows.div_ceil(rows_per_task);
         if tokens == 1 {
             let acts = QuantizedTokens::new(x, 1, self.cols, block);
@@ -292,6 +291,8 @@ pub fn read_bandwidth_gbs(threads: usize) -> f64 {
 
 /// Tokens quantized and multiplied in one pass over the weights.
 const MAX_TOKENS_PER_PASS: usize = 64;
+/// Tasks per thread: a few, so that a thread that starts late or runs slower takes fewer.
+const TASKS_PER_THREAD: usize = 4;
 /// The fewest rows a thread takes at a time.
 const MIN_ROWS_PER_TASK: usize = 16;
 

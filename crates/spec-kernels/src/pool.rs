@@ -143,7 +143,7 @@ fn worker(s: &Shared, index: usize) {
         while s.state.load(Ordering::Acquire) >> 32 == seen {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 1024 == 0 && started.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && started.elapsed() > SPIN {
                 s.sleeping[index].store(true, Ordering::SeqCst);
                 if s.state.load(Ordering::SeqCst) >> 32 == seen {
                     std::thread::park();

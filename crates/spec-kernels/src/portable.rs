@@ -11,7 +11,7 @@
 //! the call, which makes the kernels batch-invariant.
 
 use crate::activations::QuantizedTokens;
-use crate::formats::{f16_at, nibble, q4k_scale_min, q6k_quant, Format};
+use crate::formats::{f16_at, kernel_block_bytes, nibble, q6k_quant, Format};
 
 /// Eight f32 lanes added up as a 256-bit register is reduced: halves, then pairs, then the two.
 pub(crate) fn reduce_lanes(a: [f32; 8]) -> f32 {
@@ -37,7 +37,7 @@ fn accumulate(acc: &mut [f32; 8], lanes: [i32; 8], scale: f32) {
 
 /// `out[t]` = row · token t, for every token in `acts`.
 pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &mut [f32]) {
-    let bytes = format.block_bytes();
+    let bytes = kernel_block_bytes(format);
     for (t, o) in out.iter_mut().enumerate() {
         let (a, sums) = (acts.quants_of(t), acts.lane_sums_of(t));
         let (scales, groups) = (acts.scales_of(t), acts.group_sums_of(t));
@@ -76,8 +76,8 @@ pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &
                     let mut total = [0i32; 8];
                     let mut min_sum = 0i32;
                     for j in 0..8 {
-                        let (scale, min) = q4k_scale_min(&block[4..16], j);
-                        let chunk = &block[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+                        let (scale, min) = (block[4 + j], block[12 + j]);
+                        let chunk = &block[20 + 32 * (j / 2)..20 + 32 * (j / 2) + 32];
                         let u = std::array::from_fn(|l| {
                             if j % 2 == 0 {
                                 chunk[l] & 0x0F

@@ -7,8 +7,12 @@ use rand::{Rng, SeedableRng};
 use crate::activations::QuantizedTokens;
 use crate::{dequantize_block, Format, Isa, KernelError, QMatrix};
 
-/// Random blocks: every quant and scale byte random, f16 scale fields finite and moderate.
 fn random_matrix(format: Format, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
+    QMatrix::new(format, rows, cols, random_blocks(format, rows, cols, rng)).unwrap()
+}
+
+/// Random blocks: every quant and scale byte random, f16 scale fields finite and moderate.
+fn random_blocks(format: Format, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
     let blocks = rows * cols / format.block_len();
     let mut data = Vec::with_capacity(blocks * format.block_bytes());
     for _ in 0..blocks {
@@ -24,7 +28,7 @@ fn random_matrix(format: Format, rows: usize, cols: usize, rng: &mut StdRng) -> 
         }
         data.extend(block);
     }
-    QMatrix::new(format, rows, cols, data).unwrap()
+    data
 }
 
 fn random_input(tokens: usize, cols: usize, rng: &mut StdRng) -> Vec<f32> {
@@ -185,6 +189,24 @@ fn batches_longer_than_one_pass_match_single_tokens() {
                 "{format:?} token {t}"
             );
         }
+    }
+}
+
+#[test]
+fn matrices_hold_the_values_of_their_ggml_blocks() {
+    let mut rng = StdRng::seed_from_u64(8);
+    for format in Format::ALL {
+        let (rows, cols) = (3, 2 * format.block_len());
+        let bytes = random_blocks(format, rows, cols, &mut rng);
+        let mut expected = vec![0f32; rows * cols];
+        for (block, out) in bytes
+            .chunks_exact(format.block_bytes())
+            .zip(expected.chunks_exact_mut(format.block_len()))
+        {
+            dequantize_block(format, block, out);
+        }
+        let w = QMatrix::new(format, rows, cols, bytes).unwrap();
+        assert_eq!(dequantized(&w), expected, "{format:?}");
     }
 }
 

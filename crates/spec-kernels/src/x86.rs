@@ -16,7 +16,11 @@ pub(crate) fn has_avx2() -> bool {
 }
 
 pub(crate) fn has_avx512_vnni() -> bool {
-    has_avx2() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+    has_avx2()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
 }
 
 /// `out[t]` = row · token t. The caller has checked that `isa` is available.
@@ -38,7 +42,7 @@ pub(crate) fn row_dot(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_dot_vnni(format: Format, row: &[u8], acts: &QuantizedTokens, out: &mut [f32]) {
     tiles::<true>(format, row, acts, out)
 }
@@ -81,6 +85,8 @@ unsafe fn format_tile<const VNNI: bool, const TILE: usize>(
         Format::Q4_1 => small_blocks::<VNNI, TILE, 1>(row, &tokens),
         Format::Q5_0 => small_blocks::<VNNI, TILE, 2>(row, &tokens),
         Format::Q8_0 => small_blocks::<VNNI, TILE, 3>(row, &tokens),
+        Format::Q4K if VNNI => q4k_512::<TILE>(row, &tokens),
+        Format::Q6K if VNNI => q6k_512::<TILE>(row, &tokens),
         Format::Q4K => q4k::<VNNI, TILE>(row, &tokens),
         Format::Q6K => q6k::<VNNI, TILE>(row, &tokens),
     };
@@ -219,27 +225,6 @@ unsafe fn small_blocks<const VNNI: bool, const TILE: usize, const KIND: u8>(
     })
 }
 
-/// The 8 six-bit scales and 8 minimums of a Q4_K block's 12 scale bytes, as bytes.
-#[inline(always)]
-fn q4k_scales_mins(bytes: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let word = |i: usize| {
-        u32::from_le_bytes([
-            bytes[4 * i],
-            bytes[4 * i + 1],
-            bytes[4 * i + 2],
-            bytes[4 * i + 3],
-        ])
-    };
-    let (w0, w1, w2) = (word(0), word(1), word(2));
-    let (six, low4, top2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-    // Sub-blocks 0–3: low six bits of bytes 0–3 (scales) and 4–7 (mins). Sub-blocks 4–7:
-    // a nibble of bytes 8–11 below the top two bits of bytes 0–3 (scales) or 4–7 (mins).
-    let scales_high = (w2 & low4) | (((w0 >> 6) & top2) << 4);
-    let mins_high = ((w2 >> 4) & low4) | (((w1 >> 6) & top2) << 4);
-    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
-    (join(w0 & six, scales_high), join(w1 & six, mins_high))
-}
-
 #[inline(always)]
 unsafe fn q4k<const VNNI: bool, const TILE: usize>(
     row: &[u8],
@@ -248,14 +233,14 @@ unsafe fn q4k<const VNNI: bool, const TILE: usize>(
     let mut acc = [_mm256_setzero_ps(); TILE];
     let mut extra = [0f32; TILE];
     let nibble = _mm256_set1_epi8(0x0F);
-    for (b, block) in row.chunks_exact(144).enumerate() {
+    for (b, block) in row.chunks_exact(148).enumerate() {
         let p = block.as_ptr();
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-        let (scales, mins) = q4k_scales_mins(&block[4..16]);
-        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i));
+        let scales = &block[4..12];
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(p.add(12) as *const __m128i));
         let mut u = [_mm256_setzero_si256(); 8];
         for i in 0..4 {
-            let chunk = load(p.add(16 + 32 * i));
+            let chunk = load(p.add(20 + 32 * i));
             u[2 * i] = _mm256_and_si256(chunk, nibble);
             u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(chunk, 4), nibble);
         }
@@ -319,7 +304,7 @@ unsafe fn q6k<const VNNI: bool, const TILE: usize>(
             );
             *s = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
         }
-        for t in 0..TILE {
+        for (t, acc) in acc.iter_mut().enumerate() {
             let a = tokens.quants[t].add(256 * b);
             let pairs = tokens.pair_sums[t].add(128 * b) as *const u8;
             let mut total = _mm256_setzero_si256();
@@ -330,7 +315,173 @@ unsafe fn q6k<const VNNI: bool, const TILE: usize>(
                 total = add_scaled::<VNNI>(total, _mm256_sub_epi16(products, offset), scales[j]);
             }
             let da = *tokens.scales[t].add(b);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), *acc);
+        }
+    }
+    std::array::from_fn(|t| reduce(acc[t]))
+}
+
+/// The 512-bit halves of `x` added: lane i of the result sums lanes i and i + 8.
+#[inline(always)]
+unsafe fn fold_halves(x: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1))
+}
+
+/// Two neighbouring 256-bit vectors as one 512-bit vector.
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// Q4_K with 512-bit registers, two groups of 32 per instruction (AVX-512 BW + VNNI).
+#[inline(always)]
+unsafe fn q4k_512<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32; TILE] {
+    let mut acc = [_mm256_setzero_ps(); TILE];
+    let mut extra = [0f32; TILE];
+    let nibble = _mm512_set1_epi8(0x0F);
+    // Pair i of groups takes the 16-bit scale 2i in its low half and 2i + 1 in its high half.
+    let pick: [__m512i; 4] = std::array::from_fn(|i| {
+        let (a, b) = (4 * i as i8, 4 * i as i8 + 2);
+        let lane = |x: i8| {
+            _mm_setr_epi8(
+                x,
+                x + 1,
+                x,
+                x + 1,
+                x,
+                x + 1,
+                x,
+                x + 1,
+                x,
+                x + 1,
+                x,
+                x + 1,
+                x,
+                x + 1,
+                x,
+                x + 1,
+            )
+        };
+        join(
+            _mm256_set_m128i(lane(a), lane(a)),
+            _mm256_set_m128i(lane(b), lane(b)),
+        )
+    });
+    for (b, block) in row.chunks_exact(148).enumerate() {
+        let p = block.as_ptr();
+        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(p.add(12) as *const __m128i));
+        let scales = _mm_cvtepu8_epi16(_mm_loadl_epi64(p.add(4) as *const __m128i));
+        let scales = _mm512_broadcast_i32x4(scales);
+        let mut u = [_mm512_setzero_si512(); 4];
+        let mut scale = [_mm512_setzero_si512(); 4];
+        for i in 0..4 {
+            let chunk = load(p.add(20 + 32 * i));
+            u[i] = _mm512_and_si512(join(chunk, _mm256_srli_epi16(chunk, 4)), nibble);
+            scale[i] = _mm512_shuffle_epi8(scales, pick[i]);
+        }
+        for t in 0..TILE {
+            let a = tokens.quants[t].add(256 * b);
+            let mut total = _mm512_setzero_si512();
+            for i in 0..4 {
+                let a = _mm512_loadu_si512(a.add(64 * i) as *const _);
+                total = _mm512_dpwssd_epi32(total, _mm512_maddubs_epi16(u[i], a), scale[i]);
+            }
+            let total = fold_halves(total);
+            let groups = _mm_loadu_si128(tokens.group_sums[t].add(8 * b) as *const __m128i);
+            let m = _mm_madd_epi16(mins, groups);
+            let m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
+            let min_sum = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 1)));
+            let da = *tokens.scales[t].add(b);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), acc[t]);
+            extra[t] = (dmin * da).mul_add(min_sum as f32, extra[t]);
+        }
+    }
+    std::array::from_fn(|t| reduce(acc[t]) - extra[t])
+}
+
+/// Q6_K with 512-bit registers, two groups of 32 per instruction (AVX-512 BW + VNNI).
+#[inline(always)]
+unsafe fn q6k_512<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32; TILE] {
+    let mut acc = [_mm256_setzero_ps(); TILE];
+    let nibble = _mm512_set1_epi8(0x0F);
+    let three = _mm512_set1_epi8(3);
+    // Pair i of groups covers sub-blocks 4i..4i + 4 of 16 weights, one per 128-bit lane.
+    let pick: [__m512i; 4] = std::array::from_fn(|i| {
+        let s = 4 * i as i16;
+        _mm512_set_epi16(
+            s + 3,
+            s + 3,
+            s + 3,
+            s + 3,
+            s + 3,
+            s + 3,
+            s + 3,
+            s + 3,
+            s + 2,
+            s + 2,
+            s + 2,
+            s + 2,
+            s + 2,
+            s + 2,
+            s + 2,
+            s + 2,
+            s + 1,
+            s + 1,
+            s + 1,
+            s + 1,
+            s + 1,
+            s + 1,
+            s + 1,
+            s + 1,
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+        )
+    });
+    for (b, block) in row.chunks_exact(210).enumerate() {
+        let p = block.as_ptr();
+        let d = f16_at(block, 208);
+        let scales = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+            p.add(192) as *const __m128i
+        )));
+        let mut u = [_mm512_setzero_si512(); 4];
+        for half in 0..2 {
+            // Groups 4h, 4h + 1 are the low nibbles of ql[64h..64h + 64] under bits 0–1 and
+            // 2–3 of qh[32h..32h + 32]; groups 4h + 2, 4h + 3 the high nibbles under bits 4–7.
+            let low = _mm512_loadu_si512(p.add(64 * half) as *const _);
+            let high = load(p.add(128 + 32 * half));
+            let high = join(high, _mm256_srli_epi16(high, 2));
+            let high01 = _mm512_slli_epi16(_mm512_and_si512(high, three), 4);
+            let high23 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high, 4), three), 4);
+            u[2 * half] = _mm512_or_si512(_mm512_and_si512(low, nibble), high01);
+            u[2 * half + 1] =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nibble), high23);
+        }
+        let scale: [__m512i; 4] =
+            std::array::from_fn(|i| _mm512_permutexvar_epi16(pick[i], scales));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let a = tokens.quants[t].add(256 * b);
+            let pairs = tokens.pair_sums[t].add(128 * b) as *const u8;
+            let mut total = _mm512_setzero_si512();
+            for i in 0..4 {
+                let products =
+                    _mm512_maddubs_epi16(u[i], _mm512_loadu_si512(a.add(64 * i) as *const _));
+                let offset =
+                    _mm512_slli_epi16(_mm512_loadu_si512(pairs.add(64 * i) as *const _), 5);
+                total = _mm512_dpwssd_epi32(total, _mm512_sub_epi16(products, offset), scale[i]);
+            }
+            let da = *tokens.scales[t].add(b);
+            *acc = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(fold_halves(total)),
+                _mm256_set1_ps(d * da),
+                *acc,
+            );
         }
     }
     std::array::from_fn(|t| reduce(acc[t]))
