@@ -38,6 +38,8 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use std::ops::Range;
+
 use crate::activations::QuantizedTokens;
 pub use crate::formats::{dequantize_block, Format};
 use crate::pool::Pool;
@@ -155,8 +157,12 @@ impl QMatrix {
         self.cols
     }
 
+    fn row_bytes(&self) -> usize {
+        self.cols / self.format.block_len() * formats::kernel_block_bytes(self.format)
+    }
+
     fn row(&self, r: usize) -> &[u8] {
-        let n = self.cols / self.format.block_len() * formats::kernel_block_bytes(self.format);
+        let n = self.row_bytes();
         &self.data[r * n..(r + 1) * n]
     }
 
@@ -224,9 +230,7 @@ impl QMatrix {
                 let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
                 // SAFETY: tasks write disjoint row ranges.
                 let out = unsafe { out.range(rows.clone()) };
-                for (r, out) in rows.zip(out.chunks_exact_mut(1)) {
-                    self.row_dot(isa, r, &acts, out);
-                }
+                self.rows_dot(isa, rows, &acts, out);
             });
             return Ok(());
         }
@@ -241,9 +245,7 @@ impl QMatrix {
                 let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
                 // SAFETY: tasks write disjoint row ranges.
                 let out = unsafe { shared.range(rows.start * n..rows.end * n) };
-                for (r, out) in rows.zip(out.chunks_exact_mut(n)) {
-                    self.row_dot(isa, r, &acts, out);
-                }
+                self.rows_dot(isa, rows, &acts, out);
             });
             for (r, values) in pass.chunks_exact(n).enumerate() {
                 for (t, &v) in values.iter().enumerate() {
@@ -254,12 +256,21 @@ impl QMatrix {
         Ok(())
     }
 
-    fn row_dot(&self, isa: Isa, r: usize, acts: &QuantizedTokens, out: &mut [f32]) {
-        let row = self.row(r);
+    /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`.
+    fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
+        let row_bytes = self.row_bytes();
+        let data = &self.data[rows.start * row_bytes..rows.end * row_bytes];
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni | Isa::Avx2 => x86::row_dot(isa, self.format, row, acts, out),
-            _ => portable::row_dot(self.format, row, acts, out),
+            Isa::Avx512Vnni | Isa::Avx2 => {
+                x86::rows_dot(isa, self.format, data, row_bytes, acts, out)
+            }
+            _ => {
+                let n = acts.scales.len() / (self.cols / acts.block);
+                for (row, out) in data.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
+                    portable::row_dot(self.format, row, acts, out);
+                }
+            }
         }
     }
 }

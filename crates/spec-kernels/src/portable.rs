@@ -6,8 +6,8 @@
 //! `vpmaddubsw`+`vpmaddwd` both group them); offsets and sub-block scales are applied to the
 //! lanes in integers, exactly; each block then adds `lane · (weight scale · activation scale)`
 //! to eight f32 accumulators with a fused multiply-add; the row's result is the accumulators
-//! reduced in the order a 256-bit register is ([`reduce_lanes`]), plus a scalar term for
-//! minimums (Q4_1, Q4_K). Each token's arithmetic does not depend on how many tokens share
+//! reduced in the order a 256-bit register is ([`reduce_lanes`]), plus a term for minimums
+//! (Q4_1: a scalar; Q4_K: four lanes of sub-block pairs, reduced by [`reduce_four`]). Each token's arithmetic does not depend on how many tokens share
 //! the call, which makes the kernels batch-invariant.
 
 use crate::activations::QuantizedTokens;
@@ -18,6 +18,11 @@ pub(crate) fn reduce_lanes(a: [f32; 8]) -> f32 {
     let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
     let u = [s[0] + s[2], s[1] + s[3]];
     u[0] + u[1]
+}
+
+/// Four f32 lanes added up as a 128-bit register is reduced.
+pub(crate) fn reduce_four(a: [f32; 4]) -> f32 {
+    (a[0] + a[2]) + (a[1] + a[3])
 }
 
 /// Lane products of 32 unsigned weight quants and 32 activation quants.
@@ -43,6 +48,7 @@ pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &
         let (scales, groups) = (acts.scales_of(t), acts.group_sums_of(t));
         let mut acc = [0f32; 8];
         let mut extra = 0f32;
+        let mut min_acc = [0f32; 4];
         for (b, block) in row.chunks_exact(bytes).enumerate() {
             let da = scales[b];
             match format {
@@ -74,7 +80,7 @@ pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &
                 Format::Q4K => {
                     let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
                     let mut total = [0i32; 8];
-                    let mut min_sum = 0i32;
+                    let mut min_pairs = [0i32; 4];
                     for j in 0..8 {
                         let (scale, min) = (block[4 + j], block[12 + j]);
                         let chunk = &block[20 + 32 * (j / 2)..20 + 32 * (j / 2) + 32];
@@ -90,10 +96,12 @@ pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &
                         for (t, l) in total.iter_mut().zip(l) {
                             *t += scale as i32 * l;
                         }
-                        min_sum += min as i32 * groups[g] as i32;
+                        min_pairs[j / 2] += min as i32 * groups[g] as i32;
                     }
                     accumulate(&mut acc, total, d * da);
-                    extra = (dmin * da).mul_add(min_sum as f32, extra);
+                    for (m, p) in min_acc.iter_mut().zip(min_pairs) {
+                        *m = (p as f32).mul_add(dmin * da, *m);
+                    }
                 }
                 Format::Q6K => {
                     let d = f16_at(block, 208);
@@ -113,7 +121,7 @@ pub(crate) fn row_dot(format: Format, row: &[u8], acts: &QuantizedTokens, out: &
         }
         *o = match format {
             Format::Q4_1 => reduce_lanes(acc) + extra,
-            Format::Q4K => reduce_lanes(acc) - extra,
+            Format::Q4K => reduce_lanes(acc) - reduce_four(min_acc),
             _ => reduce_lanes(acc),
         };
     }

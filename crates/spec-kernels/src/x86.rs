@@ -23,74 +23,135 @@ pub(crate) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// `out[t]` = row · token t. The caller has checked that `isa` is available.
-pub(crate) fn row_dot(
+/// `out[r · n + t]` = row r · token t for the rows whose bytes `rows` holds, `row_bytes`
+/// each, and the `n` tokens of `acts`. The caller has checked that `isa` is available.
+pub(crate) fn rows_dot(
     isa: Isa,
     format: Format,
-    row: &[u8],
+    rows: &[u8],
+    row_bytes: usize,
     acts: &QuantizedTokens,
     out: &mut [f32],
 ) {
     debug_assert!(isa.available());
     // SAFETY: the instruction set was checked by `QMatrix::matmul_with`; every load below
-    // stays inside `row` (whole blocks) and the tokens' activations (whole groups of 32).
+    // stays inside a row (whole blocks) and the tokens' activations (whole groups of 32).
     unsafe {
         match isa {
-            Isa::Avx512Vnni => row_dot_vnni(format, row, acts, out),
-            _ => row_dot_avx2(format, row, acts, out),
+            Isa::Avx512Vnni => rows_dot_vnni(format, rows, row_bytes, acts, out),
+            _ => rows_dot_avx2(format, rows, row_bytes, acts, out),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row_dot_vnni(format: Format, row: &[u8], acts: &QuantizedTokens, out: &mut [f32]) {
-    tiles::<true>(format, row, acts, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_dot_avx2(format: Format, row: &[u8], acts: &QuantizedTokens, out: &mut [f32]) {
-    tiles::<false>(format, row, acts, out)
-}
-
-#[inline(always)]
-unsafe fn tiles<const VNNI: bool>(
+unsafe fn rows_dot_vnni(
     format: Format,
-    row: &[u8],
+    rows: &[u8],
+    row_bytes: usize,
     acts: &QuantizedTokens,
     out: &mut [f32],
 ) {
-    let mut first = 0;
-    for tile in out.chunks_mut(4) {
-        match tile.len() {
-            4 => format_tile::<VNNI, 4>(format, row, acts, first, tile),
-            3 => format_tile::<VNNI, 3>(format, row, acts, first, tile),
-            2 => format_tile::<VNNI, 2>(format, row, acts, first, tile),
-            _ => format_tile::<VNNI, 1>(format, row, acts, first, tile),
-        }
-        first += tile.len();
+    tiles::<true>(format, rows, row_bytes, acts, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_dot_avx2(
+    format: Format,
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &QuantizedTokens,
+    out: &mut [f32],
+) {
+    tiles::<false>(format, rows, row_bytes, acts, out)
+}
+
+/// Tokens are taken four at a time, then the last one to three; every row meets all tiles
+/// while its blocks are in L1.
+#[inline(always)]
+unsafe fn tiles<const VNNI: bool>(
+    format: Format,
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &QuantizedTokens,
+    out: &mut [f32],
+) {
+    let n = out.len() / (rows.len() / row_bytes);
+    let full: Vec<Tokens<4>> = (0..n / 4).map(|i| Tokens::new(acts, 4 * i)).collect();
+    let last = 4 * full.len();
+    match n - last {
+        0 => rows_loop::<VNNI, 0>(
+            format,
+            rows,
+            row_bytes,
+            &full,
+            &Tokens::new(acts, last),
+            out,
+        ),
+        1 => rows_loop::<VNNI, 1>(
+            format,
+            rows,
+            row_bytes,
+            &full,
+            &Tokens::new(acts, last),
+            out,
+        ),
+        2 => rows_loop::<VNNI, 2>(
+            format,
+            rows,
+            row_bytes,
+            &full,
+            &Tokens::new(acts, last),
+            out,
+        ),
+        _ => rows_loop::<VNNI, 3>(
+            format,
+            rows,
+            row_bytes,
+            &full,
+            &Tokens::new(acts, last),
+            out,
+        ),
     }
 }
 
 #[inline(always)]
-unsafe fn format_tile<const VNNI: bool, const TILE: usize>(
+unsafe fn rows_loop<const VNNI: bool, const REST: usize>(
     format: Format,
-    row: &[u8],
-    acts: &QuantizedTokens,
-    first: usize,
+    rows: &[u8],
+    row_bytes: usize,
+    full: &[Tokens<4>],
+    rest: &Tokens<REST>,
     out: &mut [f32],
 ) {
-    let tokens = Tokens::<TILE>::new(acts, first);
-    let results = match format {
-        Format::Q4_0 => small_blocks::<VNNI, TILE, 0>(row, &tokens),
-        Format::Q4_1 => small_blocks::<VNNI, TILE, 1>(row, &tokens),
-        Format::Q5_0 => small_blocks::<VNNI, TILE, 2>(row, &tokens),
-        Format::Q8_0 => small_blocks::<VNNI, TILE, 3>(row, &tokens),
-        Format::Q4K if VNNI => q4k_512::<TILE>(row, &tokens),
-        Format::Q6K if VNNI => q6k_512::<TILE>(row, &tokens),
-        Format::Q4K => q4k::<VNNI, TILE>(row, &tokens),
-        Format::Q6K => q6k::<VNNI, TILE>(row, &tokens),
-    };
-    out.copy_from_slice(&results);
+    let n = 4 * full.len() + REST;
+    for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
+        for (tokens, out) in full.iter().zip(out.chunks_exact_mut(4)) {
+            out.copy_from_slice(&kernel::<VNNI, 4>(format, row, tokens));
+        }
+        if REST > 0 {
+            out[n - REST..].copy_from_slice(&kernel::<VNNI, REST>(format, row, rest));
+        }
+    }
+}
+
+/// One row against a tile of tokens.
+#[inline(always)]
+unsafe fn kernel<const VNNI: bool, const TILE: usize>(
+    format: Format,
+    row: &[u8],
+    tokens: &Tokens<TILE>,
+) -> [f32; TILE] {
+    match format {
+        Format::Q4_0 => small_blocks::<VNNI, TILE, 0>(row, tokens),
+        Format::Q4_1 => small_blocks::<VNNI, TILE, 1>(row, tokens),
+        Format::Q5_0 => small_blocks::<VNNI, TILE, 2>(row, tokens),
+        Format::Q8_0 => small_blocks::<VNNI, TILE, 3>(row, tokens),
+        Format::Q4K if VNNI => q4k_512::<TILE>(row, tokens),
+        Format::Q6K if VNNI => q6k_512::<TILE>(row, tokens),
+        Format::Q4K => q4k::<VNNI, TILE>(row, tokens),
+        Format::Q6K => q6k::<VNNI, TILE>(row, tokens),
+    }
 }
 
 /// Pointers to the activations of a tile of tokens.
@@ -178,6 +239,13 @@ unsafe fn reduce(acc: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)))
 }
 
+/// Four f32 lanes added up in [`crate::portable::reduce_four`]'s order.
+#[inline(always)]
+unsafe fn reduce_four(m: __m128) -> f32 {
+    let s = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
 /// Q4_0 (KIND 0), Q4_1 (1), Q5_0 (2), Q8_0 (3): one group of 32 per block.
 #[inline(always)]
 unsafe fn small_blocks<const VNNI: bool, const TILE: usize, const KIND: u8>(
@@ -231,7 +299,7 @@ unsafe fn q4k<const VNNI: bool, const TILE: usize>(
     tokens: &Tokens<TILE>,
 ) -> [f32; TILE] {
     let mut acc = [_mm256_setzero_ps(); TILE];
-    let mut extra = [0f32; TILE];
+    let mut min_acc = [_mm_setzero_ps(); TILE];
     let nibble = _mm256_set1_epi8(0x0F);
     for (b, block) in row.chunks_exact(148).enumerate() {
         let p = block.as_ptr();
@@ -252,15 +320,13 @@ unsafe fn q4k<const VNNI: bool, const TILE: usize>(
                 total = add_scaled::<VNNI>(total, products, _mm256_set1_epi16(scales[j] as i16));
             }
             let groups = _mm_loadu_si128(tokens.group_sums[t].add(8 * b) as *const __m128i);
-            let m = _mm_madd_epi16(mins, groups);
-            let m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
-            let min_sum = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 1)));
+            let min_pairs = _mm_cvtepi32_ps(_mm_madd_epi16(mins, groups));
             let da = *tokens.scales[t].add(b);
+            min_acc[t] = _mm_fmadd_ps(min_pairs, _mm_set1_ps(dmin * da), min_acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), acc[t]);
-            extra[t] = (dmin * da).mul_add(min_sum as f32, extra[t]);
         }
     }
-    std::array::from_fn(|t| reduce(acc[t]) - extra[t])
+    std::array::from_fn(|t| reduce(acc[t]) - reduce_four(min_acc[t]))
 }
 
 #[inline(always)]
@@ -337,7 +403,7 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 #[inline(always)]
 unsafe fn q4k_512<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32; TILE] {
     let mut acc = [_mm256_setzero_ps(); TILE];
-    let mut extra = [0f32; TILE];
+    let mut min_acc = [_mm_setzero_ps(); TILE];
     let nibble = _mm512_set1_epi8(0x0F);
     // Pair i of groups takes the 16-bit scale 2i in its low half and 2i + 1 in its high half.
     let pick: [__m512i; 4] = std::array::from_fn(|i| {
@@ -389,15 +455,13 @@ unsafe fn q4k_512<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32;
             }
             let total = fold_halves(total);
             let groups = _mm_loadu_si128(tokens.group_sums[t].add(8 * b) as *const __m128i);
-            let m = _mm_madd_epi16(mins, groups);
-            let m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
-            let min_sum = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 1)));
+            let min_pairs = _mm_cvtepi32_ps(_mm_madd_epi16(mins, groups));
             let da = *tokens.scales[t].add(b);
+            min_acc[t] = _mm_fmadd_ps(min_pairs, _mm_set1_ps(dmin * da), min_acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), acc[t]);
-            extra[t] = (dmin * da).mul_add(min_sum as f32, extra[t]);
         }
     }
-    std::array::from_fn(|t| reduce(acc[t]) - extra[t])
+    std::array::from_fn(|t| reduce(acc[t]) - reduce_four(min_acc[t]))
 }
 
 /// Q6_K with 512-bit registers, two groups of 32 per instruction (AVX-512 BW + VNNI).
