@@ -3,7 +3,7 @@
 //! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
 //! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
 //! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4), of its value
-//! pairs and of all 32, which the
+//! pairs (times 32) and of all 32, which the
 //! kernels need for the formats whose quants carry an offset or a minimum.
 
 /// A batch of quantized token rows.
@@ -19,8 +19,8 @@ pub(crate) struct QuantizedTokens {
     pub lane_sums: Vec<i32>,
     /// `tokens × cols / 32` sums of each group of 32 quants.
     pub group_sums: Vec<i16>,
-    /// `tokens × cols / 2` sums of neighbouring quant pairs.
-    pub pair_sums: Vec<i16>,
+    /// `tokens × cols / 2` sums of neighbouring quant pairs, times 32: Q6_K's offset.
+    pub q6k_offsets: Vec<i16>,
 }
 
 impl QuantizedTokens {
@@ -47,9 +47,9 @@ impl QuantizedTokens {
             .chunks_exact(8)
             .map(|g| g.iter().sum::<i32>() as i16)
             .collect();
-        let pair_sums = quants
+        let q6k_offsets = quants
             .chunks_exact(2)
-            .map(|p| p[0] as i16 + p[1] as i16)
+            .map(|p| 32 * (p[0] as i16 + p[1] as i16))
             .collect();
         Self {
             cols,
@@ -58,7 +58,7 @@ impl QuantizedTokens {
             quants,
             lane_sums,
             group_sums,
-            pair_sums,
+            q6k_offsets,
         }
     }
 

@@ -159,7 +159,7 @@ struct Tokens<const TILE: usize> {
     quants: [*const u8; TILE],
     scales: [*const f32; TILE],
     lane_sums: [*const i32; TILE],
-    pair_sums: [*const i16; TILE],
+    q6k_offsets: [*const i16; TILE],
     group_sums: [*const i16; TILE],
 }
 
@@ -169,8 +169,8 @@ impl<const TILE: usize> Tokens<TILE> {
             quants: std::array::from_fn(|t| acts.quants_of(first + t).as_ptr() as *const u8),
             scales: std::array::from_fn(|t| acts.scales_of(first + t).as_ptr()),
             lane_sums: std::array::from_fn(|t| acts.lane_sums_of(first + t).as_ptr()),
-            pair_sums: std::array::from_fn(|t| {
-                acts.pair_sums[(first + t) * acts.cols / 2..].as_ptr()
+            q6k_offsets: std::array::from_fn(|t| {
+                acts.q6k_offsets[(first + t) * acts.cols / 2..].as_ptr()
             }),
             group_sums: std::array::from_fn(|t| acts.group_sums_of(first + t).as_ptr()),
         }
@@ -372,12 +372,12 @@ unsafe fn q6k<const VNNI: bool, const TILE: usize>(
         }
         for (t, acc) in acc.iter_mut().enumerate() {
             let a = tokens.quants[t].add(256 * b);
-            let pairs = tokens.pair_sums[t].add(128 * b) as *const u8;
+            let offsets = tokens.q6k_offsets[t].add(128 * b) as *const u8;
             let mut total = _mm256_setzero_si256();
             for j in 0..8 {
                 // (q − 32)·a summed over pairs: the quants are stored 32 above their value.
                 let products = _mm256_maddubs_epi16(u[j], load(a.add(32 * j)));
-                let offset = _mm256_slli_epi16(load(pairs.add(32 * j)), 5);
+                let offset = load(offsets.add(32 * j));
                 total = add_scaled::<VNNI>(total, _mm256_sub_epi16(products, offset), scales[j]);
             }
             let da = *tokens.scales[t].add(b);
@@ -531,13 +531,12 @@ unsafe fn q6k_512<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32;
             std::array::from_fn(|i| _mm512_permutexvar_epi16(pick[i], scales));
         for (t, acc) in acc.iter_mut().enumerate() {
             let a = tokens.quants[t].add(256 * b);
-            let pairs = tokens.pair_sums[t].add(128 * b) as *const u8;
+            let offsets = tokens.q6k_offsets[t].add(128 * b) as *const u8;
             let mut total = _mm512_setzero_si512();
             for i in 0..4 {
                 let products =
                     _mm512_maddubs_epi16(u[i], _mm512_loadu_si512(a.add(64 * i) as *const _));
-                let offset =
-                    _mm512_slli_epi16(_mm512_loadu_si512(pairs.add(64 * i) as *const _), 5);
+                let offset = _mm512_loadu_si512(offsets.add(64 * i) as *const _);
                 total = _mm512_dpwssd_epi32(total, _mm512_sub_epi16(products, offset), scale[i]);
             }
             let da = *tokens.scales[t].add(b);
