@@ -1,11 +1,11 @@
 //! Loading weights: GGUF (quantized, with the tokenizer inside) and Hugging Face safetensors.
 //!
-//! candle computes some quantization formats slowly on CPU, and computes Q6K differently for
-//! one activation row than for several (a compact GEMV for decoding, a repacked kernel for
-//! batches), which makes a verification forward disagree with single-token decoding in the last
-//! bits. By default ([`Requantize::FastAndBatchInvariant`]) every matrix not in Q4_0, Q4_1,
-//! Q4K or Q8_0 is re-quantized to Q8_0 at load, so speculative verification reproduces
-//! single-token decoding bit for bit and greedy speculation is lossless.
+//! On the CPU, matrices run on `spec-kernels` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), whose
+//! results do not depend on how many tokens a forward carries, so speculative verification
+//! reproduces single-token decoding bit for bit. By default
+//! ([`Requantize::FastAndBatchInvariant`]) the other formats are re-quantized to Q8_0 at load
+//! so that they run there too; candle's own kernels pick different code for one row than for
+//! several and would break that guarantee.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,8 @@
 //! attention mask, logits for every requested position, input embeddings as an alternative to
 //! token ids, and `spec-core`'s KV cache with O(1) rollback and tree-path compaction. Grouped
 //! query heads attend to their shared key/value head without copying it (the query heads of a
-//! group are folded into the row dimension of one matmul).
+//! group are folded into the row dimension of one matmul). Quantized matrices run on
+//! `spec-kernels` on the CPU (see [`crate::load`]).
 
 use candle_core::{DType, Device, Module, Tensor, D};
 use spec_core::decoder::input_tokens;

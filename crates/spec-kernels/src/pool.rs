@@ -22,6 +22,8 @@ struct Shared {
     job: Mutex<Option<(JobRef, usize, u64)>>,
     /// Tasks of the current job that have not finished.
     pending: AtomicUsize,
+    /// Whether a task of the current job panicked (the caller panics in turn).
+    panicked: AtomicBool,
     sleeping: Vec<AtomicBool>,
 }
 
@@ -58,6 +60,7 @@ impl Pool {
             state: AtomicU64::new(0),
             job: Mutex::new(None),
             pending: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
             sleeping: (1..threads).map(|_| AtomicBool::new(false)).collect(),
         });
         let workers = (1..threads)
@@ -97,6 +100,7 @@ impl Pool {
         let epoch = (s.state.load(Ordering::SeqCst) >> 32) + 1;
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some((JobRef(erased), tasks, epoch));
         s.pending.store(tasks, Ordering::SeqCst);
+        s.panicked.store(false, Ordering::SeqCst);
         s.state.store(epoch << 32, Ordering::SeqCst);
         for (thread, sleeping) in self.workers.iter().zip(&s.sleeping) {
             if sleeping.load(Ordering::SeqCst) {
@@ -108,6 +112,9 @@ impl Pool {
             std::hint::spin_loop();
         }
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if s.panicked.load(Ordering::SeqCst) {
+            panic!("a spec-kernels task panicked");
+        }
     }
 }
 
@@ -126,7 +133,10 @@ fn take_tasks(s: &Shared, job: &(dyn Fn(usize) + Sync), tasks: usize, epoch: u64
             Ordering::Acquire,
         ) {
             Ok(_) => {
-                job(task);
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(task)));
+                if run.is_err() {
+                    s.panicked.store(true, Ordering::SeqCst);
+                }
                 s.pending.fetch_sub(1, Ordering::AcqRel);
                 current = s.state.load(Ordering::Acquire);
             }
@@ -158,5 +168,56 @@ fn worker(s: &Shared, index: usize) {
             // keeps the job alive until every taken task has finished.
             take_tasks(s, unsafe { &*job }, tasks, epoch);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_across_many_jobs() {
+        let pool = Pool::new(3);
+        for tasks in [0, 1, 2, 7, 64] {
+            for _ in 0..50 {
+                let counts: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(tasks, &|t| {
+                    counts[t].fetch_add(1, Ordering::SeqCst);
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn callers_on_several_threads_take_turns() {
+        let pool = Pool::new(2);
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..100 {
+                        pool.run(5, &|t| {
+                            total.fetch_add(t, Ordering::SeqCst);
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::SeqCst), 4 * 100 * 10);
+    }
+
+    #[test]
+    fn a_panicking_task_panics_the_caller_and_leaves_the_pool_usable() {
+        let pool = Pool::new(2);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(4, &|t| assert_ne!(t, 2, "task 2 fails"));
+        }));
+        assert!(result.is_err());
+        let done = AtomicUsize::new(0);
+        pool.run(4, &|_| {
+            done.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 4);
     }
 }
