@@ -69,6 +69,30 @@ fn sizes() -> impl Strategy<Value = (usize, usize, usize, usize, u64)> {
     )
 }
 
+/// A random matrix of one format with `rows` rows of `blocks` blocks, and `tokens` inputs.
+struct Case {
+    format: Format,
+    cols: usize,
+    tokens: usize,
+    w: QMatrix,
+    x: Vec<f32>,
+}
+
+fn case((format, rows, blocks, tokens, seed): (usize, usize, usize, usize, u64)) -> Case {
+    let format = Format::ALL[format];
+    let mut rng = StdRng::seed_from_u64(seed);
+    let cols = blocks * format.block_len();
+    let w = random_matrix(format, rows, cols, &mut rng);
+    let x = random_input(tokens, cols, &mut rng);
+    Case {
+        format,
+        cols,
+        tokens,
+        w,
+        x,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -76,13 +100,10 @@ proptest! {
     /// weights with the quantized activations it was given.
     #[test]
     fn kernels_compute_the_dot_products_of_their_quantized_operands(
-        (format, rows, blocks, tokens, seed) in sizes()
+        sizes in sizes()
     ) {
-        let format = Format::ALL[format];
-        let mut rng = StdRng::seed_from_u64(seed);
-        let cols = blocks * format.block_len();
-        let w = random_matrix(format, rows, cols, &mut rng);
-        let x = random_input(tokens, cols, &mut rng);
+        let Case { format, cols, tokens, w, x } = case(sizes);
+        let rows = w.rows();
         let block = if format.block_len() == 256 { 256 } else { 32 };
         let acts = QuantizedTokens::new(&x, tokens, cols, block);
         let weights = dequantized(&w);
@@ -105,13 +126,10 @@ proptest! {
     /// Against the unquantized activations, the error is that of 8-bit activations.
     #[test]
     fn kernels_approximate_the_float_product(
-        (format, rows, blocks, tokens, seed) in sizes()
+        sizes in sizes()
     ) {
-        let format = Format::ALL[format];
-        let mut rng = StdRng::seed_from_u64(seed);
-        let cols = blocks * format.block_len();
-        let w = random_matrix(format, rows, cols, &mut rng);
-        let x = random_input(tokens, cols, &mut rng);
+        let Case { format, cols, tokens, w, x } = case(sizes);
+        let rows = w.rows();
         let weights = dequantized(&w);
         let got = matmul(&w, Isa::best(), &x, tokens);
         for t in 0..tokens {
@@ -131,13 +149,9 @@ proptest! {
     /// Every instruction set this CPU has gives the portable path's bits.
     #[test]
     fn every_instruction_set_gives_identical_bits(
-        (format, rows, blocks, tokens, seed) in sizes()
+        sizes in sizes()
     ) {
-        let format = Format::ALL[format];
-        let mut rng = StdRng::seed_from_u64(seed);
-        let cols = blocks * format.block_len();
-        let w = random_matrix(format, rows, cols, &mut rng);
-        let x = random_input(tokens, cols, &mut rng);
+        let Case { format, tokens, w, x, .. } = case(sizes);
         let portable = matmul(&w, Isa::Portable, &x, tokens);
         for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
             let got = matmul(&w, isa, &x, tokens);
@@ -149,13 +163,9 @@ proptest! {
     /// A token's result does not depend on the batch it came in.
     #[test]
     fn results_do_not_depend_on_the_batch(
-        (format, rows, blocks, tokens, seed) in sizes()
+        sizes in sizes()
     ) {
-        let format = Format::ALL[format];
-        let mut rng = StdRng::seed_from_u64(seed);
-        let cols = blocks * format.block_len();
-        let w = random_matrix(format, rows, cols, &mut rng);
-        let x = random_input(tokens, cols, &mut rng);
+        let Case { format, cols, tokens, w, x } = case(sizes);
         for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
             let batch = matmul(&w, isa, &x, tokens);
             for t in 0..tokens {

@@ -79,40 +79,18 @@ unsafe fn tiles<const VNNI: bool>(
     let n = out.len() / (rows.len() / row_bytes);
     let full: Vec<Tokens<4>> = (0..n / 4).map(|i| Tokens::new(acts, 4 * i)).collect();
     let last = 4 * full.len();
-    match n - last {
-        0 => rows_loop::<VNNI, 0>(
-            format,
-            rows,
-            row_bytes,
-            &full,
-            &Tokens::new(acts, last),
-            out,
-        ),
-        1 => rows_loop::<VNNI, 1>(
-            format,
-            rows,
-            row_bytes,
-            &full,
-            &Tokens::new(acts, last),
-            out,
-        ),
-        2 => rows_loop::<VNNI, 2>(
-            format,
-            rows,
-            row_bytes,
-            &full,
-            &Tokens::new(acts, last),
-            out,
-        ),
-        _ => rows_loop::<VNNI, 3>(
-            format,
-            rows,
-            row_bytes,
-            &full,
-            &Tokens::new(acts, last),
-            out,
-        ),
+    macro_rules! with_rest {
+        ($($r:literal)|+) => {
+            match n - last {
+                $($r => {
+                    let rest = Tokens::<$r>::new(acts, last);
+                    rows_loop::<VNNI, $r>(format, rows, row_bytes, &full, &rest, out)
+                })+
+                _ => unreachable!("fewer than four tokens remain"),
+            }
+        };
     }
+    with_rest!(0 | 1 | 2 | 3);
 }
 
 #[inline(always)]
@@ -293,6 +271,25 @@ unsafe fn small_blocks<const VNNI: bool, const TILE: usize, const KIND: u8>(
     })
 }
 
+/// Adds block `b`'s integer lanes `total` (scaled by d) and its minimums (8 of them as 16-bit
+/// in `mins`, met by token `t`'s group sums in pairs, scaled by dmin) to token t's sums.
+#[inline(always)]
+unsafe fn q4k_accumulate<const TILE: usize>(
+    tokens: &Tokens<TILE>,
+    t: usize,
+    b: usize,
+    total: __m256i,
+    (d, dmin, mins): (f32, f32, __m128i),
+    acc: &mut __m256,
+    min_acc: &mut __m128,
+) {
+    let groups = _mm_loadu_si128(tokens.group_sums[t].add(8 * b) as *const __m128i);
+    let min_pairs = _mm_cvtepi32_ps(_mm_madd_epi16(mins, groups));
+    let da = *tokens.scales[t].add(b);
+    *min_acc = _mm_fmadd_ps(min_pairs, _mm_set1_ps(dmin * da), *min_acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), *acc);
+}
+
 #[inline(always)]
 unsafe fn q4k<const VNNI: bool, const TILE: usize>(
     row: &[u8],
@@ -319,11 +316,15 @@ unsafe fn q4k<const VNNI: bool, const TILE: usize>(
                 let products = _mm256_maddubs_epi16(u[j], load(a.add(32 * j)));
                 total = add_scaled::<VNNI>(total, products, _mm256_set1_epi16(scales[j] as i16));
             }
-            let groups = _mm_loadu_si128(tokens.group_sums[t].add(8 * b) as *const __m128i);
-            let min_pairs = _mm_cvtepi32_ps(_mm_madd_epi16(mins, groups));
-            let da = *tokens.scales[t].add(b);
-            min_acc[t] = _mm_fmadd_ps(min_pairs, _mm_set1_ps(dmin * da), min_acc[t]);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), acc[t]);
+            q4k_accumulate(
+                tokens,
+                t,
+                b,
+                total,
+                (d, dmin, mins),
+                &mut acc[t],
+                &mut min_acc[t],
+            );
         }
     }
     std::array::from_fn(|t| reduce(acc[t]) - reduce_four(min_acc[t]))
@@ -454,11 +455,15 @@ unsafe fn q4k_512<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32;
                 total = _mm512_dpwssd_epi32(total, _mm512_maddubs_epi16(u[i], a), scale[i]);
             }
             let total = fold_halves(total);
-            let groups = _mm_loadu_si128(tokens.group_sums[t].add(8 * b) as *const __m128i);
-            let min_pairs = _mm_cvtepi32_ps(_mm_madd_epi16(mins, groups));
-            let da = *tokens.scales[t].add(b);
-            min_acc[t] = _mm_fmadd_ps(min_pairs, _mm_set1_ps(dmin * da), min_acc[t]);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), acc[t]);
+            q4k_accumulate(
+                tokens,
+                t,
+                b,
+                total,
+                (d, dmin, mins),
+                &mut acc[t],
+                &mut min_acc[t],
+            );
         }
     }
     std::array::from_fn(|t| reduce(acc[t]) - reduce_four(min_acc[t]))

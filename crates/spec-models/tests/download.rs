@@ -22,6 +22,7 @@ enum Behaviour {
     Status(u16),
 }
 
+#[derive(Clone)]
 struct Request {
     path: String,
     headers: HashMap<String, String>,
@@ -57,8 +58,9 @@ impl Server {
                     _ => None,
                 };
                 served += 1;
+                // Logged before the answer, so a client that has its answer sees its request.
+                log.lock().unwrap().push(request.clone());
                 respond(stream, &request, &files, behaviour, cut);
-                log.lock().unwrap().push(request);
             }
         });
         Server { endpoint, requests }
