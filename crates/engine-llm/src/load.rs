@@ -238,15 +238,22 @@ impl Transformer {
             check_shape(name, t.dims(), &[len])?;
             Ok(t)
         };
-        let embeddings = matrix(
-            &mut gguf,
-            "token_embd.weight",
-            [c.vocab_size, c.hidden_size],
+        // Tied output weights share the embeddings' matrix, converted once.
+        let embeddings = QLinear::new(
+            matrix(
+                &mut gguf,
+                "token_embd.weight",
+                [c.vocab_size, c.hidden_size],
+            )?,
+            device,
         )?;
         let lm_head = if c.tie_word_embeddings {
             embeddings.clone()
         } else {
-            matrix(&mut gguf, "output.weight", [c.vocab_size, c.hidden_size])?
+            QLinear::new(
+                matrix(&mut gguf, "output.weight", [c.vocab_size, c.hidden_size])?,
+                device,
+            )?
         };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
@@ -283,9 +290,9 @@ impl Transformer {
             });
         }
         let weights = Weights {
-            embeddings: QLinear::new(embeddings, device)?,
+            embeddings,
             final_norm: vector(&mut gguf, "output_norm.weight", c.hidden_size)?,
-            lm_head: QLinear::new(lm_head, device)?,
+            lm_head,
             layers,
         };
         Transformer::new(config, weights, options.max_context, device)
@@ -336,14 +343,21 @@ impl Transformer {
                 },
             ))
         };
-        let embeddings = dense(take(
-            "model.embed_tokens.weight",
-            &[c.vocab_size, c.hidden_size],
-        )?)?;
+        // Tied output weights share the embeddings' matrix, converted once.
+        let embeddings = QLinear::new(
+            dense(take(
+                "model.embed_tokens.weight",
+                &[c.vocab_size, c.hidden_size],
+            )?)?,
+            device,
+        )?;
         let lm_head = if c.tie_word_embeddings {
             embeddings.clone()
         } else {
-            dense(take("lm_head.weight", &[c.vocab_size, c.hidden_size])?)?
+            QLinear::new(
+                dense(take("lm_head.weight", &[c.vocab_size, c.hidden_size])?)?,
+                device,
+            )?
         };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
@@ -375,9 +389,9 @@ impl Transformer {
             });
         }
         let weights = Weights {
-            embeddings: QLinear::new(embeddings, device)?,
+            embeddings,
             final_norm: take("model.norm.weight", &[c.hidden_size])?,
-            lm_head: QLinear::new(lm_head, device)?,
+            lm_head,
             layers,
         };
         Transformer::new(config, weights, options.max_context, device)
