@@ -59,6 +59,8 @@ pub enum KernelError {
         got: usize,
         expected: usize,
     },
+    #[error("row {row} of a matrix of {rows} rows")]
+    RowOutOfRange { row: usize, rows: usize },
     #[error("the {0:?} instruction set is not available on this CPU")]
     Unsupported(Isa),
 }
@@ -66,7 +68,8 @@ pub enum KernelError {
 /// An instruction set the kernels can use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// AVX2, FMA, AVX-512 VL and VNNI: `vpdpbusd` on 256-bit registers.
+    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 256-bit registers, `vpdpwssd` on
+    /// 512-bit ones for Q4_K and Q6_K.
     Avx512Vnni,
     /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
     Avx2,
@@ -169,10 +172,9 @@ impl QMatrix {
     /// Row `r` dequantized (`cols` values), e.g. an embedding lookup.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
         if r >= self.rows {
-            return Err(KernelError::WrongLength {
-                what: "the row index",
-                got: r,
-                expected: self.rows,
+            return Err(KernelError::RowOutOfRange {
+                row: r,
+                rows: self.rows,
             });
         }
         check_len("the output row", out.len(), self.cols)?;
@@ -211,42 +213,20 @@ impl QMatrix {
         if tokens == 0 || self.rows == 0 {
             return Ok(());
         }
-        let block = match self.format {
-            Format::Q4K | Format::Q6K => 256,
-            _ => 32,
-        };
-        // Token chunks bound the activations one row meets to what stays in L1/L2. Rows are
-        // split into a few equal tasks per thread, taken first come first served.
-        let pool = Pool::global();
-        let rows_per_task = self
-            .rows
-            .div_ceil(TASKS_PER_THREAD * pool.threads())
-            .max(MIN_ROWS_PER_TASK);
-        let tasks = self.rows.div_ceil(rows_per_task);
+        let block = self.format.block_len();
         if tokens == 1 {
             let acts = QuantizedTokens::new(x, 1, self.cols, block);
-            let out = SharedOut::new(out);
-            pool.run(tasks, &|task| {
-                let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
-                // SAFETY: tasks write disjoint row ranges.
-                let out = unsafe { out.range(rows.clone()) };
-                self.rows_dot(isa, rows, &acts, out);
-            });
+            self.rows_in_parallel(isa, &acts, 1, out);
             return Ok(());
         }
+        // Token chunks bound the activations one row meets to what stays in L1/L2.
         let mut pass = Vec::new();
         for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
             let n = MAX_TOKENS_PER_PASS.min(tokens - first);
             let x = &x[first * self.cols..(first + n) * self.cols];
             let acts = QuantizedTokens::new(x, n, self.cols, block);
             pass.resize(self.rows * n, 0.0);
-            let shared = SharedOut::new(&mut pass);
-            pool.run(tasks, &|task| {
-                let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
-                // SAFETY: tasks write disjoint row ranges.
-                let out = unsafe { shared.range(rows.start * n..rows.end * n) };
-                self.rows_dot(isa, rows, &acts, out);
-            });
+            self.rows_in_parallel(isa, &acts, n, &mut pass);
             for (r, values) in pass.chunks_exact(n).enumerate() {
                 for (t, &v) in values.iter().enumerate() {
                     out[(first + t) * self.rows + r] = v;
@@ -254,6 +234,23 @@ impl QMatrix {
             }
         }
         Ok(())
+    }
+
+    /// `out[r · n + t]` = row r · token t for every row and the n tokens of `acts`, rows split
+    /// into a few equal tasks per thread of the pool, taken first come first served.
+    fn rows_in_parallel(&self, isa: Isa, acts: &QuantizedTokens, n: usize, out: &mut [f32]) {
+        let pool = Pool::global();
+        let rows_per_task = self
+            .rows
+            .div_ceil(TASKS_PER_THREAD * pool.threads())
+            .max(MIN_ROWS_PER_TASK);
+        let shared = SharedOut::new(out);
+        pool.run(self.rows.div_ceil(rows_per_task), &|task| {
+            let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
+            // SAFETY: tasks write disjoint row ranges.
+            let out = unsafe { shared.range(rows.start * n..rows.end * n) };
+            self.rows_dot(isa, rows, acts, out);
+        });
     }
 
     /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`.
@@ -266,7 +263,7 @@ impl QMatrix {
                 x86::rows_dot(isa, self.format, data, row_bytes, acts, out)
             }
             _ => {
-                let n = acts.scales.len() / (self.cols / acts.block);
+                let n = out.len() / rows.len();
                 for (row, out) in data.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
                     portable::row_dot(self.format, row, acts, out);
                 }
@@ -327,7 +324,7 @@ impl SharedOut {
     /// # Safety
     /// No two live ranges may overlap, and the buffer must outlive them.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn range(&self, range: std::ops::Range<usize>) -> &mut [f32] {
+    unsafe fn range(&self, range: Range<usize>) -> &mut [f32] {
         assert!(range.start <= range.end && range.end <= self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
     }

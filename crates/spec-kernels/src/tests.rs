@@ -104,7 +104,7 @@ proptest! {
     ) {
         let Case { format, cols, tokens, w, x } = case(sizes);
         let rows = w.rows();
-        let block = if format.block_len() == 256 { 256 } else { 32 };
+        let block = format.block_len();
         let acts = QuantizedTokens::new(&x, tokens, cols, block);
         let weights = dequantized(&w);
         let got = matmul(&w, Isa::Portable, &x, tokens);
@@ -261,5 +261,8 @@ fn bad_shapes_are_errors() {
     let mut out = vec![0f32; 2];
     assert!(w.matmul(&[0.0; 31], 1, &mut out).is_err());
     assert!(w.matmul(&[0.0; 32], 1, &mut out[..1]).is_err());
-    assert!(w.dequantize_row(2, &mut [0.0; 32]).is_err());
+    assert_eq!(
+        w.dequantize_row(2, &mut [0.0; 32]),
+        Err(KernelError::RowOutOfRange { row: 2, rows: 2 })
+    );
 }

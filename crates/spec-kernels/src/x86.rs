@@ -1,7 +1,9 @@
 //! AVX2 and AVX-512 VNNI kernels: the arithmetic of [`crate::portable`] with 256-bit integer
-//! lanes. VNNI's `vpdpbusd` and AVX2's `vpmaddubsw` + `vpmaddwd` both sum the products of
-//! four neighbouring bytes into one 32-bit lane, exactly: no quant pair here saturates the
-//! 16-bit intermediate (unsigned quants are below 64; Q8_0 goes through |w|·sign(a, w)).
+//! lanes (Q4_K and Q6_K on VNNI machines compute two groups per 512-bit register and add the
+//! halves, the same integers). VNNI's `vpdpbusd` and AVX2's `vpmaddubsw` + `vpmaddwd` both
+//! sum the products of four neighbouring bytes into one 32-bit lane, exactly: no quant pair
+//! here saturates the 16-bit intermediate (unsigned quants are below 64; Q8_0 goes through
+//! |w|·sign(a, w)).
 //! Tokens are taken in tiles of up to four whose accumulators stay in registers; each block's
 //! weights are unpacked once per tile.
 
@@ -127,8 +129,8 @@ unsafe fn kernel<const VNNI: bool, const TILE: usize>(
         Format::Q8_0 => small_blocks::<VNNI, TILE, 3>(row, tokens),
         Format::Q4K if VNNI => q4k_512::<TILE>(row, tokens),
         Format::Q6K if VNNI => q6k_512::<TILE>(row, tokens),
-        Format::Q4K => q4k::<VNNI, TILE>(row, tokens),
-        Format::Q6K => q6k::<VNNI, TILE>(row, tokens),
+        Format::Q4K => q4k_256::<TILE>(row, tokens),
+        Format::Q6K => q6k_256::<TILE>(row, tokens),
     }
 }
 
@@ -165,18 +167,10 @@ unsafe fn lanes<const VNNI: bool>(u: __m256i, a: __m256i) -> __m256i {
     }
 }
 
-/// `total` + pairwise sums of the 16-bit `products` times 16-bit `scales`.
+/// `total` + pairwise sums of the 16-bit `products` times 16-bit `scales` (AVX2).
 #[inline(always)]
-unsafe fn add_scaled<const VNNI: bool>(
-    total: __m256i,
-    products: __m256i,
-    scales: __m256i,
-) -> __m256i {
-    if VNNI {
-        _mm256_dpwssd_epi32(total, products, scales)
-    } else {
-        _mm256_add_epi32(total, _mm256_madd_epi16(products, scales))
-    }
+unsafe fn add_scaled(total: __m256i, products: __m256i, scales: __m256i) -> __m256i {
+    _mm256_add_epi32(total, _mm256_madd_epi16(products, scales))
 }
 
 #[inline(always)]
@@ -230,7 +224,8 @@ unsafe fn small_blocks<const VNNI: bool, const TILE: usize, const KIND: u8>(
     row: &[u8],
     tokens: &Tokens<TILE>,
 ) -> [f32; TILE] {
-    let bytes = [18, 20, 22, 34][KIND as usize];
+    let format = [Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q8_0][KIND as usize];
+    let bytes = format.block_bytes();
     let mut acc = [_mm256_setzero_ps(); TILE];
     let mut extra = [0f32; TILE];
     for (b, block) in row.chunks_exact(bytes).enumerate() {
@@ -290,11 +285,9 @@ unsafe fn q4k_accumulate<const TILE: usize>(
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), *acc);
 }
 
+/// Q4_K with 256-bit registers (the AVX2 path; VNNI machines take [`q4k_512`]).
 #[inline(always)]
-unsafe fn q4k<const VNNI: bool, const TILE: usize>(
-    row: &[u8],
-    tokens: &Tokens<TILE>,
-) -> [f32; TILE] {
+unsafe fn q4k_256<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32; TILE] {
     let mut acc = [_mm256_setzero_ps(); TILE];
     let mut min_acc = [_mm_setzero_ps(); TILE];
     let nibble = _mm256_set1_epi8(0x0F);
@@ -314,7 +307,7 @@ unsafe fn q4k<const VNNI: bool, const TILE: usize>(
             let mut total = _mm256_setzero_si256();
             for j in 0..8 {
                 let products = _mm256_maddubs_epi16(u[j], load(a.add(32 * j)));
-                total = add_scaled::<VNNI>(total, products, _mm256_set1_epi16(scales[j] as i16));
+                total = add_scaled(total, products, _mm256_set1_epi16(scales[j] as i16));
             }
             q4k_accumulate(
                 tokens,
@@ -330,11 +323,9 @@ unsafe fn q4k<const VNNI: bool, const TILE: usize>(
     std::array::from_fn(|t| reduce(acc[t]) - reduce_four(min_acc[t]))
 }
 
+/// Q6_K with 256-bit registers (the AVX2 path; VNNI machines take [`q6k_512`]).
 #[inline(always)]
-unsafe fn q6k<const VNNI: bool, const TILE: usize>(
-    row: &[u8],
-    tokens: &Tokens<TILE>,
-) -> [f32; TILE] {
+unsafe fn q6k_256<const TILE: usize>(row: &[u8], tokens: &Tokens<TILE>) -> [f32; TILE] {
     let mut acc = [_mm256_setzero_ps(); TILE];
     let nibble = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
@@ -379,7 +370,7 @@ unsafe fn q6k<const VNNI: bool, const TILE: usize>(
                 // (q − 32)·a summed over pairs: the quants are stored 32 above their value.
                 let products = _mm256_maddubs_epi16(u[j], load(a.add(32 * j)));
                 let offset = load(offsets.add(32 * j));
-                total = add_scaled::<VNNI>(total, _mm256_sub_epi16(products, offset), scales[j]);
+                total = add_scaled(total, _mm256_sub_epi16(products, offset), scales[j]);
             }
             let da = *tokens.scales[t].add(b);
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * da), *acc);
