@@ -123,8 +123,7 @@ impl Reference {
     /// Seconds for a forward over 1…32 new tokens after 64 cached ones (best of `repeats`),
     /// measured as [`ForwardCosts::measure`] measures ours.
     fn forward_costs(&mut self, vocab: u32, repeats: usize) -> Result<Vec<f64>> {
-        let context: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
-        let batch: Vec<u32> = (0..32u32).map(|i| (i * 104_729 + 5) % vocab).collect();
+        let (context, batch) = ForwardCosts::probe_tokens(vocab, 32);
         let mut costs = Vec::new();
         for k in FORWARD_LENGTHS {
             let mut best = f64::INFINITY;

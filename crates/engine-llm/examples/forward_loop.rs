@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use engine_llm::{LanguageModel, LoadOptions};
-use spec_core::{Decoder, LogitRows};
+use spec_core::{Decoder, ForwardCosts, LogitRows};
 
 fn main() -> Result<()> {
     let mut model_name = String::from("qwen2.5-coder-1.5b-instruct");
@@ -25,11 +25,7 @@ fn main() -> Result<()> {
     }
     let loading = Instant::now();
     let mut model = LanguageModel::open(&model_name, &LoadOptions::default())?;
-    let vocab = model.model.vocab_size() as u32;
-    let context: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
-    let batch: Vec<u32> = (0..tokens as u32)
-        .map(|i| (i * 104_729 + 5) % vocab)
-        .collect();
+    let (context, batch) = ForwardCosts::probe_tokens(model.model.vocab_size() as u32, tokens);
     model.model.forward_tokens(&context, LogitRows::Last(1))?;
     model.model.forward_tokens(&batch, LogitRows::All)?;
     model.model.truncate(context.len())?;

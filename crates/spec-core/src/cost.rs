@@ -55,6 +55,17 @@ impl ForwardCosts {
         Ok(Self { seconds })
     }
 
+    /// The tokens [`ForwardCosts::measure`] times: a 64-token context and a batch of
+    /// `max_tokens` new tokens, spread over a vocabulary of `vocab`. Other implementations'
+    /// costs measured on these tokens compare with ours.
+    pub fn probe_tokens(vocab: u32, max_tokens: usize) -> (Vec<u32>, Vec<u32>) {
+        let context = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let batch = (0..max_tokens as u32)
+            .map(|i| (i * 104_729 + 5) % vocab)
+            .collect();
+        (context, batch)
+    }
+
     /// Times forwards of 1 to `max_tokens` tokens after a 64-token context (best of `repeats`),
     /// rolling each back. Leaves the model's cache empty.
     pub fn measure<D: Decoder + ?Sized>(
@@ -62,13 +73,9 @@ impl ForwardCosts {
         max_tokens: usize,
         repeats: usize,
     ) -> Result<Self> {
-        let vocab = model.vocab_size() as u32;
-        let context: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let (context, batch) = Self::probe_tokens(model.vocab_size() as u32, max_tokens);
         model.reset();
         forward_tokens(model, &context, LogitRows::Last(1))?;
-        let batch: Vec<u32> = (0..max_tokens as u32)
-            .map(|i| (i * 104_729 + 5) % vocab)
-            .collect();
         // One untimed forward lets lazily prepared weights (repacking) settle.
         forward_tokens(model, &batch[..1], LogitRows::All)?;
         model.truncate(context.len())?;
