@@ -18,13 +18,14 @@ pub const MEASURED_FORWARD: usize = 32;
 #[derive(Serialize, Deserialize, PartialEq)]
 struct CachedCosts {
     cpu: String,
+    kernels: String,
     threads: usize,
     /// (tokens, seconds)
     points: Vec<(usize, f64)>,
 }
 
-/// This machine's CPU model and available threads, as cached costs are keyed.
-fn machine() -> (String, usize) {
+/// This machine's CPU model, the kernels and their threads, as cached costs are keyed.
+fn machine() -> (String, String, usize) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {
@@ -34,8 +35,12 @@ fn machine() -> (String, usize) {
                 .map(|name| name.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cpu, threads)
+    let kernels = format!(
+        "spec-kernels {} {:?}",
+        spec_kernels::VERSION,
+        spec_kernels::Isa::best()
+    );
+    (cpu, kernels, spec_kernels::threads())
 }
 
 fn cache_path(weights: &Path) -> PathBuf {
@@ -48,18 +53,19 @@ fn cache_path(weights: &Path) -> PathBuf {
 /// on this machine, else measured now (leaving the model's cache empty) and cached if the
 /// folder is writable.
 pub fn forward_costs<D: Decoder>(model: &mut D, weights: &Path) -> Result<ForwardCosts> {
-    let (cpu, threads) = machine();
+    let (cpu, kernels, threads) = machine();
     let path = cache_path(weights);
     let cached = std::fs::read_to_string(&path)
         .ok()
         .and_then(|text| serde_json::from_str::<CachedCosts>(&text).ok())
-        .filter(|c| c.cpu == cpu && c.threads == threads);
+        .filter(|c| c.cpu == cpu && c.kernels == kernels && c.threads == threads);
     if let Some(costs) = cached.and_then(|c| ForwardCosts::from_points(&c.points).ok()) {
         return Ok(costs);
     }
     let costs = ForwardCosts::measure(model, MEASURED_FORWARD, 3)?;
     let record = CachedCosts {
         cpu,
+        kernels,
         threads,
         points: costs.table(),
     };

@@ -371,6 +371,14 @@ fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
     std::fs::write(&cache, record.to_string()).unwrap();
     let remeasured = engine_llm::forward_costs(&mut model, &path).unwrap();
     assert!(remeasured.cost(1) < 9.0);
+    // So are costs measured with other kernels.
+    let text = std::fs::read_to_string(&cache).unwrap();
+    let mut record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    record["kernels"] = "other kernels".into();
+    record["points"] = serde_json::json!([[1, 9.0], [2, 9.5]]);
+    std::fs::write(&cache, record.to_string()).unwrap();
+    let remeasured = engine_llm::forward_costs(&mut model, &path).unwrap();
+    assert!(remeasured.cost(1) < 9.0);
 }
 
 #[test]

@@ -272,6 +272,14 @@ impl QMatrix {
     }
 }
 
+/// This crate's version, e.g. to tag measurements that depend on the kernels.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Threads the kernels run on (one per core, or `SPECVOICE_THREADS`).
+pub fn threads() -> usize {
+    Pool::global().threads()
+}
+
 /// This machine's memory read bandwidth in GB/s with `threads` threads (best of three sums
 /// over a 1 GiB buffer): the limit of one-token decoding, which reads every weight once.
 pub fn read_bandwidth_gbs(threads: usize) -> f64 {
