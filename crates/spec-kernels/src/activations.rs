@@ -2,9 +2,9 @@
 //!
 //! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
 //! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
-//! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4), of its value
-//! pairs (times 32) and of all 32, which the
-//! kernels need for the formats whose quants carry an offset or a minimum.
+//! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4) and of all
+//! 32, and every group of 16 its sum times −32: the kernels need them for the formats whose
+//! quants carry an offset or a minimum.
 
 /// A batch of quantized token rows.
 pub(crate) struct QuantizedTokens {
@@ -19,8 +19,9 @@ pub(crate) struct QuantizedTokens {
     pub lane_sums: Vec<i32>,
     /// `tokens × cols / 32` sums of each group of 32 quants.
     pub group_sums: Vec<i16>,
-    /// `tokens × cols / 2` sums of neighbouring quant pairs, times 32: Q6_K's offset.
-    pub q6k_offsets: Vec<i16>,
+    /// `tokens × cols / 16` sums of each group of 16 quants times −32: Q6_K's offset (its
+    /// quants are stored 32 above their value).
+    pub q6k_offsets: Vec<i32>,
 }
 
 impl QuantizedTokens {
@@ -47,9 +48,9 @@ impl QuantizedTokens {
             .chunks_exact(8)
             .map(|g| g.iter().sum::<i32>() as i16)
             .collect();
-        let q6k_offsets = quants
-            .chunks_exact(2)
-            .map(|p| 32 * (p[0] as i16 + p[1] as i16))
+        let q6k_offsets = lane_sums
+            .chunks_exact(4)
+            .map(|g| -32 * g.iter().sum::<i32>())
             .collect();
         Self {
             cols,
@@ -83,5 +84,11 @@ impl QuantizedTokens {
     pub fn group_sums_of(&self, t: usize) -> &[i16] {
         let per = self.cols / 32;
         &self.group_sums[t * per..(t + 1) * per]
+    }
+
+    /// Token `t`'s Q6_K offsets, one per group of 16.
+    pub fn q6k_offsets_of(&self, t: usize) -> &[i32] {
+        let per = self.cols / 16;
+        &self.q6k_offsets[t * per..(t + 1) * per]
     }
 }

@@ -4,10 +4,12 @@
 //! (one token) and speculative verification (2–32 tokens): every weight block is read once
 //! per batch and unpacked once, then met by every token of the batch.
 //!
-//! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]), in ggml's own block layout, so
-//!   weights are used as the file stores them.
-//! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd` on 256-bit registers), AVX2 + FMA,
-//!   and portable Rust, chosen at run time. All three give **bit-identical** results: integer
+//! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]). The 32-weight formats are used
+//!   in ggml's own block layout, a row at a time; Q4_K and Q6_K are repacked at load into
+//!   panels of 16 interleaved rows (same bytes per weight), one row per register lane, which
+//!   halves the multiplications of multi-token passes.
+//! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd`), AVX2 + FMA, and portable Rust,
+//!   chosen at run time. All three give **bit-identical** results: integer
 //!   dot products are exact, and the float arithmetic after them is the same sequence of
 //!   fused multiply-adds in every path (see [`portable`](crate::portable) for the contract).
 //! - **Batch-invariant**: a token's result does not depend on how many tokens share the call
@@ -32,15 +34,20 @@
 //! ```
 
 mod activations;
+mod aligned;
 mod formats;
+mod panels;
 mod pool;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_panels;
 
 use std::ops::Range;
 
 use crate::activations::QuantizedTokens;
+use crate::aligned::CacheAligned;
 pub use crate::formats::{dequantize_block, Format};
 use crate::pool::Pool;
 
@@ -68,8 +75,8 @@ pub enum KernelError {
 /// An instruction set the kernels can use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 256-bit registers, `vpdpwssd` on
-    /// 512-bit ones for Q4_K and Q6_K.
+    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 512-bit registers (16 rows of a
+    /// K-quant panel at once) and on 256-bit ones for the 32-weight formats.
     Avx512Vnni,
     /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
     Avx2,
@@ -114,7 +121,7 @@ pub struct QMatrix {
     format: Format,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: CacheAligned,
 }
 
 impl QMatrix {
@@ -140,11 +147,16 @@ impl QMatrix {
                 expected,
             });
         }
+        let data = if panels::is_paneled(format) {
+            panels::to_panels(format, rows, cols, &data)
+        } else {
+            CacheAligned::copied(&data)
+        };
         Ok(Self {
             format,
             rows,
             cols,
-            data: formats::to_kernel_layout(format, data),
+            data,
         })
     }
 
@@ -160,13 +172,13 @@ impl QMatrix {
         self.cols
     }
 
+    /// Bytes of a row (32-weight formats) or of a panel of 16 rows (K-quants).
     fn row_bytes(&self) -> usize {
-        self.cols / self.format.block_len() * formats::kernel_block_bytes(self.format)
-    }
-
-    fn row(&self, r: usize) -> &[u8] {
-        let n = self.row_bytes();
-        &self.data[r * n..(r + 1) * n]
+        if panels::is_paneled(self.format) {
+            self.cols / 256 * panels::panel_block_bytes(self.format)
+        } else {
+            self.format.row_bytes(self.cols)
+        }
     }
 
     /// Row `r` dequantized (`cols` values), e.g. an embedding lookup.
@@ -178,14 +190,24 @@ impl QMatrix {
             });
         }
         check_len("the output row", out.len(), self.cols)?;
-        let len = self.format.block_len();
-        let bytes = formats::kernel_block_bytes(self.format);
-        for (block, out) in self
-            .row(r)
-            .chunks_exact(bytes)
-            .zip(out.chunks_exact_mut(len))
-        {
-            formats::dequantize_kernel_block(self.format, block, out);
+        let n = self.row_bytes();
+        if panels::is_paneled(self.format) {
+            let (p, lane) = (r / panels::PANEL_ROWS, r % panels::PANEL_ROWS);
+            let bytes = panels::panel_block_bytes(self.format);
+            for (block, out) in self.data.as_slice()[p * n..(p + 1) * n]
+                .chunks_exact(bytes)
+                .zip(out.chunks_exact_mut(256))
+            {
+                panels::dequantize_row(self.format, block, lane, out);
+            }
+        } else {
+            let bytes = self.format.block_bytes();
+            for (block, out) in self.data.as_slice()[r * n..(r + 1) * n]
+                .chunks_exact(bytes)
+                .zip(out.chunks_exact_mut(self.format.block_len()))
+            {
+                dequantize_block(self.format, block, out);
+            }
         }
         Ok(())
     }
@@ -237,13 +259,14 @@ impl QMatrix {
     }
 
     /// `out[r · n + t]` = row r · token t for every row and the n tokens of `acts`, rows split
-    /// into a few equal tasks per thread of the pool, taken first come first served.
+    /// into a few equal tasks per thread of the pool (whole panels), taken first come first
+    /// served.
     fn rows_in_parallel(&self, isa: Isa, acts: &QuantizedTokens, n: usize, out: &mut [f32]) {
         let pool = Pool::global();
         let rows_per_task = self
             .rows
             .div_ceil(TASKS_PER_THREAD * pool.threads())
-            .max(MIN_ROWS_PER_TASK);
+            .next_multiple_of(panels::PANEL_ROWS);
         let shared = SharedOut::new(out);
         pool.run(self.rows.div_ceil(rows_per_task), &|task| {
             let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
@@ -253,10 +276,14 @@ impl QMatrix {
         });
     }
 
-    /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`.
+    /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`
+    /// (`rows.start` a multiple of 16).
     fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
+        if panels::is_paneled(self.format) {
+            return self.panels_dot(isa, rows, acts, out);
+        }
         let row_bytes = self.row_bytes();
-        let data = &self.data[rows.start * row_bytes..rows.end * row_bytes];
+        let data = &self.data.as_slice()[rows.start * row_bytes..rows.end * row_bytes];
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni | Isa::Avx2 => {
@@ -266,6 +293,28 @@ impl QMatrix {
                 let n = out.len() / rows.len();
                 for (row, out) in data.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
                     portable::row_dot(self.format, row, acts, out);
+                }
+            }
+        }
+    }
+
+    /// [`QMatrix::rows_dot`] for the K-quants' panels.
+    fn panels_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
+        let panel_bytes = self.row_bytes();
+        let panels = rows.start / panels::PANEL_ROWS..rows.end.div_ceil(panels::PANEL_ROWS);
+        let data = &self.data.as_slice()[panels.start * panel_bytes..panels.end * panel_bytes];
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni | Isa::Avx2 => {
+                x86_panels::panels_dot(isa, self.format, data, rows.len(), acts, out)
+            }
+            _ => {
+                let n = out.len() / rows.len();
+                for (p, panel) in data.chunks_exact(panel_bytes).enumerate() {
+                    let first = p * panels::PANEL_ROWS;
+                    let here = panels::PANEL_ROWS.min(rows.len() - first);
+                    let out = &mut out[first * n..(first + here) * n];
+                    panels::panel_dot(self.format, panel, here, acts, out);
                 }
             }
         }
@@ -309,8 +358,6 @@ pub fn read_bandwidth_gbs(threads: usize) -> f64 {
 const MAX_TOKENS_PER_PASS: usize = 64;
 /// Tasks per thread: a few, so that a thread that starts late or runs slower takes fewer.
 const TASKS_PER_THREAD: usize = 4;
-/// The fewest rows a thread takes at a time.
-const MIN_ROWS_PER_TASK: usize = 16;
 
 /// An output buffer that tasks write disjoint ranges of.
 struct SharedOut {
