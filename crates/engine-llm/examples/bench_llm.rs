@@ -9,6 +9,11 @@
 //! ```
 //!
 //! `cargo xtask bench llm` runs it and files the results with the machine and date.
+//!
+//! With `SPECVOICE_LLAMA_BENCH` set to a `llama-bench` binary (llama.cpp built by you, outside
+//! this repository), llama.cpp is measured in the same run on the same GGUF files (decode
+//! `tg128`; forwards of k tokens as `pp k` after 64 tokens of context); otherwise its figures
+//! recorded on this kind of machine are shown, marked as such.
 //! ```text
 //! ```
 
@@ -55,6 +60,66 @@ const LLAMA_CPP_FORWARD_MS: [(&str, [Option<f64>; 6]); 2] = [
         ],
     ),
 ];
+
+/// llama.cpp on the same GGUF, measured in this run by a `llama-bench` binary.
+struct LlamaCpp {
+    binary: std::path::PathBuf,
+}
+
+/// What llama.cpp measured for one model: decode tokens/s and the ms of a forward over each of
+/// [`FORWARD_LENGTHS`] new tokens.
+struct LlamaCppFigures {
+    decode: f64,
+    forward_ms: Vec<Option<f64>>,
+}
+
+impl LlamaCpp {
+    fn from_env() -> Option<Self> {
+        std::env::var_os("SPECVOICE_LLAMA_BENCH").map(|binary| Self {
+            binary: binary.into(),
+        })
+    }
+
+    /// Runs `llama-bench` with two threads and JSON output; its records.
+    fn run(&self, gguf: &Path, args: &[&str]) -> Result<Vec<serde_json::Value>> {
+        let output = std::process::Command::new(&self.binary)
+            .arg("-m")
+            .arg(gguf)
+            .args(["-t", "2", "-r", "3", "-o", "json"])
+            .args(args)
+            .output()
+            .with_context(|| format!("running {}", self.binary.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{} failed: {}",
+                self.binary.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        serde_json::from_slice(&output.stdout).context("llama-bench's JSON output")
+    }
+
+    fn measure(&self, gguf: &Path) -> Result<LlamaCppFigures> {
+        let lengths: Vec<String> = FORWARD_LENGTHS.iter().map(|k| k.to_string()).collect();
+        let forwards = self.run(gguf, &["-d", "64", "-n", "0", "-p", &lengths.join(",")])?;
+        let forward_ms = FORWARD_LENGTHS
+            .iter()
+            .map(|&k| {
+                forwards
+                    .iter()
+                    .find(|r| r["n_prompt"].as_u64() == Some(k as u64))
+                    .and_then(|r| r["avg_ns"].as_f64())
+                    .map(|ns| ns / 1e6)
+            })
+            .collect();
+        let decode = self.run(gguf, &["-p", "0", "-n", "128"])?;
+        let decode = decode
+            .first()
+            .and_then(|r| r["avg_ts"].as_f64())
+            .context("llama-bench reported no decode rate")?;
+        Ok(LlamaCppFigures { decode, forward_ms })
+    }
+}
 
 /// Bytes of weights a one-token forward reads: every tensor but the embedding table (of
 /// which it reads one row), which it reads whole as the output layer when they are tied.
@@ -225,7 +290,8 @@ fn main() -> Result<()> {
     let turns = first_turns(questions)?;
     let mut tables = Vec::new();
 
-    // Forward costs: ours, candle-transformers' on the same GGUF, and llama.cpp's recorded.
+    // Forward costs: ours, candle-transformers' on the same GGUF, and llama.cpp's (measured
+    // here when a llama-bench binary is given, else recorded).
     // Models are loaded once; measuring their costs also warms them, so no timing below
     // includes one-time work.
     let bandwidth = spec_kernels::read_bandwidth_gbs(2);
@@ -233,6 +299,8 @@ fn main() -> Result<()> {
     let mut models = std::collections::HashMap::new();
     let mut weight_bytes = std::collections::HashMap::new();
     let mut cost_rows = Vec::new();
+    let llama_cpp = LlamaCpp::from_env();
+    let mut llama_cpp_decode = std::collections::HashMap::new();
     let cost_row = |name: &str, who: &str, ms: Vec<Option<f64>>| {
         let mut row = vec![name.to_string(), who.to_string()];
         row.extend(
@@ -261,7 +329,11 @@ fn main() -> Result<()> {
             "candle-transformers",
             theirs.iter().map(|&s| Some(s * 1e3)).collect(),
         ));
-        if let Some((_, ms)) = LLAMA_CPP_FORWARD_MS.iter().find(|(n, _)| *n == name) {
+        if let Some(llama_cpp) = &llama_cpp {
+            let figures = llama_cpp.measure(&model.weights)?;
+            cost_rows.push(cost_row(name, "llama.cpp (this run)", figures.forward_ms));
+            llama_cpp_decode.insert(name, figures.decode);
+        } else if let Some((_, ms)) = LLAMA_CPP_FORWARD_MS.iter().find(|(n, _)| *n == name) {
             cost_rows.push(cost_row(name, "llama.cpp (recorded)", ms.to_vec()));
         }
         weight_bytes.insert(name, weight_bytes_per_token(&model.weights)?);
@@ -301,11 +373,12 @@ fn main() -> Result<()> {
             ref_time += t;
         }
         let ref_rate = rate(ref_tokens, ref_time);
-        let llama_cpp = LLAMA_CPP_DECODE
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, r)| *r)
-            .unwrap_or(f64::NAN);
+        let llama_cpp = llama_cpp_decode.get(name).copied().unwrap_or_else(|| {
+            LLAMA_CPP_DECODE
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(f64::NAN, |(_, r)| *r)
+        });
         let limit = bandwidth * 1e9 / weight_bytes[name];
         ar_rows.push(vec![
             name.to_string(),
@@ -322,9 +395,17 @@ fn main() -> Result<()> {
     }
     tables.push(Table {
         caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens (tokens/s, prompt included; bandwidth limit = {bandwidth:.1} GB/s measured here ÷ weight bytes per token)"),
-        columns: ["model", "SpecVoice", "of the bandwidth limit", "candle-transformers", "ratio", "llama.cpp (recorded)", "ratio to llama.cpp"]
-            .map(String::from)
-            .to_vec(),
+        columns: [
+            "model",
+            "SpecVoice",
+            "of the bandwidth limit",
+            "candle-transformers",
+            "ratio",
+            if llama_cpp.is_some() { "llama.cpp tg128 (this run)" } else { "llama.cpp (recorded)" },
+            "ratio to llama.cpp",
+        ]
+        .map(String::from)
+        .to_vec(),
         rows: ar_rows,
     });
 

@@ -63,6 +63,63 @@ impl QLinear {
     }
 }
 
+impl QLinear {
+    /// Several layers of one input `x` (`[.., in]`), e.g. a layer's query, key and value
+    /// projections: when all have kernels, one pass on the kernels' pool that quantizes `x`
+    /// once; otherwise one after the other.
+    pub fn forward_many<const N: usize>(linears: [&QLinear; N], x: &Tensor) -> Result<[Tensor; N]> {
+        let matrices: Option<Vec<&QMatrix>> = linears
+            .iter()
+            .map(|linear| match linear {
+                Self::Kernel(m) => Some(m.as_ref()),
+                Self::Candle(_) => None,
+            })
+            .collect();
+        let outputs = match matrices {
+            Some(matrices) if x.device().is_cpu() => kernel_products(&matrices, x)?,
+            _ => linears
+                .iter()
+                .map(|linear| linear.forward(x))
+                .collect::<candle_core::Result<_>>()?,
+        };
+        Ok(outputs
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one output per layer")))
+    }
+}
+
+/// `x · Wᵢᵀ` for every matrix, in one [`QMatrix::matmul_many`].
+fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
+    let dims = x.dims();
+    let cols = *dims.last().unwrap_or(&0);
+    if let Some(m) = matrices.iter().find(|m| m.cols() != cols) {
+        return Err(candle_core::Error::Msg(format!(
+            "matmul of a [{}, {}] matrix with input {dims:?}",
+            m.rows(),
+            m.cols()
+        ))
+        .into());
+    }
+    let x = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let tokens = x.len() / cols.max(1);
+    let mut outs: Vec<Vec<f32>> = matrices
+        .iter()
+        .map(|m| vec![0f32; tokens * m.rows()])
+        .collect();
+    let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    QMatrix::matmul_many(matrices, &x, tokens, &mut views).map_err(candle_core::Error::wrap)?;
+    let device = Device::Cpu;
+    matrices
+        .iter()
+        .zip(outs)
+        .map(|(m, out)| {
+            let mut shape = dims.to_vec();
+            *shape.last_mut().expect("cols checked") = m.rows();
+            Ok(Tensor::from_vec(out, shape, &device)?)
+        })
+        .collect()
+}
+
 impl Module for QLinear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
@@ -183,5 +240,43 @@ mod tests {
                 "{dtype:?}: error {ours} against candle's {theirs}"
             );
         }
+    }
+
+    #[test]
+    fn layers_of_one_input_give_their_separate_products() {
+        let device = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (1, 5, 512), &device).unwrap();
+        let kernels: Vec<QLinear> = [GgmlDType::Q4K, GgmlDType::Q8_0, GgmlDType::Q6K]
+            .into_iter()
+            .map(|dtype| QLinear::new(quantized(dtype).1, &device).unwrap())
+            .collect();
+        let candle = QLinear::Candle(QMatMul::from_arc(quantized(GgmlDType::Q4K).1).unwrap());
+        for layers in [
+            [&kernels[0], &kernels[1], &kernels[2]],
+            [&kernels[0], &candle, &kernels[2]],
+        ] {
+            let together = QLinear::forward_many(layers, &x).unwrap();
+            for (layer, y) in layers.iter().zip(&together) {
+                let alone = layer.forward(&x).unwrap();
+                assert_eq!(y.dims(), [1, 5, 24]);
+                let (y, alone): (Vec<f32>, Vec<f32>) = (
+                    y.flatten_all().unwrap().to_vec1().unwrap(),
+                    alone.flatten_all().unwrap().to_vec1().unwrap(),
+                );
+                assert_eq!(y, alone);
+            }
+        }
+        let narrow = QLinear::new(
+            Arc::new(
+                QTensor::quantize(
+                    &Tensor::zeros((16, 256), DType::F32, &device).unwrap(),
+                    GgmlDType::Q8_0,
+                )
+                .unwrap(),
+            ),
+            &device,
+        )
+        .unwrap();
+        assert!(QLinear::forward_many([&kernels[0], &narrow], &x).is_err());
     }
 }

@@ -146,8 +146,8 @@ impl Transformer {
             x = (x + attended)?;
             let normed = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let ffn = &layer.ffn;
-            let gate = candle_nn::ops::silu(&ffn.gate.forward(&normed)?)?;
-            let hidden = (gate * ffn.up.forward(&normed)?)?;
+            let [gate, up] = QLinear::forward_many([&ffn.gate, &ffn.up], &normed)?;
+            let hidden = (candle_nn::ops::silu(&gate)? * up)?;
             x = (x + ffn.down.forward(&hidden)?)?;
         }
         let x = if rows < n {
@@ -277,9 +277,7 @@ fn attention(
     let (_, n, _) = x.dims3()?;
     let (heads, kv_heads, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
     let group = heads / kv_heads;
-    let mut q = weights.q.forward(x)?;
-    let mut k = weights.k.forward(x)?;
-    let mut v = weights.v.forward(x)?;
+    let [mut q, mut k, mut v] = QLinear::forward_many([&weights.q, &weights.k, &weights.v], x)?;
     if let Some([bq, bk, bv]) = &weights.bias {
         q = q.broadcast_add(bq)?;
         k = k.broadcast_add(bk)?;

@@ -227,53 +227,104 @@ impl QMatrix {
         tokens: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
+        Self::matmul_many_with(isa, &[self], x, tokens, &mut [out])
+    }
+
+    /// [`QMatrix::matmul`] of several matrices with the same input (a layer's query, key and
+    /// value projections, say) in one pass on the pool: `outs[i]` = `matrices[i]` · x. The input
+    /// is quantized once, and one wait for the threads serves them all.
+    pub fn matmul_many(
+        matrices: &[&QMatrix],
+        x: &[f32],
+        tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        Self::matmul_many_with(Isa::best(), matrices, x, tokens, outs)
+    }
+
+    /// [`QMatrix::matmul_many`] with a chosen instruction set.
+    pub fn matmul_many_with(
+        isa: Isa,
+        matrices: &[&QMatrix],
+        x: &[f32],
+        tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
         if !isa.available() {
             return Err(KernelError::Unsupported(isa));
         }
-        check_len("the input", x.len(), tokens * self.cols)?;
-        check_len("the output", out.len(), tokens * self.rows)?;
-        if tokens == 0 || self.rows == 0 {
+        check_len("the outputs", outs.len(), matrices.len())?;
+        let Some(cols) = matrices.first().map(|m| m.cols) else {
+            return Ok(());
+        };
+        for (m, out) in matrices.iter().zip(outs.iter()) {
+            check_len("a matrix's columns", m.cols, cols)?;
+            check_len("the output", out.len(), tokens * m.rows)?;
+        }
+        check_len("the input", x.len(), tokens * cols)?;
+        if tokens == 0 {
             return Ok(());
         }
-        let block = self.format.block_len();
-        if tokens == 1 {
-            let acts = QuantizedTokens::new(x, 1, self.cols, block);
-            self.rows_in_parallel(isa, &acts, 1, out);
-            return Ok(());
-        }
-        // Token chunks bound the activations one row meets to what stays in L1/L2.
-        let mut pass = Vec::new();
+        let pool = Pool::global();
+        let total_rows: usize = matrices.iter().map(|m| m.rows).sum();
+        let rows_per_task = total_rows
+            .div_ceil(TASKS_PER_THREAD * pool.threads())
+            .next_multiple_of(panels::PANEL_ROWS);
+        let tasks: Vec<(usize, Range<usize>)> = matrices
+            .iter()
+            .enumerate()
+            .flat_map(|(i, m)| {
+                (0..m.rows)
+                    .step_by(rows_per_task)
+                    .map(move |start| (i, start..m.rows.min(start + rows_per_task)))
+            })
+            .collect();
+        // One token's results are laid out as a pass's; batches go through `[rows, n]`
+        // buffers, in chunks that bound the activations a row meets to what stays in L1/L2.
+        let chunk = tokens.min(MAX_TOKENS_PER_PASS);
+        let mut passes: Vec<Vec<f32>> = match tokens {
+            1 => Vec::new(),
+            _ => matrices
+                .iter()
+                .map(|m| vec![0f32; m.rows * chunk])
+                .collect(),
+        };
         for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
             let n = MAX_TOKENS_PER_PASS.min(tokens - first);
-            let x = &x[first * self.cols..(first + n) * self.cols];
-            let acts = QuantizedTokens::new(x, n, self.cols, block);
-            pass.resize(self.rows * n, 0.0);
-            self.rows_in_parallel(isa, &acts, n, &mut pass);
-            for (r, values) in pass.chunks_exact(n).enumerate() {
-                for (t, &v) in values.iter().enumerate() {
-                    out[(first + t) * self.rows + r] = v;
+            let x = &x[first * cols..(first + n) * cols];
+            let quantized = |block: usize| {
+                let needed = matrices.iter().any(|m| m.format.block_len() == block);
+                needed.then(|| QuantizedTokens::new(x, n, cols, block))
+            };
+            let (by_32, by_256) = (quantized(32), quantized(256));
+            let shared: Vec<SharedOut> = if tokens == 1 {
+                outs.iter_mut().map(|out| SharedOut::new(out)).collect()
+            } else {
+                passes.iter_mut().map(|pass| SharedOut::new(pass)).collect()
+            };
+            pool.run(tasks.len(), &|task| {
+                let (i, rows) = &tasks[task];
+                let m = matrices[*i];
+                let acts = match m.format.block_len() {
+                    32 => by_32.as_ref(),
+                    _ => by_256.as_ref(),
+                };
+                let acts = acts.expect("quantized for every block length in use");
+                // SAFETY: tasks write disjoint row ranges of their matrix's buffer.
+                let out = unsafe { shared[*i].range(rows.start * n..rows.end * n) };
+                m.rows_dot(isa, rows.clone(), acts, out);
+            });
+            if tokens > 1 {
+                for ((m, pass), out) in matrices.iter().zip(&passes).zip(outs.iter_mut()) {
+                    for (r, values) in pass.chunks_exact(n).take(m.rows).enumerate() {
+                        for (t, &v) in values.iter().enumerate() {
+                            out[(first + t) * m.rows + r] = v;
+                        }
+                    }
                 }
             }
         }
         Ok(())
-    }
-
-    /// `out[r · n + t]` = row r · token t for every row and the n tokens of `acts`, rows split
-    /// into a few equal tasks per thread of the pool (whole panels), taken first come first
-    /// served.
-    fn rows_in_parallel(&self, isa: Isa, acts: &QuantizedTokens, n: usize, out: &mut [f32]) {
-        let pool = Pool::global();
-        let rows_per_task = self
-            .rows
-            .div_ceil(TASKS_PER_THREAD * pool.threads())
-            .next_multiple_of(panels::PANEL_ROWS);
-        let shared = SharedOut::new(out);
-        pool.run(self.rows.div_ceil(rows_per_task), &|task| {
-            let rows = task * rows_per_task..self.rows.min((task + 1) * rows_per_task);
-            // SAFETY: tasks write disjoint row ranges.
-            let out = unsafe { shared.range(rows.start * n..rows.end * n) };
-            self.rows_dot(isa, rows, acts, out);
-        });
     }
 
     /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`

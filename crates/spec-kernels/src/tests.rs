@@ -203,6 +203,53 @@ fn batches_longer_than_one_pass_match_single_tokens() {
 }
 
 #[test]
+fn several_matrices_of_one_input_match_their_separate_products() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let cols = 512;
+    let matrices: Vec<QMatrix> = [(Format::Q4K, 40), (Format::Q8_0, 7), (Format::Q6K, 17)]
+        .into_iter()
+        .map(|(format, rows)| random_matrix(format, rows, cols, &mut rng))
+        .collect();
+    let all: Vec<&QMatrix> = matrices.iter().collect();
+    for tokens in [1, 5, crate::MAX_TOKENS_PER_PASS + 3] {
+        let x = random_input(tokens, cols, &mut rng);
+        for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+            let mut outs: Vec<Vec<f32>> = matrices
+                .iter()
+                .map(|m| vec![f32::NAN; tokens * m.rows()])
+                .collect();
+            let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+            QMatrix::matmul_many_with(isa, &all, &x, tokens, &mut views).unwrap();
+            for (m, out) in matrices.iter().zip(&outs) {
+                assert_eq!(*out, matmul(m, isa, &x, tokens), "{isa:?} {:?}", m.format());
+            }
+        }
+    }
+    let narrow = random_matrix(Format::Q8_0, 3, 256, &mut rng);
+    let mut a = vec![0f32; matrices[0].rows()];
+    let mut b = vec![0f32; 3];
+    assert!(matches!(
+        QMatrix::matmul_many(
+            &[&matrices[0], &narrow],
+            &[0.0; 512],
+            1,
+            &mut [&mut a, &mut b]
+        ),
+        Err(KernelError::WrongLength {
+            what: "a matrix's columns",
+            ..
+        })
+    ));
+    assert!(matches!(
+        QMatrix::matmul_many(&[&matrices[0]], &[0.0; 512], 1, &mut []),
+        Err(KernelError::WrongLength {
+            what: "the outputs",
+            ..
+        })
+    ));
+}
+
+#[test]
 fn matrices_hold_the_values_of_their_ggml_blocks() {
     let mut rng = StdRng::seed_from_u64(8);
     for format in Format::ALL {
