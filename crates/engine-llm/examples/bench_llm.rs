@@ -12,7 +12,7 @@
 //!
 //! With `SPECVOICE_LLAMA_BENCH` set to a `llama-bench` binary (llama.cpp built by you, outside
 //! this repository), llama.cpp is measured in the same run on the same GGUF files (decode
-//! `tg128`; forwards of k tokens as `pp k` after 64 tokens of context); otherwise its figures
+//! `tg128`; forwards of k tokens as `pp k`, on an empty context); otherwise its figures
 //! recorded on this kind of machine are shown, marked as such.
 //! ```text
 //! ```
@@ -101,7 +101,7 @@ impl LlamaCpp {
 
     fn measure(&self, gguf: &Path) -> Result<LlamaCppFigures> {
         let lengths: Vec<String> = FORWARD_LENGTHS.iter().map(|k| k.to_string()).collect();
-        let forwards = self.run(gguf, &["-d", "64", "-n", "0", "-p", &lengths.join(",")])?;
+        let forwards = self.run(gguf, &["-n", "0", "-p", &lengths.join(",")])?;
         let forward_ms = FORWARD_LENGTHS
             .iter()
             .map(|&k| {
