@@ -2,9 +2,10 @@
 //!
 //! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
 //! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
-//! values also keeps the sums of its four-value lanes (lane i sums values 4i..4i+4) and of all
-//! 32, and every group of 16 its sum times −32: the kernels need them for the formats whose
-//! quants carry an offset or a minimum.
+//! values also keeps the sum of all 32 and, for the 32-weight formats, the sums of its
+//! four-value lanes (lane i sums values 4i..4i+4); for the K-quants every group of 16 keeps its
+//! sum times −32. The kernels need them for the formats whose quants carry an offset or a
+//! minimum; each block length computes only what its formats read.
 
 /// A batch of quantized token rows.
 pub(crate) struct QuantizedTokens {
@@ -15,12 +16,12 @@ pub(crate) struct QuantizedTokens {
     pub scales: Vec<f32>,
     /// `tokens × cols` quants.
     pub quants: Vec<i8>,
-    /// `tokens × cols / 4` lane sums.
+    /// `tokens × cols / 4` lane sums (block 32; empty for 256).
     pub lane_sums: Vec<i32>,
     /// `tokens × cols / 32` sums of each group of 32 quants.
     pub group_sums: Vec<i16>,
     /// `tokens × cols / 16` sums of each group of 16 quants times −32: Q6_K's offset (its
-    /// quants are stored 32 above their value).
+    /// quants are stored 32 above their value; block 256, empty for 32).
     pub q6k_offsets: Vec<i32>,
 }
 
@@ -40,18 +41,14 @@ impl QuantizedTokens {
             }
             scales.push(scale);
         }
-        let lane_sums: Vec<i32> = quants
-            .chunks_exact(4)
-            .map(|lane| lane.iter().map(|&q| q as i32).sum())
-            .collect();
-        let group_sums = lane_sums
-            .chunks_exact(8)
-            .map(|g| g.iter().sum::<i32>() as i16)
-            .collect();
-        let q6k_offsets = lane_sums
-            .chunks_exact(4)
-            .map(|g| -32 * g.iter().sum::<i32>())
-            .collect();
+        let sum = |q: &[i8]| q.iter().map(|&q| q as i32).sum::<i32>();
+        let (lane_sums, q6k_offsets) = if block == 32 {
+            (quants.chunks_exact(4).map(sum).collect(), Vec::new())
+        } else {
+            let offsets = quants.chunks_exact(16).map(|g| -32 * sum(g)).collect();
+            (Vec::new(), offsets)
+        };
+        let group_sums = quants.chunks_exact(32).map(|g| sum(g) as i16).collect();
         Self {
             cols,
             block,
