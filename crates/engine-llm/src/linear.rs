@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Shape, Tensor};
+use candle_core::{DType, Device, Module, Storage, Tensor};
 use spec_kernels::{Format, QMatrix};
 
 use crate::Result;
@@ -76,8 +76,8 @@ impl QLinear {
             })
             .collect();
         let outputs = match matrices {
-            Some(matrices) if x.device().is_cpu() => kernel_products(&matrices, x)?,
-            _ => linears
+            Some(matrices) => kernel_products(&matrices, x)?,
+            None => linears
                 .iter()
                 .map(|linear| linear.forward(x))
                 .collect::<candle_core::Result<_>>()?,
@@ -88,34 +88,38 @@ impl QLinear {
     }
 }
 
-/// `x · Wᵢᵀ` for every matrix, in one [`QMatrix::matmul_many`].
-fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
-    let dims = x.dims();
+/// `x · Wᵢᵀ` on the last dimension of `x` for every matrix, in one [`QMatrix::matmul_many`]
+/// that reads `x` where it lies.
+fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+    let dims = x.dims().to_vec();
     let cols = *dims.last().unwrap_or(&0);
     if let Some(m) = matrices.iter().find(|m| m.cols() != cols) {
-        return Err(candle_core::Error::Msg(format!(
+        candle_core::bail!(
             "matmul of a [{}, {}] matrix with input {dims:?}",
             m.rows(),
             m.cols()
-        ))
-        .into());
+        );
     }
-    let x = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let tokens = x.len() / cols.max(1);
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let values = match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(cpu), Some((start, end))) => &cpu.as_slice::<f32>()?[start..end],
+        _ => candle_core::bail!("spec-kernels matmuls need a contiguous input on the CPU"),
+    };
+    let tokens = values.len() / cols.max(1);
     let mut outs: Vec<Vec<f32>> = matrices
         .iter()
         .map(|m| vec![0f32; tokens * m.rows()])
         .collect();
     let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-    QMatrix::matmul_many(matrices, &x, tokens, &mut views).map_err(candle_core::Error::wrap)?;
-    let device = Device::Cpu;
+    QMatrix::matmul_many(matrices, values, tokens, &mut views).map_err(candle_core::Error::wrap)?;
     matrices
         .iter()
         .zip(outs)
         .map(|(m, out)| {
-            let mut shape = dims.to_vec();
+            let mut shape = dims.clone();
             *shape.last_mut().expect("cols checked") = m.rows();
-            Ok(Tensor::from_vec(out, shape, &device)?)
+            Tensor::from_vec(out, shape, &Device::Cpu)
         })
         .collect()
 }
@@ -123,49 +127,13 @@ fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
 impl Module for QLinear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Self::Kernel(m) => x
-                .to_dtype(DType::F32)?
-                .contiguous()?
-                .apply_op1_no_bwd(&KernelMatMul(m.clone())),
+            Self::Kernel(m) => {
+                let [y] = <[Tensor; 1]>::try_from(kernel_products(&[m], x)?)
+                    .unwrap_or_else(|_| unreachable!("one output per matrix"));
+                Ok(y)
+            }
             Self::Candle(m) => m.forward(x),
         }
-    }
-}
-
-/// The candle custom op that runs a `spec-kernels` matmul on the last dimension of `x`.
-struct KernelMatMul(Arc<QMatrix>);
-
-impl CustomOp1 for KernelMatMul {
-    fn name(&self) -> &'static str {
-        "spec-kernels-matmul"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let m = &self.0;
-        let dims = layout.shape().dims();
-        let cols = *dims.last().unwrap_or(&0);
-        if cols != m.cols() {
-            candle_core::bail!(
-                "matmul of a [{}, {}] matrix with input {dims:?}",
-                m.rows(),
-                m.cols()
-            );
-        }
-        let x = match layout.contiguous_offsets() {
-            Some((start, end)) => &storage.as_slice::<f32>()?[start..end],
-            None => candle_core::bail!("spec-kernels matmul needs a contiguous input"),
-        };
-        let tokens = x.len() / cols;
-        let mut out = vec![0f32; tokens * m.rows()];
-        m.matmul(x, tokens, &mut out)
-            .map_err(candle_core::Error::wrap)?;
-        let mut shape = dims.to_vec();
-        *shape.last_mut().expect("cols checked") = m.rows();
-        Ok((CpuStorage::F32(out), Shape::from(shape)))
     }
 }
 
