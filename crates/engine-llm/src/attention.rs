@@ -8,7 +8,6 @@
 //! (1 token) and verification (a few tokens, or a token tree) agree bit for bit.
 
 use candle_core::{Device, Layout, Storage, Tensor};
-use rayon::prelude::*;
 
 use crate::{Error, Result};
 
@@ -109,39 +108,38 @@ pub(crate) fn row_attention(
     let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, dim)?;
     let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
     let mut out = vec![0f32; kv_heads * stacked * dim];
-    out.par_chunks_mut(dim)
-        .enumerate()
-        .for_each(|(index, out_row)| {
-            let (head, row) = (index / stacked, index % stacked);
-            let query = q.row(head, row, dim);
-            let position = row % n;
-            let mut weights = vec![f32::NEG_INFINITY; total];
-            let mut max = f32::NEG_INFINITY;
-            for (key, w) in weights.iter_mut().enumerate() {
-                let bias = mask.bias(position, key, total);
-                if bias > f32::NEG_INFINITY {
-                    *w = dot(query, k.row(head, key, dim)) + bias;
-                    max = max.max(*w);
+    // On the kernels' threads, which are awake between the matmuls around it.
+    spec_kernels::parallel_chunks_mut(&mut out, dim, &|index, out_row| {
+        let (head, row) = (index / stacked, index % stacked);
+        let query = q.row(head, row, dim);
+        let position = row % n;
+        let mut weights = vec![f32::NEG_INFINITY; total];
+        let mut max = f32::NEG_INFINITY;
+        for (key, w) in weights.iter_mut().enumerate() {
+            let bias = mask.bias(position, key, total);
+            if bias > f32::NEG_INFINITY {
+                *w = dot(query, k.row(head, key, dim)) + bias;
+                max = max.max(*w);
+            }
+        }
+        let mut sum = 0f32;
+        for w in weights.iter_mut() {
+            *w = if *w > f32::NEG_INFINITY {
+                (*w - max).exp()
+            } else {
+                0.0
+            };
+            sum += *w;
+        }
+        for (key, &w) in weights.iter().enumerate() {
+            if w > 0.0 {
+                for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
+                    *o += w * x;
                 }
             }
-            let mut sum = 0f32;
-            for w in weights.iter_mut() {
-                *w = if *w > f32::NEG_INFINITY {
-                    (*w - max).exp()
-                } else {
-                    0.0
-                };
-                sum += *w;
-            }
-            for (key, &w) in weights.iter().enumerate() {
-                if w > 0.0 {
-                    for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
-                        *o += w * x;
-                    }
-                }
-            }
-            out_row.iter_mut().for_each(|o| *o /= sum);
-        });
+        }
+        out_row.iter_mut().for_each(|o| *o /= sum);
+    });
     drop((q_storage, k_storage, v_storage));
     Ok(Tensor::from_vec(
         out,

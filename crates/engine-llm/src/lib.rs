@@ -13,6 +13,7 @@ mod error;
 mod linear;
 pub mod load;
 pub mod predgen;
+mod swiglu;
 pub mod tokenizer;
 pub mod transformer;
 

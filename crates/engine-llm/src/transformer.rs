@@ -17,6 +17,7 @@ use spec_core::{Decoder, DecoderInput, Forward, KvCache, LogitRows};
 use crate::attention::{row_attention, RowMask};
 use crate::config::{RopeLayout, TransformerConfig};
 use crate::linear::QLinear;
+use crate::swiglu::swiglu;
 use crate::{Error, Result};
 
 /// Initial KV capacity per layer; it doubles as needed.
@@ -147,7 +148,7 @@ impl Transformer {
             let normed = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let ffn = &layer.ffn;
             let [gate, up] = QLinear::forward_many([&ffn.gate, &ffn.up], &normed)?;
-            let hidden = (candle_nn::ops::silu(&gate)? * up)?;
+            let hidden = swiglu(&gate, &up)?;
             x = (x + ffn.down.forward(&hidden)?)?;
         }
         let x = if rows < n {

@@ -266,19 +266,7 @@ impl QMatrix {
             return Ok(());
         }
         let pool = Pool::global();
-        let total_rows: usize = matrices.iter().map(|m| m.rows).sum();
-        let rows_per_task = total_rows
-            .div_ceil(TASKS_PER_THREAD * pool.threads())
-            .next_multiple_of(panels::PANEL_ROWS);
-        let tasks: Vec<(usize, Range<usize>)> = matrices
-            .iter()
-            .enumerate()
-            .flat_map(|(i, m)| {
-                (0..m.rows)
-                    .step_by(rows_per_task)
-                    .map(move |start| (i, start..m.rows.min(start + rows_per_task)))
-            })
-            .collect();
+        let tasks = guided_tasks(matrices, pool.threads());
         // One token's results are laid out as a pass's; batches go through `[rows, n]`
         // buffers, in chunks that bound the activations a row meets to what stays in L1/L2.
         let chunk = tokens.min(MAX_TOKENS_PER_PASS);
@@ -297,7 +285,7 @@ impl QMatrix {
                 needed.then(|| QuantizedTokens::new(x, n, cols, block))
             };
             let (by_32, by_256) = (quantized(32), quantized(256));
-            let shared: Vec<SharedOut> = if tokens == 1 {
+            let shared: Vec<SharedOut<f32>> = if tokens == 1 {
                 outs.iter_mut().map(|out| SharedOut::new(out)).collect()
             } else {
                 passes.iter_mut().map(|pass| SharedOut::new(pass)).collect()
@@ -407,20 +395,67 @@ pub fn read_bandwidth_gbs(threads: usize) -> f64 {
 
 /// Tokens quantized and multiplied in one pass over the weights.
 const MAX_TOKENS_PER_PASS: usize = 64;
-/// Tasks per thread: a few, so that a thread that starts late or runs slower takes fewer.
-const TASKS_PER_THREAD: usize = 4;
 
-/// An output buffer that tasks write disjoint ranges of.
-struct SharedOut {
-    ptr: *mut f32,
+/// The row ranges one pass hands out, in order, by guided self-scheduling: each task takes
+/// 1 / (2 · threads) of the rows still left (whole panels of 16, within one matrix). The first
+/// tasks are large, so there are few hand-outs; the last are a panel or two, so the threads
+/// finish nearly together instead of one waiting out the other's last large task.
+fn guided_tasks(matrices: &[&QMatrix], threads: usize) -> Vec<(usize, Range<usize>)> {
+    let mut left: usize = matrices.iter().map(|m| m.rows).sum();
+    let mut tasks = Vec::new();
+    for (i, m) in matrices.iter().enumerate() {
+        let mut start = 0;
+        while start < m.rows {
+            let share = left
+                .div_ceil(2 * threads)
+                .next_multiple_of(panels::PANEL_ROWS);
+            let end = m.rows.min(start + share);
+            tasks.push((i, start..end));
+            left -= end - start;
+            start = end;
+        }
+    }
+    tasks
+}
+
+/// Runs `job(i)` for every `i` in `0..tasks` on the kernels' threads, the caller's included,
+/// and returns when all have finished; a panicking job panics the caller. For the work between
+/// matmuls (attention, element-wise functions): it runs on the threads that are already awake
+/// for the matmuls instead of waking a second pool that would compete with them for the cores.
+pub fn parallel_for(tasks: usize, job: &(dyn Fn(usize) + Sync)) {
+    Pool::global().run(tasks, job);
+}
+
+/// Runs `job(index, chunk)` for the consecutive chunks of `chunk` values of `out` (the last may
+/// be shorter) with [`parallel_for`].
+pub fn parallel_chunks_mut<T: Send>(
+    out: &mut [T],
+    chunk: usize,
+    job: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    let chunk = chunk.max(1);
+    let len = out.len();
+    let shared = SharedOut::new(out);
+    parallel_for(len.div_ceil(chunk), &|index| {
+        let start = index * chunk;
+        // SAFETY: every index owns its own chunk, and `out` is borrowed until all have run.
+        job(index, unsafe {
+            shared.range(start..len.min(start + chunk))
+        });
+    });
+}
+
+/// A buffer that tasks write disjoint ranges of.
+struct SharedOut<T> {
+    ptr: *mut T,
     len: usize,
 }
 
-// SAFETY: tasks only write disjoint ranges (see `range`).
-unsafe impl Sync for SharedOut {}
+// SAFETY: tasks only touch disjoint ranges (see `range`), and `T` may move between threads.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
 
-impl SharedOut {
-    fn new(out: &mut [f32]) -> Self {
+impl<T> SharedOut<T> {
+    fn new(out: &mut [T]) -> Self {
         Self {
             ptr: out.as_mut_ptr(),
             len: out.len(),
@@ -430,7 +465,7 @@ impl SharedOut {
     /// # Safety
     /// No two live ranges may overlap, and the buffer must outlive them.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn range(&self, range: Range<usize>) -> &mut [f32] {
+    unsafe fn range(&self, range: Range<usize>) -> &mut [T] {
         assert!(range.start <= range.end && range.end <= self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
     }

@@ -313,3 +313,47 @@ fn bad_shapes_are_errors() {
         Err(KernelError::RowOutOfRange { row: 2, rows: 2 })
     );
 }
+
+#[test]
+fn guided_tasks_cover_every_row_once_in_shrinking_panels() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let matrices = [
+        random_matrix(Format::Q8_0, 1536, 32, &mut rng),
+        random_matrix(Format::Q8_0, 256, 32, &mut rng),
+        random_matrix(Format::Q8_0, 37, 32, &mut rng),
+    ];
+    let refs: Vec<&QMatrix> = matrices.iter().collect();
+    for threads in 1..=4 {
+        let tasks = crate::guided_tasks(&refs, threads);
+        for (i, m) in matrices.iter().enumerate() {
+            let mut next = 0;
+            for (_, rows) in tasks.iter().filter(|(owner, _)| *owner == i) {
+                assert_eq!(rows.start, next, "matrix {i} with {threads} threads");
+                assert!(rows.start.is_multiple_of(16) && rows.end > rows.start);
+                next = rows.end;
+            }
+            assert_eq!(next, m.rows());
+        }
+        let sizes: Vec<usize> = tasks.iter().map(|(_, r)| r.len()).collect();
+        assert!(sizes.first() > sizes.last(), "{sizes:?}");
+        assert!(
+            sizes[sizes.len() - 3..].iter().all(|&s| s <= 32),
+            "{sizes:?}"
+        );
+    }
+}
+
+#[test]
+fn parallel_chunks_visit_every_chunk_once() {
+    for (len, chunk) in [(0, 3), (1, 1), (10, 3), (64, 16), (1000, 7)] {
+        let mut out = vec![usize::MAX; len];
+        crate::parallel_chunks_mut(&mut out, chunk, &|index, values| {
+            assert!(values.len() == chunk || (index + 1) * chunk >= len);
+            for (offset, v) in values.iter_mut().enumerate() {
+                assert_eq!(*v, usize::MAX, "written twice");
+                *v = index * chunk + offset;
+            }
+        });
+        assert_eq!(out, (0..len).collect::<Vec<_>>());
+    }
+}
