@@ -30,8 +30,8 @@ use rand::SeedableRng;
 use spec_core::report::{Report, Table};
 use spec_core::sampling::argmax;
 use spec_core::{
-    generate, speculative_generate, CostAwarePolicy, Decoder, DraftLength, ForwardCosts,
-    Generation, SamplingConfig, SpeculativeConfig, StopConditions,
+    generate, speculative_generate, CostAwarePolicy, DecodeStats, Decoder, DraftLength,
+    ForwardCosts, Generation, SamplingConfig, SpeculativeConfig, StopConditions,
 };
 
 const SMOLLM: &str = "smollm2-135m-instruct";
@@ -224,15 +224,13 @@ impl Reference {
         Ok(logits.squeeze(0)?.to_vec1()?)
     }
 
-    fn generate(
-        &mut self,
-        prompt: &[u32],
-        max_tokens: usize,
-        end: &[u32],
-    ) -> Result<(usize, Duration)> {
+    /// Greedy decoding of up to `max_tokens` after `prompt`: tokens produced, wall time of the
+    /// whole run and until the first token.
+    fn generate(&mut self, prompt: &[u32], max_tokens: usize, end: &[u32]) -> Result<Timed> {
         self.clear();
         let started = Instant::now();
         let mut logits = self.forward(prompt, 0)?;
+        let first_token = started.elapsed();
         let mut produced = 0;
         loop {
             let token = argmax(&logits);
@@ -242,7 +240,37 @@ impl Reference {
             }
             logits = self.forward(&[token], prompt.len() + produced - 1)?;
         }
-        Ok((produced, started.elapsed()))
+        Ok(Timed {
+            tokens: produced,
+            total: started.elapsed(),
+            first_token,
+        })
+    }
+}
+
+/// Tokens and times of one or more generations.
+#[derive(Default)]
+struct Timed {
+    tokens: usize,
+    total: Duration,
+    first_token: Duration,
+}
+
+impl Timed {
+    fn add(&mut self, other: &Timed) {
+        self.tokens += other.tokens;
+        self.total += other.total;
+        self.first_token += other.first_token;
+    }
+
+    /// Tokens per second, the prompt included.
+    fn overall_rate(&self) -> f64 {
+        self.tokens as f64 / self.total.as_secs_f64()
+    }
+
+    /// Tokens after each run's first per second after it, for `runs` runs.
+    fn decode_rate(&self, runs: usize) -> f64 {
+        (self.tokens - runs) as f64 / (self.total - self.first_token).as_secs_f64()
     }
 }
 
@@ -359,20 +387,15 @@ fn main() -> Result<()> {
             .map(|q| model.chat_prompt(&[Message::user(q.clone())]))
             .collect::<engine_llm::Result<_>>()?;
         let ours = autoregressive(model, &prompts, max_tokens)?;
-        let (tokens, time) = ours.iter().fold((0, Duration::ZERO), |(n, t), g| {
-            (n + g.tokens.len(), t + g.stats.total_time)
-        });
-        let ours_rate = rate(tokens, time);
+        let mut ours_stats = DecodeStats::default();
+        ours.iter().for_each(|g| ours_stats.merge(&g.stats));
         let mut reference = Reference::load(&model.weights)?;
         let end = model.tokenizer.end_tokens().to_vec();
         reference.generate(&prompts[0], 2, &end)?;
-        let (mut ref_tokens, mut ref_time) = (0, Duration::ZERO);
+        let mut theirs = Timed::default();
         for p in &prompts {
-            let (n, t) = reference.generate(p, max_tokens, &end)?;
-            ref_tokens += n;
-            ref_time += t;
+            theirs.add(&reference.generate(p, max_tokens, &end)?);
         }
-        let ref_rate = rate(ref_tokens, ref_time);
         let llama_cpp = llama_cpp_decode.get(name).copied().unwrap_or_else(|| {
             LLAMA_CPP_DECODE
                 .iter()
@@ -380,29 +403,35 @@ fn main() -> Result<()> {
                 .map_or(f64::NAN, |(_, r)| *r)
         });
         let limit = bandwidth * 1e9 / weight_bytes[name];
+        let decode = ours_stats.decode_tokens_per_second();
+        let their_decode = theirs.decode_rate(prompts.len());
         ar_rows.push(vec![
             name.to_string(),
-            format!("{ours_rate:.1}"),
-            format!("{:.0} %", 100.0 * ours_rate / limit),
-            format!("{ref_rate:.1}"),
-            format!("{:.2}×", ours_rate / ref_rate),
+            format!("{decode:.1}"),
+            format!("{:.0} %", 100.0 * decode / limit),
+            format!("{their_decode:.1}"),
+            format!("{:.2}×", decode / their_decode),
             format!("{llama_cpp:.1}"),
-            format!("{:.2}", ours_rate / llama_cpp),
+            format!("{:.2}", decode / llama_cpp),
+            format!("{:.1}", ours_stats.tokens_per_second()),
+            format!("{:.1}", theirs.overall_rate()),
         ]);
         if name == TARGET {
             target_reference = ours.into_iter().zip(prompts).collect::<Vec<_>>();
         }
     }
     tables.push(Table {
-        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens (tokens/s, prompt included; bandwidth limit = {bandwidth:.1} GB/s measured here ÷ weight bytes per token)"),
+        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens: decoding rate (tokens/s after the first token, as llama-bench's tg), and overall with the prompt's prefill; bandwidth limit = {bandwidth:.1} GB/s measured here ÷ weight bytes per token"),
         columns: [
             "model",
-            "SpecVoice",
+            "SpecVoice decode",
             "of the bandwidth limit",
-            "candle-transformers",
+            "candle-transformers decode",
             "ratio",
-            if llama_cpp.is_some() { "llama.cpp tg128 (this run)" } else { "llama.cpp (recorded)" },
+            if llama_cpp.is_some() { "llama.cpp tg128 (this run)" } else { "llama.cpp tg128 (recorded)" },
             "ratio to llama.cpp",
+            "SpecVoice with prompt",
+            "candle-transformers with prompt",
         ]
         .map(String::from)
         .to_vec(),

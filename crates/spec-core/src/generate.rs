@@ -178,6 +178,7 @@ pub(crate) struct Output<'a> {
     stop: &'a StopConditions,
     on_token: &'a mut dyn FnMut(u32),
     pub(crate) finish: Option<FinishReason>,
+    first_token_at: Option<Instant>,
 }
 
 impl<'a> Output<'a> {
@@ -187,6 +188,7 @@ impl<'a> Output<'a> {
             stop,
             on_token,
             finish: (stop.max_new_tokens == 0).then_some(FinishReason::MaxTokens),
+            first_token_at: None,
         }
     }
 
@@ -222,6 +224,10 @@ impl<'a> Output<'a> {
     pub(crate) fn into_generation(self, mut stats: DecodeStats, started: Instant) -> Generation {
         stats.generated_tokens = self.tokens.len();
         stats.total_time = started.elapsed();
+        stats.first_token_time = self
+            .first_token_at
+            .map_or(stats.total_time, |at| at.duration_since(started));
+        stats.runs = 1;
         Generation {
             tokens: self.tokens,
             finish: self.finish.expect("the loop ends only with a reason"),
@@ -237,6 +243,7 @@ impl<'a> Output<'a> {
                 break;
             }
             self.tokens.push(t);
+            self.first_token_at.get_or_insert_with(Instant::now);
             (self.on_token)(t);
             emitted += 1;
             self.finish = self.stop.check(&self.tokens);

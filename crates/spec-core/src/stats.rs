@@ -31,6 +31,11 @@ pub struct DecodeStats {
     pub target_time: Duration,
     /// Wall time of the whole run.
     pub total_time: Duration,
+    /// Wall time until the first token was produced (the prefill, mostly); the whole run when
+    /// none was. Summed over runs by [`DecodeStats::merge`].
+    pub first_token_time: Duration,
+    /// Generation runs these figures cover (1, or more after [`DecodeStats::merge`]).
+    pub runs: usize,
 }
 
 impl DecodeStats {
@@ -69,6 +74,20 @@ impl DecodeStats {
         }
     }
 
+    /// Tokens after each run's first per second of wall time after it: the steady decoding rate,
+    /// without the prompt's prefill (what llama.cpp's `llama-bench` reports as `tg`).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        let secs = self
+            .total_time
+            .saturating_sub(self.first_token_time)
+            .as_secs_f64();
+        if secs > 0.0 {
+            self.generated_tokens.saturating_sub(self.runs) as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
     /// Wall time neither drafting nor in the target: bookkeeping, callbacks, stop checks.
     pub fn other_time(&self) -> Duration {
         self.total_time
@@ -86,6 +105,8 @@ impl DecodeStats {
         self.draft_time += other.draft_time;
         self.target_time += other.target_time;
         self.total_time += other.total_time;
+        self.first_token_time += other.first_token_time;
+        self.runs += other.runs;
     }
 }
 
@@ -151,6 +172,8 @@ mod tests {
             draft_time: Duration::from_millis(30),
             target_time: Duration::from_millis(60),
             total_time: Duration::from_millis(100),
+            first_token_time: Duration::from_millis(45),
+            runs: 1,
             ..Default::default()
         };
         assert_eq!(s.acceptance_rate(), 5.0 / 8.0);
@@ -158,9 +181,11 @@ mod tests {
         assert_eq!(s.mean_draft_length(), 4.0);
         assert_eq!(s.other_time(), Duration::from_millis(10));
         assert!((s.tokens_per_second() - 120.0).abs() < 1e-9);
+        assert!((s.decode_tokens_per_second() - 200.0).abs() < 1e-9);
         let copy = s.clone();
         s.merge(&copy);
         assert_eq!(s.generated_tokens, 24);
+        assert!((s.decode_tokens_per_second() - 200.0).abs() < 1e-9);
         assert_eq!(s.steps.len(), 4);
         assert_eq!(s.acceptance_rate(), 5.0 / 8.0);
         assert!(s.to_string().contains("acceptance 62.5 %"));

@@ -2,6 +2,8 @@
 //! reproduce greedy autoregressive decoding token for token, whatever the draft, draft length,
 //! tree shape, stop condition or cache state.
 
+use std::time::Duration;
+
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -219,6 +221,9 @@ fn a_perfect_draft_is_always_accepted() {
     // 1 prefill + 39 tokens at 5 per pass.
     assert_eq!(spec.stats.target_forwards, 1 + 8);
     assert!((spec.stats.tokens_per_target_pass() - 40.0 / 9.0).abs() < 1e-9);
+    assert_eq!(spec.stats.runs, 1);
+    assert!(spec.stats.first_token_time > Duration::ZERO);
+    assert!(spec.stats.first_token_time < spec.stats.total_time);
 }
 
 #[test]

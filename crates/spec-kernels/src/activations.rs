@@ -2,10 +2,8 @@
 //!
 //! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
 //! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
-//! values also keeps the sum of all 32 and, for the 32-weight formats, the sums of its
-//! four-value lanes (lane i sums values 4i..4i+4); for the K-quants every group of 16 keeps its
-//! sum times −32. The kernels need them for the formats whose quants carry an offset or a
-//! minimum; each block length computes only what its formats read.
+//! values also keeps its sum and, for the K-quants, every group of 16 its sum times −32. The
+//! kernels need them for the formats whose quants carry an offset or a minimum.
 
 /// A batch of quantized token rows.
 pub(crate) struct QuantizedTokens {
@@ -16,8 +14,6 @@ pub(crate) struct QuantizedTokens {
     pub scales: Vec<f32>,
     /// `tokens × cols` quants.
     pub quants: Vec<i8>,
-    /// `tokens × cols / 4` lane sums (block 32; empty for 256).
-    pub lane_sums: Vec<i32>,
     /// `tokens × cols / 32` sums of each group of 32 quants.
     pub group_sums: Vec<i16>,
     /// `tokens × cols / 16` sums of each group of 16 quants times −32: Q6_K's offset (its
@@ -42,11 +38,10 @@ impl QuantizedTokens {
             scales.push(scale);
         }
         let sum = |q: &[i8]| q.iter().map(|&q| q as i32).sum::<i32>();
-        let (lane_sums, q6k_offsets) = if block == 32 {
-            (quants.chunks_exact(4).map(sum).collect(), Vec::new())
+        let q6k_offsets = if block == 256 {
+            quants.chunks_exact(16).map(|g| -32 * sum(g)).collect()
         } else {
-            let offsets = quants.chunks_exact(16).map(|g| -32 * sum(g)).collect();
-            (Vec::new(), offsets)
+            Vec::new()
         };
         let group_sums = quants.chunks_exact(32).map(|g| sum(g) as i16).collect();
         Self {
@@ -54,7 +49,6 @@ impl QuantizedTokens {
             block,
             scales,
             quants,
-            lane_sums,
             group_sums,
             q6k_offsets,
         }
@@ -69,12 +63,6 @@ impl QuantizedTokens {
     pub fn scales_of(&self, t: usize) -> &[f32] {
         let per = self.cols / self.block;
         &self.scales[t * per..(t + 1) * per]
-    }
-
-    /// Token `t`'s lane sums, 8 per group of 32.
-    pub fn lane_sums_of(&self, t: usize) -> &[i32] {
-        let per = self.cols / 4;
-        &self.lane_sums[t * per..(t + 1) * per]
     }
 
     /// Token `t`'s group sums, one per group of 32.

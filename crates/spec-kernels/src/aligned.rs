@@ -20,12 +20,6 @@ impl CacheAligned {
         }
     }
 
-    pub fn copied(bytes: &[u8]) -> Self {
-        let mut out = Self::zeroed(bytes.len());
-        out.as_mut_slice().copy_from_slice(bytes);
-        out
-    }
-
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `lines` holds at least `len` initialized bytes, and u8 has no alignment.
         unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }

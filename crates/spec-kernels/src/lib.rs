@@ -4,14 +4,13 @@
 //! (one token) and speculative verification (2–32 tokens): every weight block is read once
 //! per batch and unpacked once, then met by every token of the batch.
 //!
-//! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]). The 32-weight formats are used
-//!   in ggml's own block layout, a row at a time; Q4_K and Q6_K are repacked at load into
-//!   panels of 16 interleaved rows (same bytes per weight), one row per register lane, which
-//!   halves the multiplications of multi-token passes.
+//! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]), repacked at load into panels of
+//!   16 interleaved rows (same bytes per weight), one row per register lane, which halves the
+//!   multiplications of multi-token passes ([`panels`](crate::panels)).
 //! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd`), AVX2 + FMA, and portable Rust,
 //!   chosen at run time. All three give **bit-identical** results: integer
 //!   dot products are exact, and the float arithmetic after them is the same sequence of
-//!   fused multiply-adds in every path (see [`portable`](crate::portable) for the contract).
+//!   fused multiply-adds in every path (see [`panels`](crate::panels) for the contract).
 //! - **Batch-invariant**: a token's result does not depend on how many tokens share the call
 //!   or on how rows are split among threads, so verifying k draft tokens in one forward gives
 //!   each exactly the logits decoding it alone gives (lossless greedy speculation needs this).
@@ -38,11 +37,8 @@ mod aligned;
 mod formats;
 mod panels;
 mod pool;
-mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
-#[cfg(target_arch = "x86_64")]
-mod x86_panels;
 
 use std::ops::Range;
 
@@ -147,11 +143,7 @@ impl QMatrix {
                 expected,
             });
         }
-        let data = if panels::is_paneled(format) {
-            panels::to_panels(format, rows, cols, &data)
-        } else {
-            CacheAligned::copied(&data)
-        };
+        let data = panels::to_panels(format, rows, cols, &data);
         Ok(Self {
             format,
             rows,
@@ -172,13 +164,9 @@ impl QMatrix {
         self.cols
     }
 
-    /// Bytes of a row (32-weight formats) or of a panel of 16 rows (K-quants).
-    fn row_bytes(&self) -> usize {
-        if panels::is_paneled(self.format) {
-            self.cols / 256 * panels::panel_block_bytes(self.format)
-        } else {
-            self.format.row_bytes(self.cols)
-        }
+    /// Bytes of a panel of 16 rows.
+    fn panel_bytes(&self) -> usize {
+        self.cols / self.format.block_len() * panels::panel_block_bytes(self.format)
     }
 
     /// Row `r` dequantized (`cols` values), e.g. an embedding lookup.
@@ -190,24 +178,14 @@ impl QMatrix {
             });
         }
         check_len("the output row", out.len(), self.cols)?;
-        let n = self.row_bytes();
-        if panels::is_paneled(self.format) {
-            let (p, lane) = (r / panels::PANEL_ROWS, r % panels::PANEL_ROWS);
-            let bytes = panels::panel_block_bytes(self.format);
-            for (block, out) in self.data.as_slice()[p * n..(p + 1) * n]
-                .chunks_exact(bytes)
-                .zip(out.chunks_exact_mut(256))
-            {
-                panels::dequantize_row(self.format, block, lane, out);
-            }
-        } else {
-            let bytes = self.format.block_bytes();
-            for (block, out) in self.data.as_slice()[r * n..(r + 1) * n]
-                .chunks_exact(bytes)
-                .zip(out.chunks_exact_mut(self.format.block_len()))
-            {
-                dequantize_block(self.format, block, out);
-            }
+        let n = self.panel_bytes();
+        let (p, lane) = (r / panels::PANEL_ROWS, r % panels::PANEL_ROWS);
+        let bytes = panels::panel_block_bytes(self.format);
+        for (block, out) in self.data.as_slice()[p * n..(p + 1) * n]
+            .chunks_exact(bytes)
+            .zip(out.chunks_exact_mut(self.format.block_len()))
+        {
+            panels::dequantize_row(self.format, block, lane, out);
         }
         Ok(())
     }
@@ -318,34 +296,13 @@ impl QMatrix {
     /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`
     /// (`rows.start` a multiple of 16).
     fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
-        if panels::is_paneled(self.format) {
-            return self.panels_dot(isa, rows, acts, out);
-        }
-        let row_bytes = self.row_bytes();
-        let data = &self.data.as_slice()[rows.start * row_bytes..rows.end * row_bytes];
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni | Isa::Avx2 => {
-                x86::rows_dot(isa, self.format, data, row_bytes, acts, out)
-            }
-            _ => {
-                let n = out.len() / rows.len();
-                for (row, out) in data.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
-                    portable::row_dot(self.format, row, acts, out);
-                }
-            }
-        }
-    }
-
-    /// [`QMatrix::rows_dot`] for the K-quants' panels.
-    fn panels_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
-        let panel_bytes = self.row_bytes();
+        let panel_bytes = self.panel_bytes();
         let panels = rows.start / panels::PANEL_ROWS..rows.end.div_ceil(panels::PANEL_ROWS);
         let data = &self.data.as_slice()[panels.start * panel_bytes..panels.end * panel_bytes];
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni | Isa::Avx2 => {
-                x86_panels::panels_dot(isa, self.format, data, rows.len(), acts, out)
+                x86::panels_dot(isa, self.format, data, rows.len(), acts, out)
             }
             _ => {
                 let n = out.len() / rows.len();

@@ -1,22 +1,34 @@
-//! Q4_K and Q6_K as the kernels keep them: **panels** of 16 rows whose blocks are interleaved
-//! so that one 512-bit register holds the same four columns of all 16 rows (llama.cpp and
-//! candle repack their K-quants for the same reason).
+//! Weights as the kernels keep them: **panels** of 16 rows whose blocks are interleaved so that
+//! one 512-bit register holds the same four columns of all 16 rows (llama.cpp and candle repack
+//! their K-quants for the same reason).
 //!
 //! With rows in lanes, one `vpdpbusd` against four activation bytes broadcast to every lane adds
-//! four products to each of 16 rows, and a sub-block's scale is applied once per 32 (Q6_K: 16)
-//! columns instead of once per four: about half the multiplications of a row-at-a-time kernel,
-//! and no horizontal sums. Rows past the matrix's last are zero padding.
+//! four products to each of 16 rows, and a block's (K-quants: sub-block's) scale is applied once
+//! per block instead of once per four columns: about half the multiplications of a
+//! row-at-a-time kernel, and no horizontal sums. Rows past the matrix's last are zero padding.
 //!
 //! The arithmetic (every instruction set gives the same bits): for row r, token t and each
-//! block, the integer total Σ_j scale_j · (Σ q·a over sub-block j [− 32 Σ a for Q6_K]) and, for
-//! Q4_K, the minimums' Σ_j min_j · (Σ a over sub-block j) are exact; one f32 accumulator per
-//! (row, token) then takes `acc = fma(total, d·da, acc)` and, for Q4_K,
-//! `acc = fma(−mins, dmin·da, acc)`, block after block. A token's arithmetic does not depend on
-//! the other tokens of the batch.
+//! block, an exact integer total and, block after block, one f32 accumulator per (row, token):
+//! - Q4_0, Q5_0, Q8_0: total = Σ w·a over the block's 32 columns with the signed integer
+//!   weights (q − 8, q − 16, q); `acc = fma(total, d·da, acc)`.
+//! - Q4_1: total = Σ q·a; `acc = fma(total, d·da, acc)`, then `acc = fma(m, da·Σa, acc)`.
+//! - Q4_K: total = Σ_j scale_j · (Σ q·a over sub-block j) and mins = Σ_j min_j · (Σ a over
+//!   sub-block j); `acc = fma(total, d·da, acc)`, then `acc = fma(−mins, dmin·da, acc)`.
+//! - Q6_K: total = Σ_j scale_j · (Σ q·a − 32 Σ a over sub-block j); `acc = fma(total, d·da, acc)`.
 //!
-//! Layout of one panel block (16 rows × 256 columns); a chunk covers 8 columns of the 16 rows
-//! in 64 bytes of nibbles, byte 4r + k holding column k in its low nibble and column 4 + k in
-//! its high one, so a nibble mask gives columns 0–3 and a shift columns 4–7, row r in lane r:
+//! A token's arithmetic does not depend on the other tokens of the batch.
+//!
+//! Layout of one panel block (16 rows × one ggml block of columns). A nibble chunk covers 8
+//! columns of the 16 rows in 64 bytes, byte 4r + k holding column k in its low nibble and
+//! column 4 + k in its high one, so a nibble mask gives columns 0–3 and a shift columns 4–7,
+//! row r in lane r:
+//! - Q4_0 (288 bytes): d ×16 (f16), 4 chunks.
+//! - Q4_1 (320 bytes): d ×16, m ×16 (f16), 4 chunks.
+//! - Q5_0 (352 bytes): d ×16; per chunk two 64-bit masks of the fifth bits (bit 4r + k of the
+//!   first for the low nibble of chunk byte 4r + k, of the second for its high nibble); 4
+//!   chunks of the low four bits.
+//! - Q8_0 (544 bytes): d ×16; 8 chunks of 4 columns, byte 4r + k holding column k of row r
+//!   as an unsigned byte, w + 128.
 //! - Q4_K (2368 bytes): d ×16 (f16), dmin ×16 (f16), scales [sub-block j][row] (u8, 8 × 16),
 //!   minimums [pair p][row][2] (u8, 4 × 16 × 2: sub-blocks 2p and 2p + 1), 32 chunks.
 //! - Q6_K (3360 bytes): scales [sub-block j][row] (i8, 16 × 16); per sub-block its two chunks
@@ -24,11 +36,12 @@
 //!   bits 0–1, 2–3, 4–5, 6–7 the high bits of nibble byte m's low nibble, byte m + 32's low
 //!   nibble, byte m's high nibble and byte m + 32's high nibble); d ×16 (f16) last.
 //!
-//! Each block is read front to back, as the hardware prefetcher expects.
+//! Each block is read front to back, as the hardware prefetcher expects, and every field is a
+//! multiple of 32 bytes, so no 32-byte half of a chunk's load straddles two cache lines.
 
 use crate::activations::QuantizedTokens;
 use crate::aligned::CacheAligned;
-use crate::formats::{f16_at, q4k_scale_min, q6k_quant, Format};
+use crate::formats::{f16_at, nibble, q4k_scale_min, q6k_quant, Format};
 
 /// Rows per panel.
 pub(crate) const PANEL_ROWS: usize = 16;
@@ -51,25 +64,42 @@ pub(crate) mod q6k {
     pub const BYTES: usize = 3360;
 }
 
-/// Whether the kernels keep `format` in panels.
-pub(crate) const fn is_paneled(format: Format) -> bool {
-    matches!(format, Format::Q4K | Format::Q6K)
+/// Fields of the 32-weight formats' panel blocks.
+pub(crate) mod small {
+    /// The 16 rows' scales d (f16).
+    pub const D: usize = 0;
+    /// Q4_1's 16 minimums m (f16).
+    pub const Q4_1_MINS: usize = 32;
+    /// Q5_0's fifth-bit masks, 16 bytes per chunk.
+    pub const Q5_0_HIGHS: usize = 32;
 }
 
-/// Bytes of one panel block (16 rows × 256 columns).
+/// Bytes of one panel block (16 rows × one ggml block of columns).
 pub(crate) const fn panel_block_bytes(format: Format) -> usize {
     match format {
+        Format::Q4_0 => 288,
+        Format::Q4_1 => 320,
+        Format::Q5_0 => 352,
+        Format::Q8_0 => 544,
         Format::Q4K => q4k::BYTES,
-        _ => q6k::BYTES,
+        Format::Q6K => q6k::BYTES,
     }
 }
 
-/// Where chunk `h` (columns 8h..8h + 8) of a panel block starts.
+/// Where chunk `h` (columns 8h..8h + 8; Q8_0: 4h..4h + 4) of a panel block starts.
 pub(crate) const fn chunk_at(format: Format, h: usize) -> usize {
     match format {
+        Format::Q4_0 | Format::Q8_0 => 32 + 64 * h,
+        Format::Q4_1 => 64 + 64 * h,
+        Format::Q5_0 => 96 + 64 * h,
         Format::Q4K => q4k::QUANTS + 64 * h,
-        _ => q6k::SUB_BLOCKS + q6k::SUB_BLOCK_BYTES * (h / 2) + 64 * (h % 2),
+        Format::Q6K => q6k::SUB_BLOCKS + q6k::SUB_BLOCK_BYTES * (h / 2) + 64 * (h % 2),
     }
+}
+
+/// Where Q5_0 chunk `h`'s two 8-byte masks of fifth bits start.
+pub(crate) const fn q5_0_highs_at(h: usize) -> usize {
+    small::Q5_0_HIGHS + 16 * h
 }
 
 /// Where Q6_K chunk `h`'s 32 bytes of high bit pairs start.
@@ -77,38 +107,67 @@ pub(crate) const fn q6k_highs_at(h: usize) -> usize {
     q6k::SUB_BLOCKS + q6k::SUB_BLOCK_BYTES * (h / 2) + 128 + 32 * (h % 2)
 }
 
-/// Where the quant of row `r`, column `c` (0..256) of a panel block sits: its nibble byte,
-/// whether it is the high nibble, and (Q6_K) its high-bit byte and shift.
-fn quant_position(format: Format, c: usize, r: usize) -> (usize, bool, usize, u32) {
+/// Where the quant of row `r`, column `c` of a panel block sits: its byte and, for the nibble
+/// formats, whether it is the high nibble (Q8_0: false).
+fn quant_position(format: Format, c: usize, r: usize) -> (usize, bool) {
+    if format == Format::Q8_0 {
+        return (chunk_at(format, c / 4) + 4 * r + c % 4, false);
+    }
     let (h, within) = (c / 8, c % 8);
-    let (high_nibble, k) = (within >= 4, within % 4);
-    let byte = 4 * r + k;
-    let shift = 2 * (2 * high_nibble as u32 + (byte / 32) as u32);
-    (
-        chunk_at(format, h) + byte,
-        high_nibble,
-        q6k_highs_at(h) + byte % 32,
-        shift,
-    )
+    (chunk_at(format, h) + 4 * r + within % 4, within >= 4)
 }
 
-/// The unsigned quant of row `r`, column `c` of a panel block.
+/// Where the bits above a nibble live: (byte, shift, bits) for Q5_0 and Q6_K.
+fn high_bits_position(format: Format, c: usize, r: usize) -> Option<(usize, u32, u8)> {
+    let (h, within) = (c / 8, c % 8);
+    let (high_nibble, byte) = (within >= 4, 4 * r + within % 4);
+    match format {
+        Format::Q5_0 => {
+            let mask = q5_0_highs_at(h) + 8 * high_nibble as usize;
+            Some((mask + byte / 8, (byte % 8) as u32, 1))
+        }
+        Format::Q6K => {
+            let shift = 2 * (2 * high_nibble as u32 + (byte / 32) as u32);
+            Some((q6k_highs_at(h) + byte % 32, shift, 3))
+        }
+        _ => None,
+    }
+}
+
+/// The unsigned quant of row `r`, column `c` of a panel block, as stored (Q8_0: w + 128).
 pub(crate) fn quant(format: Format, block: &[u8], r: usize, c: usize) -> u8 {
-    let (at, high_nibble, high_at, shift) = quant_position(format, c, r);
+    let (at, high_nibble) = quant_position(format, c, r);
+    if format == Format::Q8_0 {
+        return block[at];
+    }
     let nibble = if high_nibble {
         block[at] >> 4
     } else {
         block[at] & 0x0F
     };
+    match high_bits_position(format, c, r) {
+        Some((at, shift, bits)) => nibble | (((block[at] >> shift) & bits) << 4),
+        None => nibble,
+    }
+}
+
+/// The integer weight of row `r`, column `c` before its scale: the quant less the format's
+/// offset (Q4_1 and the K-quants keep their unsigned quant; their minimums and sub-block
+/// scales are applied apart).
+fn signed_weight(format: Format, block: &[u8], r: usize, c: usize) -> i32 {
+    let q = quant(format, block, r, c) as i32;
     match format {
-        Format::Q4K => nibble,
-        _ => nibble | (((block[high_at] >> shift) & 3) << 4),
+        Format::Q4_0 => q - 8,
+        Format::Q5_0 => q - 16,
+        Format::Q8_0 => q - 128,
+        Format::Q6K => q - 32,
+        Format::Q4_1 | Format::Q4K => q,
     }
 }
 
 /// ggml rows → panels (rows padded with zeros to a multiple of 16).
 pub(crate) fn to_panels(format: Format, rows: usize, cols: usize, data: &[u8]) -> CacheAligned {
-    let blocks = cols / 256;
+    let blocks = cols / format.block_len();
     let ggml_bytes = format.block_bytes();
     let panels = rows.div_ceil(PANEL_ROWS);
     let bytes = panel_block_bytes(format);
@@ -120,7 +179,8 @@ pub(crate) fn to_panels(format: Format, rows: usize, cols: usize, data: &[u8]) -
             let source = &data[at..at + ggml_bytes];
             match format {
                 Format::Q4K => write_q4k_row(source, r, target),
-                _ => write_q6k_row(source, r, target),
+                Format::Q6K => write_q6k_row(source, r, target),
+                _ => write_small_row(format, source, r, target),
             }
         }
     }
@@ -128,14 +188,37 @@ pub(crate) fn to_panels(format: Format, rows: usize, cols: usize, data: &[u8]) -
 }
 
 fn put_quant(format: Format, block: &mut [u8], r: usize, c: usize, q: u8) {
-    let (at, high_nibble, high_at, shift) = quant_position(format, c, r);
-    block[at] |= if high_nibble {
-        (q & 0x0F) << 4
-    } else {
-        q & 0x0F
+    let (at, high_nibble) = quant_position(format, c, r);
+    block[at] |= match (format, high_nibble) {
+        (Format::Q8_0, _) => q,
+        (_, true) => (q & 0x0F) << 4,
+        (_, false) => q & 0x0F,
     };
-    if format == Format::Q6K {
-        block[high_at] |= (q >> 4) << shift;
+    if let Some((at, shift, bits)) = high_bits_position(format, c, r) {
+        block[at] |= ((q >> 4) & bits) << shift;
+    }
+}
+
+/// One row of a 32-weight block into its panel block.
+fn write_small_row(format: Format, source: &[u8], r: usize, target: &mut [u8]) {
+    target[small::D + 2 * r..small::D + 2 * r + 2].copy_from_slice(&source[0..2]);
+    let quants: Vec<u8> = match format {
+        Format::Q4_0 => (0..32).map(|l| nibble(&source[2..], l)).collect(),
+        Format::Q4_1 => {
+            let mins = small::Q4_1_MINS + 2 * r;
+            target[mins..mins + 2].copy_from_slice(&source[2..4]);
+            (0..32).map(|l| nibble(&source[4..], l)).collect()
+        }
+        Format::Q5_0 => {
+            let high = u32::from_le_bytes([source[2], source[3], source[4], source[5]]);
+            (0..32)
+                .map(|l| nibble(&source[6..], l) | ((((high >> l) & 1) as u8) << 4))
+                .collect()
+        }
+        _ => source[2..34].iter().map(|&w| w ^ 0x80).collect(),
+    };
+    for (c, q) in quants.into_iter().enumerate() {
+        put_quant(format, target, r, c, q);
     }
 }
 
@@ -166,7 +249,7 @@ fn write_q6k_row(source: &[u8], r: usize, target: &mut [u8]) {
     }
 }
 
-/// Row `r` (0..16) of one panel block dequantized (256 values).
+/// Row `r` (0..16) of one panel block dequantized (one ggml block of values).
 pub(crate) fn dequantize_row(format: Format, block: &[u8], r: usize, out: &mut [f32]) {
     match format {
         Format::Q4K => {
@@ -181,11 +264,26 @@ pub(crate) fn dequantize_row(format: Format, block: &[u8], r: usize, out: &mut [
                 *o = d * scale * quant(format, block, r, c) as f32 - dmin * min;
             }
         }
-        _ => {
+        Format::Q6K => {
             let d = f16_at(block, q6k::D + 2 * r);
             for (c, o) in out.iter_mut().enumerate() {
                 let scale = block[q6k::SCALES + 16 * (c / 16) + r] as i8 as f32;
                 *o = d * scale * (quant(format, block, r, c) as f32 - 32.0);
+            }
+        }
+        Format::Q4_1 => {
+            let (d, m) = (
+                f16_at(block, small::D + 2 * r),
+                f16_at(block, small::Q4_1_MINS + 2 * r),
+            );
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = d * quant(format, block, r, c) as f32 + m;
+            }
+        }
+        _ => {
+            let d = f16_at(block, small::D + 2 * r);
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = d * signed_weight(format, block, r, c) as f32;
             }
         }
     }
@@ -201,16 +299,16 @@ pub(crate) fn panel_dot(
     out: &mut [f32],
 ) {
     let n = out.len() / rows;
-    let bytes = panel_block_bytes(format);
+    let (bytes, len) = (panel_block_bytes(format), format.block_len());
     for (r, out) in out.chunks_exact_mut(n).enumerate() {
         for (t, o) in out.iter_mut().enumerate() {
             let (a, scales) = (acts.quants_of(t), acts.scales_of(t));
             let mut acc = 0f32;
             for (b, block) in panel.chunks_exact(bytes).enumerate() {
-                let a = &a[256 * b..256 * b + 256];
+                let a = &a[len * b..len * b + len];
                 let da = scales[b];
                 let dot = |cols: std::ops::Range<usize>| -> i32 {
-                    cols.map(|c| quant(format, block, r, c) as i32 * a[c] as i32)
+                    cols.map(|c| signed_weight(format, block, r, c) * a[c] as i32)
                         .sum()
                 };
                 match format {
@@ -230,14 +328,21 @@ pub(crate) fn panel_dot(
                         acc = (total as f32).mul_add(d * da, acc);
                         acc = (-(mins as f32)).mul_add(dmin * da, acc);
                     }
-                    _ => {
-                        let offsets = &acts.q6k_offsets_of(t)[16 * b..16 * b + 16];
+                    Format::Q6K => {
                         let mut total = 0i32;
-                        for (j, offset) in offsets.iter().enumerate() {
+                        for j in 0..16 {
                             let scale = block[q6k::SCALES + 16 * j + r] as i8 as i32;
-                            total += scale * (dot(16 * j..16 * j + 16) + offset);
+                            total += scale * dot(16 * j..16 * j + 16);
                         }
                         acc = (total as f32).mul_add(f16_at(block, q6k::D + 2 * r) * da, acc);
+                    }
+                    _ => {
+                        let d = f16_at(block, small::D + 2 * r);
+                        acc = (dot(0..32) as f32).mul_add(d * da, acc);
+                        if format == Format::Q4_1 {
+                            let m = f16_at(block, small::Q4_1_MINS + 2 * r);
+                            acc = m.mul_add(da * acts.group_sums_of(t)[b] as f32, acc);
+                        }
                     }
                 }
             }

@@ -1,17 +1,19 @@
-//! AVX2 and AVX-512 VNNI kernels for the 32-weight formats, a row at a time (the K-quants'
-//! panels are in [`crate::x86_panels`]): the arithmetic of [`crate::portable`] with 256-bit
-//! integer lanes. VNNI's `vpdpbusd` and AVX2's `vpmaddubsw` + `vpmaddwd` both
-//! sum the products of four neighbouring bytes into one 32-bit lane, exactly: no quant pair
-//! here saturates the 16-bit intermediate (unsigned quants are below 32; Q8_0 goes through
-//! |w|·sign(a, w)).
-//! Tokens are taken in tiles of up to four whose accumulators stay in registers; each block's
-//! weights are unpacked once per tile.
+//! AVX-512 VNNI and AVX2 kernels for panels ([`crate::panels`]): the arithmetic of
+//! [`crate::panels::panel_dot`], with each row of a panel in a lane. VNNI machines hold all 16
+//! rows in a 512-bit register and add four products per lane with one `vpdpbusd` (unsigned
+//! quants times signed activations; a format's offset is taken off the block's total, from the
+//! activations' sum); AVX2 takes the rows eight at a time and sums the four products with
+//! `vpmaddubsw` + `vpmaddwd`, exactly (no nibble quant exceeds 63, so no 16-bit pair
+//! saturates; Q8_0's signed bytes go through `vpsignb` so they cannot either).
+//! Tokens come in tiles of up to four: each chunk of weights is unpacked once per tile.
 
 use std::arch::x86_64::*;
 
 use crate::activations::QuantizedTokens;
-use crate::formats::{f16_at, Format};
-use crate::Isa;
+use crate::panels::{
+    chunk_at, panel_block_bytes, q4k, q5_0_highs_at, q6k, q6k_highs_at, small, PANEL_ROWS,
+};
+use crate::{Format, Isa};
 
 pub(crate) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
@@ -25,223 +27,601 @@ pub(crate) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// `out[r · n + t]` = row r · token t for the rows whose bytes `rows` holds, `row_bytes`
-/// each, and the `n` tokens of `acts`. The caller has checked that `isa` is available.
-pub(crate) fn rows_dot(
+/// `out[r · n + t]` = row r · token t for the first `rows` rows of `panels` (whole panels of
+/// `blocks` blocks) and the n tokens of `acts`. The caller has checked that `isa` is available.
+pub(crate) fn panels_dot(
     isa: Isa,
     format: Format,
-    rows: &[u8],
-    row_bytes: usize,
+    panels: &[u8],
+    rows: usize,
     acts: &QuantizedTokens,
     out: &mut [f32],
 ) {
     debug_assert!(isa.available());
-    // SAFETY: the instruction set was checked by `QMatrix::matmul_with`; every load below
-    // stays inside a row (whole blocks) and the tokens' activations (whole groups of 32).
+    // SAFETY: the instruction set was checked by `QMatrix::matmul_with`; every load below stays
+    // inside a panel block or the tokens' activations (whole blocks of 256).
     unsafe {
         match isa {
-            Isa::Avx512Vnni => rows_dot_vnni(format, rows, row_bytes, acts, out),
-            _ => rows_dot_avx2(format, rows, row_bytes, acts, out),
+            Isa::Avx512Vnni => panels_vnni(format, panels, rows, acts, out),
+            _ => panels_avx2(format, panels, rows, acts, out),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_dot_vnni(
+unsafe fn panels_vnni(
     format: Format,
-    rows: &[u8],
-    row_bytes: usize,
+    panels: &[u8],
+    rows: usize,
     acts: &QuantizedTokens,
     out: &mut [f32],
 ) {
-    tiles::<true>(format, rows, row_bytes, acts, out)
+    tiles::<Zmm>(format, panels, rows, acts, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_dot_avx2(
+unsafe fn panels_avx2(
     format: Format,
-    rows: &[u8],
-    row_bytes: usize,
+    panels: &[u8],
+    rows: usize,
     acts: &QuantizedTokens,
     out: &mut [f32],
 ) {
-    tiles::<false>(format, rows, row_bytes, acts, out)
+    tiles::<Ymm<0>>(format, panels, rows, acts, out);
+    tiles::<Ymm<1>>(format, panels, rows, acts, out);
 }
 
-/// Tokens are taken four at a time, then the last one to three; every row meets all tiles
-/// while its blocks are in L1.
+/// Every panel against the tokens, four at a time and then the last one to three.
 #[inline(always)]
-unsafe fn tiles<const VNNI: bool>(
+unsafe fn tiles<R: Rows>(
     format: Format,
-    rows: &[u8],
-    row_bytes: usize,
+    panels: &[u8],
+    rows: usize,
     acts: &QuantizedTokens,
     out: &mut [f32],
 ) {
-    let n = out.len() / (rows.len() / row_bytes);
+    let n = out.len() / rows;
+    let blocks = acts.cols / format.block_len();
+    let panel_bytes = blocks * panel_block_bytes(format);
     let full: Vec<Tokens<4>> = (0..n / 4).map(|i| Tokens::new(acts, 4 * i)).collect();
     let last = 4 * full.len();
-    macro_rules! with_rest {
-        ($($r:literal)|+) => {
-            match n - last {
-                $($r => {
-                    let rest = Tokens::<$r>::new(acts, last);
-                    rows_loop::<VNNI, $r>(format, rows, row_bytes, &full, &rest, out)
-                })+
-                _ => unreachable!("fewer than four tokens remain"),
-            }
-        };
+    for (p, panel) in panels.chunks_exact(panel_bytes).enumerate() {
+        let first_row = p * PANEL_ROWS + R::FIRST_ROW;
+        let here = rows.saturating_sub(first_row).min(R::LANES);
+        if here == 0 {
+            continue;
+        }
+        let out = &mut out[first_row * n..(first_row + here) * n];
+        for (i, tokens) in full.iter().enumerate() {
+            write::<R, 4>(kernel::<R, 4>(format, panel, blocks, tokens), out, n, 4 * i);
+        }
+        macro_rules! rest {
+            ($($r:literal)|+) => {
+                match n - last {
+                    0 => {}
+                    $($r => {
+                        let tokens = Tokens::<$r>::new(acts, last);
+                        write::<R, $r>(kernel::<R, $r>(format, panel, blocks, &tokens), out, n, last)
+                    })+
+                    _ => unreachable!("fewer than four tokens remain"),
+                }
+            };
+        }
+        rest!(1 | 2 | 3);
     }
-    with_rest!(0 | 1 | 2 | 3);
 }
 
+/// A tile's results (lane r = row r of the register's rows) into `out[r · n + first + t]`.
 #[inline(always)]
-unsafe fn rows_loop<const VNNI: bool, const REST: usize>(
-    format: Format,
-    rows: &[u8],
-    row_bytes: usize,
-    full: &[Tokens<4>],
-    rest: &Tokens<REST>,
+unsafe fn write<R: Rows, const TILE: usize>(
+    results: [R::F; TILE],
     out: &mut [f32],
+    n: usize,
+    first: usize,
 ) {
-    let n = 4 * full.len() + REST;
-    for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
-        for (tokens, out) in full.iter().zip(out.chunks_exact_mut(4)) {
-            out.copy_from_slice(&kernel::<VNNI, 4>(format, row, tokens));
-        }
-        if REST > 0 {
-            out[n - REST..].copy_from_slice(&kernel::<VNNI, REST>(format, row, rest));
+    let rows = out.len() / n;
+    for (t, result) in results.into_iter().enumerate() {
+        let mut lanes = [0f32; PANEL_ROWS];
+        R::store(result, &mut lanes);
+        for (r, &v) in lanes[..rows].iter().enumerate() {
+            out[r * n + first + t] = v;
         }
     }
 }
 
-/// One row against a tile of tokens.
 #[inline(always)]
-unsafe fn kernel<const VNNI: bool, const TILE: usize>(
+unsafe fn kernel<R: Rows, const TILE: usize>(
     format: Format,
-    row: &[u8],
+    panel: &[u8],
+    blocks: usize,
     tokens: &Tokens<TILE>,
-) -> [f32; TILE] {
+) -> [R::F; TILE] {
     match format {
-        Format::Q4_0 => small_blocks::<VNNI, TILE, 0>(row, tokens),
-        Format::Q4_1 => small_blocks::<VNNI, TILE, 1>(row, tokens),
-        Format::Q5_0 => small_blocks::<VNNI, TILE, 2>(row, tokens),
-        Format::Q8_0 => small_blocks::<VNNI, TILE, 3>(row, tokens),
-        Format::Q4K | Format::Q6K => unreachable!("K-quants are kept in panels"),
+        Format::Q4K => q4k_kernel::<R, TILE>(panel, blocks, tokens),
+        Format::Q6K => q6k_kernel::<R, TILE>(panel, blocks, tokens),
+        Format::Q8_0 => q8_0_kernel::<R, TILE>(panel, blocks, tokens),
+        // A constant format in each arm: inlined, each gets its own loop.
+        Format::Q4_0 => nibbles_kernel::<R, TILE>(Format::Q4_0, panel, blocks, tokens),
+        Format::Q4_1 => nibbles_kernel::<R, TILE>(Format::Q4_1, panel, blocks, tokens),
+        Format::Q5_0 => nibbles_kernel::<R, TILE>(Format::Q5_0, panel, blocks, tokens),
     }
 }
 
 /// Pointers to the activations of a tile of tokens.
 struct Tokens<const TILE: usize> {
-    quants: [*const u8; TILE],
+    quants: [*const i8; TILE],
     scales: [*const f32; TILE],
-    lane_sums: [*const i32; TILE],
     group_sums: [*const i16; TILE],
+    q6k_offsets: [*const i32; TILE],
 }
 
 impl<const TILE: usize> Tokens<TILE> {
     fn new(acts: &QuantizedTokens, first: usize) -> Self {
         Self {
-            quants: std::array::from_fn(|t| acts.quants_of(first + t).as_ptr() as *const u8),
+            quants: std::array::from_fn(|t| acts.quants_of(first + t).as_ptr()),
             scales: std::array::from_fn(|t| acts.scales_of(first + t).as_ptr()),
-            lane_sums: std::array::from_fn(|t| acts.lane_sums_of(first + t).as_ptr()),
             group_sums: std::array::from_fn(|t| acts.group_sums_of(first + t).as_ptr()),
+            q6k_offsets: std::array::from_fn(|t| match acts.block {
+                256 => acts.q6k_offsets_of(first + t).as_ptr(),
+                _ => std::ptr::null(),
+            }),
         }
     }
 }
 
-/// Eight lanes of four-byte products of unsigned `u` and signed `a`.
 #[inline(always)]
-unsafe fn lanes<const VNNI: bool>(u: __m256i, a: __m256i) -> __m256i {
-    if VNNI {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a)
-    } else {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1))
-    }
-}
-
-#[inline(always)]
-unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-/// 16 bytes of nibbles → 32 quants: low nibbles first, then high.
-#[inline(always)]
-unsafe fn nibbles16(p: *const u8) -> __m256i {
-    let q = _mm_loadu_si128(p as *const __m128i);
-    let mask = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    _mm256_set_m128i(hi, lo)
-}
-
-/// Bit l of `bits` → 0x10 in byte l, else 0.
-#[inline(always)]
-unsafe fn high_bits32(bits: u32) -> __m256i {
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits as i32),
-        _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        ),
-    );
-    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-}
-
-/// The eight f32 lanes added up in [`crate::portable::reduce_lanes`]' order.
-#[inline(always)]
-unsafe fn reduce(acc: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    let u = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)))
-}
-
-/// Q4_0 (KIND 0), Q4_1 (1), Q5_0 (2), Q8_0 (3): one group of 32 per block.
-#[inline(always)]
-unsafe fn small_blocks<const VNNI: bool, const TILE: usize, const KIND: u8>(
-    row: &[u8],
+unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
+    panel: &[u8],
+    blocks: usize,
     tokens: &Tokens<TILE>,
-) -> [f32; TILE] {
-    let format = [Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q8_0][KIND as usize];
-    let bytes = format.block_bytes();
-    let mut acc = [_mm256_setzero_ps(); TILE];
-    let mut extra = [0f32; TILE];
-    for (b, block) in row.chunks_exact(bytes).enumerate() {
-        let p = block.as_ptr();
-        let d = f16_at(block, 0);
-        let weights = match KIND {
-            0 => nibbles16(p.add(2)),
-            1 => nibbles16(p.add(4)),
-            2 => {
-                let high = (p.add(2) as *const u32).read_unaligned();
-                _mm256_or_si256(nibbles16(p.add(6)), high_bits32(u32::from_le(high)))
+) -> [R::F; TILE] {
+    let mut acc = [R::zero_f(); TILE];
+    for b in 0..blocks {
+        let p = panel.as_ptr().add(b * q4k::BYTES);
+        let pairs: [R::I; 4] = std::array::from_fn(|i| R::u8_pairs(p.add(q4k::MINS + 32 * i)));
+        let (d, dmin) = (R::f16s(p.add(q4k::D)), R::f16s(p.add(q4k::DMIN)));
+        let mut total = [R::zero_i(); TILE];
+        for j in 0..8 {
+            let mut sub = [R::zero_i(); TILE];
+            for chunk in 4 * j..4 * j + 4 {
+                let (low, high) = R::nibbles(p.add(chunk_at(Format::Q4K, chunk)));
+                for (t, sub) in sub.iter_mut().enumerate() {
+                    let a = tokens.quants[t].add(256 * b + 8 * chunk);
+                    *sub = R::dot4(R::dot4(*sub, low, a), high, a.add(4));
+                }
             }
-            _ => load(p.add(2)),
-        };
-        for t in 0..TILE {
-            let a = load(tokens.quants[t].add(32 * b));
+            let scale = R::u8s(p.add(q4k::SCALES + 16 * j));
+            for (total, sub) in total.iter_mut().zip(sub) {
+                *total = R::mul_add(*total, sub, scale);
+            }
+        }
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let groups = tokens.group_sums[t].add(8 * b);
+            let mut mins = R::zero_i();
+            for (i, &pairs) in pairs.iter().enumerate() {
+                mins = R::pair_dot(mins, pairs, groups.add(2 * i));
+            }
             let da = *tokens.scales[t].add(b);
-            let sums = || load(tokens.lane_sums[t].add(8 * b) as *const u8);
-            let l = match KIND {
-                0 => _mm256_sub_epi32(lanes::<VNNI>(weights, a), _mm256_slli_epi32(sums(), 3)),
-                1 => lanes::<VNNI>(weights, a),
-                2 => _mm256_sub_epi32(lanes::<VNNI>(weights, a), _mm256_slli_epi32(sums(), 4)),
-                _ => lanes::<VNNI>(_mm256_abs_epi8(weights), _mm256_sign_epi8(a, weights)),
-            };
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d * da), acc[t]);
-            if KIND == 1 {
-                let m = f16_at(block, 2);
-                extra[t] = (m * da).mul_add(*tokens.group_sums[t].add(b) as f32, extra[t]);
+            *acc = R::fma_scaled(*acc, total[t], d, da);
+            *acc = R::fnma_scaled(*acc, mins, dmin, da);
+        }
+    }
+    acc
+}
+
+#[inline(always)]
+unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
+    panel: &[u8],
+    blocks: usize,
+    tokens: &Tokens<TILE>,
+) -> [R::F; TILE] {
+    let mut acc = [R::zero_f(); TILE];
+    for b in 0..blocks {
+        let p = panel.as_ptr().add(b * q6k::BYTES);
+        let mut total = [R::zero_i(); TILE];
+        for j in 0..16 {
+            let mut sub: [R::I; TILE] =
+                std::array::from_fn(|t| R::splat(*tokens.q6k_offsets[t].add(16 * b + j)));
+            for chunk in 2 * j..2 * j + 2 {
+                let (low, high) = R::nibbles(p.add(chunk_at(Format::Q6K, chunk)));
+                let (low_top, high_top) = R::q6k_high_bits(p.add(q6k_highs_at(chunk)));
+                let (low, high) = (R::or(low, low_top), R::or(high, high_top));
+                for (t, sub) in sub.iter_mut().enumerate() {
+                    let a = tokens.quants[t].add(256 * b + 8 * chunk);
+                    *sub = R::dot4(R::dot4(*sub, low, a), high, a.add(4));
+                }
+            }
+            let scale = R::i8s(p.add(q6k::SCALES + 16 * j));
+            for (total, sub) in total.iter_mut().zip(sub) {
+                *total = R::mul_add(*total, sub, scale);
+            }
+        }
+        let d = R::f16s(p.add(q6k::D));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            *acc = R::fma_scaled(*acc, total[t], d, *tokens.scales[t].add(b));
+        }
+    }
+    acc
+}
+
+/// Q4_0, Q4_1 and Q5_0.
+#[inline(always)]
+unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
+    format: Format,
+    panel: &[u8],
+    blocks: usize,
+    tokens: &Tokens<TILE>,
+) -> [R::F; TILE] {
+    // The stored quants are q; Q4_0's weights are q − 8, Q5_0's q − 16.
+    let offset = match format {
+        Format::Q4_0 => -8,
+        Format::Q5_0 => -16,
+        _ => 0,
+    };
+    let bytes = panel_block_bytes(format);
+    let mut acc = [R::zero_f(); TILE];
+    for b in 0..blocks {
+        let p = panel.as_ptr().add(b * bytes);
+        let mut total: [R::I; TILE] =
+            std::array::from_fn(|t| R::splat(offset * *tokens.group_sums[t].add(b) as i32));
+        for chunk in 0..4 {
+            let (mut low, mut high) = R::nibbles(p.add(chunk_at(format, chunk)));
+            if format == Format::Q5_0 {
+                let (low_top, high_top) = R::q5_0_high_bits(p.add(q5_0_highs_at(chunk)));
+                (low, high) = (R::or(low, low_top), R::or(high, high_top));
+            }
+            for (t, total) in total.iter_mut().enumerate() {
+                let a = tokens.quants[t].add(32 * b + 8 * chunk);
+                *total = R::dot4(R::dot4(*total, low, a), high, a.add(4));
+            }
+        }
+        let d = R::f16s(p.add(small::D));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let da = *tokens.scales[t].add(b);
+            *acc = R::fma_scaled(*acc, total[t], d, da);
+            if format == Format::Q4_1 {
+                let sum = *tokens.group_sums[t].add(b) as f32;
+                *acc = R::fma_splat(*acc, R::f16s(p.add(small::Q4_1_MINS)), da * sum);
             }
         }
     }
-    std::array::from_fn(|t| {
-        if KIND == 1 {
-            reduce(acc[t]) + extra[t]
-        } else {
-            reduce(acc[t])
+    acc
+}
+
+#[inline(always)]
+unsafe fn q8_0_kernel<R: Rows, const TILE: usize>(
+    panel: &[u8],
+    blocks: usize,
+    tokens: &Tokens<TILE>,
+) -> [R::F; TILE] {
+    let mut acc = [R::zero_f(); TILE];
+    for b in 0..blocks {
+        let p = panel.as_ptr().add(b * panel_block_bytes(Format::Q8_0));
+        let mut total: [R::I; TILE] =
+            std::array::from_fn(|t| R::splat(-R::Q8_0_BIAS * *tokens.group_sums[t].add(b) as i32));
+        for chunk in 0..8 {
+            let weights = R::bytes(p.add(chunk_at(Format::Q8_0, chunk)));
+            for (t, total) in total.iter_mut().enumerate() {
+                *total = R::q8_0_dot4(*total, weights, tokens.quants[t].add(32 * b + 4 * chunk));
+            }
         }
-    })
+        let d = R::f16s(p.add(small::D));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            *acc = R::fma_scaled(*acc, total[t], d, *tokens.scales[t].add(b));
+        }
+    }
+    acc
+}
+
+/// The rows of a panel one register covers, and the operations the kernels need on them.
+/// Pointers are to the panel-wide arrays (16 rows); each implementation takes its rows.
+trait Rows {
+    /// 32-bit integer lanes, one per row.
+    type I: Copy;
+    /// f32 lanes, one per row.
+    type F: Copy;
+    const LANES: usize;
+    const FIRST_ROW: usize;
+    /// What [`Rows::q8_0_dot4`] adds to each product beyond w · a, times a: the block's total
+    /// starts at −bias · Σa.
+    const Q8_0_BIAS: i32;
+    unsafe fn zero_i() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn splat(x: i32) -> Self::I;
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    /// A chunk's quants: columns 0–3 (low nibbles) and 4–7 (high nibbles), four bytes a row.
+    unsafe fn nibbles(chunk: *const u8) -> (Self::I, Self::I);
+    /// A chunk's 64 bytes (Q8_0), four bytes a row.
+    unsafe fn bytes(chunk: *const u8) -> Self::I;
+    /// `acc` + in each lane Σ (w + 128 − bias) · a over its four Q8_0 bytes (stored w + 128).
+    unsafe fn q8_0_dot4(acc: Self::I, w: Self::I, a: *const i8) -> Self::I;
+    /// Q5_0's fifth bits of a chunk, in place (bit 4) to be or-ed onto its nibbles.
+    unsafe fn q5_0_high_bits(masks: *const u8) -> (Self::I, Self::I);
+    /// Q6_K's high bit pairs of a chunk, in place (bits 4–5) to be or-ed onto its nibbles.
+    unsafe fn q6k_high_bits(highs: *const u8) -> (Self::I, Self::I);
+    /// `acc` + in each lane the four unsigned bytes of `u` times the four signed bytes at `a`.
+    unsafe fn dot4(acc: Self::I, u: Self::I, a: *const i8) -> Self::I;
+    /// `total + sub · scale`.
+    unsafe fn mul_add(total: Self::I, sub: Self::I, scale: Self::I) -> Self::I;
+    /// Unsigned bytes, one per row.
+    unsafe fn u8s(p: *const u8) -> Self::I;
+    /// Signed bytes, one per row.
+    unsafe fn i8s(p: *const u8) -> Self::I;
+    /// Unsigned byte pairs, one pair per row, as 16-bit halves.
+    unsafe fn u8_pairs(p: *const u8) -> Self::I;
+    /// `acc` + each lane's 16-bit pair times the two i16 at `g`.
+    unsafe fn pair_dot(acc: Self::I, pairs: Self::I, g: *const i16) -> Self::I;
+    /// f16 values, one per row.
+    unsafe fn f16s(p: *const u8) -> Self::F;
+    /// `fma(total, d · da, acc)`.
+    unsafe fn fma_scaled(acc: Self::F, total: Self::I, d: Self::F, da: f32) -> Self::F;
+    /// `fma(m, x, acc)`.
+    unsafe fn fma_splat(acc: Self::F, m: Self::F, x: f32) -> Self::F;
+    /// `fma(−x, d · da, acc)`.
+    unsafe fn fnma_scaled(acc: Self::F, x: Self::I, d: Self::F, da: f32) -> Self::F;
+    /// The lanes into `out[..LANES]`.
+    unsafe fn store(x: Self::F, out: &mut [f32; PANEL_ROWS]);
+}
+
+/// All 16 rows in a 512-bit register (AVX-512 BW + VNNI).
+struct Zmm;
+
+impl Rows for Zmm {
+    type I = __m512i;
+    type F = __m512;
+    const LANES: usize = 16;
+    const FIRST_ROW: usize = 0;
+    const Q8_0_BIAS: i32 = 128;
+
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: i32) -> __m512i {
+        _mm512_set1_epi32(x)
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_or_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn nibbles(chunk: *const u8) -> (__m512i, __m512i) {
+        let bytes = _mm512_loadu_si512(chunk as *const _);
+        let mask = _mm512_set1_epi8(0x0F);
+        (
+            _mm512_and_si512(bytes, mask),
+            _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask),
+        )
+    }
+    #[inline(always)]
+    unsafe fn bytes(chunk: *const u8) -> __m512i {
+        _mm512_loadu_si512(chunk as *const _)
+    }
+    #[inline(always)]
+    unsafe fn q8_0_dot4(acc: __m512i, w: __m512i, a: *const i8) -> __m512i {
+        Self::dot4(acc, w, a)
+    }
+    #[inline(always)]
+    unsafe fn q5_0_high_bits(masks: *const u8) -> (__m512i, __m512i) {
+        let masks = masks as *const u64;
+        let sixteen = _mm512_set1_epi8(16);
+        (
+            _mm512_maskz_mov_epi8(masks.read_unaligned(), sixteen),
+            _mm512_maskz_mov_epi8(masks.add(1).read_unaligned(), sixteen),
+        )
+    }
+    #[inline(always)]
+    unsafe fn q6k_high_bits(highs: *const u8) -> (__m512i, __m512i) {
+        let bits = _mm256_loadu_si256(highs as *const __m256i);
+        // Nibble bytes 0–31 take bits 0–1 (low) and 4–5 (high), bytes 32–63 bits 2–3 and 6–7.
+        let bits = _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 2), 1);
+        let three = _mm512_set1_epi8(3);
+        (
+            _mm512_slli_epi16(_mm512_and_si512(bits, three), 4),
+            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(bits, 4), three), 4),
+        )
+    }
+    #[inline(always)]
+    unsafe fn dot4(acc: __m512i, u: __m512i, a: *const i8) -> __m512i {
+        _mm512_dpbusd_epi32(
+            acc,
+            u,
+            _mm512_set1_epi32((a as *const i32).read_unaligned()),
+        )
+    }
+    #[inline(always)]
+    unsafe fn mul_add(total: __m512i, sub: __m512i, scale: __m512i) -> __m512i {
+        _mm512_add_epi32(total, _mm512_mullo_epi32(sub, scale))
+    }
+    #[inline(always)]
+    unsafe fn u8s(p: *const u8) -> __m512i {
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn i8s(p: *const u8) -> __m512i {
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn u8_pairs(p: *const u8) -> __m512i {
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn pair_dot(acc: __m512i, pairs: __m512i, g: *const i16) -> __m512i {
+        let g = _mm512_set1_epi32((g as *const i32).read_unaligned());
+        _mm512_dpwssd_epi32(acc, pairs, g)
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn fma_scaled(acc: __m512, total: __m512i, d: __m512, da: f32) -> __m512 {
+        _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(total),
+            _mm512_mul_ps(d, _mm512_set1_ps(da)),
+            acc,
+        )
+    }
+    #[inline(always)]
+    unsafe fn fma_splat(acc: __m512, m: __m512, x: f32) -> __m512 {
+        _mm512_fmadd_ps(m, _mm512_set1_ps(x), acc)
+    }
+    #[inline(always)]
+    unsafe fn fnma_scaled(acc: __m512, x: __m512i, d: __m512, da: f32) -> __m512 {
+        _mm512_fnmadd_ps(
+            _mm512_cvtepi32_ps(x),
+            _mm512_mul_ps(d, _mm512_set1_ps(da)),
+            acc,
+        )
+    }
+    #[inline(always)]
+    unsafe fn store(x: __m512, out: &mut [f32; PANEL_ROWS]) {
+        _mm512_storeu_ps(out.as_mut_ptr(), x)
+    }
+}
+
+/// Rows 8·HALF..8·HALF + 8 of a panel in a 256-bit register (AVX2).
+struct Ymm<const HALF: usize>;
+
+impl<const HALF: usize> Rows for Ymm<HALF> {
+    type I = __m256i;
+    type F = __m256;
+    const LANES: usize = 8;
+    const FIRST_ROW: usize = 8 * HALF;
+    const Q8_0_BIAS: i32 = 0;
+
+    #[inline(always)]
+    unsafe fn zero_i() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: i32) -> __m256i {
+        _mm256_set1_epi32(x)
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_or_si256(a, b)
+    }
+    #[inline(always)]
+    unsafe fn nibbles(chunk: *const u8) -> (__m256i, __m256i) {
+        let bytes = _mm256_loadu_si256(chunk.add(32 * HALF) as *const __m256i);
+        let mask = _mm256_set1_epi8(0x0F);
+        (
+            _mm256_and_si256(bytes, mask),
+            _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask),
+        )
+    }
+    #[inline(always)]
+    unsafe fn bytes(chunk: *const u8) -> __m256i {
+        _mm256_loadu_si256(chunk.add(32 * HALF) as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn q8_0_dot4(acc: __m256i, w: __m256i, a: *const i8) -> __m256i {
+        // w · a = |w| · (a with w's sign): unsigned |w| ≤ 128 times |a| ≤ 127 cannot saturate.
+        let w = _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN));
+        let a = _mm256_set1_epi32((a as *const i32).read_unaligned());
+        let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn q5_0_high_bits(masks: *const u8) -> (__m256i, __m256i) {
+        let masks = masks as *const u64;
+        let expand = |mask: u64| {
+            // Byte i of this half takes bit 32·HALF + i of the mask: spread the mask's bytes
+            // eight apiece, keep each byte's own bit and turn it into 16.
+            let bits = _mm256_set1_epi32((mask >> (32 * HALF)) as u32 as i32);
+            let spread = _mm256_shuffle_epi8(
+                bits,
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                    3, 3, 3, 3, 3, 3,
+                ),
+            );
+            let select = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+            _mm256_and_si256(set, _mm256_set1_epi8(16))
+        };
+        (
+            expand(masks.read_unaligned()),
+            expand(masks.add(1).read_unaligned()),
+        )
+    }
+    #[inline(always)]
+    unsafe fn q6k_high_bits(highs: *const u8) -> (__m256i, __m256i) {
+        let bits = _mm256_loadu_si256(highs as *const __m256i);
+        let bits = if HALF == 0 {
+            bits
+        } else {
+            _mm256_srli_epi16(bits, 2)
+        };
+        let three = _mm256_set1_epi8(3);
+        (
+            _mm256_slli_epi16(_mm256_and_si256(bits, three), 4),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 4), three), 4),
+        )
+    }
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, u: __m256i, a: *const i8) -> __m256i {
+        let a = _mm256_set1_epi32((a as *const i32).read_unaligned());
+        let pairs = _mm256_maddubs_epi16(u, a);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn mul_add(total: __m256i, sub: __m256i, scale: __m256i) -> __m256i {
+        _mm256_add_epi32(total, _mm256_mullo_epi32(sub, scale))
+    }
+    #[inline(always)]
+    unsafe fn u8s(p: *const u8) -> __m256i {
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * HALF) as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn i8s(p: *const u8) -> __m256i {
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * HALF) as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn u8_pairs(p: *const u8) -> __m256i {
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16 * HALF) as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn pair_dot(acc: __m256i, pairs: __m256i, g: *const i16) -> __m256i {
+        let g = _mm256_set1_epi32((g as *const i32).read_unaligned());
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, g))
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * HALF) as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn fma_scaled(acc: __m256, total: __m256i, d: __m256, da: f32) -> __m256 {
+        _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(total),
+            _mm256_mul_ps(d, _mm256_set1_ps(da)),
+            acc,
+        )
+    }
+    #[inline(always)]
+    unsafe fn fma_splat(acc: __m256, m: __m256, x: f32) -> __m256 {
+        _mm256_fmadd_ps(m, _mm256_set1_ps(x), acc)
+    }
+    #[inline(always)]
+    unsafe fn fnma_scaled(acc: __m256, x: __m256i, d: __m256, da: f32) -> __m256 {
+        _mm256_fnmadd_ps(
+            _mm256_cvtepi32_ps(x),
+            _mm256_mul_ps(d, _mm256_set1_ps(da)),
+            acc,
+        )
+    }
+    #[inline(always)]
+    unsafe fn store(x: __m256, out: &mut [f32; PANEL_ROWS]) {
+        _mm256_storeu_ps(out.as_mut_ptr(), x)
+    }
 }
