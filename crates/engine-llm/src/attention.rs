@@ -9,6 +9,7 @@
 
 use candle_core::{Device, Layout, Storage, Tensor};
 
+use crate::math::exp;
 use crate::{Error, Result};
 
 /// Which keys each new query row may see.
@@ -125,7 +126,7 @@ pub(crate) fn row_attention(
         let mut sum = 0f32;
         for w in weights.iter_mut() {
             *w = if *w > f32::NEG_INFINITY {
-                (*w - max).exp()
+                exp(*w - max)
             } else {
                 0.0
             };

@@ -12,6 +12,7 @@ pub mod costs;
 mod error;
 mod linear;
 pub mod load;
+pub(crate) mod math;
 pub mod predgen;
 mod swiglu;
 pub mod tokenizer;

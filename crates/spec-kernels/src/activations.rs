@@ -33,7 +33,7 @@ impl QuantizedTokens {
             let scale = max / 127.0;
             let inverse = if max > 0.0 { 127.0 / max } else { 0.0 };
             for (q, &v) in out.iter_mut().zip(values) {
-                *q = (v * inverse).round().clamp(-127.0, 127.0) as i8;
+                *q = (v * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
             }
             scales.push(scale);
         }
