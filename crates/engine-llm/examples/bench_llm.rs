@@ -18,7 +18,7 @@
 //! ```
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file;
@@ -224,13 +224,13 @@ impl Reference {
         Ok(logits.squeeze(0)?.to_vec1()?)
     }
 
-    /// Greedy decoding of up to `max_tokens` after `prompt`: tokens produced, wall time of the
-    /// whole run and until the first token.
-    fn generate(&mut self, prompt: &[u32], max_tokens: usize, end: &[u32]) -> Result<Timed> {
+    /// Greedy decoding of up to `max_tokens` after `prompt`, timed as `spec-core` times ours
+    /// (tokens produced, wall time of the run and until the first token).
+    fn generate(&mut self, prompt: &[u32], max_tokens: usize, end: &[u32]) -> Result<DecodeStats> {
         self.clear();
         let started = Instant::now();
         let mut logits = self.forward(prompt, 0)?;
-        let first_token = started.elapsed();
+        let first_token_time = started.elapsed();
         let mut produced = 0;
         loop {
             let token = argmax(&logits);
@@ -240,37 +240,13 @@ impl Reference {
             }
             logits = self.forward(&[token], prompt.len() + produced - 1)?;
         }
-        Ok(Timed {
-            tokens: produced,
-            total: started.elapsed(),
-            first_token,
+        Ok(DecodeStats {
+            generated_tokens: produced,
+            total_time: started.elapsed(),
+            first_token_time,
+            runs: 1,
+            ..Default::default()
         })
-    }
-}
-
-/// Tokens and times of one or more generations.
-#[derive(Default)]
-struct Timed {
-    tokens: usize,
-    total: Duration,
-    first_token: Duration,
-}
-
-impl Timed {
-    fn add(&mut self, other: &Timed) {
-        self.tokens += other.tokens;
-        self.total += other.total;
-        self.first_token += other.first_token;
-    }
-
-    /// Tokens per second, the prompt included.
-    fn overall_rate(&self) -> f64 {
-        self.tokens as f64 / self.total.as_secs_f64()
-    }
-
-    /// Tokens after each run's first per second after it, for `runs` runs.
-    fn decode_rate(&self, runs: usize) -> f64 {
-        (self.tokens - runs) as f64 / (self.total - self.first_token).as_secs_f64()
     }
 }
 
@@ -296,10 +272,6 @@ fn autoregressive(
             )?)
         })
         .collect()
-}
-
-fn rate(tokens: usize, time: Duration) -> f64 {
-    tokens as f64 / time.as_secs_f64()
 }
 
 fn main() -> Result<()> {
@@ -392,9 +364,9 @@ fn main() -> Result<()> {
         let mut reference = Reference::load(&model.weights)?;
         let end = model.tokenizer.end_tokens().to_vec();
         reference.generate(&prompts[0], 2, &end)?;
-        let mut theirs = Timed::default();
+        let mut theirs = DecodeStats::default();
         for p in &prompts {
-            theirs.add(&reference.generate(p, max_tokens, &end)?);
+            theirs.merge(&reference.generate(p, max_tokens, &end)?);
         }
         let llama_cpp = llama_cpp_decode.get(name).copied().unwrap_or_else(|| {
             LLAMA_CPP_DECODE
@@ -404,7 +376,7 @@ fn main() -> Result<()> {
         });
         let limit = bandwidth * 1e9 / weight_bytes[name];
         let decode = ours_stats.decode_tokens_per_second();
-        let their_decode = theirs.decode_rate(prompts.len());
+        let their_decode = theirs.decode_tokens_per_second();
         ar_rows.push(vec![
             name.to_string(),
             format!("{decode:.1}"),
@@ -414,7 +386,7 @@ fn main() -> Result<()> {
             format!("{llama_cpp:.1}"),
             format!("{:.2}", decode / llama_cpp),
             format!("{:.1}", ours_stats.tokens_per_second()),
-            format!("{:.1}", theirs.overall_rate()),
+            format!("{:.1}", theirs.tokens_per_second()),
         ]);
         if name == TARGET {
             target_reference = ours.into_iter().zip(prompts).collect::<Vec<_>>();
@@ -489,10 +461,10 @@ fn main() -> Result<()> {
             stats.merge(&out.stats);
         }
     }
-    let plain_rate = rate(plain.generated_tokens, plain.total_time);
+    let plain_rate = plain.tokens_per_second();
     let mut spec_rows = Vec::new();
     for ((label, _), (stats, identical, speedups)) in configs.iter().zip(&runs) {
-        let spec_rate = rate(stats.generated_tokens, stats.total_time);
+        let spec_rate = stats.tokens_per_second();
         let (lo, hi) = speedups
             .iter()
             .fold((f64::INFINITY, 0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
