@@ -100,19 +100,15 @@ fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> candle_core::Result<Vec
             m.cols()
         );
     }
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let (storage, layout) = x.storage_and_layout();
-    let values = match (&*storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(cpu), Some((start, end))) => &cpu.as_slice::<f32>()?[start..end],
-        _ => candle_core::bail!("spec-kernels matmuls need a contiguous input on the CPU"),
-    };
-    let tokens = values.len() / cols.max(1);
+    let tokens = x.elem_count() / cols.max(1);
     let mut outs: Vec<Vec<f32>> = matrices
         .iter()
         .map(|m| vec![0f32; tokens * m.rows()])
         .collect();
-    let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-    QMatrix::matmul_many(matrices, values, tokens, &mut views).map_err(candle_core::Error::wrap)?;
+    with_cpu_values(&x.to_dtype(DType::F32)?, |values| {
+        let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        QMatrix::matmul_many(matrices, values, tokens, &mut views).map_err(candle_core::Error::wrap)
+    })??;
     matrices
         .iter()
         .zip(outs)
@@ -122,6 +118,23 @@ fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> candle_core::Result<Vec
             Tensor::from_vec(out, shape, &Device::Cpu)
         })
         .collect()
+}
+
+/// `f` of the values of an f32 CPU tensor, read where they lie (copied first only when the
+/// tensor is not contiguous).
+pub(crate) fn with_cpu_values<R>(
+    t: &Tensor,
+    f: impl FnOnce(&[f32]) -> R,
+) -> candle_core::Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(cpu), Some((start, end))) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
+        _ => candle_core::bail!(
+            "expected a contiguous f32 tensor on the CPU, got {:?}",
+            t.device()
+        ),
+    }
 }
 
 impl Module for QLinear {
