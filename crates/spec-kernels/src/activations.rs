@@ -1,9 +1,9 @@
 //! Activations quantized to signed bytes, once per matmul, for integer dot products.
 //!
 //! Each token's row is cut into blocks of 32 (for the 32-weight formats) or 256 (K-quants)
-//! values with one f32 scale each: d = max|x| / 127, q = round(x / d). Every group of 32
-//! values also keeps its sum and, for the K-quants, every group of 16 its sum times −32. The
-//! kernels need them for the formats whose quants carry an offset or a minimum.
+//! values with one f32 scale each: d = max|x| / 127, q = x / d rounded half to even. Every
+//! group of 32 values also keeps its sum and, for the K-quants, every group of 16 its sum times
+//! −32. The kernels need them for the formats whose quants carry an offset or a minimum.
 
 /// A batch of quantized token rows.
 pub(crate) struct QuantizedTokens {

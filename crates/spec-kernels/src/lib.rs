@@ -71,8 +71,8 @@ pub enum KernelError {
 /// An instruction set the kernels can use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 512-bit registers (16 rows of a
-    /// K-quant panel at once) and on 256-bit ones for the 32-weight formats.
+    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 512-bit registers, the 16 rows of a
+    /// panel at once.
     Avx512Vnni,
     /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
     Avx2,

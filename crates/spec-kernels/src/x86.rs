@@ -276,12 +276,13 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
             }
         }
         let d = R::f16s(p.add(small::D));
+        let mins = (format == Format::Q4_1).then(|| R::f16s(p.add(small::Q4_1_MINS)));
         for (t, acc) in acc.iter_mut().enumerate() {
             let da = *tokens.scales[t].add(b);
             *acc = R::fma_scaled(*acc, total[t], d, da);
-            if format == Format::Q4_1 {
+            if let Some(mins) = mins {
                 let sum = *tokens.group_sums[t].add(b) as f32;
-                *acc = R::fma_splat(*acc, R::f16s(p.add(small::Q4_1_MINS)), da * sum);
+                *acc = R::fma_splat(*acc, mins, da * sum);
             }
         }
     }
