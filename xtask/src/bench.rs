@@ -37,46 +37,32 @@ struct Filed<'a> {
     report: Report,
 }
 
-struct Options {
+/// `cargo xtask bench`'s options.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Benchmarks to run [default: every registered one]
     names: Vec<String>,
+
+    /// Run each benchmark with its lighter `quick-args`
+    #[arg(long)]
     quick: bool,
+
+    /// Replace the README section between `<!-- bench:NAME -->` markers with the new table
+    #[arg(long)]
     update_readme: bool,
+
+    /// Folder for NAME.json and NAME.md
+    #[arg(long, default_value = "results")]
     out: PathBuf,
+
+    /// Arguments passed on to every benchmark (after `--`)
+    #[arg(last = true)]
     extra: Vec<String>,
-}
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut options = Options {
-        names: Vec::new(),
-        quick: false,
-        update_readme: false,
-        out: PathBuf::from("results"),
-        extra: Vec::new(),
-    };
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--update-readme" => options.update_readme = true,
-            "--out" => options.out = args.next().context("--out DIR")?.into(),
-            "--" => {
-                options.extra = args.cloned().collect();
-                break;
-            }
-            flag if flag.starts_with('-') => bail!("unknown flag `{flag}`"),
-            name => options.names.push(name.to_string()),
-        }
-    }
-    Ok(options)
-}
-
-fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 /// The benchmarks every workspace package registers.
 fn registered() -> Result<Vec<Benchmark>> {
-    let output = Command::new(cargo())
+    let output = Command::new(crate::cargo())
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .output()
         .context("running cargo metadata")?;
@@ -103,8 +89,7 @@ fn registered() -> Result<Vec<Benchmark>> {
     Ok(benchmarks)
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+pub fn run(options: &BenchArgs) -> Result<()> {
     let all = registered()?;
     let known = || {
         all.iter()
@@ -127,7 +112,7 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     std::fs::create_dir_all(&options.out).with_context(|| options.out.display().to_string())?;
     for benchmark in selected {
-        let filed = run_one(benchmark, &options)?;
+        let filed = run_one(benchmark, options)?;
         let markdown = markdown(&filed);
         let base = options.out.join(&benchmark.name);
         std::fs::write(
@@ -143,7 +128,7 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn run_one<'a>(benchmark: &'a Benchmark, options: &Options) -> Result<Filed<'a>> {
+fn run_one<'a>(benchmark: &'a Benchmark, options: &BenchArgs) -> Result<Filed<'a>> {
     let json = std::env::temp_dir().join(format!(
         "specvoice-bench-{}-{}.json",
         benchmark.name,
@@ -162,7 +147,7 @@ fn run_one<'a>(benchmark: &'a Benchmark, options: &Options) -> Result<Filed<'a>>
         benchmark.example,
         args.join(" ")
     );
-    let status = Command::new(cargo())
+    let status = Command::new(crate::cargo())
         .args([
             "run",
             "--release",
@@ -256,12 +241,10 @@ mod tests {
         assert!(benchmarks.iter().any(|b| b.name == "llm"));
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         for b in &benchmarks {
-            let crate_dir = ["crates", "."]
-                .iter()
-                .map(|d| root.join(d).join(&b.package))
-                .find(|d| d.is_dir())
-                .unwrap();
-            let example = crate_dir.join("examples").join(format!("{}.rs", b.example));
+            let example = root
+                .join(&b.package)
+                .join("examples")
+                .join(format!("{}.rs", b.example));
             assert!(example.is_file(), "{}: {}", b.name, example.display());
         }
     }

@@ -31,12 +31,7 @@ impl Tally {
     }
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    let require_models = match args {
-        [] => false,
-        [flag] if flag == "--require-models" => true,
-        _ => bail!("usage: cargo xtask ci [--require-models]"),
-    };
+pub fn run(require_models: bool) -> Result<()> {
     let mut tally = Tally::default();
     step(&["fmt", "--all", "--", "--check"], None)?;
     step(
@@ -111,7 +106,7 @@ fn missing_models() -> Result<Vec<String>> {
             missing.push(format!("{}: {} {state:?}", entry.name, file.local()));
         }
     }
-    if let Err(e) = store.data_file("mt_bench/question.jsonl") {
+    if let Err(e) = store.data_file(spec_models::mt_bench::QUESTIONS_FILE) {
         missing.push(e.to_string());
     }
     Ok(missing)

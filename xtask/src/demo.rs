@@ -18,31 +18,32 @@ const QUESTIONS: [&str; 3] = [
     "How long should I boil an egg if I want the yolk to stay soft?",
 ];
 
-pub fn run(args: &[String]) -> Result<()> {
-    let mut model = DEFAULT_MODEL.to_string();
-    let mut extra = Vec::new();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--model" => model = it.next().context("--model NAME")?.clone(),
-            "--" => extra.extend(it.by_ref().cloned()),
-            other => {
-                bail!("usage: cargo xtask demo [--model NAME] [-- PREDGEN-ARGS…] (got `{other}`)")
-            }
-        }
-    }
+/// `cargo xtask demo`'s options.
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// The chat model (a registry name is downloaded when missing)
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+
+    /// Arguments passed on to the predgen example (after `--`)
+    #[arg(last = true)]
+    extra: Vec<String>,
+}
+
+pub fn run(args: &DemoArgs) -> Result<()> {
+    let model = &args.model;
     let store = Store::from_env()?;
-    if let Err(missing) = store.resolve(&model) {
-        if store.registry().get(&model).is_none() {
+    if let Err(missing) = store.resolve(model) {
+        if store.registry().get(model).is_none() {
             return Err(missing).with_context(|| format!("cannot use `{model}`"));
         }
         println!(
             "`{model}` is not in {}: downloading it",
             store.root().display()
         );
-        models::download(std::slice::from_ref(&model))?;
+        models::download(std::slice::from_ref(model))?;
     }
-    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut command = Command::new(crate::cargo());
     command.args([
         "run",
         "--quiet",
@@ -53,7 +54,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "predgen",
         "--",
         "--model",
-        &model,
+        model,
     ]);
     // Short answers keep the demo to a minute or two on a 2-core CPU; the latency that
     // matters, to the first sentence's audio, does not depend on it.
@@ -61,7 +62,7 @@ pub fn run(args: &[String]) -> Result<()> {
     for question in QUESTIONS {
         command.args(["--question", question]);
     }
-    command.args(&extra);
+    command.args(&args.extra);
     let status = command.status().context("running the predgen example")?;
     if !status.success() {
         bail!("the predgen example failed ({status})");

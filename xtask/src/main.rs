@@ -6,50 +6,68 @@ mod demo;
 mod machine;
 mod models;
 
-use std::process::ExitCode;
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
 
-use anyhow::{bail, Result};
-
-const USAGE: &str = "\
-usage: cargo xtask <command>
-
-  demo [--model NAME]          speak a few questions into PredGen and compare its latency with
-                               the plain cascade (downloads the model when it is missing)
-  models [--verify]            known models, and which are in the models folder
-                               (--verify: also check SHA-256 of files not yet verified)
-  download NAME…               fetch models from the Hugging Face Hub into the models folder
-                               (resumes, verifies; HF_TOKEN for gated models, HF_ENDPOINT for a mirror)
-  bench [ENGINE…] [--quick] [--update-readme] [--out DIR] [-- ARGS…]
-                               run the engines' benchmarks (all by default), write
-                               DIR/ENGINE.{json,md} (DIR: results), optionally refresh the README
-  ci [--require-models]        what CI runs: fmt check, clippy -D warnings, the workspace tests,
-                               and the real-model tests when the models are present
-
-The models folder is $SPECVOICE_MODELS, default ~/.cache/specvoice/models.";
-
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+/// SpecVoice's developer commands.
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    after_help = "The models folder is $SPECVOICE_MODELS, default ~/.cache/specvoice/models. \
+                  Logs go to standard error, filtered by RUST_LOG (default info)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn run(args: &[String]) -> Result<()> {
-    let rest = args.get(1..).unwrap_or_default();
-    match args.first().map(String::as_str) {
-        Some("models") => models::list(rest),
-        Some("download") => models::download(rest),
-        Some("bench") => bench::run(rest),
-        Some("ci") => ci::run(rest),
-        Some("demo") => demo::run(rest),
-        Some("help" | "--help" | "-h") | None => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
+#[derive(Subcommand)]
+enum Command {
+    /// Speak a few questions into PredGen and compare its latency with the plain cascade
+    /// (downloads the model when it is missing)
+    Demo(demo::DemoArgs),
+    /// Known models, and which are in the models folder
+    Models {
+        /// Also check the SHA-256 of files not yet verified
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Fetch models from the Hugging Face Hub into the models folder (resumes, verifies;
+    /// HF_TOKEN for gated models, HF_ENDPOINT for a mirror)
+    Download {
+        /// Registry names (`cargo xtask models` lists them)
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Run the engines' benchmarks and file their reports with the machine and date
+    Bench(bench::BenchArgs),
+    /// What CI runs: fmt check, clippy -D warnings, the workspace tests, and the real-model
+    /// tests when the models are present
+    Ci {
+        /// Fail when the real models are missing instead of skipping their tests
+        #[arg(long)]
+        require_models: bool,
+    },
+}
+
+/// The cargo that runs this command (or the one on the PATH).
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn main() -> Result<()> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Demo(args) => demo::run(&args),
+        Command::Models { verify } => models::list(verify),
+        Command::Download { names } => models::download(&names),
+        Command::Bench(args) => bench::run(&args),
+        Command::Ci { require_models } => ci::run(require_models),
     }
 }

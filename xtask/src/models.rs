@@ -2,17 +2,13 @@
 
 use std::collections::BTreeSet;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_models::download::{DownloadOptions, Downloader, Progress};
 use spec_models::{Check, FileState, ModelEntry, Store};
 
-pub fn list(args: &[String]) -> Result<()> {
-    let level = match args {
-        [] => Check::Size,
-        [flag] if flag == "--verify" => Check::Checksum,
-        _ => bail!("usage: cargo xtask models [--verify]"),
-    };
+pub fn list(verify: bool) -> Result<()> {
+    let level = if verify { Check::Checksum } else { Check::Size };
     let store = Store::from_env()?;
     println!("models folder: {}\n", store.root().display());
     println!(
@@ -101,9 +97,6 @@ fn human(bytes: u64) -> String {
 }
 
 pub fn download(names: &[String]) -> Result<()> {
-    if names.is_empty() || names.iter().any(|n| n.starts_with('-')) {
-        bail!("usage: cargo xtask download NAME… (`cargo xtask models` lists the names)");
-    }
     let store = Store::from_env()?;
     let entries: Vec<&ModelEntry> = names
         .iter()
@@ -183,6 +176,6 @@ impl Progress for Bars {
         if let Some(bar) = self.bar.take() {
             bar.abandon();
         }
-        eprintln!("  {file}: {reason}; trying again");
+        tracing::warn!("{file}: {reason}; trying again");
     }
 }

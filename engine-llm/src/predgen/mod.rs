@@ -1,0 +1,262 @@
+//! PredGen: input-time speculation for voice assistants (Li & Grover, "PredGen: Accelerated
+//! Inference of Large Language Models through Input-Time Speculation for Real-Time Speech
+//! Interaction").
+//!
+//! In a cascade assistant (ASR → LLM → TTS, sentence by sentence) the user waits, after the
+//! last word, for the whole first sentence of the answer and then for its speech. PredGen works
+//! while the user is still speaking: on every new partial prompt it verifies the answer it
+//! guessed before ([`Verifier`]), keeps what still holds, generates on ([`Continuation`]), and
+//! hands the guessed first sentence to TTS ahead of time. When the input ends, one forward over
+//! the rest of the prompt and the guessed answer is both the prefill and the final
+//! verification (the paper's Algorithm 1); if the first sentence survives, its audio plays at
+//! once.
+//!
+//! [`PredGen`] runs turns against a [`SimClock`](input::SimClock): time advances by the measured
+//! compute of each step and jumps to the next input when the model is idle, so a benchmark
+//! costs compute time, not speaking time, while every latency is real measured compute.
+
+pub mod input;
+pub mod sentence;
+mod session;
+pub mod tts;
+
+pub use session::{Event, EventKind, PredGen, Turn};
+
+use crate::{Error, Result};
+
+/// The paper's system prompt for partial input.
+pub const PARTIAL_INPUT_SYSTEM_PROMPT: &str = "The instruction provided by the user may be \
+truncated. In such cases, respond based on your best guess of the incomplete instruction. Do \
+not complain about incomplete prompts.";
+
+/// The paper's judge prompt of the reflection verifier; the partial prompt and the first
+/// sentence of the guessed answer follow it.
+pub const JUDGE_PROMPT: &str = "You are given an incomplete prompt and the model's speculative \
+partial answer. Please judge whether the partial prompt is consistent with the model's answer.";
+
+/// How the previous guess is judged against a new partial prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verifier {
+    /// Keep guessed tokens while each is the model's argmax: lossless, the final answer is
+    /// exactly the model's greedy answer to the full prompt.
+    Greedy,
+    /// Keep guessed tokens while each is among the model's `k` most likely (lossy; k = 3 in
+    /// the paper).
+    TopK(usize),
+    /// Ask the model whether the guessed first sentence is consistent with the prompt (the
+    /// paper's judge prompt, P("yes") against P("no") in one forward); if so keep the whole
+    /// first sentence, else fall back to greedy (lossy).
+    Reflection,
+}
+
+/// How tokens are generated after the kept part of the guess. All three are greedy: they give
+/// the same tokens and differ in forward passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Continuation {
+    /// One forward per token.
+    Autoregressive,
+    /// Jacobi decoding over a window of guessed tokens, seeded with the rejected rest of the
+    /// previous guess.
+    Jacobi { window: usize },
+    /// Draft-model speculative decoding with draft length `gamma` (beyond the paper; needs a
+    /// draft model, see [`PredGen::with_draft`]).
+    DraftModel { gamma: usize },
+}
+
+impl std::str::FromStr for Verifier {
+    type Err = Error;
+
+    /// `greedy`, `topK` (e.g. `top3`) or `reflection`.
+    fn from_str(text: &str) -> Result<Self> {
+        let k = text.strip_prefix("top").map(str::parse::<usize>);
+        match (text, k) {
+            ("greedy", _) => Ok(Self::Greedy),
+            ("reflection", _) => Ok(Self::Reflection),
+            (_, Some(Ok(k))) if k > 0 => Ok(Self::TopK(k)),
+            _ => Err(Error::Input(format!(
+                "unknown verifier `{text}` (greedy, topK with K ≥ 1, reflection)"
+            ))),
+        }
+    }
+}
+
+impl std::str::FromStr for Continuation {
+    type Err = Error;
+
+    /// `ar`, `jacobi` or `jacobi:WINDOW` (default 8), `draft` or `draft:GAMMA` (default 3).
+    fn from_str(text: &str) -> Result<Self> {
+        let (name, value) = text.split_once(':').unwrap_or((text, ""));
+        let number = |default: usize| -> Result<usize> {
+            match value {
+                "" => Ok(default),
+                v => v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    Error::Input(format!("`{v}` in `{text}` is not a positive number"))
+                }),
+            }
+        };
+        Ok(match name {
+            "ar" => Self::Autoregressive,
+            "jacobi" => Self::Jacobi { window: number(8)? },
+            "draft" => Self::DraftModel { gamma: number(3)? },
+            _ => {
+                return Err(Error::Input(format!(
+                    "unknown continuation `{text}` (ar, jacobi[:WINDOW], draft[:GAMMA])"
+                )))
+            }
+        })
+    }
+}
+
+/// Settings of a [`PredGen`] session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredGenConfig {
+    pub verifier: Verifier,
+    pub continuation: Continuation,
+    /// System prompt of every turn (partial prompts and the final one alike, so that the cache
+    /// of the conversation is shared and greedy PredGen answers exactly as the plain cascade
+    /// does); [`PARTIAL_INPUT_SYSTEM_PROMPT`] by default.
+    pub system_prompt: String,
+    /// Tokens generated per step while input is still arriving, before checking for new input.
+    /// A step still running when the input ends delays the answer by up to this many forwards,
+    /// so the default is 4 rather than the reference implementation's 10: a forward of a 1.5B
+    /// model takes about 80 ms on a 2-core CPU against a few ms on a GPU.
+    pub tokens_per_step: usize,
+    /// Most tokens guessed ahead while input arrives; speculation also stops once the guess
+    /// holds a complete first sentence. Longer guesses cost more to verify.
+    pub max_guess_tokens: usize,
+    /// Most tokens of an answer.
+    pub max_answer_tokens: usize,
+}
+
+impl Default for PredGenConfig {
+    fn default() -> Self {
+        Self {
+            verifier: Verifier::Greedy,
+            continuation: Continuation::Autoregressive,
+            system_prompt: PARTIAL_INPUT_SYSTEM_PROMPT.to_string(),
+            tokens_per_step: 4,
+            max_guess_tokens: 48,
+            max_answer_tokens: 256,
+        }
+    }
+}
+
+impl PredGenConfig {
+    /// The default settings with another verifier.
+    pub fn with_verifier(verifier: Verifier) -> Self {
+        Self {
+            verifier,
+            ..Self::default()
+        }
+    }
+
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::Config(format!("PredGen: {what}")));
+        match (self.verifier, self.continuation) {
+            (Verifier::TopK(0), _) => bad("the top-k verifier needs k >= 1"),
+            (_, Continuation::Jacobi { window: 0 }) => bad("the Jacobi window must be >= 1"),
+            (_, Continuation::DraftModel { gamma: 0 }) => bad("the draft length must be >= 1"),
+            _ if self.tokens_per_step == 0 => bad("tokens_per_step must be >= 1"),
+            _ if self.max_guess_tokens == 0 => bad("max_guess_tokens must be >= 1"),
+            _ if self.max_answer_tokens == 0 => bad("max_answer_tokens must be >= 1"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Word-level ROUGE-L F1 of two texts (longest common subsequence of their words): 1 for the
+/// same words in the same order, 0 for nothing in common. Used to compare an answer with the
+/// plain cascade's.
+pub fn answer_similarity(a: &str, b: &str) -> f64 {
+    let a: Vec<&str> = a.split_whitespace().collect();
+    let b: Vec<&str> = b.split_whitespace().collect();
+    if a.is_empty() || b.is_empty() {
+        return if a.len() == b.len() { 1.0 } else { 0.0 };
+    }
+    let mut row = vec![0usize; b.len() + 1];
+    for x in &a {
+        let mut diagonal = 0;
+        for (j, y) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if x == y {
+                diagonal + 1
+            } else {
+                above.max(row[j])
+            };
+            diagonal = above;
+        }
+    }
+    let lcs = row[b.len()] as f64;
+    let (precision, recall) = (lcs / a.len() as f64, lcs / b.len() as f64);
+    if lcs == 0.0 {
+        0.0
+    } else {
+        2.0 * precision * recall / (precision + recall)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn similarity_of_answers() {
+        assert_eq!(answer_similarity("a b c", "a b c"), 1.0);
+        assert_eq!(answer_similarity("a b c", "d e"), 0.0);
+        assert_eq!(answer_similarity("", ""), 1.0);
+        assert_eq!(answer_similarity("", "a"), 0.0);
+        // LCS "a c" of 3 and 2 words: P = 2/3, R = 1, F1 = 0.8.
+        assert!((answer_similarity("a b c", "a c") - 0.8).abs() < 1e-12);
+        assert_eq!(
+            answer_similarity("x y z", "z y x"),
+            answer_similarity("z y x", "x y z")
+        );
+    }
+
+    #[test]
+    fn configs_are_checked() {
+        assert!(PredGenConfig::default().validate().is_ok());
+        assert!(PredGenConfig::with_verifier(Verifier::TopK(0))
+            .validate()
+            .is_err());
+        let jacobi = PredGenConfig {
+            continuation: Continuation::Jacobi { window: 0 },
+            ..PredGenConfig::default()
+        };
+        assert!(jacobi.validate().is_err());
+        let steps = PredGenConfig {
+            tokens_per_step: 0,
+            ..PredGenConfig::default()
+        };
+        assert!(steps.validate().is_err());
+    }
+
+    #[test]
+    fn verifiers_and_continuations_parse_from_their_names() {
+        assert_eq!("greedy".parse::<Verifier>().unwrap(), Verifier::Greedy);
+        assert_eq!("top3".parse::<Verifier>().unwrap(), Verifier::TopK(3));
+        assert_eq!(
+            "reflection".parse::<Verifier>().unwrap(),
+            Verifier::Reflection
+        );
+        for bad in ["top0", "top", "topx", "Greedy", ""] {
+            assert!(bad.parse::<Verifier>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            "ar".parse::<Continuation>().unwrap(),
+            Continuation::Autoregressive
+        );
+        assert_eq!(
+            "jacobi".parse::<Continuation>().unwrap(),
+            Continuation::Jacobi { window: 8 }
+        );
+        assert_eq!(
+            "draft:5".parse::<Continuation>().unwrap(),
+            Continuation::DraftModel { gamma: 5 }
+        );
+        for bad in ["jacobi:0", "draft:x", "beam"] {
+            assert!(bad.parse::<Continuation>().is_err(), "{bad}");
+        }
+    }
+}

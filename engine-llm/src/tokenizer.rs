@@ -1,0 +1,232 @@
+//! Text ↔ token ids, from a `tokenizer.json` or from the vocabulary and merges inside a GGUF.
+//!
+//! A GGUF names its pre-tokenizer (`tokenizer.ggml.pre`); each one is rebuilt here from the
+//! `tokenizers` crate's parts to match the model's Hugging Face `tokenizer.json`: a regex split
+//! (Qwen2, Llama 3) or individual digits (SmolLM), then GPT-2 byte-level mapping and byte-pair
+//! merges. Control and user-defined tokens become added tokens, matched whole in text.
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+
+use crate::{Error, Result};
+use spec_nn::GgufFile;
+
+/// Qwen2's split pattern (its `tokenizer.json`).
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's split pattern: as Qwen2's, with numbers in groups of up to three digits.
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Token strings that end a chat turn or the text, in the families supported.
+const END_TOKENS: [&str; 5] = [
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+];
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// A tokenizer with the special tokens generation needs.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    end_tokens: Vec<u32>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("end_tokens", &self.end_tokens)
+            .finish()
+    }
+}
+
+impl TextTokenizer {
+    /// Loads a Hugging Face `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = Tokenizer::from_file(path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self::with_end_tokens(inner, None))
+    }
+
+    /// Builds the tokenizer stored in a GGUF file.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let model = gguf.value("tokenizer.ggml.model")?.to_string()?;
+        if model != "gpt2" {
+            return Err(Error::Tokenizer(format!(
+                "GGUF tokenizer model `{model}` is not supported (only byte-level BPE, `gpt2`)"
+            )));
+        }
+        let tokens = string_array(gguf, "tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = string_array(gguf, "tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| Error::Tokenizer(format!("malformed merge `{m}`")))
+            })
+            .collect::<Result<_>>()?;
+        let types: Vec<i32> = match gguf.metadata().get("tokenizer.ggml.token_type") {
+            Some(v) => v
+                .to_vec()?
+                .iter()
+                .map(|t| t.to_i32())
+                .collect::<candle_core::Result<_>>()?,
+            None => vec![1; tokens.len()],
+        };
+        let pre = match gguf.metadata().get("tokenizer.ggml.pre") {
+            Some(v) => v.to_string()?.clone(),
+            None => "default".to_string(),
+        };
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(pre == "llama-bpe")
+            .build()
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let mut inner = Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre)?));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        if pre == "qwen2" {
+            inner
+                .with_normalizer(Some(NFC))
+                .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        }
+        let specials: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
+            .map(|(s, _)| AddedToken::from(s.clone(), true))
+            .collect();
+        inner
+            .add_special_tokens(specials)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let eos = gguf
+            .metadata()
+            .get("tokenizer.ggml.eos_token_id")
+            .map(|v| v.to_u32())
+            .transpose()?;
+        Ok(Self::with_end_tokens(inner, eos))
+    }
+
+    fn with_end_tokens(inner: Tokenizer, eos: Option<u32>) -> Self {
+        let mut end_tokens: Vec<u32> = END_TOKENS
+            .iter()
+            .filter_map(|t| inner.token_to_id(t))
+            .collect();
+        end_tokens.extend(eos);
+        end_tokens.sort_unstable();
+        end_tokens.dedup();
+        Self { inner, end_tokens }
+    }
+
+    /// Token ids of `text`; special-token strings in it become their tokens.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// Text of `ids` without special tokens.
+    pub fn decode_text(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// The id of a token string.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The string of a token id.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Number of token ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Tokens that end an answer (end of turn, end of text).
+    pub fn end_tokens(&self) -> &[u32] {
+        &self.end_tokens
+    }
+
+    /// Checks that `other` maps every id below `ids` to the same string, as a draft model must.
+    pub fn check_same_vocabulary(&self, other: &TextTokenizer, ids: usize) -> Result<()> {
+        for id in 0..ids as u32 {
+            let (a, b) = (self.token(id), other.token(id));
+            if a != b {
+                return Err(Error::VocabularyMismatch(format!(
+                    "token {id} is {a:?} in one and {b:?} in the other"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn string_array(gguf: &GgufFile, key: &str) -> Result<Vec<String>> {
+    gguf.value(key)?
+        .to_vec()?
+        .iter()
+        .map(|v| Ok(v.to_string()?.clone()))
+        .collect()
+}
+
+/// The pre-tokenizer a GGUF names, as its model's `tokenizer.json` defines it.
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let split_then_bytes = |pattern: &str| -> Result<PreTokenizerWrapper> {
+        let split = Split::new(
+            SplitPattern::Regex(pattern.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(Sequence::new(vec![
+            split.into(),
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into())
+    };
+    match pre {
+        "qwen2" => split_then_bytes(QWEN2_PATTERN),
+        "llama-bpe" | "llama3" => split_then_bytes(LLAMA3_PATTERN),
+        "smollm" => Ok(Sequence::new(vec![
+            Digits::new(true).into(),
+            ByteLevel::new(false, true, true).into(),
+        ])
+        .into()),
+        "gpt2" | "gpt-2" | "default" => Ok(ByteLevel::new(false, true, true).into()),
+        other => Err(Error::Tokenizer(format!(
+            "GGUF pre-tokenizer `{other}` is not supported (qwen2, llama-bpe, smollm, gpt2)"
+        ))),
+    }
+}

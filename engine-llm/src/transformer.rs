@@ -1,0 +1,262 @@
+//! The decoder-only transformer of the Qwen2 / Qwen2.5 and Llama / Llama-3 / SmolLM2 families.
+//!
+//! RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2)
+//! and optional tied embeddings. What differs from candle-transformers' models: explicit
+//! position ids per token (token trees put siblings at the same position), an optional additive
+//! attention mask, logits for every requested position, input embeddings as an alternative to
+//! token ids, and `spec-core`'s KV cache with O(1) rollback and tree-path compaction. Grouped
+//! query heads attend to their shared key/value head without copying it (the query heads of a
+//! group are folded into the row dimension of one matmul). Quantized matrices run on
+//! `spec-kernels` on the CPU. The blocks (attention, norms, SwiGLU, rotary) are `spec-nn`'s.
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use spec_core::decoder::input_tokens;
+use spec_core::kv_cache::keep_positions_of;
+use spec_core::{Decoder, DecoderInput, Forward, KvCache, LogitRows};
+use spec_nn::{AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu};
+
+use crate::config::TransformerConfig;
+use crate::{Error, Result};
+
+/// Initial KV capacity per layer; it doubles as needed.
+const INITIAL_CACHE_CAPACITY: usize = 256;
+
+/// One transformer layer: pre-norm attention and pre-norm SwiGLU, each added to the residual.
+#[derive(Debug)]
+pub(crate) struct Layer {
+    pub attention_norm: Norm,
+    pub attention: SelfAttention,
+    pub ffn_norm: Norm,
+    pub ffn: SwiGlu,
+}
+
+/// All weights, as the loaders produce them.
+#[derive(Debug)]
+pub(crate) struct Weights {
+    /// Token embeddings `[vocab, hidden]` (looked up row by row, never dequantized whole).
+    pub embeddings: QLinear,
+    pub layers: Vec<Layer>,
+    pub final_norm: Norm,
+    /// Output projection; shares the embedding tensor when the checkpoint ties them.
+    pub lm_head: QLinear,
+}
+
+/// A loaded model with its KV cache. Batch size 1.
+#[derive(Debug)]
+pub struct Transformer {
+    config: TransformerConfig,
+    weights: Weights,
+    rotary: Rotary,
+    cache: KvCache,
+    /// Token id of every cached position.
+    tokens: Vec<u32>,
+    max_len: usize,
+    device: Device,
+}
+
+impl Transformer {
+    pub(crate) fn new(
+        config: TransformerConfig,
+        weights: Weights,
+        max_context: Option<usize>,
+        device: &Device,
+    ) -> Result<Self> {
+        config.validate()?;
+        let max_len = max_context.map_or(config.max_position_embeddings, |m| {
+            m.min(config.max_position_embeddings)
+        });
+        let rotary = Rotary::new(
+            config.rope_inverse_frequencies(),
+            config.rope_layout,
+            device,
+        )?;
+        let cache = KvCache::new(
+            config.num_layers,
+            INITIAL_CACHE_CAPACITY.min(max_len),
+            max_len,
+        );
+        Ok(Self {
+            weights,
+            rotary,
+            cache,
+            tokens: Vec::new(),
+            max_len,
+            device: device.clone(),
+            config,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    /// Runs the model; on failure the cache is left as it was.
+    pub fn forward_step(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+        let start = self.cache.len();
+        match self.forward_inner(step) {
+            Ok(logits) => {
+                self.tokens.extend(input_tokens(&step.input)?);
+                Ok(logits)
+            }
+            Err(e) => {
+                self.cache.truncate(start)?;
+                Err(e)
+            }
+        }
+    }
+
+    fn forward_inner(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+        let cached = self.cache.len();
+        let rows = step.validate(cached)?;
+        let n = step.input.len()?;
+        self.cache.check_room(n)?;
+        let mut x = self.embed(&step.input)?;
+        let rotary = self.rotary.tables(step.positions)?;
+        let mask = AttentionMask::new(step.mask, n, cached, &self.device)?;
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            let normed = layer.attention_norm.forward(&x)?;
+            let cache = self.cache.layer_mut(index);
+            let attended = layer
+                .attention
+                .forward(&normed, Some(&rotary), &mask, cache)?;
+            x = (x + attended)?;
+            let normed = layer.ffn_norm.forward(&x)?;
+            x = (x + layer.ffn.forward(&normed)?)?;
+        }
+        let x = if rows < n {
+            x.narrow(1, n - rows, rows)?
+        } else {
+            x
+        };
+        let x = self.weights.final_norm.forward(&x)?;
+        Ok(self
+            .weights
+            .lm_head
+            .forward(&x)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)?)
+    }
+
+    /// Token ids or given embeddings → `[1, n, hidden]` f32.
+    fn embed(&self, input: &DecoderInput<'_>) -> Result<Tensor> {
+        match input {
+            DecoderInput::Tokens(tokens) => {
+                if let Some(&bad) = tokens
+                    .iter()
+                    .find(|&&t| t as usize >= self.config.vocab_size)
+                {
+                    return Err(spec_core::Error::TokenOutOfRange {
+                        token: bad,
+                        vocab: self.config.vocab_size,
+                    }
+                    .into());
+                }
+                Ok(self
+                    .weights
+                    .embeddings
+                    .embedding(tokens, &self.device)?
+                    .unsqueeze(0)?)
+            }
+            DecoderInput::Embeddings(e) => {
+                let hidden = e.dim(D::Minus1)?;
+                if hidden != self.config.hidden_size {
+                    return Err(Error::ShapeMismatch {
+                        name: "input embeddings".into(),
+                        got: e.dims().to_vec(),
+                        expected: vec![1, e.dim(1)?, self.config.hidden_size],
+                    });
+                }
+                Ok(e.to_dtype(DType::F32)?.to_device(&self.device)?)
+            }
+        }
+    }
+}
+
+impl Decoder for Transformer {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn forward(&mut self, step: &Forward<'_>) -> spec_core::Result<Tensor> {
+        Ok(self.forward_step(step)?)
+    }
+
+    fn truncate(&mut self, len: usize) -> spec_core::Result<()> {
+        self.cache.truncate(len)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+
+    fn keep_positions(&mut self, positions: &[usize]) -> spec_core::Result<()> {
+        self.cache.keep_positions(positions)?;
+        keep_positions_of(&mut self.tokens, positions)
+    }
+
+    fn reset(&mut self) {
+        self.cache.reset();
+        self.tokens.clear();
+    }
+}
+
+/// A KV cache detached from its model, with the tokens it holds: one set of weights can keep
+/// several contexts (a conversation and a judge prompt) and switch between them without
+/// recomputing either.
+#[derive(Debug)]
+pub struct CacheState {
+    cache: KvCache,
+    tokens: Vec<u32>,
+}
+
+impl Transformer {
+    /// An empty cache shaped for this model, to use with [`Transformer::swap_cache`].
+    pub fn new_cache(&self) -> CacheState {
+        CacheState {
+            cache: KvCache::new(
+                self.config.num_layers,
+                INITIAL_CACHE_CAPACITY.min(self.max_len),
+                self.max_len,
+            ),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// Exchanges the model's cache with `other` in O(1). Fails for a cache shaped for another
+    /// model.
+    pub fn swap_cache(&mut self, other: &mut CacheState) -> Result<()> {
+        if other.cache.num_layers() != self.config.num_layers
+            || other.cache.max_len() != self.max_len
+        {
+            return Err(Error::Config(format!(
+                "a cache of {} layers and {} positions does not fit a model of {} layers and {}",
+                other.cache.num_layers(),
+                other.cache.max_len(),
+                self.config.num_layers,
+                self.max_len
+            )));
+        }
+        std::mem::swap(&mut self.cache, &mut other.cache);
+        std::mem::swap(&mut self.tokens, &mut other.tokens);
+        Ok(())
+    }
+}
+
+impl Transformer {
+    /// Logits for the last `rows` of `tokens`, forwarded causally after the cache (convenience
+    /// over [`Decoder::forward`]).
+    pub fn forward_tokens(&mut self, tokens: &[u32], rows: LogitRows) -> Result<spec_core::Logits> {
+        Ok(spec_core::decoder::forward_tokens(self, tokens, rows)?)
+    }
+}

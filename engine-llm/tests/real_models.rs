@@ -1,0 +1,274 @@
+//! Real weights from `../shared/models/fetch` (found in `$SPECVOICE_MODELS`, default
+//! `~/.cache/specvoice/models`). Ignored by plain `cargo test`; CI runs them with
+//! `cargo test --release -- --ignored` after fetching the models.
+
+use engine_llm::{Error, LanguageModel, LoadOptions, Message};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::{
+    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
+    DraftLength, SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig,
+    StopConditions,
+};
+use spec_models::Store;
+
+const SMOLLM: &str = "smollm2-135m-instruct";
+const QWEN_SMALL: &str = "qwen2.5-coder-0.5b-instruct";
+const QWEN_LARGE: &str = "qwen2.5-coder-1.5b-instruct";
+
+fn load(name: &str) -> LanguageModel {
+    LanguageModel::open(name, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{name}: {e} (run ../shared/models/fetch)"))
+}
+
+/// The GGUF file of a registry model, found (and checked) by the resolver.
+fn load_path(name: &str) -> std::path::PathBuf {
+    let files = Store::from_env().and_then(|s| s.resolve(name)).unwrap();
+    files.file("model.gguf").unwrap().to_path_buf()
+}
+
+fn greedy_answer(model: &mut LanguageModel, question: &str, max_tokens: usize) -> String {
+    let prompt = model.chat_prompt(&[Message::user(question)]).unwrap();
+    let stop =
+        StopConditions::new(max_tokens).with_eos(model.tokenizer.end_tokens().iter().copied());
+    let out = generate(
+        &mut model.model,
+        &prompt,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut StdRng::seed_from_u64(0),
+        &mut |_| {},
+    )
+    .unwrap();
+    model.tokenizer.decode_text(&out.tokens).unwrap()
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn each_model_answers_known_questions() {
+    for name in [SMOLLM, QWEN_SMALL, QWEN_LARGE] {
+        let mut model = load(name);
+        let capital = greedy_answer(
+            &mut model,
+            "What is the capital of France? Answer in one word.",
+            16,
+        );
+        assert!(capital.contains("Paris"), "{name}: {capital:?}");
+        if name != SMOLLM {
+            let sum = greedy_answer(
+                &mut model,
+                "What is 17 + 25? Answer with the number only.",
+                16,
+            );
+            assert!(sum.contains("42"), "{name}: {sum:?}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn tokenizers_round_trip_text() {
+    let samples = [
+        "Hello, world! How's it going?",
+        "Numbers: 3.14159, 1,000,000 and 2026-11-22.",
+        "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
+        "Unicode: naïve café — 日本語のテキスト, Ελληνικά, emoji 🎉🚀",
+        "   leading spaces,\ttabs\t\tand\n\n\nnewlines   ",
+        "<|im_start|>user\nHi<|im_end|>",
+    ];
+    for name in [SMOLLM, QWEN_LARGE] {
+        let model = load(name);
+        for text in samples {
+            let ids = model.tokenizer.encode(text).unwrap();
+            assert_eq!(model.tokenizer.decode(&ids).unwrap(), text, "{name}");
+        }
+        let special = model.tokenizer.encode("<|im_start|>").unwrap();
+        assert_eq!(special.len(), 1, "{name}: special tokens are matched whole");
+    }
+}
+
+/// Our GGUF tokenizers against llama.cpp's on the strings of `data/tokenizer_reference.json`
+/// (made by `data/make_tokenizer_reference.py`). Qwen2's reference (Hugging Face) tokenizer
+/// normalizes to NFC first and llama.cpp does not, so Qwen is compared with llama.cpp's ids of
+/// the NFC-normalized text.
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn tokenizers_match_the_reference_tokenizer() {
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("data/tokenizer_reference.json")).unwrap();
+    let texts = reference["texts"].as_array().unwrap();
+    for (name, reference_name, form) in [
+        (SMOLLM, SMOLLM, "raw"),
+        (QWEN_SMALL, QWEN_SMALL, "nfc"),
+        (QWEN_LARGE, QWEN_SMALL, "nfc"),
+    ] {
+        let gguf = engine_llm::GgufFile::open(&load_path(name)).unwrap();
+        let tokenizer = engine_llm::TextTokenizer::from_gguf(&gguf).unwrap();
+        let expected = reference["models"][reference_name][form]
+            .as_array()
+            .unwrap();
+        for (text, ids) in texts.iter().zip(expected) {
+            let text = text.as_str().unwrap();
+            let ids: Vec<u32> = ids
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(tokenizer.encode(text).unwrap(), ids, "{name} on {text:?}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn mismatched_draft_is_refused() {
+    let target = load(QWEN_LARGE);
+    let draft = load(SMOLLM);
+    assert!(matches!(
+        target.check_draft(&draft),
+        Err(Error::VocabularyMismatch(_))
+    ));
+    target.check_draft(&load(QWEN_SMALL)).unwrap();
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn speculative_greedy_reproduces_the_targets_greedy_output() {
+    let mut target = load(QWEN_LARGE);
+    let mut draft = load(QWEN_SMALL);
+    target.check_draft(&draft).unwrap();
+    let mut tree_draft = load(QWEN_SMALL);
+    let end = target.tokenizer.end_tokens().to_vec();
+    for question in spec_models::mt_bench::first_turns(&Store::from_env().unwrap(), 4).unwrap() {
+        let prompt = target
+            .chat_prompt(&[Message::user(question.clone())])
+            .unwrap();
+        let stop = StopConditions::new(48).with_eos(end.iter().copied());
+        let mut rng = StdRng::seed_from_u64(0);
+        target.model.reset();
+        let plain = generate(
+            &mut target.model,
+            &prompt,
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut rng,
+            &mut |_| {},
+        )
+        .unwrap();
+        for gamma in [2, 5] {
+            target.model.reset();
+            draft.model.reset();
+            let config = SpeculativeConfig {
+                draft_length: DraftLength::Fixed(gamma),
+                ..Default::default()
+            };
+            let spec = speculative_generate(
+                &mut target.model,
+                &mut draft.model,
+                &prompt,
+                &config,
+                &stop,
+                &mut rng,
+                &mut |_| {},
+            )
+            .unwrap();
+            assert_eq!(spec.tokens, plain.tokens, "γ={gamma} on {question:?}");
+            assert!(
+                spec.stats.acceptance_rate() > 0.2,
+                "the 0.5B drafts usefully: {}",
+                spec.stats
+            );
+        }
+        target.model.reset();
+        tree_draft.model.reset();
+        let config = SparseTreeConfig {
+            depth: 5,
+            branch_below: 0.5,
+            branch_width: 2,
+        };
+        let mut drafter = SparseTreeDrafter::new(&mut tree_draft.model, config).unwrap();
+        let tree = tree_speculative_generate(
+            &mut target.model,
+            &mut drafter,
+            &prompt,
+            &AcceptanceRule::greedy(),
+            &stop,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(tree.tokens, plain.tokens, "tree on {question:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
+    use engine_llm::predgen::input::spoken_at_rate;
+    use engine_llm::predgen::tts::FixedLatencySynthesizer;
+    use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
+
+    let mut target = load(QWEN_LARGE);
+    let mut draft = load(QWEN_SMALL);
+    let mut tts = FixedLatencySynthesizer::default();
+    let config = |verifier, continuation| PredGenConfig {
+        verifier,
+        continuation,
+        max_answer_tokens: 32,
+        ..PredGenConfig::default()
+    };
+    // Two turns of a conversation: the second is spoken with the first one's history.
+    let turns = [
+        "What is the capital of France, and what is it famous for?",
+        "And how many people live there?",
+    ];
+    let inputs: Vec<_> = turns
+        .iter()
+        .map(|t| spoken_at_rate(t, 600.0).unwrap())
+        .collect();
+    let mut cascade = PredGen::new(
+        &mut target,
+        config(Verifier::Greedy, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let expected: Vec<_> = inputs
+        .iter()
+        .map(|i| cascade.baseline_turn(i, &mut tts).unwrap())
+        .collect();
+    drop(cascade);
+    assert!(
+        expected[0].answer.contains("Paris"),
+        "{}",
+        expected[0].answer
+    );
+    for continuation in [
+        Continuation::Autoregressive,
+        Continuation::Jacobi { window: 8 },
+        Continuation::DraftModel { gamma: 3 },
+    ] {
+        let mut session = PredGen::new(&mut target, config(Verifier::Greedy, continuation))
+            .unwrap()
+            .with_draft(&mut draft)
+            .unwrap();
+        for (inputs, expected) in inputs.iter().zip(&expected) {
+            let turn = session.turn(inputs, &mut tts).unwrap();
+            assert_eq!(turn.answer, expected.answer, "{continuation:?}");
+            assert!(turn.tokens_during_input > 0);
+        }
+    }
+    // The reflection verifier asks the judge; its answers are the model's own words again.
+    let mut session = PredGen::new(
+        &mut target,
+        config(Verifier::Reflection, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let turn = session.turn(&inputs[0], &mut tts).unwrap();
+    assert!(!turn.first_sentence.is_empty());
+    let question = "What is the capital of France?";
+    assert!(session
+        .judge(question, "The capital of France is Paris.")
+        .unwrap());
+    assert!(!session
+        .judge(question, "Bananas are rich in potassium.")
+        .unwrap());
+}

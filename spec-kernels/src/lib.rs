@@ -1,0 +1,446 @@
+//! # spec-kernels
+//!
+//! Quantized matrix × token-batch products for GGUF weights on CPUs, written for decoding
+//! (one token) and speculative verification (2–32 tokens): every weight block is read once
+//! per batch and unpacked once, then met by every token of the batch.
+//!
+//! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]), repacked at load into panels of
+//!   16 interleaved rows (same bytes per weight), one row per register lane, which halves the
+//!   multiplications of multi-token passes ([`panels`](crate::panels)).
+//! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd`), AVX2 + FMA, and portable Rust,
+//!   chosen at run time. All three give **bit-identical** results: integer
+//!   dot products are exact, and the float arithmetic after them is the same sequence of
+//!   fused multiply-adds in every path (see [`panels`](crate::panels) for the contract).
+//! - **Batch-invariant**: a token's result does not depend on how many tokens share the call
+//!   or on how rows are split among threads, so verifying k draft tokens in one forward gives
+//!   each exactly the logits decoding it alone gives (lossless greedy speculation needs this).
+//! - Activations are quantized to 8 bits per block of 32 (K-quants: 256) values, as llama.cpp
+//!   does.
+//!
+//! ```
+//! use spec_kernels::{Format, QMatrix};
+//! // A 2 × 32 Q8_0 matrix: per row an f16 scale (1.0) and 32 signed bytes.
+//! let mut bytes = Vec::new();
+//! for row in 0..2i8 {
+//!     bytes.extend(half::f16::from_f32(1.0).to_le_bytes());
+//!     bytes.extend((0..32).map(|i| (row + 1) as u8 * (i % 3) as u8));
+//! }
+//! let w = QMatrix::new(Format::Q8_0, 2, 32, bytes).unwrap();
+//! let x = vec![1.0f32; 32];
+//! let mut y = vec![0f32; 2];
+//! w.matmul(&x, 1, &mut y).unwrap();
+//! assert_eq!(y, [31.0, 62.0]);
+//! ```
+
+mod activations;
+mod aligned;
+mod formats;
+mod panels;
+mod pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::ops::Range;
+
+use crate::activations::QuantizedTokens;
+use crate::aligned::CacheAligned;
+pub use crate::formats::{dequantize_block, Format};
+use crate::pool::Pool;
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("a {format:?} row of {cols} weights is not a whole number of {block}-weight blocks")]
+    RaggedRow {
+        format: Format,
+        cols: usize,
+        block: usize,
+    },
+    #[error("{what} holds {got} bytes or values, {expected} expected")]
+    WrongLength {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+    #[error("row {row} of a matrix of {rows} rows")]
+    RowOutOfRange { row: usize, rows: usize },
+    #[error("the {0:?} instruction set is not available on this CPU")]
+    Unsupported(Isa),
+}
+
+/// An instruction set the kernels can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 512-bit registers, the 16 rows of a
+    /// panel at once.
+    Avx512Vnni,
+    /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// Plain Rust.
+    Portable,
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU has (detected once).
+    pub fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            Isa::all()
+                .into_iter()
+                .find(|isa| isa.available())
+                .unwrap_or(Isa::Portable)
+        })
+    }
+
+    /// Every instruction set, fastest first.
+    pub fn all() -> [Isa; 3] {
+        [Isa::Avx512Vnni, Isa::Avx2, Isa::Portable]
+    }
+
+    /// Whether this CPU can run it.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::has_avx512_vnni(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// A quantized weight matrix `[rows, cols]` in a GGUF block format (rows are outputs).
+#[derive(Clone, Debug)]
+pub struct QMatrix {
+    format: Format,
+    rows: usize,
+    cols: usize,
+    data: CacheAligned,
+}
+
+impl QMatrix {
+    /// Wraps ggml-layout bytes: `rows` rows of `cols / block_len` blocks each.
+    pub fn new(
+        format: Format,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, KernelError> {
+        if cols == 0 || !cols.is_multiple_of(format.block_len()) {
+            return Err(KernelError::RaggedRow {
+                format,
+                cols,
+                block: format.block_len(),
+            });
+        }
+        let expected = rows * format.row_bytes(cols);
+        if data.len() != expected {
+            return Err(KernelError::WrongLength {
+                what: "the weight data",
+                got: data.len(),
+                expected,
+            });
+        }
+        let data = panels::to_panels(format, rows, cols, &data);
+        Ok(Self {
+            format,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of a panel of 16 rows.
+    fn panel_bytes(&self) -> usize {
+        self.cols / self.format.block_len() * panels::panel_block_bytes(self.format)
+    }
+
+    /// Row `r` dequantized (`cols` values), e.g. an embedding lookup.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.rows {
+            return Err(KernelError::RowOutOfRange {
+                row: r,
+                rows: self.rows,
+            });
+        }
+        check_len("the output row", out.len(), self.cols)?;
+        let n = self.panel_bytes();
+        let (p, lane) = (r / panels::PANEL_ROWS, r % panels::PANEL_ROWS);
+        let bytes = panels::panel_block_bytes(self.format);
+        for (block, out) in self.data.as_slice()[p * n..(p + 1) * n]
+            .chunks_exact(bytes)
+            .zip(out.chunks_exact_mut(self.format.block_len()))
+        {
+            panels::dequantize_row(self.format, block, lane, out);
+        }
+        Ok(())
+    }
+
+    /// `out[t, r] = Σ_c self[r, c] · x[t, c]` for `tokens` rows of `x` (`[tokens, cols]`,
+    /// row-major; `out` is `[tokens, rows]`), with the fastest instruction set, on the kernels'
+    /// thread pool (one thread per core, or `SPECVOICE_THREADS`).
+    pub fn matmul(&self, x: &[f32], tokens: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_with(Isa::best(), x, tokens, out)
+    }
+
+    /// [`QMatrix::matmul`] with a chosen instruction set.
+    pub fn matmul_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        Self::matmul_many_with(isa, &[self], x, tokens, &mut [out])
+    }
+
+    /// [`QMatrix::matmul`] of several matrices with the same input (a layer's query, key and
+    /// value projections, say) in one pass on the pool: `outs[i]` = `matrices[i]` · x. The input
+    /// is quantized once, and one wait for the threads serves them all.
+    pub fn matmul_many(
+        matrices: &[&QMatrix],
+        x: &[f32],
+        tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        Self::matmul_many_with(Isa::best(), matrices, x, tokens, outs)
+    }
+
+    /// [`QMatrix::matmul_many`] with a chosen instruction set.
+    pub fn matmul_many_with(
+        isa: Isa,
+        matrices: &[&QMatrix],
+        x: &[f32],
+        tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        if !isa.available() {
+            return Err(KernelError::Unsupported(isa));
+        }
+        check_len("the outputs", outs.len(), matrices.len())?;
+        let Some(cols) = matrices.first().map(|m| m.cols) else {
+            return Ok(());
+        };
+        for (m, out) in matrices.iter().zip(outs.iter()) {
+            check_len("a matrix's columns", m.cols, cols)?;
+            check_len("the output", out.len(), tokens * m.rows)?;
+        }
+        check_len("the input", x.len(), tokens * cols)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let pool = Pool::global();
+        let tasks = guided_tasks(matrices, pool.threads());
+        // One token's results are laid out as a pass's; batches go through `[rows, n]`
+        // buffers, in chunks that bound the activations a row meets to what stays in L1/L2.
+        let chunk = tokens.min(MAX_TOKENS_PER_PASS);
+        let mut passes: Vec<Vec<f32>> = match tokens {
+            1 => Vec::new(),
+            _ => matrices
+                .iter()
+                .map(|m| vec![0f32; m.rows * chunk])
+                .collect(),
+        };
+        for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
+            let n = MAX_TOKENS_PER_PASS.min(tokens - first);
+            let x = &x[first * cols..(first + n) * cols];
+            let quantized = |block: usize| {
+                let needed = matrices.iter().any(|m| m.format.block_len() == block);
+                needed.then(|| QuantizedTokens::new(x, n, cols, block))
+            };
+            let (by_32, by_256) = (quantized(32), quantized(256));
+            let shared: Vec<SharedOut<f32>> = if tokens == 1 {
+                outs.iter_mut().map(|out| SharedOut::new(out)).collect()
+            } else {
+                passes.iter_mut().map(|pass| SharedOut::new(pass)).collect()
+            };
+            pool.run(tasks.len(), &|task| {
+                let (i, rows) = &tasks[task];
+                let m = matrices[*i];
+                let acts = match m.format.block_len() {
+                    32 => by_32.as_ref(),
+                    _ => by_256.as_ref(),
+                };
+                let acts = acts.expect("quantized for every block length in use");
+                // SAFETY: tasks write disjoint row ranges of their matrix's buffer.
+                let out = unsafe { shared[*i].range(rows.start * n..rows.end * n) };
+                m.rows_dot(isa, rows.clone(), acts, out);
+            });
+            if tokens > 1 {
+                for ((m, pass), out) in matrices.iter().zip(&passes).zip(outs.iter_mut()) {
+                    for (r, values) in pass.chunks_exact(n).take(m.rows).enumerate() {
+                        for (t, &v) in values.iter().enumerate() {
+                            out[(first + t) * m.rows + r] = v;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`
+    /// (`rows.start` a multiple of 16).
+    fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
+        let panel_bytes = self.panel_bytes();
+        let panels = rows.start / panels::PANEL_ROWS..rows.end.div_ceil(panels::PANEL_ROWS);
+        let data = &self.data.as_slice()[panels.start * panel_bytes..panels.end * panel_bytes];
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni | Isa::Avx2 => {
+                x86::panels_dot(isa, self.format, data, rows.len(), acts, out)
+            }
+            _ => {
+                let n = out.len() / rows.len();
+                for (p, panel) in data.chunks_exact(panel_bytes).enumerate() {
+                    let first = p * panels::PANEL_ROWS;
+                    let here = panels::PANEL_ROWS.min(rows.len() - first);
+                    let out = &mut out[first * n..(first + here) * n];
+                    panels::panel_dot(self.format, panel, here, acts, out);
+                }
+            }
+        }
+    }
+}
+
+/// This crate's version, e.g. to tag measurements that depend on the kernels.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub use pool::set_threads;
+
+/// Threads the kernels run on (one per core, `SPECVOICE_THREADS`, or [`set_threads`]).
+pub fn threads() -> usize {
+    Pool::global().threads()
+}
+
+/// This machine's memory read bandwidth in GB/s with `threads` threads (best of three sums
+/// over a 1 GiB buffer): the limit of one-token decoding, which reads every weight once.
+pub fn read_bandwidth_gbs(threads: usize) -> f64 {
+    let threads = threads.max(1);
+    let words = (1usize << 30) / 8;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let total = std::thread::scope(|s| {
+            let handles: Vec<_> = buffer
+                .chunks(words.div_ceil(threads))
+                .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / started.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// Tokens quantized and multiplied in one pass over the weights.
+const MAX_TOKENS_PER_PASS: usize = 64;
+
+/// The row ranges one pass hands out, in order, by guided self-scheduling: each task takes
+/// 1 / (2 · threads) of the rows still left (whole panels of 16, within one matrix). The first
+/// tasks are large, so there are few hand-outs; the last are a panel or two, so the threads
+/// finish nearly together instead of one waiting out the other's last large task.
+fn guided_tasks(matrices: &[&QMatrix], threads: usize) -> Vec<(usize, Range<usize>)> {
+    let mut left: usize = matrices.iter().map(|m| m.rows).sum();
+    let mut tasks = Vec::new();
+    for (i, m) in matrices.iter().enumerate() {
+        let mut start = 0;
+        while start < m.rows {
+            let share = left
+                .div_ceil(2 * threads)
+                .next_multiple_of(panels::PANEL_ROWS);
+            let end = m.rows.min(start + share);
+            tasks.push((i, start..end));
+            left -= end - start;
+            start = end;
+        }
+    }
+    tasks
+}
+
+/// Runs `job(i)` for every `i` in `0..tasks` on the kernels' threads, the caller's included,
+/// and returns when all have finished; a panicking job panics the caller. For the work between
+/// matmuls (attention, element-wise functions): it runs on the threads that are already awake
+/// for the matmuls instead of waking a second pool that would compete with them for the cores.
+pub fn parallel_for(tasks: usize, job: &(dyn Fn(usize) + Sync)) {
+    Pool::global().run(tasks, job);
+}
+
+/// Runs `job(index, chunk)` for the consecutive chunks of `chunk` values of `out` (the last may
+/// be shorter) with [`parallel_for`].
+pub fn parallel_chunks_mut<T: Send>(
+    out: &mut [T],
+    chunk: usize,
+    job: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    let chunk = chunk.max(1);
+    let len = out.len();
+    let shared = SharedOut::new(out);
+    parallel_for(len.div_ceil(chunk), &|index| {
+        let start = index * chunk;
+        // SAFETY: every index owns its own chunk, and `out` is borrowed until all have run.
+        job(index, unsafe {
+            shared.range(start..len.min(start + chunk))
+        });
+    });
+}
+
+/// A buffer that tasks write disjoint ranges of.
+struct SharedOut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: tasks only touch disjoint ranges (see `range`), and `T` may move between threads.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
+    fn new(out: &mut [T]) -> Self {
+        Self {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// # Safety
+    /// No two live ranges may overlap, and the buffer must outlive them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, range: Range<usize>) -> &mut [T] {
+        assert!(range.start <= range.end && range.end <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
+    }
+}
+
+fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(KernelError::WrongLength {
+            what,
+            got,
+            expected,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

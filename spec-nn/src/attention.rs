@@ -1,0 +1,552 @@
+//! Self-attention over a rollback-able KV cache and cross-attention over an encoder's output,
+//! both grouped-query capable, with a fixed-order row path for short forwards.
+//!
+//! Greedy speculative decoding is lossless only if verifying k tokens in one forward gives each
+//! of them exactly the logits that decoding it alone gives. candle's batched matmul picks its
+//! kernel by the number of rows, and the rounding of `Q·Kᵀ` then differs in the last bits,
+//! enough to flip near-ties. Here every query row's scores, softmax and weighted sum of values
+//! are computed by the same code in the same order whatever the number of rows, so decoding
+//! (1 token) and verification (a few tokens, or a token tree) agree bit for bit.
+
+use candle_core::{DType, Device, Layout, Module, Storage, Tensor};
+use spec_core::kv_cache::LayerKvCache;
+
+use crate::linear::Linear;
+use crate::math::exp;
+use crate::rotary::RotaryTables;
+use crate::{Error, Result};
+
+/// Largest forward whose attention runs row by row, so that decoding and verification agree
+/// bit for bit. Longer forwards (prompts) use candle's batched matmuls.
+pub const ROW_ATTENTION_MAX_ROWS: usize = 64;
+
+/// Which keys each new query row may see.
+enum RowMask<'a> {
+    /// Query i sees keys `0..=cached + i`.
+    Causal { cached: usize },
+    /// An additive bias per query row, `[n, keys]`.
+    Bias(&'a [f32]),
+    /// Every key (cross-attention).
+    All,
+}
+
+impl RowMask<'_> {
+    fn bias(&self, row: usize, key: usize, keys: usize) -> f32 {
+        match self {
+            Self::Causal { cached } => {
+                if key <= cached + row {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+            Self::Bias(bias) => bias[row * keys + key],
+            Self::All => 0.0,
+        }
+    }
+}
+
+/// A `[1, heads, rows, dim]` f32 CPU tensor seen as slices, whatever its strides.
+struct HeadRows<'a> {
+    data: &'a [f32],
+    offset: usize,
+    head_stride: usize,
+    row_stride: usize,
+}
+
+impl<'a> HeadRows<'a> {
+    fn new(data: &'a [f32], layout: &Layout, dim: usize) -> Result<Self> {
+        let stride = layout.stride();
+        if stride.len() != 4 || stride[3] != 1 || layout.dims()[3] != dim {
+            return Err(Error::Config(format!(
+                "attention expects [1, heads, rows, {dim}] with unit inner stride, got {:?} / {stride:?}",
+                layout.dims()
+            )));
+        }
+        Ok(Self {
+            data,
+            offset: layout.start_offset(),
+            head_stride: stride[1],
+            row_stride: stride[2],
+        })
+    }
+
+    fn row(&self, head: usize, row: usize, dim: usize) -> &'a [f32] {
+        let start = self.offset + head * self.head_stride + row * self.row_stride;
+        &self.data[start..start + dim]
+    }
+}
+
+/// Dot product with eight fixed accumulation lanes (vectorises, same order on every call).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
+/// query heads of each key/value head stacked, n rows each) over `keys`/`values`
+/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`.
+fn row_attention(
+    queries: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    n: usize,
+    mask: &RowMask<'_>,
+) -> Result<Tensor> {
+    let (_, kv_heads, stacked, dim) = queries.dims4()?;
+    let total = keys.dim(2)?;
+    let queries = queries.contiguous()?;
+    let (q_storage, q_layout) = queries.storage_and_layout();
+    let (k_storage, k_layout) = keys.storage_and_layout();
+    let (v_storage, v_layout) = values.storage_and_layout();
+    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
+        (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Err(Error::Config("row attention runs on the CPU only".into()));
+    };
+    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
+    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, dim)?;
+    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
+    let mut out = vec![0f32; kv_heads * stacked * dim];
+    // On the kernels' threads, which are awake between the matmuls around it.
+    spec_kernels::parallel_chunks_mut(&mut out, dim, &|index, out_row| {
+        let (head, row) = (index / stacked, index % stacked);
+        let query = q.row(head, row, dim);
+        let position = row % n;
+        let mut weights = vec![f32::NEG_INFINITY; total];
+        let mut max = f32::NEG_INFINITY;
+        for (key, w) in weights.iter_mut().enumerate() {
+            let bias = mask.bias(position, key, total);
+            if bias > f32::NEG_INFINITY {
+                *w = dot(query, k.row(head, key, dim)) + bias;
+                max = max.max(*w);
+            }
+        }
+        let mut sum = 0f32;
+        for w in weights.iter_mut() {
+            *w = if *w > f32::NEG_INFINITY {
+                exp(*w - max)
+            } else {
+                0.0
+            };
+            sum += *w;
+        }
+        for (key, &w) in weights.iter().enumerate() {
+            if w > 0.0 {
+                for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
+                    *o += w * x;
+                }
+            }
+        }
+        out_row.iter_mut().for_each(|o| *o /= sum);
+    });
+    drop((q_storage, k_storage, v_storage));
+    Ok(Tensor::from_vec(
+        out,
+        (1, kv_heads, stacked, dim),
+        &Device::Cpu,
+    )?)
+}
+
+/// The self-attention mask of one forward of `n` new inputs after `cached` ones, prepared once
+/// for all layers in the form the attention path for `n` rows needs.
+#[derive(Debug)]
+pub enum AttentionMask {
+    /// Row-by-row attention: causal after `cached` positions, or an additive bias `[n, L]`.
+    Rows {
+        bias: Option<Vec<f32>>,
+        cached: usize,
+    },
+    /// Batched attention: an additive bias `[1, 1, 1, n, L]`.
+    Batched(Tensor),
+}
+
+impl AttentionMask {
+    /// `mask`: an additive bias `[1, 1, n, cached + n]` (a token tree's), or `None` for causal
+    /// attention over the new inputs.
+    pub fn new(mask: Option<&Tensor>, n: usize, cached: usize, device: &Device) -> Result<Self> {
+        let width = cached + n;
+        let row_path = n <= ROW_ATTENTION_MAX_ROWS && device.is_cpu();
+        Ok(match (mask, row_path) {
+            (None, true) => Self::Rows { bias: None, cached },
+            (Some(mask), true) => Self::Rows {
+                bias: Some(mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?),
+                cached,
+            },
+            (None, false) => {
+                Self::Batched(causal_mask(n, cached, device)?.reshape((1, 1, 1, n, width))?)
+            }
+            (Some(mask), false) => {
+                Self::Batched(mask.to_dtype(DType::F32)?.reshape((1, 1, 1, n, width))?)
+            }
+        })
+    }
+}
+
+/// Additive causal mask `[1, 1, n, cached + n]` for n new tokens after `cached` ones.
+fn causal_mask(n: usize, cached: usize, device: &Device) -> Result<Tensor> {
+    let width = cached + n;
+    let data: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            (0..width).map(move |j| {
+                if j <= cached + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Ok(Tensor::from_vec(data, (1, 1, n, width), device)?)
+}
+
+/// Head layout of an attention block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads; `heads` is a multiple of it (grouped-query attention).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Result<Self> {
+        if heads == 0 || kv_heads == 0 || head_dim == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::Config(format!(
+                "{heads} attention heads of {head_dim} dimensions cannot share {kv_heads} key/value heads"
+            )));
+        }
+        Ok(Self {
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+
+    /// `[1, n, h·d]` → `[1, h, n, d]`, contiguous.
+    fn split(&self, t: &Tensor, h: usize) -> Result<Tensor> {
+        let n = t.dim(1)?;
+        Ok(t.reshape((1, n, h, self.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    }
+
+    /// Attention of `q` `[1, heads, n, d]` over `keys`/`values` `[1, kv_heads, L, d]`, merged
+    /// back to `[1, n, heads·d]`. `mask` `None`: every key is visible (cross-attention).
+    fn attend(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        mask: Option<&AttentionMask>,
+    ) -> Result<Tensor> {
+        let Self {
+            heads,
+            kv_heads,
+            head_dim: d,
+        } = *self;
+        let (group, n, total) = (heads / kv_heads, q.dim(2)?, keys.dim(2)?);
+        // The `group` query heads sharing a key/value head become rows of one matmul.
+        let q = (q.reshape((1, kv_heads, group * n, d))? * (1.0 / (d as f64).sqrt()))?;
+        let row_path = n <= ROW_ATTENTION_MAX_ROWS && q.device().is_cpu();
+        let out = match mask {
+            Some(AttentionMask::Rows { bias, cached }) => {
+                let rows = match bias {
+                    Some(bias) => RowMask::Bias(bias),
+                    None => RowMask::Causal { cached: *cached },
+                };
+                row_attention(&q, keys, values, n, &rows)?
+            }
+            None if row_path => row_attention(&q, keys, values, n, &RowMask::All)?,
+            mask => {
+                let scores = q.matmul(&keys.t()?)?;
+                let scores = match mask {
+                    Some(AttentionMask::Batched(mask)) => scores
+                        .reshape((1, kv_heads, group, n, total))?
+                        .broadcast_add(mask)?
+                        .reshape((1, kv_heads, group * n, total))?,
+                    _ => scores,
+                };
+                candle_nn::ops::softmax_last_dim(&scores)?.matmul(values)?
+            }
+        };
+        Ok(out
+            .reshape((1, heads, n, d))?
+            .transpose(1, 2)?
+            .reshape((1, n, heads * d))?)
+    }
+}
+
+/// Self-attention whose keys and values go to a `spec_core` KV cache layer: rollback and
+/// tree-path compaction are the cache's; positions (rotary) and masks come with each forward.
+#[derive(Debug, Clone)]
+pub struct SelfAttention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub heads: Heads,
+}
+
+impl SelfAttention {
+    /// `x` `[1, n, hidden]` → `[1, n, hidden]`; `rotary` rotates queries and keys (None for
+    /// models with absolute positions); the new keys and values are appended to `cache`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rotary: Option<&RotaryTables>,
+        mask: &AttentionMask,
+        cache: &mut LayerKvCache,
+    ) -> Result<Tensor> {
+        let h = self.heads;
+        let [q, k, v] = Linear::forward_many([&self.q, &self.k, &self.v], x)?;
+        let (mut q, mut k) = (h.split(&q, h.heads)?, h.split(&k, h.kv_heads)?);
+        if let Some(tables) = rotary {
+            q = tables.rotate(&q)?;
+            k = tables.rotate(&k)?;
+        }
+        let v = h.split(&v, h.kv_heads)?;
+        let (keys, values) = cache.append(&k, &v)?;
+        let out = h.attend(&q, &keys, &values, Some(mask))?;
+        Ok(self.o.forward(&out)?)
+    }
+}
+
+/// Keys and values of one encoder output for one cross-attention layer, `[1, heads, frames,
+/// head_dim]`: computed once per audio window and reused by every decoder step.
+#[derive(Debug, Clone)]
+pub struct CrossKv {
+    keys: Tensor,
+    values: Tensor,
+}
+
+impl CrossKv {
+    /// Encoder frames the keys cover.
+    pub fn frames(&self) -> usize {
+        self.keys.dim(2).unwrap_or(0)
+    }
+}
+
+/// Attention of decoder states over an encoder's output (every frame visible).
+#[derive(Debug, Clone)]
+pub struct CrossAttention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub heads: Heads,
+}
+
+impl CrossAttention {
+    /// The keys and values of `encoder_output` `[1, frames, hidden]`.
+    pub fn keys_values(&self, encoder_output: &Tensor) -> Result<CrossKv> {
+        let h = self.heads;
+        let [k, v] = Linear::forward_many([&self.k, &self.v], encoder_output)?;
+        Ok(CrossKv {
+            keys: h.split(&k, h.kv_heads)?,
+            values: h.split(&v, h.kv_heads)?,
+        })
+    }
+
+    /// `x` `[1, n, hidden]` → `[1, n, hidden]`.
+    pub fn forward(&self, x: &Tensor, encoded: &CrossKv) -> Result<Tensor> {
+        let h = self.heads;
+        let q = h.split(&self.q.forward(x)?, h.heads)?;
+        let out = h.attend(&q, &encoded.keys, &encoded.values, None)?;
+        Ok(self.o.forward(&out)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use candle_core::quantized::{GgmlDType, QTensor};
+
+    use super::*;
+    use crate::linear::QLinear;
+    use crate::rotary::{RopeLayout, Rotary};
+
+    const HIDDEN: usize = 64;
+
+    fn linear(rows: usize, cols: usize, bias: bool) -> Linear {
+        let device = Device::Cpu;
+        let w = Tensor::randn(0f32, 1.0 / (cols as f32).sqrt(), (rows, cols), &device).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let b = bias.then(|| Tensor::randn(0f32, 0.1, rows, &device).unwrap());
+        Linear::new(QLinear::new(Arc::new(q), &device).unwrap(), b)
+    }
+
+    fn self_attention(heads: Heads) -> SelfAttention {
+        let (q, kv) = (
+            heads.heads * heads.head_dim,
+            heads.kv_heads * heads.head_dim,
+        );
+        SelfAttention {
+            q: linear(q, HIDDEN, true),
+            k: linear(kv, HIDDEN, false),
+            v: linear(kv, HIDDEN, true),
+            o: linear(HIDDEN, q, true),
+            heads,
+        }
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn verifying_a_block_gives_each_row_its_decoding_output() {
+        let device = Device::Cpu;
+        let heads = Heads::new(4, 2, 16).unwrap();
+        let attention = self_attention(heads);
+        let rotary = Rotary::new(
+            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
+            RopeLayout::Halves,
+            &device,
+        )
+        .unwrap();
+        let x = Tensor::randn(0f32, 1.0, (1, 7, HIDDEN), &device).unwrap();
+        // A 2-token prompt, then 5 rows in one forward, against the same 5 one at a time.
+        let prompt = x.narrow(1, 0, 2).unwrap();
+        let mut together = LayerKvCache::new(4, 64);
+        let mut alone = LayerKvCache::new(4, 64);
+        for cache in [&mut together, &mut alone] {
+            let mask = AttentionMask::new(None, 2, 0, &device).unwrap();
+            attention
+                .forward(
+                    &prompt,
+                    Some(&rotary.tables(&[0, 1]).unwrap()),
+                    &mask,
+                    cache,
+                )
+                .unwrap();
+        }
+        let block = x.narrow(1, 2, 5).unwrap();
+        let mask = AttentionMask::new(None, 5, 2, &device).unwrap();
+        let tables = rotary.tables(&[2, 3, 4, 5, 6]).unwrap();
+        let out = attention
+            .forward(&block, Some(&tables), &mask, &mut together)
+            .unwrap();
+        for row in 0..5 {
+            let mask = AttentionMask::new(None, 1, 2 + row, &device).unwrap();
+            let tables = rotary.tables(&[2 + row]).unwrap();
+            let single = attention
+                .forward(
+                    &x.narrow(1, 2 + row, 1).unwrap(),
+                    Some(&tables),
+                    &mask,
+                    &mut alone,
+                )
+                .unwrap();
+            assert_eq!(
+                values(&out.narrow(1, row, 1).unwrap()),
+                values(&single),
+                "row {row}"
+            );
+        }
+        assert_eq!(together.len(), 7);
+    }
+
+    #[test]
+    fn row_path_agrees_with_the_batched_path() {
+        let device = Device::Cpu;
+        let heads = Heads::new(4, 1, 16).unwrap();
+        let attention = self_attention(heads);
+        let x = Tensor::randn(0f32, 1.0, (1, 6, HIDDEN), &device).unwrap();
+        // A tree-style mask: row 3 may not see rows 1 and 2.
+        let mut bias = vec![0f32; 36];
+        for (i, row) in bias.chunks_mut(6).enumerate() {
+            for (j, b) in row.iter_mut().enumerate() {
+                if j > i || (i == 3 && (j == 1 || j == 2)) {
+                    *b = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mask = Tensor::from_vec(bias, (1, 1, 6, 6), &device).unwrap();
+        let rows = AttentionMask::new(Some(&mask), 6, 0, &device).unwrap();
+        assert!(matches!(rows, AttentionMask::Rows { .. }));
+        let batched = AttentionMask::Batched(mask.reshape((1, 1, 1, 6, 6)).unwrap());
+        let a = attention
+            .forward(&x, None, &rows, &mut LayerKvCache::new(8, 8))
+            .unwrap();
+        let b = attention
+            .forward(&x, None, &batched, &mut LayerKvCache::new(8, 8))
+            .unwrap();
+        for (a, b) in values(&a).iter().zip(values(&b)) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn cross_attention_is_softmax_over_every_frame_and_row_invariant() {
+        let device = Device::Cpu;
+        let heads = Heads::new(2, 2, 32).unwrap();
+        let SelfAttention { q, k, v, o, .. } = self_attention(heads);
+        let cross = CrossAttention { q, k, v, o, heads };
+        let encoded = Tensor::randn(0f32, 1.0, (1, 80, HIDDEN), &device).unwrap();
+        let kv = cross.keys_values(&encoded).unwrap();
+        assert_eq!(kv.frames(), 80);
+        let x = Tensor::randn(0f32, 1.0, (1, 70, HIDDEN), &device).unwrap();
+        // A direct computation per head.
+        let queries = cross.q.forward(&x).unwrap().reshape((70, 2, 32)).unwrap();
+        let keys = cross
+            .k
+            .forward(&encoded)
+            .unwrap()
+            .reshape((80, 2, 32))
+            .unwrap();
+        let vals = cross
+            .v
+            .forward(&encoded)
+            .unwrap()
+            .reshape((80, 2, 32))
+            .unwrap();
+        let mut merged = Vec::new();
+        for head in 0..2 {
+            let pick = |t: &Tensor| t.narrow(1, head, 1).unwrap().squeeze(1).unwrap();
+            let scores =
+                (pick(&queries).matmul(&pick(&keys).t().unwrap()).unwrap() / 32f64.sqrt()).unwrap();
+            let weights = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+            merged.push(weights.matmul(&pick(&vals)).unwrap());
+        }
+        let expected = cross
+            .o
+            .forward(&Tensor::cat(&merged, 1).unwrap().unsqueeze(0).unwrap())
+            .unwrap();
+        // 70 rows take the batched path, 3 rows the row path; both match the direct product.
+        let long = cross.forward(&x, &kv).unwrap();
+        let short = cross.forward(&x.narrow(1, 0, 3).unwrap(), &kv).unwrap();
+        for (got, want) in [
+            (&long, &expected),
+            (&short, &expected.narrow(1, 0, 3).unwrap()),
+        ] {
+            for (a, b) in values(got).iter().zip(values(want)) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+        }
+        // Row path: a row's output does not depend on the rows beside it.
+        let alone = cross.forward(&x.narrow(1, 1, 1).unwrap(), &kv).unwrap();
+        assert_eq!(values(&short.narrow(1, 1, 1).unwrap()), values(&alone));
+    }
+
+    #[test]
+    fn head_layouts_that_cannot_share_are_rejected() {
+        assert!(Heads::new(6, 4, 16).is_err());
+        assert!(Heads::new(4, 0, 16).is_err());
+        assert!(Heads::new(4, 2, 16).is_ok());
+    }
+}

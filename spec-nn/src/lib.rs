@@ -1,0 +1,41 @@
+//! # spec-nn
+//!
+//! The building blocks every SpecVoice engine composes its models from, so that there is one
+//! attention, one norm and one linear layer to keep bit-exact:
+//!
+//! - [`linear`]: `y = x·Wᵀ (+ b)` on `spec-kernels` for the GGUF formats it has kernels for
+//!   (batch-invariant), candle's `QMatMul` otherwise; several layers of one input in one pass.
+//! - [`attention`]: [`SelfAttention`] over a `spec_core` KV cache (grouped-query heads, explicit
+//!   positions, tree masks, rollback) and [`CrossAttention`] whose keys and values are computed
+//!   once per encoder output; forwards of up to [`ROW_ATTENTION_MAX_ROWS`] rows are computed
+//!   row by row in a fixed order, so verifying k tokens gives each exactly its decoding logits.
+//! - [`norm`]: RMSNorm and LayerNorm (with bias).
+//! - [`rotary`] and [`positions`]: rotary embeddings, learned and sinusoidal absolute positions.
+//! - [`mlp`]: SwiGLU (gating fused on the kernels' threads) and GELU feed-forwards.
+//! - [`load`]: named tensors from GGUF, safetensors or any container implementing
+//!   [`WeightSource`], checked against the shapes a configuration implies, with the
+//!   re-quantization policy that keeps every matrix on the batch-invariant kernels.
+//! - [`costs`]: forward costs measured once per model file and machine.
+
+pub mod attention;
+pub mod costs;
+mod error;
+pub mod linear;
+pub mod load;
+pub mod math;
+pub mod mlp;
+pub mod norm;
+pub mod positions;
+pub mod rotary;
+
+pub use attention::{
+    AttentionMask, CrossAttention, CrossKv, Heads, SelfAttention, ROW_ATTENTION_MAX_ROWS,
+};
+pub use costs::forward_costs;
+pub use error::{Error, Result};
+pub use linear::{Linear, QLinear};
+pub use load::{GgufFile, Requantize, SafetensorsFiles, StoredTensor, WeightLoader, WeightSource};
+pub use mlp::{GeluMlp, SwiGlu};
+pub use norm::Norm;
+pub use positions::{sinusoidal_positions, LearnedPositions};
+pub use rotary::{RopeLayout, Rotary, RotaryTables};

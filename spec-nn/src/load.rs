@@ -1,0 +1,480 @@
+//! Weight loading: named tensors from a container ([`WeightSource`]: GGUF, safetensors, or a
+//! format an engine plugs in, such as CTranslate2's `model.bin`), checked against the shapes a
+//! configuration implies and turned into the blocks' parameters by a [`WeightLoader`].
+//!
+//! On the CPU, matrices run on `spec-kernels` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), whose
+//! results do not depend on how many tokens a forward carries, so speculative verification
+//! reproduces single-token decoding bit for bit. By default
+//! ([`Requantize::FastAndBatchInvariant`]) the other formats are re-quantized to Q8_0 at load
+//! so that they run there too; candle's own kernels pick different code for one row than for
+//! several and would break that guarantee.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use crate::linear::{kernel_format, Linear, QLinear};
+use crate::{Error, Result};
+
+/// Which matrices are re-quantized at load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Requantize {
+    /// Formats `spec-kernels` has no kernel for (Q5_1, Q2K, Q3K, Q5K, and dense f16/bf16/f32
+    /// matrices) become Q8_0, so that every matrix runs on the fast, batch-invariant kernels.
+    #[default]
+    FastAndBatchInvariant,
+    /// Keep every tensor as stored (dense weights stay f32).
+    Keep,
+}
+
+impl Requantize {
+    fn wants(self, dtype: GgmlDType, row_len: usize) -> bool {
+        self == Self::FastAndBatchInvariant
+            && kernel_format(dtype).is_none()
+            && row_len.is_multiple_of(GgmlDType::Q8_0.block_size())
+    }
+}
+
+/// A tensor as its container stores it.
+#[derive(Debug)]
+pub enum StoredTensor {
+    /// GGML-quantized (or f16/f32 held as a GGML tensor).
+    Quantized(QTensor),
+    Dense(Tensor),
+}
+
+impl StoredTensor {
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Self::Quantized(q) => q.shape().dims(),
+            Self::Dense(t) => t.dims(),
+        }
+    }
+
+    /// The values in f32 on `device`.
+    pub fn into_f32(self, device: &Device) -> Result<Tensor> {
+        Ok(match self {
+            Self::Quantized(q) => q.dequantize(device)?,
+            Self::Dense(t) => t.to_dtype(DType::F32)?.to_device(device)?,
+        })
+    }
+}
+
+/// A container of named tensors.
+pub trait WeightSource {
+    /// The file the tensors come from, for error messages.
+    fn path(&self) -> &Path;
+    /// Whether a tensor is stored under `name`.
+    fn contains(&self, name: &str) -> bool;
+    /// The stored shape of `name`, without reading its data.
+    fn dims(&self, name: &str) -> Option<Vec<usize>>;
+    /// Reads `name` ([`Error::MissingTensor`] when absent, [`Error::BadWeights`] when
+    /// unreadable).
+    fn tensor(&mut self, name: &str, device: &Device) -> Result<StoredTensor>;
+}
+
+/// An open GGUF file: its header (metadata, tensor index) and a reader for tensor data.
+pub struct GgufFile {
+    path: PathBuf,
+    file: File,
+    content: gguf_file::Content,
+}
+
+impl GgufFile {
+    /// Opens and parses the header; a truncated or foreign file is a [`Error::BadWeights`].
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let content = gguf_file::Content::read(&mut file).map_err(|e| Error::BadWeights {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let data_end = content
+            .tensor_infos
+            .values()
+            .map(|info| {
+                let elems = info.shape.elem_count();
+                let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+                content.tensor_data_offset + info.offset + bytes as u64
+            })
+            .max()
+            .unwrap_or(0);
+        let size = file.metadata().map_err(io)?.len();
+        if size < data_end {
+            return Err(Error::BadWeights {
+                path: path.to_path_buf(),
+                reason: format!("file is truncated: {size} bytes, the tensors need {data_end}"),
+            });
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            content,
+        })
+    }
+
+    /// The header's key/value metadata.
+    pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
+        &self.content.metadata
+    }
+
+    /// A metadata value that must be present.
+    pub fn value(&self, key: &str) -> Result<&gguf_file::Value> {
+        self.content.metadata.get(key).ok_or_else(|| {
+            Error::Config(format!(
+                "{}: missing GGUF metadata `{key}`",
+                self.path.display()
+            ))
+        })
+    }
+
+    /// An integer metadata value.
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        let v = self.value(key)?;
+        v.to_u64()
+            .map(|x| x as usize)
+            .or_else(|_| v.to_u32().map(|x| x as usize))
+            .or_else(|_| v.to_i32().map(|x| x.max(0) as usize))
+            .map_err(|_| Error::Config(format!("GGUF `{key}` is not an integer: {v:?}")))
+    }
+
+    /// A numeric metadata value.
+    pub fn f32(&self, key: &str) -> Result<f32> {
+        let v = self.value(key)?;
+        v.to_f32()
+            .or_else(|_| v.to_f64().map(|x| x as f32))
+            .map_err(|_| Error::Config(format!("GGUF `{key}` is not a number: {v:?}")))
+    }
+}
+
+impl WeightSource for GgufFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|i| i.shape.dims().to_vec())
+    }
+
+    fn tensor(&mut self, name: &str, device: &Device) -> Result<StoredTensor> {
+        if !self.contains(name) {
+            return Err(Error::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            });
+        }
+        self.content
+            .tensor(&mut self.file, name, device)
+            .map(StoredTensor::Quantized)
+            .map_err(|e| Error::BadWeights {
+                path: self.path.clone(),
+                reason: format!("tensor `{name}`: {e}"),
+            })
+    }
+}
+
+/// The tensors of one or more safetensors shards, read into memory (f32, f16 or bf16).
+pub struct SafetensorsFiles {
+    path: PathBuf,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl SafetensorsFiles {
+    pub fn open(shards: &[PathBuf], device: &Device) -> Result<Self> {
+        let Some(first) = shards.first() else {
+            return Err(Error::Config("no safetensors shard given".into()));
+        };
+        let mut tensors = HashMap::new();
+        for shard in shards {
+            let loaded =
+                candle_core::safetensors::load(shard, device).map_err(|e| Error::BadWeights {
+                    path: shard.clone(),
+                    reason: e.to_string(),
+                })?;
+            tensors.extend(loaded);
+        }
+        Ok(Self {
+            path: first.clone(),
+            tensors,
+        })
+    }
+}
+
+impl WeightSource for SafetensorsFiles {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).map(|t| t.dims().to_vec())
+    }
+
+    /// Hands the tensor over (each is read once; the memory goes with it).
+    fn tensor(&mut self, name: &str, _device: &Device) -> Result<StoredTensor> {
+        self.tensors
+            .remove(name)
+            .map(StoredTensor::Dense)
+            .ok_or_else(|| Error::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            })
+    }
+}
+
+/// Reads a model's parameters from a [`WeightSource`], checking each against the shape the
+/// configuration implies.
+pub struct WeightLoader<S> {
+    source: S,
+    device: Device,
+    requantize: Requantize,
+}
+
+impl<S: WeightSource> WeightLoader<S> {
+    pub fn new(source: S, device: &Device, requantize: Requantize) -> Self {
+        Self {
+            source,
+            device: device.clone(),
+            requantize,
+        }
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether `name` is stored.
+    pub fn contains(&self, name: &str) -> bool {
+        self.source.contains(name)
+    }
+
+    fn checked(&mut self, name: &str, shape: &[usize]) -> Result<StoredTensor> {
+        let stored = self.source.tensor(name, &self.device)?;
+        check_shape(name, stored.dims(), shape)?;
+        Ok(stored)
+    }
+
+    /// The matrix `[rows, cols]` of a linear layer, on the kernels where it can be (see
+    /// [`Requantize`]).
+    pub fn matrix(&mut self, name: &str, shape: [usize; 2]) -> Result<QLinear> {
+        let row_len = shape[1];
+        let quantized = match self.checked(name, &shape)? {
+            StoredTensor::Quantized(q) if self.requantize.wants(q.dtype(), row_len) => {
+                QTensor::quantize(&q.dequantize(&self.device)?, GgmlDType::Q8_0)?
+            }
+            StoredTensor::Quantized(q) => q,
+            StoredTensor::Dense(t) => {
+                let dtype = if self.requantize.wants(GgmlDType::F32, row_len) {
+                    GgmlDType::Q8_0
+                } else {
+                    GgmlDType::F32
+                };
+                QTensor::quantize(&t.to_dtype(DType::F32)?, dtype)?
+            }
+        };
+        QLinear::new(Arc::new(quantized), &self.device)
+    }
+
+    /// A linear layer `[out, in]` with an optional bias `[out]`.
+    pub fn linear(
+        &mut self,
+        weight: &str,
+        bias: Option<&str>,
+        shape: [usize; 2],
+    ) -> Result<Linear> {
+        let matrix = self.matrix(weight, shape)?;
+        let bias = bias.map(|name| self.dense(name, &[shape[0]])).transpose()?;
+        Ok(Linear::new(matrix, bias))
+    }
+
+    /// A tensor in f32 (norm weights, biases, position tables, convolutions).
+    pub fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.checked(name, shape)?.into_f32(&self.device)
+    }
+}
+
+/// [`Error::ShapeMismatch`] unless `got == expected`.
+pub fn check_shape(name: &str, got: &[usize], expected: &[usize]) -> Result<()> {
+    if got != expected {
+        return Err(Error::ShapeMismatch {
+            name: name.to_string(),
+            got: got.to_vec(),
+            expected: expected.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Module;
+
+    use super::*;
+
+    fn random(shape: (usize, usize)) -> Tensor {
+        Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap()
+    }
+
+    fn safetensors(dir: &Path) -> (PathBuf, Tensor) {
+        let w = random((16, 64));
+        let tensors = HashMap::from([
+            ("w".to_string(), w.to_dtype(DType::F16).unwrap()),
+            (
+                "b".to_string(),
+                Tensor::ones(16, DType::BF16, &Device::Cpu).unwrap(),
+            ),
+            ("odd".to_string(), random((16, 40))),
+        ]);
+        let path = dir.join("model.safetensors");
+        candle_core::safetensors::save(&tensors, &path).unwrap();
+        (path, w)
+    }
+
+    #[test]
+    fn dense_matrices_go_to_the_kernels_unless_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, w) = safetensors(dir.path());
+        let open = || SafetensorsFiles::open(std::slice::from_ref(&path), &Device::Cpu).unwrap();
+        let mut fast = WeightLoader::new(open(), &Device::Cpu, Requantize::default());
+        let linear = fast.linear("w", Some("b"), [16, 64]).unwrap();
+        assert!(matches!(linear.weight, QLinear::Kernel(_)));
+        // A row length no Q8_0 block divides stays dense, on candle.
+        assert!(matches!(
+            fast.matrix("odd", [16, 40]).unwrap(),
+            QLinear::Candle(_)
+        ));
+        let mut kept = WeightLoader::new(open(), &Device::Cpu, Requantize::Keep);
+        assert!(matches!(
+            kept.matrix("w", [16, 64]).unwrap(),
+            QLinear::Candle(_)
+        ));
+        // y = x·Wᵀ + b, W as stored in f16.
+        let x = Tensor::randn(0f32, 1.0, (1, 3, 64), &Device::Cpu).unwrap();
+        let stored = w
+            .to_dtype(DType::F16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let exact = (x.broadcast_matmul(&stored.t().unwrap()).unwrap() + 1.0).unwrap();
+        let got = linear.forward(&x).unwrap();
+        let err: f32 = (got - exact)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        assert!(err < 0.02, "Q8_0 product off by {err}");
+    }
+
+    #[test]
+    fn missing_and_misshapen_tensors_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = safetensors(dir.path());
+        let files = SafetensorsFiles::open(&[path], &Device::Cpu).unwrap();
+        let mut loader = WeightLoader::new(files, &Device::Cpu, Requantize::default());
+        match loader.matrix("w", [64, 16]) {
+            Err(Error::ShapeMismatch {
+                name,
+                got,
+                expected,
+            }) => {
+                assert_eq!(
+                    (name.as_str(), got, expected),
+                    ("w", vec![16, 64], vec![64, 16])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(loader.dense("nope", &[1]), Err(Error::MissingTensor { name, .. }) if name == "nope")
+        );
+        assert!(matches!(
+            SafetensorsFiles::open(&[], &Device::Cpu),
+            Err(Error::Config(_))
+        ));
+        let garbage = dir.path().join("garbage.safetensors");
+        std::fs::write(&garbage, b"not a safetensors file").unwrap();
+        assert!(matches!(
+            SafetensorsFiles::open(&[garbage], &Device::Cpu),
+            Err(Error::BadWeights { .. })
+        ));
+    }
+
+    #[test]
+    fn gguf_matrices_keep_kernel_formats_and_truncation_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        let q4 = QTensor::quantize(&random((16, 64)), GgmlDType::Q4_0).unwrap();
+        let f16 = QTensor::quantize(&random((16, 64)), GgmlDType::F16).unwrap();
+        let norm = QTensor::quantize(
+            &Tensor::ones(64, DType::F32, &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap();
+        let answer = gguf_file::Value::U32(42);
+        let mut file = File::create(&path).unwrap();
+        gguf_file::write(
+            &mut file,
+            &[("answer", &answer)],
+            &[("q4", &q4), ("f16", &f16), ("norm", &norm)],
+        )
+        .unwrap();
+        drop(file);
+        let gguf = GgufFile::open(&path).unwrap();
+        assert_eq!(gguf.usize("answer").unwrap(), 42);
+        assert!(gguf.f32("missing").is_err());
+        assert_eq!(gguf.dims("q4"), Some(vec![16, 64]));
+        let mut loader = WeightLoader::new(gguf, &Device::Cpu, Requantize::default());
+        let QLinear::Kernel(q4) = loader.matrix("q4", [16, 64]).unwrap() else {
+            panic!("Q4_0 has a kernel");
+        };
+        assert_eq!(q4.format(), spec_kernels::Format::Q4_0);
+        let QLinear::Kernel(f16) = loader.matrix("f16", [16, 64]).unwrap() else {
+            panic!("f16 is re-quantized for the kernels");
+        };
+        assert_eq!(f16.format(), spec_kernels::Format::Q8_0);
+        assert_eq!(
+            loader
+                .dense("norm", &[64])
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+            vec![1.0; 64]
+        );
+
+        let bytes = std::fs::read(&path).unwrap();
+        let cut = dir.path().join("cut.gguf");
+        std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+        assert!(matches!(
+            GgufFile::open(&cut),
+            Err(Error::BadWeights { .. })
+        ));
+        assert!(matches!(
+            GgufFile::open(&dir.path().join("absent.gguf")),
+            Err(Error::Io { .. })
+        ));
+    }
+}

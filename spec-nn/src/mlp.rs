@@ -1,0 +1,101 @@
+//! Feed-forward blocks: SwiGLU (Llama, Qwen) and a two-layer GELU MLP (Whisper).
+//!
+//! SwiGLU's gating, `silu(gate) · up`, runs in one pass on the kernels' threads for f32 CPU
+//! tensors (candle's `silu` and `mul` are two single-threaded passes, two allocations and a
+//! scalar `expf` per value: about 3 % of a one-token forward of Qwen 1.5B, while the other core
+//! waits).
+
+use candle_core::{DType, Device, Module, Tensor};
+
+use crate::linear::{with_cpu_values, Linear};
+use crate::math::exp;
+use crate::Result;
+
+/// `down(silu(gate(x)) · up(x))`.
+#[derive(Debug, Clone)]
+pub struct SwiGlu {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+impl SwiGlu {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let [gate, up] = Linear::forward_many([&self.gate, &self.up], x)?;
+        Ok(self.down.forward(&swiglu(&gate, &up)?)?)
+    }
+}
+
+/// `fc2(gelu(fc1(x)))` with the exact (erf) GELU.
+#[derive(Debug, Clone)]
+pub struct GeluMlp {
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl GeluMlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.fc2.forward(&self.fc1.forward(x)?.gelu_erf()?)?)
+    }
+}
+
+/// Values per task: a few tasks per thread for a Qwen FFN row (8960), none too small to pay
+/// for its hand-out.
+const CHUNK: usize = 2048;
+
+/// `silu(gate) · up` for tensors of one shape.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let fast = gate.device().is_cpu()
+        && gate.dtype() == DType::F32
+        && up.dtype() == DType::F32
+        && gate.dims() == up.dims();
+    if !fast {
+        return Ok((candle_nn::ops::silu(gate)? * up)?);
+    }
+    let out = with_cpu_values(gate, |g| {
+        with_cpu_values(up, |u| {
+            let mut out = vec![0f32; g.len()];
+            spec_kernels::parallel_chunks_mut(&mut out, CHUNK, &|index, out| {
+                let start = index * CHUNK;
+                let (g, u) = (&g[start..start + out.len()], &u[start..start + out.len()]);
+                for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                    *o = g / (1.0 + exp(-g)) * u;
+                }
+            });
+            out
+        })
+    })??;
+    Ok(Tensor::from_vec(out, gate.shape(), &Device::Cpu)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swiglu_matches_candles_silu_times_up() {
+        let device = Device::Cpu;
+        for len in [1, 7, CHUNK, 3 * CHUNK + 5] {
+            let gate = Tensor::randn(0f32, 4.0, (1, 1, len), &device).unwrap();
+            let up = Tensor::randn(0f32, 1.0, (1, 1, len), &device).unwrap();
+            let ours: Vec<f32> = swiglu(&gate, &up)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let theirs: Vec<f32> = (candle_nn::ops::silu(&gate).unwrap() * &up)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+        }
+        let bf16 = Tensor::ones((2, 3), DType::BF16, &device).unwrap();
+        let y = swiglu(&bf16, &bf16).unwrap();
+        assert_eq!((y.dtype(), y.dims()), (DType::BF16, &[2usize, 3][..]));
+    }
+}
