@@ -21,21 +21,11 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// A weight file that is not a readable GGUF or safetensors file (truncated, corrupt).
-    #[error("cannot read weights from {path}: {reason}")]
-    BadWeights { path: PathBuf, reason: String },
-
-    /// A tensor the architecture needs is absent from the weights.
-    #[error("{path}: missing tensor `{name}`")]
-    MissingTensor { path: PathBuf, name: String },
-
-    /// A tensor whose shape does not match the configuration.
-    #[error("tensor `{name}` has shape {got:?}, the configuration implies {expected:?}")]
-    ShapeMismatch {
-        name: String,
-        got: Vec<usize>,
-        expected: Vec<usize>,
-    },
+    /// The model's building blocks or their weights (`spec-nn`): an unreadable, truncated or
+    /// foreign weight file, a missing tensor, a tensor whose shape does not match the
+    /// configuration.
+    #[error(transparent)]
+    Nn(#[from] spec_nn::Error),
 
     /// A configuration value that is missing, malformed or inconsistent.
     #[error("invalid model configuration: {0}")]
@@ -60,29 +50,6 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The building blocks' errors under the same names here, so that callers match one enum.
-impl From<spec_nn::Error> for Error {
-    fn from(e: spec_nn::Error) -> Self {
-        match e {
-            spec_nn::Error::Candle(e) => Self::Candle(e),
-            spec_nn::Error::Core(e) => Self::Core(e),
-            spec_nn::Error::Io { path, source } => Self::Io { path, source },
-            spec_nn::Error::BadWeights { path, reason } => Self::BadWeights { path, reason },
-            spec_nn::Error::MissingTensor { path, name } => Self::MissingTensor { path, name },
-            spec_nn::Error::ShapeMismatch {
-                name,
-                got,
-                expected,
-            } => Self::ShapeMismatch {
-                name,
-                got,
-                expected,
-            },
-            spec_nn::Error::Config(m) => Self::Config(m),
-        }
-    }
-}
 
 impl From<Error> for spec_core::Error {
     fn from(e: Error) -> Self {

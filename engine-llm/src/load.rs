@@ -41,12 +41,12 @@ impl TransformerConfig {
         let key = |k: &str| format!("{arch_name}.{k}");
         let num_heads = gguf.usize(&key("attention.head_count"))?;
         let hidden_size = gguf.usize(&key("embedding_length"))?;
-        let embed_shape = gguf
-            .dims("token_embd.weight")
-            .ok_or_else(|| Error::MissingTensor {
-                path: gguf.path().to_path_buf(),
-                name: "token_embd.weight".into(),
-            })?;
+        let embed_shape =
+            gguf.dims("token_embd.weight")
+                .ok_or_else(|| spec_nn::Error::MissingTensor {
+                    path: gguf.path().to_path_buf(),
+                    name: "token_embd.weight".into(),
+                })?;
         let head_dim = match gguf.usize(&key("attention.key_length")) {
             Ok(d) => d,
             Err(_) => hidden_size / num_heads.max(1),

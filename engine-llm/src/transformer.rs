@@ -161,11 +161,12 @@ impl Transformer {
             DecoderInput::Embeddings(e) => {
                 let hidden = e.dim(D::Minus1)?;
                 if hidden != self.config.hidden_size {
-                    return Err(Error::ShapeMismatch {
+                    return Err(spec_nn::Error::ShapeMismatch {
                         name: "input embeddings".into(),
                         got: e.dims().to_vec(),
                         expected: vec![1, e.dim(1)?, self.config.hidden_size],
-                    });
+                    }
+                    .into());
                 }
                 Ok(e.to_dtype(DType::F32)?.to_device(&self.device)?)
             }

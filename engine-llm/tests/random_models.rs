@@ -284,16 +284,19 @@ fn bad_weights_and_inputs_are_clear_errors() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
     let err = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::BadWeights { .. }), "truncated: {err}");
+    assert!(
+        matches!(err, Error::Nn(spec_nn::Error::BadWeights { .. })),
+        "truncated: {err}"
+    );
     std::fs::write(&path, &bytes[..200]).unwrap();
     assert!(matches!(
         Transformer::from_gguf(&path, &LoadOptions::default()),
-        Err(Error::BadWeights { .. })
+        Err(Error::Nn(spec_nn::Error::BadWeights { .. }))
     ));
     let missing = scratch.path().join("absent.gguf");
     assert!(matches!(
         Transformer::from_gguf(&missing, &LoadOptions::default()),
-        Err(Error::Io { .. })
+        Err(Error::Nn(spec_nn::Error::Io { .. }))
     ));
 
     let (config, shard) = tiny.write_safetensors(scratch.path(), 7);
@@ -309,7 +312,7 @@ fn bad_weights_and_inputs_are_clear_errors() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, Error::ShapeMismatch { .. }),
+        matches!(err, Error::Nn(spec_nn::Error::ShapeMismatch { .. })),
         "config does not match: {err}"
     );
     let other = Tiny {
@@ -319,7 +322,10 @@ fn bad_weights_and_inputs_are_clear_errors() {
     std::fs::write(&config, other.config_json()).unwrap();
     let err =
         Transformer::from_safetensors(&config, &[shard], &LoadOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Nn(spec_nn::Error::MissingTensor { .. })),
+        "{err}"
+    );
 
     let mut model = Transformer::from_gguf(
         &tiny.write_gguf(scratch.path(), 7, GgmlDType::Q8_0, &[]),

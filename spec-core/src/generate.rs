@@ -172,6 +172,16 @@ impl Default for SpeculativeConfig {
     }
 }
 
+/// What the next step of a loop may use.
+pub(crate) struct StepLimits {
+    /// Positions in the target's cache before the step.
+    pub(crate) cached: usize,
+    /// Positions left in the target's cache (at least 1).
+    pub(crate) room: usize,
+    /// Tokens that may still be produced (at least 1).
+    pub(crate) remaining: usize,
+}
+
 /// Collects produced tokens, streams them and applies the stop conditions.
 pub(crate) struct Output<'a> {
     pub(crate) tokens: Vec<u32>,
@@ -200,6 +210,38 @@ impl<'a> Output<'a> {
             return None;
         }
         Some(room)
+    }
+
+    /// Unless a stop condition already holds: forwards `context` into `target` and emits the
+    /// first token, `pick(last logits, committed tokens)`, appending it to `committed`.
+    pub(crate) fn first_token<D: Decoder + ?Sized>(
+        &mut self,
+        target: &mut D,
+        context: &[u32],
+        stats: &mut DecodeStats,
+        committed: &mut Vec<u32>,
+        pick: impl FnOnce(&[f32], &[u32]) -> u32,
+    ) -> Result<()> {
+        if self.finish.is_none() {
+            let logits = prefill(target, context, stats)?;
+            let token = pick(&logits, committed);
+            committed.push(token);
+            self.emit([token]);
+        }
+        Ok(())
+    }
+
+    /// The limits of the next step of a draft/verify loop, or `None` once a stop condition
+    /// holds or `target`'s cache is full (which sets the finish reason).
+    pub(crate) fn next_step<T: Decoder + ?Sized>(&mut self, target: &T) -> Option<StepLimits> {
+        if self.finish.is_some() {
+            return None;
+        }
+        Some(StepLimits {
+            cached: target.cached_len(),
+            room: self.room(target)?,
+            remaining: self.stop.max_new_tokens - self.tokens.len(),
+        })
     }
 
     /// Emits a verified step's tokens (the target's cache holds `cached` positions before the
@@ -360,19 +402,20 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
         _ => None,
     };
 
-    if out.finish.is_none() {
-        let logits = prefill(target, context, &mut stats)?;
-        let token = first_token(&config.rule, sampling, &logits, &committed, rng);
-        committed.push(token);
-        out.emit([token]);
-    }
-    while out.finish.is_none() {
-        let cached = target.cached_len();
-        let Some(room) = out.room(target) else {
-            break;
-        };
+    out.first_token(
+        target,
+        context,
+        &mut stats,
+        &mut committed,
+        |logits, committed| first_token(&config.rule, sampling, logits, committed, rng),
+    )?;
+    while let Some(StepLimits {
+        cached,
+        room,
+        remaining,
+    }) = out.next_step(target)
+    {
         // Never draft beyond what may still be produced or what fits in either cache.
-        let remaining = stop.max_new_tokens - out.tokens.len();
         let draft_room = draft.max_len().saturating_sub(committed.len());
         let limit = remaining.saturating_sub(1).min(room - 1).min(draft_room);
         let budget = match &mut policy {
@@ -508,18 +551,15 @@ pub fn tree_speculative_generate<T: Decoder + ?Sized>(
     let mut stats = DecodeStats::default();
     let mut out = Output::new(stop, on_token);
     let mut committed = context.to_vec();
-    if out.finish.is_none() {
-        let logits = prefill(target, context, &mut stats)?;
-        let token = rule.correction(&logits);
-        committed.push(token);
-        out.emit([token]);
-    }
-    while out.finish.is_none() {
-        let cached = target.cached_len();
-        let Some(room) = out.room(target) else {
-            break;
-        };
-        let remaining = stop.max_new_tokens - out.tokens.len();
+    out.first_token(target, context, &mut stats, &mut committed, |logits, _| {
+        rule.correction(logits)
+    })?;
+    while let Some(StepLimits {
+        cached,
+        room,
+        remaining,
+    }) = out.next_step(target)
+    {
         let max_depth = remaining.saturating_sub(1).min(room - 1);
         let t_draft = Instant::now();
         let draft = drafter.draft_tree(&committed, max_depth)?;

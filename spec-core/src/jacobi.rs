@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::decoder::{forward_tokens, Decoder, LogitRows};
-use crate::generate::{prefill, Generation, Output, StopConditions};
+use crate::generate::{Generation, Output, StepLimits, StopConditions};
 use crate::sampling::argmax;
 use crate::stats::{DecodeStats, StepRecord};
 use crate::{Error, Result};
@@ -40,17 +40,15 @@ pub fn jacobi_generate<D: Decoder + ?Sized>(
     // Guessed tokens for the positions after the last committed one; the first `window` are
     // checked each pass, the rest wait their turn.
     let mut guess: Vec<u32> = initial_guess.to_vec();
-    if out.finish.is_none() {
-        let first = argmax(&prefill(model, context, &mut stats)?);
-        committed.push(first);
-        out.emit([first]);
-    }
-    while out.finish.is_none() {
-        let cached = model.cached_len();
-        let Some(room) = out.room(model) else {
-            break;
-        };
-        let remaining = stop.max_new_tokens - out.tokens.len();
+    out.first_token(model, context, &mut stats, &mut committed, |logits, _| {
+        argmax(logits)
+    })?;
+    while let Some(StepLimits {
+        cached,
+        room,
+        remaining,
+    }) = out.next_step(model)
+    {
         let width = window.min(remaining - 1).min(room - 1);
         let pending = *committed.last().expect("at least one token was produced");
         let pad = guess
