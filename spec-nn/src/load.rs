@@ -376,17 +376,38 @@ mod tests {
             .unwrap()
             .to_dtype(DType::F32)
             .unwrap();
-        let exact = (x.broadcast_matmul(&stored.t().unwrap()).unwrap() + 1.0).unwrap();
-        let got = linear.forward(&x).unwrap();
-        let err: f32 = (got - exact)
+        let exact: Vec<Vec<f32>> = (x.broadcast_matmul(&stored.t().unwrap()).unwrap() + 1.0)
             .unwrap()
-            .abs()
+            .squeeze(0)
             .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
+            .to_vec2()
             .unwrap();
-        assert!(err < 0.02, "Q8_0 product off by {err}");
+        let got: Vec<Vec<f32>> = linear
+            .forward(&x)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        // Q8_0 rounds weights and activations to the nearest of 255 steps of their block's
+        // largest magnitude: each is off by at most max/254.
+        let (x, w): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (
+            x.squeeze(0).unwrap().to_vec2().unwrap(),
+            stored.to_vec2().unwrap(),
+        );
+        let max = |v: &[f32]| v.iter().fold(0f32, |m, a| m.max(a.abs()));
+        for (token, (got, exact)) in x.iter().zip(got.iter().zip(&exact)) {
+            let dx = max(token) / 254.0;
+            for (row, (g, e)) in w.iter().zip(got.iter().zip(exact)) {
+                let dw = max(row) / 254.0;
+                let bound: f32 = row
+                    .iter()
+                    .zip(token)
+                    .map(|(w, x)| w.abs() * dx + x.abs() * dw + dw * dx)
+                    .sum();
+                assert!((g - e).abs() <= bound + 1e-4, "{g} vs {e}, bound {bound}");
+            }
+        }
     }
 
     #[test]
