@@ -498,4 +498,50 @@ mod tests {
             Err(Error::Io { .. })
         ));
     }
+
+    /// A container of another format plugs in by implementing [`WeightSource`] (here: tensors
+    /// kept in memory, as a converter from CTranslate2's `model.bin` would hand them over).
+    struct InMemory(HashMap<String, StoredTensor>);
+
+    impl WeightSource for InMemory {
+        fn path(&self) -> &Path {
+            Path::new("(memory)")
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+        fn dims(&self, name: &str) -> Option<Vec<usize>> {
+            self.0.get(name).map(|t| t.dims().to_vec())
+        }
+        fn tensor(&mut self, name: &str, _device: &Device) -> Result<StoredTensor> {
+            self.0.remove(name).ok_or_else(|| Error::MissingTensor {
+                path: self.path().to_path_buf(),
+                name: name.to_string(),
+            })
+        }
+    }
+
+    #[test]
+    fn any_container_loads_through_the_weight_source_trait() {
+        let cols = 256;
+        let q = QTensor::quantize(&random((32, cols)), GgmlDType::Q6K).unwrap();
+        let source = InMemory(HashMap::from([
+            ("proj".to_string(), StoredTensor::Quantized(q)),
+            (
+                "bias".to_string(),
+                StoredTensor::Dense(Tensor::zeros(32, DType::F16, &Device::Cpu).unwrap()),
+            ),
+        ]));
+        let mut loader = WeightLoader::new(source, &Device::Cpu, Requantize::default());
+        assert!(loader.contains("proj") && !loader.contains("nope"));
+        let linear = loader.linear("proj", Some("bias"), [32, cols]).unwrap();
+        assert!(
+            matches!(&linear.weight, QLinear::Kernel(m) if m.format() == spec_kernels::Format::Q6K)
+        );
+        assert_eq!(linear.bias.unwrap().dtype(), DType::F32);
+        assert!(matches!(
+            loader.matrix("proj", [32, cols]),
+            Err(Error::MissingTensor { .. })
+        ));
+    }
 }
