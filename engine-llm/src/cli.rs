@@ -2,6 +2,7 @@
 //! options and one of generation options for `clap`, logging through `tracing` (`RUST_LOG`),
 //! and spinners and bars for long work that draw only on a terminal.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -144,6 +145,7 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
 }
