@@ -1,0 +1,244 @@
+//! Audio in: WAV files in any common PCM encoding, mixed down to mono and resampled to the
+//! 16 kHz Whisper listens at.
+
+use std::path::Path;
+
+use rubato::{FftFixedInOut, Resampler};
+
+use crate::{Error, Result};
+
+/// The sample rate of Whisper's front end.
+pub const SAMPLE_RATE: u32 = 16_000;
+
+/// Mono samples in [-1, 1] at a sample rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Audio {
+    pub samples: Vec<f32>,
+    pub sample_rate: u32,
+}
+
+impl Audio {
+    /// Reads a WAV file (8-, 16-, 24- or 32-bit integer PCM, or 32-bit float), averaging its
+    /// channels. A file without samples is an error.
+    pub fn read_wav(path: &Path) -> Result<Self> {
+        let bad = |e: hound::Error| match e {
+            hound::Error::IoError(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
+            other => Error::BadAudio {
+                path: path.to_path_buf(),
+                reason: other.to_string(),
+            },
+        };
+        let mut reader = hound::WavReader::open(path).map_err(bad)?;
+        let spec = reader.spec();
+        let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
+            (hound::SampleFormat::Float, 32) => reader
+                .samples::<f32>()
+                .collect::<Result<_, _>>()
+                .map_err(bad)?,
+            (hound::SampleFormat::Int, bits @ 8..=32) => {
+                let scale = 1.0 / (1u64 << (bits - 1)) as f32;
+                reader
+                    .samples::<i32>()
+                    .map(|s| s.map(|s| s as f32 * scale))
+                    .collect::<Result<_, _>>()
+                    .map_err(bad)?
+            }
+            (format, bits) => {
+                return Err(Error::BadAudio {
+                    path: path.to_path_buf(),
+                    reason: format!("{bits}-bit {format:?} samples are not supported"),
+                })
+            }
+        };
+        let channels = usize::from(spec.channels.max(1));
+        let samples: Vec<f32> = interleaved
+            .chunks_exact(channels)
+            .map(|frame| frame.iter().sum::<f32>() / channels as f32)
+            .collect();
+        if samples.is_empty() {
+            return Err(Error::Audio(format!("{} holds no samples", path.display())));
+        }
+        Ok(Self {
+            samples,
+            sample_rate: spec.sample_rate,
+        })
+    }
+
+    /// The audio at [`SAMPLE_RATE`], resampled with a band-limited FFT resampler when it is
+    /// at another rate.
+    pub fn to_16k(&self) -> Result<Vec<f32>> {
+        resample(&self.samples, self.sample_rate, SAMPLE_RATE)
+    }
+
+    pub fn duration_seconds(&self) -> f64 {
+        self.samples.len() as f64 / self.sample_rate.max(1) as f64
+    }
+}
+
+/// `samples` at rate `from` resampled to rate `to`: `⌈len · to / from⌉` samples, aligned with
+/// the input (the resampler's delay removed).
+pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
+    let failed = |reason: String| Error::Resample { from, to, reason };
+    if from == 0 || to == 0 {
+        return Err(failed("a sample rate of 0".into()));
+    }
+    if from == to {
+        return Ok(samples.to_vec());
+    }
+    let mut resampler = FftFixedInOut::<f32>::new(from as usize, to as usize, 1024, 1)
+        .map_err(|e| failed(e.to_string()))?;
+    let expected = (samples.len() as u64 * u64::from(to)).div_ceil(u64::from(from)) as usize;
+    let delay = resampler.output_delay();
+    let mut out = Vec::with_capacity(expected + delay + resampler.output_frames_max());
+    let mut rest = samples;
+    // Whole chunks, then the partial last one, then zeros until the delayed output is out.
+    while out.len() < expected + delay {
+        let need = resampler.input_frames_next();
+        let produced = if rest.len() >= need {
+            let (chunk, tail) = rest.split_at(need);
+            rest = tail;
+            resampler.process(&[chunk], None)
+        } else if !rest.is_empty() {
+            let chunk = std::mem::take(&mut rest);
+            resampler.process_partial(Some(&[chunk]), None)
+        } else {
+            resampler.process_partial::<&[f32]>(None, None)
+        }
+        .map_err(|e| failed(e.to_string()))?;
+        out.extend_from_slice(&produced[0]);
+    }
+    Ok(out[delay..delay + expected].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tone(freq: f32, rate: u32, seconds: f32) -> Vec<f32> {
+        (0..(rate as f32 * seconds) as usize)
+            .map(|n| 0.5 * (2.0 * std::f32::consts::PI * freq * n as f32 / rate as f32).sin())
+            .collect()
+    }
+
+    fn write_wav(path: &Path, spec: hound::WavSpec, frames: &[Vec<f32>]) {
+        let mut writer = hound::WavWriter::create(path, spec).unwrap();
+        for frame in frames {
+            for &v in frame {
+                match (spec.sample_format, spec.bits_per_sample) {
+                    (hound::SampleFormat::Float, _) => writer.write_sample(v).unwrap(),
+                    (_, 8) => writer.write_sample((v * 127.0) as i8).unwrap(),
+                    (_, 16) => writer.write_sample((v * 32767.0) as i16).unwrap(),
+                    (_, bits) => writer
+                        .write_sample((v * ((1i64 << (bits - 1)) - 1) as f32) as i32)
+                        .unwrap(),
+                }
+            }
+        }
+        writer.finalize().unwrap();
+    }
+
+    #[test]
+    fn every_common_encoding_reads_as_the_same_mono_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let left = tone(300.0, 8000, 0.1);
+        let right: Vec<f32> = left.iter().map(|v| v * 0.5).collect();
+        let frames: Vec<Vec<f32>> = left.iter().zip(&right).map(|(l, r)| vec![*l, *r]).collect();
+        for (format, bits, tolerance) in [
+            (hound::SampleFormat::Int, 8, 1.0 / 64.0),
+            (hound::SampleFormat::Int, 16, 1e-4),
+            (hound::SampleFormat::Int, 24, 1e-6),
+            (hound::SampleFormat::Int, 32, 1e-6),
+            (hound::SampleFormat::Float, 32, 0.0),
+        ] {
+            let spec = hound::WavSpec {
+                channels: 2,
+                sample_rate: 8000,
+                bits_per_sample: bits,
+                sample_format: format,
+            };
+            let path = dir.path().join(format!("{bits}{format:?}.wav"));
+            write_wav(&path, spec, &frames);
+            let audio = Audio::read_wav(&path).unwrap();
+            assert_eq!((audio.sample_rate, audio.samples.len()), (8000, left.len()));
+            for ((got, l), r) in audio.samples.iter().zip(&left).zip(&right) {
+                assert!(
+                    (got - (l + r) / 2.0).abs() <= tolerance,
+                    "{bits}-bit {format:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Audio::read_wav(&dir.path().join("absent.wav")),
+            Err(Error::Io { .. })
+        ));
+        let garbage = dir.path().join("garbage.wav");
+        std::fs::write(&garbage, b"RIFF\x10\x00\x00\x00WAVEnot really").unwrap();
+        assert!(matches!(
+            Audio::read_wav(&garbage),
+            Err(Error::BadAudio { .. })
+        ));
+        let empty = dir.path().join("empty.wav");
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 16000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        write_wav(&empty, spec, &[]);
+        assert!(matches!(Audio::read_wav(&empty), Err(Error::Audio(_))));
+        // A cut file: the header promises more samples than there are.
+        let cut = dir.path().join("cut.wav");
+        write_wav(&cut, spec, &[tone(440.0, 16000, 0.1)]);
+        let bytes = std::fs::read(&cut).unwrap();
+        std::fs::write(&cut, &bytes[..bytes.len() - 101]).unwrap();
+        assert!(matches!(Audio::read_wav(&cut), Err(Error::BadAudio { .. })));
+        assert!(resample(&[0.0; 10], 0, 16000).is_err());
+    }
+
+    #[test]
+    fn resampling_keeps_a_tone_and_the_length() {
+        for from in [8000, 22050, 44100, 48000] {
+            let input = tone(1000.0, from, 0.5);
+            let out = resample(&input, from, SAMPLE_RATE).unwrap();
+            assert_eq!(
+                out.len(),
+                (input.len() as u64 * 16000).div_ceil(from as u64) as usize
+            );
+            // Away from the edges the output is a 1 kHz tone of the same amplitude (fitted by
+            // least squares against sin and cos; the FFT resampler may shift it by a fraction
+            // of a sample) with almost nothing left over.
+            let middle = &out[out.len() / 4..3 * out.len() / 4];
+            let w = 2.0 * std::f64::consts::PI * 1000.0 / 16000.0;
+            let (mut s, mut c) = (0f64, 0f64);
+            for (n, &v) in middle.iter().enumerate() {
+                s += f64::from(v) * (w * n as f64).sin();
+                c += f64::from(v) * (w * n as f64).cos();
+            }
+            let (s, c) = (2.0 * s / middle.len() as f64, 2.0 * c / middle.len() as f64);
+            assert!(
+                ((s * s + c * c).sqrt() - 0.5).abs() < 0.005,
+                "{from} Hz: amplitude"
+            );
+            let residual = middle
+                .iter()
+                .enumerate()
+                .map(|(n, &v)| {
+                    (f64::from(v) - s * (w * n as f64).sin() - c * (w * n as f64).cos()).abs()
+                })
+                .fold(0f64, f64::max);
+            assert!(residual < 0.01, "{from} Hz: {residual} left after the tone");
+        }
+        let same = resample(&[0.25, -0.5], SAMPLE_RATE, SAMPLE_RATE).unwrap();
+        assert_eq!(same, [0.25, -0.5]);
+    }
+}
