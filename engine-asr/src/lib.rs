@@ -8,7 +8,8 @@
 //!
 //! - [`audio`] (works): WAV reading in any common PCM encoding, mono downmix, resampling to
 //!   16 kHz; [`mel`] (works): Whisper's log-mel spectrogram, checked against the Python
-//!   implementation. Still to come here: 30-second windows with seek.
+//!   implementation, and [`WhisperInput`]: a recording padded as Whisper pads it and cut into
+//!   30-second windows at any seek.
 //! - `whisper`: the encoder and the decoder (implementing `spec_core::Decoder`, cross-attention
 //!   keys/values kept per audio window), from CTranslate2's `model.bin` and Hugging Face
 //!   safetensors, and Whisper's tokenizer and decoding rules.
@@ -23,4 +24,4 @@ pub mod mel;
 
 pub use audio::{resample, Audio, SAMPLE_RATE};
 pub use error::{Error, Result};
-pub use mel::{log_mel_spectrogram, LogMel, MelFilters};
+pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};

@@ -7,6 +7,11 @@ use realfft::RealFftPlanner;
 
 use crate::{Error, Result};
 
+/// Frames of Whisper's 30-second input window.
+pub const WINDOW_FRAMES: usize = 3000;
+/// Samples of Whisper's 30-second input window at 16 kHz.
+pub const WINDOW_SAMPLES: usize = WINDOW_FRAMES * HOP;
+
 /// STFT length.
 pub const N_FFT: usize = 400;
 /// Samples between frames.
@@ -144,6 +149,63 @@ pub fn log_mel_spectrogram(samples: &[f32], filters: &MelFilters) -> Result<LogM
     })
 }
 
+/// A whole recording as Whisper reads it: the log-mel spectrogram of the audio followed by 30 s
+/// of silence (so the clamp at 8 below the maximum and the silence's floor are Whisper's), cut
+/// into 30-second windows at any frame ("seek") while decoding moves through the audio.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhisperInput {
+    mel: LogMel,
+    content_frames: usize,
+}
+
+impl WhisperInput {
+    /// The input for 16 kHz `samples` (at least 201 of them).
+    pub fn new(samples: &[f32], filters: &MelFilters) -> Result<Self> {
+        if samples.len() <= N_FFT / 2 {
+            return Err(Error::Audio(format!(
+                "{} samples ({:.1} ms) are too short to transcribe",
+                samples.len(),
+                samples.len() as f64 / 16.0
+            )));
+        }
+        let mut padded = Vec::with_capacity(samples.len() + WINDOW_SAMPLES);
+        padded.extend_from_slice(samples);
+        padded.resize(samples.len() + WINDOW_SAMPLES, 0.0);
+        Ok(Self {
+            mel: log_mel_spectrogram(&padded, filters)?,
+            content_frames: samples.len() / HOP,
+        })
+    }
+
+    /// Frames that hold audio (10 ms each); decoding ends when the seek reaches them.
+    pub fn content_frames(&self) -> usize {
+        self.content_frames
+    }
+
+    /// The 30-second window `[n_mels, 3000]` starting at frame `seek` (< [`content_frames`]);
+    /// past the audio it holds the padding's silence.
+    ///
+    /// [`content_frames`]: WhisperInput::content_frames
+    pub fn window(&self, seek: usize) -> Result<LogMel> {
+        if seek >= self.content_frames {
+            return Err(Error::Audio(format!(
+                "seek to frame {seek}: the audio has {} frames",
+                self.content_frames
+            )));
+        }
+        let mel = &self.mel;
+        let data = (0..mel.n_mels)
+            .flat_map(|m| &mel.row(m)[seek..seek + WINDOW_FRAMES])
+            .copied()
+            .collect();
+        Ok(LogMel {
+            n_mels: mel.n_mels,
+            frames: WINDOW_FRAMES,
+            data,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +234,37 @@ mod tests {
         let silent = log_mel_spectrogram(&[0.0; 1600], &filters).unwrap();
         assert_eq!((silent.n_mels, silent.frames), (80, 10));
         assert!(silent.data.iter().all(|&v| v == -1.5));
+    }
+
+    #[test]
+    fn windows_cut_the_padded_recording_at_any_seek() {
+        let filters = MelFilters::new(80).unwrap();
+        // 75 s of a tone whose pitch rises, so every window differs.
+        let samples: Vec<f32> = (0..75 * 16_000)
+            .map(|n| {
+                let t = n as f32 / 16_000.0;
+                0.3 * (2.0 * std::f32::consts::PI * (200.0 + 20.0 * t) * t).sin()
+            })
+            .collect();
+        let input = WhisperInput::new(&samples, &filters).unwrap();
+        assert_eq!(input.content_frames(), 7500);
+        let whole = log_mel_spectrogram(
+            &[samples.as_slice(), &[0.0; WINDOW_SAMPLES]].concat(),
+            &filters,
+        )
+        .unwrap();
+        for seek in [0, 3000, 4321, 7499] {
+            let window = input.window(seek).unwrap();
+            assert_eq!((window.n_mels, window.frames), (80, WINDOW_FRAMES));
+            for mel in [0, 40, 79] {
+                assert_eq!(window.row(mel), &whole.row(mel)[seek..seek + WINDOW_FRAMES]);
+            }
+        }
+        // The silence after the audio sits at the clamp, 8 decades below the loudest value.
+        let last = input.window(7499).unwrap();
+        let max = whole.data.iter().copied().fold(f32::MIN, f32::max);
+        assert!((last.row(10)[2999] - (max - 2.0)).abs() < 1e-6);
+        assert!(input.window(7500).is_err());
+        assert!(WhisperInput::new(&[0.1; 200], &filters).is_err());
     }
 }
