@@ -211,7 +211,7 @@ impl LanguageModel {
     }
 
     fn load_gguf(path: &Path, options: &LoadOptions) -> Result<Self> {
-        let model = Transformer::from_gguf(path, options)?;
+        // One open file: its header serves the tokenizer and template, then the weights.
         let gguf = GgufFile::open(path)?;
         let tokenizer = TextTokenizer::from_gguf(&gguf)?;
         let jinja = match gguf.metadata().get("tokenizer.chat_template") {
@@ -219,6 +219,7 @@ impl LanguageModel {
             None => None,
         };
         let template = ChatTemplate::detect(jinja.as_deref(), &tokenizer)?;
+        let model = Transformer::from_gguf_file(gguf, options)?;
         Self::checked(model, tokenizer, template, path.to_path_buf())
     }
 

@@ -146,7 +146,12 @@ impl Naming {
 impl Transformer {
     /// Loads a Qwen2 or Llama model from a GGUF file.
     pub fn from_gguf(path: &Path, options: &LoadOptions) -> Result<Self> {
-        let gguf = GgufFile::open(path)?;
+        Self::from_gguf_file(GgufFile::open(path)?, options)
+    }
+
+    /// Loads a Qwen2 or Llama model from an open GGUF file (whose header the caller may also
+    /// have read, e.g. for the tokenizer).
+    pub fn from_gguf_file(gguf: GgufFile, options: &LoadOptions) -> Result<Self> {
         let mut config = TransformerConfig::from_gguf(&gguf)?;
         let mut loader = WeightLoader::new(gguf, &options.device, options.requantize);
         if loader.contains("rope_freqs.weight") {
