@@ -21,6 +21,32 @@ pub enum Error {
     #[error("invalid audio: {0}")]
     Audio(String),
 
+    #[error(transparent)]
+    Nn(#[from] spec_nn::Error),
+
+    #[error(transparent)]
+    Core(#[from] spec_core::Error),
+
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// A model folder or configuration that does not describe a Whisper model this engine can
+    /// run (a missing file, an unknown layout, inconsistent sizes).
+    #[error("invalid Whisper model: {0}")]
+    Config(String),
+
+    /// The tokenizer file cannot be read or lacks Whisper's special tokens.
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+
+    /// A decoder forward before any audio was encoded.
+    #[error("the decoder needs an encoded audio window first (call `Whisper::encode`)")]
+    NotEncoded,
+
+    /// A language Whisper does not know, or a language asked of an English-only model.
+    #[error("language `{0}` is not available for this model")]
+    Language(String),
+
     /// The resampler refused the rates or the data.
     #[error("resampling from {from} Hz to {to} Hz: {reason}")]
     Resample { from: u32, to: u32, reason: String },
@@ -28,3 +54,13 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for spec_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Candle(c) => spec_core::Error::Candle(c),
+            Error::Core(c) => c,
+            other => spec_core::Error::Model(Box::new(other)),
+        }
+    }
+}

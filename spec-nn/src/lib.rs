@@ -12,13 +12,15 @@
 //! - [`norm`]: RMSNorm and LayerNorm (with bias).
 //! - [`rotary`] and [`positions`]: rotary embeddings, learned and sinusoidal absolute positions.
 //! - [`mlp`]: SwiGLU (gating fused on the kernels' threads) and GELU feed-forwards.
-//! - [`load`]: named tensors from GGUF, safetensors or any container implementing
+//! - [`load`]: named tensors from GGUF, safetensors, CTranslate2's `model.bin`
+//!   ([`ctranslate2`]) or any container implementing
 //!   [`WeightSource`], checked against the shapes a configuration implies, with the
 //!   re-quantization policy that keeps every matrix on the batch-invariant kernels.
 //! - [`costs`]: forward costs measured once per model file and machine.
 
 pub mod attention;
 pub mod costs;
+pub mod ctranslate2;
 mod error;
 pub mod linear;
 pub mod load;
@@ -32,6 +34,7 @@ pub use attention::{
     AttentionMask, CrossAttention, CrossKv, Heads, SelfAttention, ROW_ATTENTION_MAX_ROWS,
 };
 pub use costs::forward_costs;
+pub use ctranslate2::Ct2File;
 pub use error::{Error, Result};
 pub use linear::{Linear, QLinear};
 pub use load::{GgufFile, Requantize, SafetensorsFiles, StoredTensor, WeightLoader, WeightSource};

@@ -29,13 +29,22 @@ pub enum Requantize {
     FastAndBatchInvariant,
     /// Keep every tensor as stored (dense weights stay f32).
     Keep,
+    /// Dense (f32/f16/bf16) matrices become this kernel format (e.g. Q4_0 for a smaller,
+    /// faster model); quantized ones are treated as by [`Self::FastAndBatchInvariant`].
+    Dense(GgmlDType),
 }
 
 impl Requantize {
-    fn wants(self, dtype: GgmlDType, row_len: usize) -> bool {
-        self == Self::FastAndBatchInvariant
-            && kernel_format(dtype).is_none()
-            && row_len.is_multiple_of(GgmlDType::Q8_0.block_size())
+    /// The format a matrix stored as `dtype`, with rows of `row_len`, is loaded in.
+    fn target(self, dtype: GgmlDType, row_len: usize) -> GgmlDType {
+        let dense = matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+        let fits = |format: GgmlDType| row_len.is_multiple_of(format.block_size());
+        match self {
+            Self::Keep => dtype,
+            Self::Dense(format) if dense && fits(format) => format,
+            _ if kernel_format(dtype).is_none() && fits(GgmlDType::Q8_0) => GgmlDType::Q8_0,
+            _ => dtype,
+        }
     }
 }
 
@@ -278,19 +287,26 @@ impl<S: WeightSource> WeightLoader<S> {
     /// The matrix `[rows, cols]` of a linear layer, on the kernels where it can be (see
     /// [`Requantize`]).
     pub fn matrix(&mut self, name: &str, shape: [usize; 2]) -> Result<QLinear> {
-        let row_len = shape[1];
-        let quantized = match self.checked(name, &shape)? {
-            StoredTensor::Quantized(q) if self.requantize.wants(q.dtype(), row_len) => {
-                QTensor::quantize(&q.dequantize(&self.device)?, GgmlDType::Q8_0)?
-            }
-            StoredTensor::Quantized(q) => q,
-            StoredTensor::Dense(t) => {
-                let dtype = if self.requantize.wants(GgmlDType::F32, row_len) {
-                    GgmlDType::Q8_0
+        let stored = self.checked(name, &shape)?;
+        self.quantized(stored, shape[1])
+    }
+
+    /// `stored` in the format [`Requantize`] picks for rows of `row_len`.
+    fn quantized(&self, stored: StoredTensor, row_len: usize) -> Result<QLinear> {
+        let quantized = match stored {
+            StoredTensor::Quantized(q) => {
+                let target = self.requantize.target(q.dtype(), row_len);
+                if target == q.dtype() {
+                    q
                 } else {
-                    GgmlDType::F32
-                };
-                QTensor::quantize(&t.to_dtype(DType::F32)?, dtype)?
+                    QTensor::quantize(&q.dequantize(&self.device)?, target)?
+                }
+            }
+            StoredTensor::Dense(t) => {
+                let target = self.requantize.target(GgmlDType::F32, row_len);
+                // A fresh buffer: `QTensor::quantize` reads the storage from its start, not the
+                // view's (a part of a fused matrix starts inside its buffer).
+                QTensor::quantize(&t.to_dtype(DType::F32)?.force_contiguous()?, target)?
             }
         };
         QLinear::new(Arc::new(quantized), &self.device)
@@ -306,6 +322,34 @@ impl<S: WeightSource> WeightLoader<S> {
         let matrix = self.matrix(weight, shape)?;
         let bias = bias.map(|name| self.dense(name, &[shape[0]])).transpose()?;
         Ok(Linear::new(matrix, bias))
+    }
+
+    /// Linear layers stored fused in one matrix (e.g. CTranslate2's query/key/value
+    /// projection): `weight` `[Σ rows, cols]` and its optional bias are cut into layers of
+    /// `rows[i]` outputs each, every part quantized on its own as [`Self::matrix`] would.
+    pub fn split_linear(
+        &mut self,
+        weight: &str,
+        bias: Option<&str>,
+        rows: &[usize],
+        cols: usize,
+    ) -> Result<Vec<Linear>> {
+        let total: usize = rows.iter().sum();
+        let fused = self.dense(weight, &[total, cols])?;
+        let fused_bias = bias.map(|name| self.dense(name, &[total])).transpose()?;
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(rows.len());
+        for &n in rows {
+            let part = fused.narrow(0, start, n)?;
+            let matrix = self.quantized(StoredTensor::Dense(part), cols)?;
+            let bias = fused_bias
+                .as_ref()
+                .map(|b| b.narrow(0, start, n))
+                .transpose()?;
+            parts.push(Linear::new(matrix, bias));
+            start += n;
+        }
+        Ok(parts)
     }
 
     /// A tensor in f32 (norm weights, biases, position tables, convolutions).

@@ -1,0 +1,292 @@
+//! Decoding one 30-second window: greedy, sampled (temperature fallback) and beam search, with
+//! Whisper's logit rules, the no-speech probability and the quality measures the fallback uses
+//! (average log-probability, compression ratio).
+//!
+//! Beam search keeps every beam in the one KV cache as a token tree: each step forwards the
+//! beams' newest tokens together, each attending to its own ancestors through a tree mask, and
+//! the cache is compacted to the live beams' ancestors afterwards — one forward of a few rows
+//! per step instead of one forward per beam.
+
+use std::io::Write;
+
+use candle_core::Tensor;
+use rand::rngs::StdRng;
+use spec_core::decoder::forward_tokens;
+use spec_core::sampling::{argmax, sample, softmax, top_k_tokens};
+use spec_core::{Decoder, Forward, LogitRows, Logits};
+
+use crate::whisper::model::Whisper;
+use crate::whisper::rules::LogitRules;
+use crate::Result;
+
+/// What one decoding of a window produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// Sampled tokens (text and timestamps), without the prompt and the end token.
+    pub tokens: Vec<u32>,
+    /// Sum of the chosen tokens' log-probabilities (end token included).
+    pub sum_logprob: f32,
+    /// Whether the end token was chosen (rather than the length limit reached).
+    pub finished: bool,
+    /// Decoder forwards spent.
+    pub forwards: usize,
+}
+
+impl Candidate {
+    /// Whisper's average log-probability: the sum over `tokens + 1`.
+    pub fn avg_logprob(&self) -> f32 {
+        self.sum_logprob / (self.tokens.len() + 1) as f32
+    }
+}
+
+/// `log_softmax(logits)[token]`.
+pub fn log_probability(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+    logits[token as usize] - max - sum.ln()
+}
+
+/// The gzip-style compression ratio of a text (bytes / deflated bytes), Whisper's
+/// repetition detector (fallback above 2.4).
+pub fn compression_ratio(text: &str) -> f32 {
+    if text.is_empty() {
+        return 0.0;
+    }
+    let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    let compressed = encoder
+        .write_all(text.as_bytes())
+        .and_then(|()| encoder.finish())
+        .map_or(text.len(), |c| c.len());
+    text.len() as f32 / compressed.max(1) as f32
+}
+
+/// Runs the prompt; returns the no-speech probability (at the start-of-transcript row, before
+/// any rule) and the logits after the prompt.
+pub fn run_prompt(
+    model: &mut Whisper,
+    prompt: &[u32],
+    start_of_transcript_index: usize,
+    no_speech: u32,
+) -> Result<(f32, Vec<f32>)> {
+    model.reset();
+    let rows = prompt.len() - start_of_transcript_index;
+    let logits = forward_tokens(model, prompt, LogitRows::Last(rows))?;
+    let no_speech_probability = log_probability(logits.row(0), no_speech).exp();
+    Ok((no_speech_probability, logits.into_last_row()))
+}
+
+/// Greedy decoding (`temperature == 0`) or sampling at `temperature` after the prompt, whose
+/// logits are `next`.
+pub fn sample_window(
+    model: &mut Whisper,
+    rules: &LogitRules,
+    mut next: Vec<f32>,
+    end_of_text: u32,
+    max_tokens: usize,
+    temperature: f32,
+    rng: &mut StdRng,
+) -> Result<Candidate> {
+    let mut candidate = Candidate {
+        tokens: Vec::new(),
+        sum_logprob: 0.0,
+        finished: false,
+        forwards: 1,
+    };
+    loop {
+        rules.apply(&mut next, &candidate.tokens);
+        let token = if temperature > 0.0 {
+            let scaled: Vec<f32> = next.iter().map(|&l| l / temperature).collect();
+            sample(&softmax(&scaled), rng)
+        } else {
+            argmax(&next)
+        };
+        candidate.sum_logprob += log_probability(&next, token);
+        if token == end_of_text {
+            candidate.finished = true;
+            break;
+        }
+        candidate.tokens.push(token);
+        if candidate.tokens.len() >= max_tokens || model.cached_len() >= model.max_len() {
+            break;
+        }
+        next = forward_tokens(model, &[token], LogitRows::Last(1))?.into_last_row();
+        candidate.forwards += 1;
+    }
+    Ok(candidate)
+}
+
+/// A beam: its tokens and where its newest token sits in the cache.
+#[derive(Clone, Debug)]
+struct Beam {
+    tokens: Vec<u32>,
+    sum_logprob: f32,
+    /// Cache index of the newest token (the prompt's last position for the root).
+    head: usize,
+    logits: Vec<f32>,
+}
+
+/// Beam search with `beam_size` beams after the prompt (whose logits are `next`), as Whisper
+/// does it: each beam proposes its `beam_size + 1` best tokens, the best `beam_size`
+/// unfinished continuations go on, finished ones are collected until there are `beam_size`;
+/// the winner has the best sum of log-probabilities divided by its length.
+pub fn beam_window(
+    model: &mut Whisper,
+    rules: &LogitRules,
+    next: Vec<f32>,
+    end_of_text: u32,
+    max_tokens: usize,
+    beam_size: usize,
+) -> Result<Candidate> {
+    let prompt_len = model.cached_len();
+    // parent[i]: the cache index before position i along its beam (None for the first).
+    let mut parent: Vec<Option<usize>> = (0..prompt_len).map(|i| i.checked_sub(1)).collect();
+    let mut beams = vec![Beam {
+        tokens: Vec::new(),
+        sum_logprob: 0.0,
+        head: prompt_len - 1,
+        logits: next,
+    }];
+    let mut finished: Vec<Candidate> = Vec::new();
+    let mut unfinished: Vec<Candidate> = Vec::new();
+    let mut forwards = 1;
+    loop {
+        let mut proposals: Vec<(f32, usize, u32)> = Vec::new();
+        for (b, beam) in beams.iter_mut().enumerate() {
+            rules.apply(&mut beam.logits, &beam.tokens);
+            for token in top_k_tokens(&beam.logits, beam_size + 1) {
+                let score = beam.sum_logprob + log_probability(&beam.logits, token);
+                if score.is_finite() {
+                    proposals.push((score, b, token));
+                }
+            }
+        }
+        proposals.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut continuing: Vec<(f32, usize, u32)> = Vec::new();
+        for (score, b, token) in proposals {
+            if token == end_of_text {
+                if finished.len() < beam_size {
+                    finished.push(Candidate {
+                        tokens: beams[b].tokens.clone(),
+                        sum_logprob: score,
+                        finished: true,
+                        forwards: 0,
+                    });
+                }
+            } else if continuing.len() < beam_size {
+                continuing.push((score, b, token));
+            }
+        }
+        let depth = beams[0].tokens.len() + 1;
+        if finished.len() >= beam_size || continuing.is_empty() {
+            break;
+        }
+        let cached = model.cached_len();
+        let out_of_room = cached + continuing.len() > model.cache_capacity()
+            || prompt_len + depth > model.max_len();
+        if depth >= max_tokens || out_of_room {
+            // The length limit: the continuations end here, unfinished.
+            unfinished = continuing
+                .iter()
+                .map(|&(score, b, token)| Candidate {
+                    tokens: [beams[b].tokens.as_slice(), &[token]].concat(),
+                    sum_logprob: score,
+                    finished: false,
+                    forwards: 0,
+                })
+                .collect();
+            break;
+        }
+        // Forward every continuation as one token tree: row i sees its beam's ancestors.
+        let n = continuing.len();
+        let width = cached + n;
+        let mut mask = vec![f32::NEG_INFINITY; n * width];
+        for (i, &(_, b, _)) in continuing.iter().enumerate() {
+            let row = &mut mask[i * width..(i + 1) * width];
+            let mut at = Some(beams[b].head);
+            while let Some(p) = at {
+                row[p] = 0.0;
+                at = parent[p];
+            }
+            row[cached + i] = 0.0;
+        }
+        let tokens: Vec<u32> = continuing.iter().map(|c| c.2).collect();
+        let positions = vec![prompt_len + depth - 1; n];
+        let mask = Tensor::from_vec(mask, (1, 1, n, width), model.device())?;
+        let step = Forward::tokens(&tokens, &positions).with_mask(&mask);
+        let logits = Logits::from_tensor(&model.forward(&step)?, n, model.vocab_size())?;
+        forwards += 1;
+        let mut next_beams = Vec::with_capacity(n);
+        for (i, &(score, b, token)) in continuing.iter().enumerate() {
+            parent.push(Some(beams[b].head));
+            let mut tokens = beams[b].tokens.clone();
+            tokens.push(token);
+            next_beams.push(Beam {
+                tokens,
+                sum_logprob: score,
+                head: cached + i,
+                logits: logits.row(i).to_vec(),
+            });
+        }
+        beams = next_beams;
+        compact(model, &mut parent, &mut beams, prompt_len)?;
+    }
+    // Too few finished beams: the best unfinished ones complete the pool (Whisper's
+    // `finalize`).
+    let missing = beam_size.saturating_sub(finished.len());
+    let mut pool = finished;
+    pool.extend(unfinished.into_iter().take(missing));
+    let best = pool
+        .into_iter()
+        .max_by(|a, b| {
+            let score = |c: &Candidate| c.sum_logprob / c.tokens.len().max(1) as f32;
+            score(a).total_cmp(&score(b))
+        })
+        .map(|mut c| {
+            c.forwards = forwards;
+            c
+        });
+    Ok(best.unwrap_or(Candidate {
+        tokens: Vec::new(),
+        sum_logprob: 0.0,
+        finished: false,
+        forwards,
+    }))
+}
+
+/// Drops the cache positions no live beam descends from.
+fn compact(
+    model: &mut Whisper,
+    parent: &mut Vec<Option<usize>>,
+    beams: &mut [Beam],
+    prompt_len: usize,
+) -> Result<()> {
+    let mut live = vec![false; parent.len()];
+    live[..prompt_len].fill(true);
+    for beam in beams.iter() {
+        let mut at = Some(beam.head);
+        while let Some(p) = at {
+            if live[p] {
+                break;
+            }
+            live[p] = true;
+            at = parent[p];
+        }
+    }
+    if live.iter().all(|&l| l) {
+        return Ok(());
+    }
+    let kept: Vec<usize> = (0..live.len()).filter(|&p| live[p]).collect();
+    let mut new_index = vec![usize::MAX; live.len()];
+    for (i, &p) in kept.iter().enumerate() {
+        new_index[p] = i;
+    }
+    model.keep_positions(&kept)?;
+    *parent = kept
+        .iter()
+        .map(|&p| parent[p].map(|q| new_index[q]))
+        .collect();
+    for beam in beams.iter_mut() {
+        beam.head = new_index[beam.head];
+    }
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! Whisper (Radford et al., 2022): a convolution front and pre-LayerNorm transformer encoder
+//! over log-mel frames, and a pre-LayerNorm decoder with learned positions, self-attention,
+//! cross-attention to the encoder and an output projection tied to the token embeddings.
+//!
+//! What differs from the reference: the decoder is a `spec_core::Decoder` — its self-attention
+//! runs on a KV cache with O(1) rollback, tree masks and explicit position ids, every requested
+//! logits row is returned (verification), and forwards of up to
+//! [`spec_nn::ROW_ATTENTION_MAX_ROWS`] tokens give each token exactly the logits of decoding it
+//! alone (the matrices run on `spec-kernels`). The cross-attention keys and values are computed
+//! once per encoded window ([`Whisper::encode`]) and survive [`Decoder::reset`]. The encoder
+//! may run on fewer than 1500 positions (the audio's real length), as whisper.cpp's
+//! `audio_ctx` does. Every block is `spec-nn`'s.
+
+use candle_core::{DType, Device, Module, Tensor};
+use spec_core::decoder::input_tokens;
+use spec_core::kv_cache::keep_positions_of;
+use spec_core::{Decoder, DecoderInput, Forward, KvCache};
+use spec_nn::SelfAttention;
+use spec_nn::{AttentionMask, CrossAttention, CrossKv, GeluMlp, LearnedPositions, Norm, QLinear};
+
+use crate::mel::LogMel;
+use crate::whisper::config::WhisperConfig;
+use crate::{Error, Result};
+
+/// Initial KV capacity per decoder layer; it doubles as needed.
+const INITIAL_CACHE_CAPACITY: usize = 64;
+
+/// The cache holds this many times the decoder's positions: token trees (beam search, SpecASR
+/// drafts) keep several branches at the same positions.
+const TREE_ROOM: usize = 8;
+
+/// One encoder layer: pre-norm self-attention over every frame, pre-norm GELU MLP.
+#[derive(Debug)]
+pub(crate) struct EncoderLayer {
+    pub attention_norm: Norm,
+    /// Attention of the frames over themselves: the cross-attention block with the layer's own
+    /// input as "encoder output" (no mask, no cache).
+    pub attention: CrossAttention,
+    pub mlp_norm: Norm,
+    pub mlp: GeluMlp,
+}
+
+/// The audio encoder.
+#[derive(Debug)]
+pub(crate) struct Encoder {
+    /// `[hidden, n_mels, 3]` and `[hidden]`, stride 1.
+    pub conv1: (Tensor, Tensor),
+    /// `[hidden, hidden, 3]` and `[hidden]`, stride 2.
+    pub conv2: (Tensor, Tensor),
+    /// Sinusoids `[max_source_positions, hidden]`.
+    pub positions: Tensor,
+    pub layers: Vec<EncoderLayer>,
+    pub final_norm: Norm,
+}
+
+impl Encoder {
+    /// `mel` `[n_mels, frames]` → `[1, frames / 2, hidden]`.
+    fn forward(&self, mel: &Tensor) -> Result<Tensor> {
+        let conv = |x: &Tensor, (w, b): &(Tensor, Tensor), stride| -> Result<Tensor> {
+            Ok(x.conv1d(w, 1, stride, 1, 1)?
+                .broadcast_add(&b.reshape((1, b.dim(0)?, 1))?)?
+                .gelu_erf()?)
+        };
+        let x = conv(&mel.unsqueeze(0)?, &self.conv1, 1)?;
+        let x = conv(&x, &self.conv2, 2)?;
+        let frames = x.dim(2)?;
+        let mut x = x
+            .transpose(1, 2)?
+            .broadcast_add(&self.positions.narrow(0, 0, frames)?)?
+            .contiguous()?;
+        for layer in &self.layers {
+            let normed = layer.attention_norm.forward(&x)?;
+            let own = layer.attention.keys_values(&normed)?;
+            x = (&x + layer.attention.forward(&normed, &own)?)?;
+            let normed = layer.mlp_norm.forward(&x)?;
+            x = (&x + layer.mlp.forward(&normed)?)?;
+        }
+        Ok(self.final_norm.forward(&x)?)
+    }
+}
+
+/// One decoder layer: pre-norm self-attention (cached), cross-attention, GELU MLP.
+#[derive(Debug)]
+pub(crate) struct DecoderLayer {
+    pub self_attention_norm: Norm,
+    pub self_attention: SelfAttention,
+    pub cross_attention_norm: Norm,
+    pub cross_attention: CrossAttention,
+    pub mlp_norm: Norm,
+    pub mlp: GeluMlp,
+}
+
+/// The text decoder's weights.
+#[derive(Debug)]
+pub(crate) struct TextDecoder {
+    /// Token embeddings `[vocab, hidden]`, also the output projection (tied).
+    pub embeddings: QLinear,
+    pub positions: LearnedPositions,
+    pub layers: Vec<DecoderLayer>,
+    pub final_norm: Norm,
+}
+
+/// A loaded Whisper model: the encoder, and the decoder with its KV cache and the keys and
+/// values of the encoded window. Batch size 1.
+#[derive(Debug)]
+pub struct Whisper {
+    config: WhisperConfig,
+    encoder: Encoder,
+    decoder: TextDecoder,
+    cache: KvCache,
+    tokens: Vec<u32>,
+    /// Cross-attention keys/values of the last encoded window, one per decoder layer.
+    cross: Option<Vec<CrossKv>>,
+    device: Device,
+}
+
+impl Whisper {
+    pub(crate) fn new(
+        config: WhisperConfig,
+        encoder: Encoder,
+        decoder: TextDecoder,
+        device: &Device,
+    ) -> Self {
+        let cache = KvCache::new(
+            config.decoder_layers,
+            INITIAL_CACHE_CAPACITY,
+            TREE_ROOM * config.max_target_positions,
+        );
+        Self {
+            config,
+            encoder,
+            decoder,
+            cache,
+            tokens: Vec::new(),
+            cross: None,
+            device: device.clone(),
+        }
+    }
+
+    /// Loads a model folder: CTranslate2 (`model.bin`) or Hugging Face (`model.safetensors` +
+    /// `config.json`), see [`crate::whisper::load`].
+    pub fn load(folder: &std::path::Path, options: &crate::whisper::LoadOptions) -> Result<Self> {
+        crate::whisper::load::load(folder, options)
+    }
+
+    pub fn config(&self) -> &WhisperConfig {
+        &self.config
+    }
+
+    /// Encodes a window of the log-mel spectrogram (`mel.frames` even, at most 3000: fewer
+    /// frames encode only the audio's real length) and keeps each decoder layer's
+    /// cross-attention keys and values for it. Clears the decoder's cache.
+    pub fn encode(&mut self, mel: &LogMel) -> Result<()> {
+        let max = self.config.window_frames();
+        if mel.n_mels != self.config.n_mels {
+            return Err(Error::Config(format!(
+                "the model reads {} mel bins, the spectrogram has {}",
+                self.config.n_mels, mel.n_mels
+            )));
+        }
+        if mel.frames == 0 || mel.frames > max || !mel.frames.is_multiple_of(2) {
+            return Err(Error::Audio(format!(
+                "the encoder takes an even number of frames up to {max}, got {}",
+                mel.frames
+            )));
+        }
+        let input = Tensor::from_slice(&mel.data, (mel.n_mels, mel.frames), &self.device)?;
+        let encoded = self.encoder.forward(&input)?;
+        let cross = self
+            .decoder
+            .layers
+            .iter()
+            .map(|layer| layer.cross_attention.keys_values(&encoded))
+            .collect::<spec_nn::Result<Vec<_>>>()?;
+        self.cross = Some(cross);
+        self.reset();
+        Ok(())
+    }
+
+    /// Cache entries available to token trees (several per position).
+    pub fn cache_capacity(&self) -> usize {
+        TREE_ROOM * self.config.max_target_positions
+    }
+
+    /// Encoder positions the current window covers (0 before [`Whisper::encode`]).
+    pub fn encoded_frames(&self) -> usize {
+        self.cross
+            .as_ref()
+            .and_then(|c| c.first())
+            .map_or(0, CrossKv::frames)
+    }
+
+    /// Runs the decoder; on failure the cache is left as it was.
+    pub fn forward_step(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+        let start = self.cache.len();
+        match self.forward_inner(step) {
+            Ok(logits) => {
+                self.tokens.extend(input_tokens(&step.input)?);
+                Ok(logits)
+            }
+            Err(e) => {
+                self.cache.truncate(start)?;
+                Err(e)
+            }
+        }
+    }
+
+    fn forward_inner(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+        let cached = self.cache.len();
+        let rows = step.validate(cached)?;
+        let n = step.input.len()?;
+        self.cache.check_room(n)?;
+        let cross = self.cross.as_ref().ok_or(Error::NotEncoded)?;
+        let DecoderInput::Tokens(tokens) = step.input else {
+            return Err(spec_core::Error::Unsupported(
+                "Whisper's decoder takes token ids, not embeddings",
+            )
+            .into());
+        };
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(spec_core::Error::TokenOutOfRange {
+                token: bad,
+                vocab: self.config.vocab_size,
+            }
+            .into());
+        }
+        let decoder = &self.decoder;
+        let embedded = decoder.embeddings.embedding(tokens, &self.device)?;
+        let mut x = (embedded + decoder.positions.embed(step.positions)?)?.unsqueeze(0)?;
+        let mask = AttentionMask::new(step.mask, n, cached, &self.device)?;
+        for (index, (layer, cross)) in decoder.layers.iter().zip(cross).enumerate() {
+            let normed = layer.self_attention_norm.forward(&x)?;
+            let cache = self.cache.layer_mut(index);
+            x = (&x + layer.self_attention.forward(&normed, None, &mask, cache)?)?;
+            let normed = layer.cross_attention_norm.forward(&x)?;
+            x = (&x + layer.cross_attention.forward(&normed, cross)?)?;
+            let normed = layer.mlp_norm.forward(&x)?;
+            x = (&x + layer.mlp.forward(&normed)?)?;
+        }
+        let x = if rows < n {
+            x.narrow(1, n - rows, rows)?
+        } else {
+            x
+        };
+        let x = decoder.final_norm.forward(&x)?;
+        Ok(decoder
+            .embeddings
+            .forward(&x)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)?)
+    }
+}
+
+impl Decoder for Whisper {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// The decoder's positions (448); the cache itself holds more, for token trees.
+    fn max_len(&self) -> usize {
+        self.config.max_target_positions
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn forward(&mut self, step: &Forward<'_>) -> spec_core::Result<Tensor> {
+        Ok(self.forward_step(step)?)
+    }
+
+    fn truncate(&mut self, len: usize) -> spec_core::Result<()> {
+        self.cache.truncate(len)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+
+    fn keep_positions(&mut self, positions: &[usize]) -> spec_core::Result<()> {
+        self.cache.keep_positions(positions)?;
+        keep_positions_of(&mut self.tokens, positions)
+    }
+
+    /// Forgets the decoded tokens; the encoded window stays.
+    fn reset(&mut self) {
+        self.cache.reset();
+        self.tokens.clear();
+    }
+}

@@ -1,0 +1,152 @@
+//! Whisper's tokenizer: GPT-2 byte-level BPE from the model's `tokenizer.json`, the special
+//! tokens that steer decoding (start of transcript, language, task, timestamps), and the
+//! timestamp tokens that follow the vocabulary (`<|0.00|>` … `<|30.00|>`, 20 ms apart).
+
+use std::path::{Path, PathBuf};
+
+use tokenizers::Tokenizer;
+
+use crate::{Error, Result};
+
+/// Seconds per timestamp token step.
+pub const TIMESTAMP_STEP: f32 = 0.02;
+
+/// Whisper's 100 language codes in token order (large-v3 adds `yue` as the 100th).
+pub const LANGUAGES: [&str; 100] = [
+    "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv", "it",
+    "id", "hi", "fi", "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no", "th", "ur",
+    "hr", "bg", "lt", "la", "mi", "ml", "cy", "sk", "te", "fa", "lv", "bn", "sr", "az", "sl", "kn",
+    "et", "mk", "br", "eu", "is", "hy", "ne", "mn", "bs", "kk", "sq", "sw", "gl", "mr", "pa", "si",
+    "km", "sn", "yo", "so", "af", "oc", "ka", "be", "tg", "sd", "gu", "am", "yi", "lo", "uz", "fo",
+    "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl", "mg", "as", "tt", "haw", "ln",
+    "ha", "ba", "jw", "su", "yue",
+];
+
+/// Whisper's tokenizer and special token ids.
+#[derive(Clone)]
+pub struct WhisperTokenizer {
+    inner: Tokenizer,
+    path: PathBuf,
+    pub end_of_text: u32,
+    pub start_of_transcript: u32,
+    pub translate: u32,
+    pub transcribe: u32,
+    pub start_of_lm: u32,
+    pub start_of_previous: u32,
+    pub no_speech: u32,
+    pub no_timestamps: u32,
+    /// `<|0.00|>`; timestamp `i` is `timestamp_begin + i`.
+    pub timestamp_begin: u32,
+    /// Language tokens present in the vocabulary, with their codes.
+    languages: Vec<(&'static str, u32)>,
+}
+
+impl std::fmt::Debug for WhisperTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WhisperTokenizer")
+            .field("path", &self.path)
+            .field("start_of_transcript", &self.start_of_transcript)
+            .field("timestamp_begin", &self.timestamp_begin)
+            .finish()
+    }
+}
+
+impl WhisperTokenizer {
+    /// Reads `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let bad = |reason: String| Error::Tokenizer {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if !path.is_file() {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no tokenizer.json"),
+            });
+        }
+        let inner = Tokenizer::from_file(path).map_err(|e| bad(e.to_string()))?;
+        let id = |token: &str| {
+            inner
+                .token_to_id(token)
+                .ok_or_else(|| bad(format!("lacks Whisper's special token {token}")))
+        };
+        let no_speech = inner
+            .token_to_id("<|nospeech|>")
+            .or_else(|| inner.token_to_id("<|nocaptions|>"))
+            .ok_or_else(|| bad("lacks <|nospeech|> / <|nocaptions|>".into()))?;
+        let no_timestamps = id("<|notimestamps|>")?;
+        let languages = LANGUAGES
+            .iter()
+            .filter_map(|&code| inner.token_to_id(&format!("<|{code}|>")).map(|t| (code, t)))
+            .collect();
+        Ok(Self {
+            end_of_text: id("<|endoftext|>")?,
+            start_of_transcript: id("<|startoftranscript|>")?,
+            translate: id("<|translate|>")?,
+            transcribe: id("<|transcribe|>")?,
+            start_of_lm: id("<|startoflm|>")?,
+            start_of_previous: id("<|startofprev|>")?,
+            no_speech,
+            no_timestamps,
+            timestamp_begin: no_timestamps + 1,
+            languages,
+            inner,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The language token of `code` (`en`, `de`, …).
+    pub fn language(&self, code: &str) -> Result<u32> {
+        self.languages
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map(|&(_, t)| t)
+            .ok_or_else(|| Error::Language(code.to_string()))
+    }
+
+    /// Every language token with its code.
+    pub fn languages(&self) -> &[(&'static str, u32)] {
+        &self.languages
+    }
+
+    /// Whether `token` is a timestamp.
+    pub fn is_timestamp(&self, token: u32) -> bool {
+        token >= self.timestamp_begin
+    }
+
+    /// Seconds of a timestamp token (relative to its window).
+    pub fn timestamp_seconds(&self, token: u32) -> f32 {
+        (token - self.timestamp_begin) as f32 * TIMESTAMP_STEP
+    }
+
+    /// Text of ordinary tokens (special and timestamp tokens are skipped).
+    pub fn decode(&self, tokens: &[u32]) -> Result<String> {
+        let text: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|&t| t < self.end_of_text)
+            .collect();
+        self.inner
+            .decode(&text, true)
+            .map_err(|e| Error::Tokenizer {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Token ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.inner
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| Error::Tokenizer {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// A token's text as the vocabulary spells it (byte-level), if it has one.
+    pub fn token_text(&self, token: u32) -> Option<String> {
+        self.inner.id_to_token(token)
+    }
+}

@@ -1,0 +1,565 @@
+//! Transcribing a recording: 30-second windows with seek, the prompt (previous text, start of
+//! transcript, language, task, timestamps), the temperature fallback, no-speech detection and
+//! timestamped segments, following Whisper's `transcribe` (Radford et al., 2022, §4.5).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::Deserialize;
+use spec_core::decoder::forward_tokens;
+use spec_core::{Decoder, LogitRows};
+
+use crate::mel::{LogMel, MelFilters, WhisperInput};
+use crate::whisper::decode::{
+    beam_window, compression_ratio, run_prompt, sample_window, Candidate,
+};
+use crate::whisper::load::LoadOptions;
+use crate::whisper::model::Whisper;
+use crate::whisper::rules::LogitRules;
+use crate::whisper::tokenizer::WhisperTokenizer;
+use crate::{Error, Result};
+
+/// Mel frames per second.
+const FRAMES_PER_SECOND: f32 = 100.0;
+
+/// Transcribe speech in its language, or translate it to English.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Task {
+    #[default]
+    Transcribe,
+    Translate,
+}
+
+/// How much of a window the encoder reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncoderLength {
+    /// All 30 s, padding included (Whisper's training condition; what faster-whisper does).
+    Full,
+    /// The audio in the window plus `margin_frames` of padding (whisper.cpp's `audio_ctx`):
+    /// a 3 s clip costs a tenth of the encoder work.
+    Audio { margin_frames: usize },
+}
+
+/// Decoding settings; the defaults are Whisper's, with greedy search (the setting the
+/// speculative methods accelerate losslessly).
+#[derive(Clone, Debug)]
+pub struct TranscribeOptions {
+    /// Language code (`en`, `de`, …); `None` detects it on multilingual models.
+    pub language: Option<String>,
+    pub task: Task,
+    /// Predict timestamps and split the text into timed segments.
+    pub timestamps: bool,
+    /// Beams at temperature 0; 1 is greedy.
+    pub beam_size: usize,
+    /// Samples drawn at each temperature above 0.
+    pub best_of: usize,
+    /// Temperatures tried in turn until a decoding passes the thresholds.
+    pub temperatures: Vec<f32>,
+    /// A window whose text compresses better than this is a repetition loop: retry.
+    pub compression_ratio_threshold: Option<f32>,
+    /// A window whose average log-probability is below this is unreliable: retry.
+    pub log_prob_threshold: Option<f32>,
+    /// With a low average log-probability, a window this likely to be silence is skipped.
+    pub no_speech_threshold: Option<f32>,
+    /// Latest first timestamp of a window, in seconds.
+    pub max_initial_timestamp: Option<f32>,
+    /// Put the previous window's text in the prompt.
+    pub condition_on_previous_text: bool,
+    pub encoder_length: EncoderLength,
+    /// Seed of the sampler used by the temperature fallback.
+    pub seed: u64,
+}
+
+impl Default for TranscribeOptions {
+    fn default() -> Self {
+        Self {
+            language: None,
+            task: Task::Transcribe,
+            timestamps: false,
+            beam_size: 1,
+            best_of: 5,
+            temperatures: vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            compression_ratio_threshold: Some(2.4),
+            log_prob_threshold: Some(-1.0),
+            no_speech_threshold: Some(0.6),
+            max_initial_timestamp: Some(1.0),
+            condition_on_previous_text: true,
+            encoder_length: EncoderLength::Full,
+            seed: 0,
+        }
+    }
+}
+
+/// A piece of the transcript with its time span (whole windows without timestamps).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub start: f32,
+    pub end: f32,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub temperature: f32,
+    pub avg_logprob: f32,
+    pub compression_ratio: f32,
+    pub no_speech_probability: f32,
+}
+
+/// Where the time went.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TranscriptStats {
+    pub encoder_time: Duration,
+    pub decoder_time: Duration,
+    /// Decoder forwards (prompt, each token, each beam step).
+    pub forwards: usize,
+    /// Tokens in the transcript.
+    pub tokens: usize,
+    pub windows: usize,
+    /// Decodings retried at a higher temperature.
+    pub fallbacks: usize,
+}
+
+/// A transcription.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transcript {
+    pub text: String,
+    pub segments: Vec<Segment>,
+    pub language: Option<String>,
+    pub stats: TranscriptStats,
+}
+
+/// The suppression lists of a model folder: CTranslate2's `config.json` (`suppress_ids`,
+/// `suppress_ids_begin`) or Hugging Face's `generation_config.json` (`suppress_tokens`,
+/// `begin_suppress_tokens`).
+#[derive(Clone, Debug, Default, Deserialize)]
+struct Suppression {
+    #[serde(alias = "suppress_tokens", default)]
+    suppress_ids: Vec<u32>,
+    #[serde(alias = "begin_suppress_tokens", default)]
+    suppress_ids_begin: Vec<u32>,
+}
+
+impl Suppression {
+    fn read(folder: &Path) -> Result<Self> {
+        for name in ["generation_config.json", "config.json"] {
+            let path = folder.join(name);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let found: Suppression = serde_json::from_str(&text)
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+            if !found.suppress_ids.is_empty() || !found.suppress_ids_begin.is_empty() {
+                return Ok(found);
+            }
+        }
+        Ok(Self::default())
+    }
+}
+
+/// A Whisper model with its tokenizer and mel filters: audio in, text out.
+#[derive(Debug)]
+pub struct Transcriber {
+    model: Whisper,
+    tokenizer: WhisperTokenizer,
+    filters: MelFilters,
+    suppression: Suppression,
+}
+
+impl Transcriber {
+    /// Loads `folder` (`model.bin` or `model.safetensors` + `config.json`, with
+    /// `tokenizer.json`).
+    pub fn load(folder: &Path, options: &LoadOptions) -> Result<Self> {
+        let model = Whisper::load(folder, options)?;
+        let tokenizer = WhisperTokenizer::from_file(&folder.join("tokenizer.json"))?;
+        let suppression = Suppression::read(folder)?;
+        Self::new(
+            model,
+            tokenizer,
+            suppression.suppress_ids,
+            suppression.suppress_ids_begin,
+        )
+    }
+
+    /// From parts: `suppress` are the always-suppressed ids, `suppress_at_start` those blocked
+    /// at a window's first step.
+    pub fn new(
+        model: Whisper,
+        tokenizer: WhisperTokenizer,
+        suppress: Vec<u32>,
+        suppress_at_start: Vec<u32>,
+    ) -> Result<Self> {
+        if tokenizer.timestamp_begin as usize >= model.config().vocab_size {
+            return Err(Error::Config(format!(
+                "the tokenizer's timestamps start at {}, past the model's vocabulary of {}",
+                tokenizer.timestamp_begin,
+                model.config().vocab_size
+            )));
+        }
+        let filters = MelFilters::new(model.config().n_mels)?;
+        Ok(Self {
+            model,
+            tokenizer,
+            filters,
+            suppression: Suppression {
+                suppress_ids: suppress,
+                suppress_ids_begin: suppress_at_start,
+            },
+        })
+    }
+
+    pub fn model(&mut self) -> &mut Whisper {
+        &mut self.model
+    }
+
+    pub fn tokenizer(&self) -> &WhisperTokenizer {
+        &self.tokenizer
+    }
+
+    pub fn filters(&self) -> &MelFilters {
+        &self.filters
+    }
+
+    /// The logit rules of `options`.
+    pub fn rules(&self, options: &TranscribeOptions) -> LogitRules {
+        LogitRules::new(
+            &self.tokenizer,
+            &self.suppression.suppress_ids,
+            &self.suppression.suppress_ids_begin,
+            options.timestamps,
+            options.max_initial_timestamp,
+        )
+    }
+
+    /// The first `frames` frames of `window` (an even number, at most the window), for the
+    /// encoder's real-length mode.
+    fn encoder_input(&self, window: LogMel, audio_frames: usize, length: EncoderLength) -> LogMel {
+        let full = window.frames;
+        let frames = match length {
+            EncoderLength::Full => full,
+            EncoderLength::Audio { margin_frames } => {
+                let wanted = audio_frames + margin_frames;
+                (wanted + wanted % 2).min(full)
+            }
+        };
+        if frames == full {
+            return window;
+        }
+        let data = (0..window.n_mels)
+            .flat_map(|m| &window.row(m)[..frames])
+            .copied()
+            .collect();
+        LogMel {
+            n_mels: window.n_mels,
+            frames,
+            data,
+        }
+    }
+
+    /// Encodes `mel` and returns the time it took.
+    pub fn encode(&mut self, mel: &LogMel) -> Result<Duration> {
+        let start = Instant::now();
+        self.model.encode(mel)?;
+        Ok(start.elapsed())
+    }
+
+    /// The most likely language of the encoded window.
+    pub fn detect_language(&mut self) -> Result<String> {
+        if !self.model.config().is_multilingual() {
+            return Ok("en".into());
+        }
+        self.model.reset();
+        let sot = self.tokenizer.start_of_transcript;
+        let logits = forward_tokens(&mut self.model, &[sot], LogitRows::Last(1))?;
+        let row = logits.row(0);
+        self.tokenizer
+            .languages()
+            .iter()
+            .filter(|(_, t)| (*t as usize) < row.len())
+            .max_by(|a, b| row[a.1 as usize].total_cmp(&row[b.1 as usize]))
+            .map(|(code, _)| code.to_string())
+            .ok_or_else(|| Error::Config("the tokenizer has no language tokens".into()))
+    }
+
+    /// The decoder prompt and the index of its start-of-transcript token.
+    pub fn prompt(
+        &self,
+        options: &TranscribeOptions,
+        language: Option<&str>,
+        previous: &[u32],
+    ) -> Result<(Vec<u32>, usize)> {
+        let t = &self.tokenizer;
+        let mut prompt = Vec::new();
+        if !previous.is_empty() {
+            let keep = self.model.config().max_target_positions / 2 - 1;
+            prompt.push(t.start_of_previous);
+            prompt.extend_from_slice(&previous[previous.len().saturating_sub(keep)..]);
+        }
+        let start_of_transcript_index = prompt.len();
+        prompt.push(t.start_of_transcript);
+        if self.model.config().is_multilingual() {
+            prompt.push(t.language(language.unwrap_or("en"))?);
+            prompt.push(match options.task {
+                Task::Transcribe => t.transcribe,
+                Task::Translate => t.translate,
+            });
+        } else if language.is_some_and(|l| l != "en") || options.task == Task::Translate {
+            return Err(Error::Language(format!(
+                "{} ({:?}) on an English-only model",
+                language.unwrap_or("en"),
+                options.task
+            )));
+        }
+        if !options.timestamps {
+            prompt.push(t.no_timestamps);
+        }
+        Ok((prompt, start_of_transcript_index))
+    }
+
+    /// Decodes the encoded window after `prompt`, falling back to higher temperatures while
+    /// the result looks like a repetition loop or is improbable. Returns the accepted
+    /// candidate, its temperature, the no-speech probability and the fallbacks taken.
+    pub fn decode_window(
+        &mut self,
+        options: &TranscribeOptions,
+        prompt: &[u32],
+        start_of_transcript_index: usize,
+        rng: &mut StdRng,
+    ) -> Result<(Candidate, f32, f32, usize)> {
+        let rules = self.rules(options);
+        let end = self.tokenizer.end_of_text;
+        let max_tokens = self.model.config().max_target_positions / 2;
+        let temperatures = if options.temperatures.is_empty() {
+            vec![0.0]
+        } else {
+            options.temperatures.clone()
+        };
+        let mut last = None;
+        for (attempt, &temperature) in temperatures.iter().enumerate() {
+            let (no_speech, next) = run_prompt(
+                &mut self.model,
+                prompt,
+                start_of_transcript_index,
+                self.tokenizer.no_speech,
+            )?;
+            let candidate = if temperature > 0.0 {
+                let mut best: Option<Candidate> = None;
+                for _ in 0..options.best_of.max(1) {
+                    self.model.truncate(prompt.len())?;
+                    let c = sample_window(
+                        &mut self.model,
+                        &rules,
+                        next.clone(),
+                        end,
+                        max_tokens,
+                        temperature,
+                        rng,
+                    )?;
+                    let score = |c: &Candidate| c.sum_logprob / c.tokens.len().max(1) as f32;
+                    if best.as_ref().is_none_or(|b| score(&c) > score(b)) {
+                        best = Some(c);
+                    }
+                }
+                best.expect("at least one sample")
+            } else if options.beam_size > 1 {
+                beam_window(
+                    &mut self.model,
+                    &rules,
+                    next,
+                    end,
+                    max_tokens,
+                    options.beam_size,
+                )?
+            } else {
+                sample_window(&mut self.model, &rules, next, end, max_tokens, 0.0, rng)?
+            };
+            let text = self.tokenizer.decode(&candidate.tokens)?;
+            let too_repetitive = options
+                .compression_ratio_threshold
+                .is_some_and(|t| compression_ratio(&text) > t);
+            let improbable = options
+                .log_prob_threshold
+                .is_some_and(|t| candidate.avg_logprob() < t);
+            let silent = options
+                .no_speech_threshold
+                .is_some_and(|t| no_speech > t && improbable);
+            let done = silent || !(too_repetitive || improbable);
+            last = Some((candidate, temperature, no_speech, attempt));
+            if done {
+                break;
+            }
+        }
+        Ok(last.expect("at least one temperature"))
+    }
+
+    /// Transcribes 16 kHz mono `samples`.
+    pub fn transcribe(
+        &mut self,
+        samples: &[f32],
+        options: &TranscribeOptions,
+    ) -> Result<Transcript> {
+        let input = WhisperInput::new(samples, &self.filters)?;
+        let window_frames = self.model.config().window_frames();
+        let content = input.content_frames();
+        let mut rng = StdRng::seed_from_u64(options.seed);
+        let mut stats = TranscriptStats::default();
+        let mut segments = Vec::new();
+        let mut previous: Vec<u32> = Vec::new();
+        let mut language = options.language.clone();
+        let mut seek = 0;
+        while seek < content {
+            let audio_frames = (content - seek).min(window_frames);
+            let window = input.window(seek)?;
+            let mel = self.encoder_input(window, audio_frames, options.encoder_length);
+            stats.encoder_time += self.encode(&mel)?;
+            stats.windows += 1;
+            let decode_start = Instant::now();
+            if language.is_none() {
+                language = Some(self.detect_language()?);
+                stats.forwards += 1;
+            }
+            let context = if options.condition_on_previous_text {
+                previous.as_slice()
+            } else {
+                &[]
+            };
+            let (prompt, sot) = self.prompt(options, language.as_deref(), context)?;
+            let (candidate, temperature, no_speech, fallbacks) =
+                self.decode_window(options, &prompt, sot, &mut rng)?;
+            stats.decoder_time += decode_start.elapsed();
+            stats.forwards += candidate.forwards;
+            stats.fallbacks += fallbacks;
+            let window_start = seek as f32 / FRAMES_PER_SECOND;
+            let skip = options.no_speech_threshold.is_some_and(|t| no_speech > t)
+                && options
+                    .log_prob_threshold
+                    .is_some_and(|t| candidate.avg_logprob() < t);
+            if skip {
+                seek += audio_frames;
+                continue;
+            }
+            let advance = self.add_segments(
+                &candidate,
+                temperature,
+                no_speech,
+                window_start,
+                audio_frames,
+                &mut segments,
+            )?;
+            stats.tokens += candidate.tokens.len();
+            previous = if temperature < 0.5 {
+                candidate
+                    .tokens
+                    .iter()
+                    .copied()
+                    .filter(|&t| t < self.tokenizer.end_of_text || self.tokenizer.is_timestamp(t))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            seek += advance.max(1);
+        }
+        let text = segments
+            .iter()
+            .map(|s| s.text.as_str())
+            .collect::<String>()
+            .trim()
+            .to_string();
+        Ok(Transcript {
+            text,
+            segments,
+            language,
+            stats,
+        })
+    }
+
+    /// Turns a window's tokens into segments (split at timestamp pairs) and returns how many
+    /// frames the seek advances.
+    fn add_segments(
+        &self,
+        candidate: &Candidate,
+        temperature: f32,
+        no_speech: f32,
+        window_start: f32,
+        audio_frames: usize,
+        segments: &mut Vec<Segment>,
+    ) -> Result<usize> {
+        let t = &self.tokenizer;
+        let tokens = &candidate.tokens;
+        let segment = |tokens: &[u32], start: f32, end: f32| -> Result<Segment> {
+            let text = t.decode(tokens)?;
+            Ok(Segment {
+                start,
+                end,
+                compression_ratio: compression_ratio(&text),
+                text,
+                tokens: tokens.to_vec(),
+                temperature,
+                avg_logprob: candidate.avg_logprob(),
+                no_speech_probability: no_speech,
+            })
+        };
+        let window_seconds = audio_frames as f32 / FRAMES_PER_SECOND;
+        let ends_with_single_timestamp = tokens.len() >= 2
+            && t.is_timestamp(tokens[tokens.len() - 1])
+            && !t.is_timestamp(tokens[tokens.len() - 2]);
+        let boundaries: Vec<usize> = (1..tokens.len())
+            .filter(|&i| t.is_timestamp(tokens[i]) && t.is_timestamp(tokens[i - 1]))
+            .collect();
+        if boundaries.is_empty() {
+            let end = tokens
+                .iter()
+                .rev()
+                .find(|&&x| t.is_timestamp(x))
+                .map_or(window_seconds, |&x| t.timestamp_seconds(x).max(0.0));
+            let end = if candidate.tokens.iter().any(|&x| t.is_timestamp(x)) {
+                end
+            } else {
+                window_seconds
+            };
+            let text: Vec<u32> = tokens
+                .iter()
+                .copied()
+                .filter(|&x| !t.is_timestamp(x))
+                .collect();
+            if !text.is_empty() {
+                segments.push(segment(&text, window_start, window_start + end)?);
+            }
+            return Ok(audio_frames);
+        }
+        let mut slices = boundaries.clone();
+        if ends_with_single_timestamp {
+            slices.push(tokens.len());
+        }
+        let mut last = 0;
+        for &end in &slices {
+            let piece = &tokens[last..end];
+            if let (Some(&first), Some(&closing)) = (piece.first(), piece.last()) {
+                let text: Vec<u32> = piece
+                    .iter()
+                    .copied()
+                    .filter(|&x| !t.is_timestamp(x))
+                    .collect();
+                let start = if t.is_timestamp(first) {
+                    t.timestamp_seconds(first)
+                } else {
+                    0.0
+                };
+                let stop = if t.is_timestamp(closing) {
+                    t.timestamp_seconds(closing)
+                } else {
+                    start
+                };
+                if !text.is_empty() {
+                    segments.push(segment(&text, window_start + start, window_start + stop)?);
+                }
+            }
+            last = end;
+        }
+        if ends_with_single_timestamp {
+            Ok(audio_frames)
+        } else {
+            let last_timestamp = tokens[last - 1];
+            Ok((t.timestamp_seconds(last_timestamp) * FRAMES_PER_SECOND).round() as usize)
+        }
+    }
+}

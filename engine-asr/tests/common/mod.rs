@@ -1,0 +1,427 @@
+//! Tiny random-weight Whisper models written in both supported layouts (Hugging Face
+//! safetensors and CTranslate2 `model.bin`), with a small byte-level tokenizer carrying
+//! Whisper's special tokens.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::json;
+use spec_nn::ctranslate2::{write_model_bin, Ct2Variable};
+
+pub const HIDDEN: usize = 64;
+pub const HEADS: usize = 4;
+pub const FFN: usize = 128;
+pub const MELS: usize = 80;
+pub const SOURCE_POSITIONS: usize = 100;
+pub const TARGET_POSITIONS: usize = 48;
+/// Ordinary tokens of the tiny vocabulary.
+pub const TEXT_TOKENS: u32 = 40;
+/// The specials in Whisper's order after the text tokens (English-only layout).
+pub const SPECIALS: [&str; 8] = [
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nocaptions|>",
+    "<|notimestamps|>",
+];
+pub const TIMESTAMPS: u32 = 30;
+pub const VOCAB: usize = (TEXT_TOKENS + SPECIALS.len() as u32 + TIMESTAMPS) as usize;
+pub const END_OF_TEXT: u32 = TEXT_TOKENS;
+pub const START_OF_TRANSCRIPT: u32 = TEXT_TOKENS + 1;
+pub const NO_TIMESTAMPS: u32 = TEXT_TOKENS + 7;
+
+/// Layer counts of the tiny model.
+pub const ENCODER_LAYERS: usize = 2;
+pub const DECODER_LAYERS: usize = 2;
+
+fn random(shape: &[usize], scale: f32, seed: &mut u64) -> Tensor {
+    // A small deterministic generator, so both layouts get the same values.
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+        })
+        .collect();
+    Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+}
+
+/// The weights under Hugging Face names.
+pub fn hf_weights(seed: u64) -> HashMap<String, Tensor> {
+    let mut s = seed.wrapping_add(17);
+    let mut w = HashMap::new();
+    let scale = 1.0 / (HIDDEN as f32).sqrt();
+    let mut put = |name: String, shape: &[usize], scale: f32, s: &mut u64| {
+        w.insert(name, random(shape, scale, s));
+    };
+    put(
+        "model.encoder.conv1.weight".into(),
+        &[HIDDEN, MELS, 3],
+        0.05,
+        &mut s,
+    );
+    put("model.encoder.conv1.bias".into(), &[HIDDEN], 0.1, &mut s);
+    put(
+        "model.encoder.conv2.weight".into(),
+        &[HIDDEN, HIDDEN, 3],
+        0.05,
+        &mut s,
+    );
+    put("model.encoder.conv2.bias".into(), &[HIDDEN], 0.1, &mut s);
+    put(
+        "model.encoder.embed_positions.weight".into(),
+        &[SOURCE_POSITIONS, HIDDEN],
+        0.5,
+        &mut s,
+    );
+    put(
+        "model.decoder.embed_tokens.weight".into(),
+        &[VOCAB, HIDDEN],
+        1.0,
+        &mut s,
+    );
+    put(
+        "model.decoder.embed_positions.weight".into(),
+        &[TARGET_POSITIONS, HIDDEN],
+        0.5,
+        &mut s,
+    );
+    for stack in ["encoder", "decoder"] {
+        let layers = if stack == "encoder" {
+            ENCODER_LAYERS
+        } else {
+            DECODER_LAYERS
+        };
+        for i in 0..layers {
+            let base = format!("model.{stack}.layers.{i}");
+            let blocks: &[&str] = if stack == "encoder" {
+                &["self_attn"]
+            } else {
+                &["self_attn", "encoder_attn"]
+            };
+            for block in blocks {
+                for p in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                    put(
+                        format!("{base}.{block}.{p}.weight"),
+                        &[HIDDEN, HIDDEN],
+                        scale,
+                        &mut s,
+                    );
+                    if p != "k_proj" {
+                        put(format!("{base}.{block}.{p}.bias"), &[HIDDEN], 0.1, &mut s);
+                    }
+                }
+                put(
+                    format!("{base}.{block}_layer_norm.weight"),
+                    &[HIDDEN],
+                    0.2,
+                    &mut s,
+                );
+                put(
+                    format!("{base}.{block}_layer_norm.bias"),
+                    &[HIDDEN],
+                    0.1,
+                    &mut s,
+                );
+            }
+            put(format!("{base}.fc1.weight"), &[FFN, HIDDEN], scale, &mut s);
+            put(format!("{base}.fc1.bias"), &[FFN], 0.1, &mut s);
+            put(
+                format!("{base}.fc2.weight"),
+                &[HIDDEN, FFN],
+                1.0 / (FFN as f32).sqrt(),
+                &mut s,
+            );
+            put(format!("{base}.fc2.bias"), &[HIDDEN], 0.1, &mut s);
+            put(
+                format!("{base}.final_layer_norm.weight"),
+                &[HIDDEN],
+                0.2,
+                &mut s,
+            );
+            put(
+                format!("{base}.final_layer_norm.bias"),
+                &[HIDDEN],
+                0.1,
+                &mut s,
+            );
+        }
+        put(
+            format!("model.{stack}.layer_norm.weight"),
+            &[HIDDEN],
+            0.2,
+            &mut s,
+        );
+        put(
+            format!("model.{stack}.layer_norm.bias"),
+            &[HIDDEN],
+            0.1,
+            &mut s,
+        );
+    }
+    // LayerNorm gains near 1.
+    for (name, t) in w.iter_mut() {
+        if name.contains("layer_norm.weight") {
+            *t = (t.clone() + 1.0).unwrap();
+        }
+    }
+    w
+}
+
+pub fn hf_config() -> serde_json::Value {
+    json!({
+        "num_mel_bins": MELS,
+        "vocab_size": VOCAB,
+        "d_model": HIDDEN,
+        "encoder_layers": ENCODER_LAYERS,
+        "encoder_attention_heads": HEADS,
+        "encoder_ffn_dim": FFN,
+        "decoder_layers": DECODER_LAYERS,
+        "decoder_attention_heads": HEADS,
+        "decoder_ffn_dim": FFN,
+        "max_source_positions": SOURCE_POSITIONS,
+        "max_target_positions": TARGET_POSITIONS,
+    })
+}
+
+/// A byte-level BPE tokenizer: letters and space as text tokens, then Whisper's specials.
+pub fn tokenizer_json() -> serde_json::Value {
+    let mut vocab = serde_json::Map::new();
+    let letters: Vec<String> = ('a'..='z')
+        .map(String::from)
+        .chain(["Ġ".to_string(), ".".to_string(), ",".to_string()])
+        .chain((0..(TEXT_TOKENS as usize - 29)).map(|i| format!("Ġ{}", (b'a' + i as u8) as char)))
+        .collect();
+    for (i, l) in letters.iter().enumerate() {
+        vocab.insert(l.clone(), json!(i));
+    }
+    let added: Vec<serde_json::Value> = SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            json!({"id": TEXT_TOKENS as usize + i, "content": s, "single_word": false,
+                   "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": []}
+    })
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) {
+    std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
+}
+
+/// A Hugging Face folder: `model.safetensors`, `config.json`, `generation_config.json`,
+/// `tokenizer.json`.
+pub fn write_hf(dir: &Path, seed: u64) {
+    let weights = hf_weights(seed);
+    candle_core::safetensors::save(&weights, dir.join("model.safetensors")).unwrap();
+    write_json(&dir.join("config.json"), &hf_config());
+    write_json(
+        &dir.join("generation_config.json"),
+        &json!({"suppress_tokens": [3, 4], "begin_suppress_tokens": [26, END_OF_TEXT]}),
+    );
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json());
+}
+
+/// The same weights as a CTranslate2 folder (`model.bin` with fused projections,
+/// `config.json` with the suppression lists, `tokenizer.json`), stored as `dtype`.
+pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) {
+    let hf = hf_weights(seed);
+    let get = |name: &str| hf[name].to_dtype(dtype).unwrap();
+    let zeros = Tensor::zeros(HIDDEN, dtype, &Device::Cpu).unwrap();
+    let mut vars: Vec<(String, Ct2Variable)> = Vec::new();
+    let mut put = |name: String, t: Tensor| vars.push((name, Ct2Variable::Tensor(t)));
+    for (ct2, hf_name) in [
+        ("encoder/conv1/weight", "model.encoder.conv1.weight"),
+        ("encoder/conv1/bias", "model.encoder.conv1.bias"),
+        ("encoder/conv2/weight", "model.encoder.conv2.weight"),
+        ("encoder/conv2/bias", "model.encoder.conv2.bias"),
+        (
+            "encoder/position_encodings/encodings",
+            "model.encoder.embed_positions.weight",
+        ),
+        (
+            "decoder/embeddings/weight",
+            "model.decoder.embed_tokens.weight",
+        ),
+        (
+            "decoder/position_encodings/encodings",
+            "model.decoder.embed_positions.weight",
+        ),
+        (
+            "encoder/layer_norm/gamma",
+            "model.encoder.layer_norm.weight",
+        ),
+        ("encoder/layer_norm/beta", "model.encoder.layer_norm.bias"),
+        (
+            "decoder/layer_norm/gamma",
+            "model.decoder.layer_norm.weight",
+        ),
+        ("decoder/layer_norm/beta", "model.decoder.layer_norm.bias"),
+    ] {
+        put(ct2.into(), get(hf_name));
+    }
+    let cat = |names: &[&str]| {
+        let parts: Vec<Tensor> = names.iter().map(|n| get(n)).collect();
+        Tensor::cat(&parts, 0).unwrap()
+    };
+    for stack in ["encoder", "decoder"] {
+        let layers = if stack == "encoder" {
+            ENCODER_LAYERS
+        } else {
+            DECODER_LAYERS
+        };
+        for i in 0..layers {
+            let h = format!("model.{stack}.layers.{i}");
+            let c = format!("{stack}/layer_{i}");
+            let sa = format!("{h}.self_attn");
+            put(
+                format!("{c}/self_attention/linear_0/weight"),
+                cat(&[
+                    &format!("{sa}.q_proj.weight"),
+                    &format!("{sa}.k_proj.weight"),
+                    &format!("{sa}.v_proj.weight"),
+                ]),
+            );
+            put(
+                format!("{c}/self_attention/linear_0/bias"),
+                Tensor::cat(
+                    &[
+                        get(&format!("{sa}.q_proj.bias")),
+                        zeros.clone(),
+                        get(&format!("{sa}.v_proj.bias")),
+                    ],
+                    0,
+                )
+                .unwrap(),
+            );
+            put(
+                format!("{c}/self_attention/linear_1/weight"),
+                get(&format!("{sa}.out_proj.weight")),
+            );
+            put(
+                format!("{c}/self_attention/linear_1/bias"),
+                get(&format!("{sa}.out_proj.bias")),
+            );
+            put(
+                format!("{c}/self_attention/layer_norm/gamma"),
+                get(&format!("{h}.self_attn_layer_norm.weight")),
+            );
+            put(
+                format!("{c}/self_attention/layer_norm/beta"),
+                get(&format!("{h}.self_attn_layer_norm.bias")),
+            );
+            if stack == "decoder" {
+                let ca = format!("{h}.encoder_attn");
+                put(
+                    format!("{c}/attention/linear_0/weight"),
+                    get(&format!("{ca}.q_proj.weight")),
+                );
+                put(
+                    format!("{c}/attention/linear_0/bias"),
+                    get(&format!("{ca}.q_proj.bias")),
+                );
+                put(
+                    format!("{c}/attention/linear_1/weight"),
+                    cat(&[
+                        &format!("{ca}.k_proj.weight"),
+                        &format!("{ca}.v_proj.weight"),
+                    ]),
+                );
+                put(
+                    format!("{c}/attention/linear_1/bias"),
+                    Tensor::cat(&[zeros.clone(), get(&format!("{ca}.v_proj.bias"))], 0).unwrap(),
+                );
+                put(
+                    format!("{c}/attention/linear_2/weight"),
+                    get(&format!("{ca}.out_proj.weight")),
+                );
+                put(
+                    format!("{c}/attention/linear_2/bias"),
+                    get(&format!("{ca}.out_proj.bias")),
+                );
+                put(
+                    format!("{c}/attention/layer_norm/gamma"),
+                    get(&format!("{h}.encoder_attn_layer_norm.weight")),
+                );
+                put(
+                    format!("{c}/attention/layer_norm/beta"),
+                    get(&format!("{h}.encoder_attn_layer_norm.bias")),
+                );
+            }
+            put(
+                format!("{c}/ffn/linear_0/weight"),
+                get(&format!("{h}.fc1.weight")),
+            );
+            put(
+                format!("{c}/ffn/linear_0/bias"),
+                get(&format!("{h}.fc1.bias")),
+            );
+            put(
+                format!("{c}/ffn/linear_1/weight"),
+                get(&format!("{h}.fc2.weight")),
+            );
+            put(
+                format!("{c}/ffn/linear_1/bias"),
+                get(&format!("{h}.fc2.bias")),
+            );
+            put(
+                format!("{c}/ffn/layer_norm/gamma"),
+                get(&format!("{h}.final_layer_norm.weight")),
+            );
+            put(
+                format!("{c}/ffn/layer_norm/beta"),
+                get(&format!("{h}.final_layer_norm.bias")),
+            );
+        }
+    }
+    vars.push(("encoder/num_heads".into(), Ct2Variable::I16(HEADS as i16)));
+    vars.push(("decoder/num_heads".into(), Ct2Variable::I16(HEADS as i16)));
+    vars.push(("decoder/pre_norm".into(), Ct2Variable::I8(1)));
+    write_model_bin(
+        &dir.join("model.bin"),
+        "WhisperSpec",
+        &vars,
+        &[(
+            "decoder/projection/weight".into(),
+            "decoder/embeddings/weight".into(),
+        )],
+    )
+    .unwrap();
+    write_json(
+        &dir.join("config.json"),
+        &json!({"suppress_ids": [3, 4], "suppress_ids_begin": [26, END_OF_TEXT]}),
+    );
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json());
+}
+
+/// A deterministic log-mel window of `frames` frames in Whisper's value range.
+pub fn mel(frames: usize, seed: u64) -> engine_asr::LogMel {
+    let mut s = seed;
+    let data = random(&[MELS * frames], 1.0, &mut s)
+        .to_vec1::<f32>()
+        .unwrap();
+    engine_asr::LogMel {
+        n_mels: MELS,
+        frames,
+        data,
+    }
+}

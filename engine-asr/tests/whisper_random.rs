@@ -1,0 +1,376 @@
+//! Whisper on tiny random-weight models written in both layouts: loading, bit-exact batched
+//! and tree forwards, rollback, beam search against a from-scratch reference, the logit rules
+//! and the errors of bad input.
+
+mod common;
+
+use candle_core::{DType, Tensor};
+use common::*;
+use engine_asr::whisper::decode::{beam_window, run_prompt, sample_window};
+use engine_asr::whisper::{LogitRules, WhisperTokenizer};
+use engine_asr::{Error, LoadOptions, Transcriber, Whisper};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::decoder::forward_tokens;
+use spec_core::{Decoder, Forward, LogitRows, Logits};
+
+fn load(dir: &std::path::Path) -> Whisper {
+    Whisper::load(dir, &LoadOptions::default()).unwrap()
+}
+
+fn hf_model(seed: u64) -> (tempfile::TempDir, Whisper) {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), seed);
+    let model = load(dir.path());
+    (dir, model)
+}
+
+fn rows(logits: &Logits) -> Vec<Vec<f32>> {
+    logits.rows().map(<[f32]>::to_vec).collect()
+}
+
+#[test]
+fn ctranslate2_and_hugging_face_layouts_give_identical_logits() {
+    let hf = tempfile::tempdir().unwrap();
+    write_hf(hf.path(), 3);
+    let mut a = load(hf.path());
+    let mel = mel(2 * SOURCE_POSITIONS, 9);
+    a.encode(&mel).unwrap();
+    let tokens = [START_OF_TRANSCRIPT, NO_TIMESTAMPS, 5, 9, 13];
+    let expected = rows(&forward_tokens(&mut a, &tokens, LogitRows::All).unwrap());
+    for dtype in [DType::F32, DType::F16] {
+        let ct2 = tempfile::tempdir().unwrap();
+        write_ct2(ct2.path(), 3, dtype);
+        let mut b = load(ct2.path());
+        assert_eq!(b.config(), a.config());
+        b.encode(&mel).unwrap();
+        let got = rows(&forward_tokens(&mut b, &tokens, LogitRows::All).unwrap());
+        if dtype == DType::F32 {
+            // Same values, fused projections split: the very same matrices.
+            assert_eq!(got, expected);
+        } else {
+            let diff = got
+                .iter()
+                .flatten()
+                .zip(expected.iter().flatten())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            let scale = expected.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(
+                diff < 0.03 * scale,
+                "f16 storage moved a logit by {diff} (largest {scale})"
+            );
+        }
+    }
+}
+
+#[test]
+fn batched_forwards_match_single_token_decoding_bit_for_bit() {
+    let (_dir, mut model) = hf_model(5);
+    model.encode(&mel(2 * SOURCE_POSITIONS, 1)).unwrap();
+    let tokens = [START_OF_TRANSCRIPT, NO_TIMESTAMPS, 7, 3, 30, 12, 1, 0, 22];
+    let all = rows(&forward_tokens(&mut model, &tokens, LogitRows::All).unwrap());
+    model.reset();
+    let mut one_by_one = Vec::new();
+    for &t in &tokens {
+        one_by_one.push(
+            forward_tokens(&mut model, &[t], LogitRows::Last(1))
+                .unwrap()
+                .into_last_row(),
+        );
+    }
+    assert_eq!(all, one_by_one);
+    // Rolling back and re-forwarding gives the same rows again.
+    model.truncate(4).unwrap();
+    let again = rows(&forward_tokens(&mut model, &tokens[4..], LogitRows::All).unwrap());
+    assert_eq!(again, all[4..].to_vec());
+    assert_eq!(model.cached_tokens(), &tokens);
+}
+
+#[test]
+fn a_token_tree_forward_gives_each_branch_its_linear_logits() {
+    let (_dir, mut model) = hf_model(6);
+    model.encode(&mel(120, 2)).unwrap();
+    let prefix = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
+    forward_tokens(&mut model, &prefix, LogitRows::All).unwrap();
+    // Branches a→b and c, siblings at the same position.
+    let tree_tokens = [4u32, 9, 17];
+    let positions = [2usize, 3, 2];
+    let ninf = f32::NEG_INFINITY;
+    #[rustfmt::skip]
+    let mask = Tensor::from_vec(
+        vec![0.0, 0.0, 0.0, ninf, ninf,
+             0.0, 0.0, 0.0, 0.0, ninf,
+             0.0, 0.0, ninf, ninf, 0.0],
+        (1, 1, 3, 5),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let step = Forward::tokens(&tree_tokens, &positions).with_mask(&mask);
+    let tree = Logits::from_tensor(&model.forward(&step).unwrap(), 3, VOCAB).unwrap();
+    for (path, row) in [(vec![4u32, 9], 1usize), (vec![17], 2)] {
+        model.reset();
+        let linear = forward_tokens(
+            &mut model,
+            &[prefix.as_slice(), &path].concat(),
+            LogitRows::Last(1),
+        )
+        .unwrap();
+        assert_eq!(tree.row(row), linear.row(0), "path {path:?}");
+    }
+}
+
+#[test]
+fn the_encoded_window_survives_reset_and_bad_input_is_refused() {
+    let (_dir, mut model) = hf_model(7);
+    let tokens = [START_OF_TRANSCRIPT];
+    assert!(matches!(
+        model.forward_step(&Forward::tokens(&tokens, &[0])),
+        Err(Error::NotEncoded)
+    ));
+    assert!(matches!(model.encode(&mel(201, 1)), Err(Error::Audio(_))));
+    assert!(matches!(
+        model.encode(&mel(2 * SOURCE_POSITIONS + 2, 1)),
+        Err(Error::Audio(_))
+    ));
+    let mut wrong_bins = mel(100, 1);
+    wrong_bins.n_mels = 40;
+    wrong_bins.data.truncate(40 * 100);
+    assert!(matches!(model.encode(&wrong_bins), Err(Error::Config(_))));
+    model.encode(&mel(100, 1)).unwrap();
+    let first = forward_tokens(&mut model, &tokens, LogitRows::All).unwrap();
+    model.reset();
+    assert_eq!(model.cached_len(), 0);
+    let again = forward_tokens(&mut model, &tokens, LogitRows::All).unwrap();
+    assert_eq!(rows(&first), rows(&again));
+    let out_of_range = [VOCAB as u32];
+    assert!(forward_tokens(&mut model, &out_of_range, LogitRows::All).is_err());
+    // The context holds 48 positions.
+    let long: Vec<u32> = vec![5; TARGET_POSITIONS + 1];
+    model.reset();
+    assert!(forward_tokens(&mut model, &long, LogitRows::All).is_err());
+    assert_eq!(
+        model.cached_len(),
+        0,
+        "a failed forward leaves the cache as it was"
+    );
+}
+
+#[test]
+fn damaged_and_mismatched_model_folders_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Whisper::load(dir.path(), &LoadOptions::default()),
+        Err(Error::Config(_))
+    ));
+    write_ct2(dir.path(), 1, DType::F16);
+    let path = dir.path().join("model.bin");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let err = Whisper::load(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, Error::Nn(spec_nn::Error::BadWeights { .. })),
+        "{err}"
+    );
+    // A configuration that does not match the tensors.
+    let hf = tempfile::tempdir().unwrap();
+    write_hf(hf.path(), 1);
+    let mut config = hf_config();
+    config["d_model"] = serde_json::json!(2 * HIDDEN);
+    std::fs::write(hf.path().join("config.json"), config.to_string()).unwrap();
+    let err = Whisper::load(hf.path(), &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, Error::Nn(spec_nn::Error::ShapeMismatch { .. })),
+        "{err}"
+    );
+    config["d_model"] = serde_json::json!(HIDDEN);
+    config["encoder_attention_heads"] = serde_json::json!(5);
+    std::fs::write(hf.path().join("config.json"), config.to_string()).unwrap();
+    assert!(matches!(
+        Whisper::load(hf.path(), &LoadOptions::default()),
+        Err(Error::Config(_))
+    ));
+    std::fs::remove_file(hf.path().join("tokenizer.json")).unwrap();
+    config["encoder_attention_heads"] = serde_json::json!(HEADS);
+    std::fs::write(hf.path().join("config.json"), config.to_string()).unwrap();
+    assert!(matches!(
+        Transcriber::load(hf.path(), &LoadOptions::default()),
+        Err(Error::Io { .. })
+    ));
+}
+
+fn rules(dir: &std::path::Path, timestamps: bool) -> (WhisperTokenizer, LogitRules) {
+    let tokenizer = WhisperTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let rules = LogitRules::new(
+        &tokenizer,
+        &[3, 4],
+        &[26, END_OF_TEXT],
+        timestamps,
+        Some(0.1),
+    );
+    (tokenizer, rules)
+}
+
+#[test]
+fn the_logit_rules_follow_whispers_grammar() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 1);
+    let (tokenizer, no_ts) = rules(dir.path(), false);
+    assert_eq!(tokenizer.timestamp_begin, NO_TIMESTAMPS + 1);
+    let ts0 = tokenizer.timestamp_begin;
+    let blocked = |logits: &[f32]| -> Vec<u32> {
+        (0..logits.len() as u32)
+            .filter(|&t| logits[t as usize] == f32::NEG_INFINITY)
+            .collect()
+    };
+    let mut logits = vec![0f32; VOCAB];
+    no_ts.apply(&mut logits, &[]);
+    let b = blocked(&logits);
+    for t in [
+        3,
+        4,
+        26,
+        END_OF_TEXT,
+        START_OF_TRANSCRIPT,
+        NO_TIMESTAMPS,
+        ts0,
+        ts0 + 5,
+    ] {
+        assert!(b.contains(&t), "{t} not blocked at the start");
+    }
+    let mut logits = vec![0f32; VOCAB];
+    no_ts.apply(&mut logits, &[7]);
+    let b = blocked(&logits);
+    assert!(!b.contains(&26) && !b.contains(&END_OF_TEXT) && b.contains(&3));
+
+    let (_, ts) = rules(dir.path(), true);
+    // The first token is a timestamp no later than 0.1 s (5 steps).
+    let mut logits = vec![0f32; VOCAB];
+    ts.apply(&mut logits, &[]);
+    let allowed: Vec<u32> = (0..VOCAB as u32)
+        .filter(|&t| logits[t as usize] > f32::NEG_INFINITY)
+        .collect();
+    assert_eq!(allowed, (ts0..=ts0 + 5).collect::<Vec<_>>());
+    // After the opening timestamp: text only.
+    let mut logits = vec![0f32; VOCAB];
+    ts.apply(&mut logits, &[ts0 + 2]);
+    assert!(logits[ts0 as usize..]
+        .iter()
+        .all(|&l| l == f32::NEG_INFINITY));
+    // After text and a timestamp: a (later or equal) timestamp or the end, no text.
+    let mut logits = vec![0f32; VOCAB];
+    logits[5] = 10.0;
+    ts.apply(&mut logits, &[ts0 + 2, 5, 6, ts0 + 9]);
+    assert!(logits[..END_OF_TEXT as usize]
+        .iter()
+        .all(|&l| l == f32::NEG_INFINITY));
+    assert!(logits[(ts0 + 8) as usize] == f32::NEG_INFINITY);
+    assert!(logits[(ts0 + 9) as usize] > f32::NEG_INFINITY);
+    // Timestamps much more probable than any text force a timestamp.
+    let mut logits = vec![0f32; VOCAB];
+    for l in &mut logits[ts0 as usize..] {
+        *l = 5.0;
+    }
+    ts.apply(&mut logits, &[ts0, 5]);
+    assert!(logits[..ts0 as usize]
+        .iter()
+        .all(|&l| l == f32::NEG_INFINITY));
+}
+
+/// Beam search recomputing every candidate's logits from scratch (no shared cache).
+fn reference_beam(
+    model: &mut Whisper,
+    rules: &LogitRules,
+    prompt: &[u32],
+    beam_size: usize,
+    max_tokens: usize,
+) -> Vec<u32> {
+    let logits_after = |model: &mut Whisper, tokens: &[u32]| -> Vec<f32> {
+        model.reset();
+        let input = [prompt, tokens].concat();
+        forward_tokens(model, &input, LogitRows::Last(1))
+            .unwrap()
+            .into_last_row()
+    };
+    let log_softmax = |l: &[f32], t: u32| {
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = l.iter().map(|&v| (v - max).exp()).sum();
+        l[t as usize] - max - sum.ln()
+    };
+    let mut beams: Vec<(Vec<u32>, f32)> = vec![(vec![], 0.0)];
+    let mut finished: Vec<(Vec<u32>, f32)> = vec![];
+    let mut unfinished: Vec<(Vec<u32>, f32)> = vec![];
+    loop {
+        let mut proposals = vec![];
+        for (b, (tokens, score)) in beams.iter().enumerate() {
+            let mut logits = logits_after(model, tokens);
+            rules.apply(&mut logits, tokens);
+            for t in spec_core::sampling::top_k_tokens(&logits, beam_size + 1) {
+                let s = score + log_softmax(&logits, t);
+                if s.is_finite() {
+                    proposals.push((s, b, t));
+                }
+            }
+        }
+        proposals.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut next = vec![];
+        for (s, b, t) in proposals {
+            if t == END_OF_TEXT {
+                if finished.len() < beam_size {
+                    finished.push((beams[b].0.clone(), s));
+                }
+            } else if next.len() < beam_size {
+                next.push(([beams[b].0.as_slice(), &[t]].concat(), s));
+            }
+        }
+        if finished.len() >= beam_size || next.is_empty() {
+            break;
+        }
+        if next[0].0.len() >= max_tokens {
+            unfinished = next;
+            break;
+        }
+        beams = next;
+    }
+    let missing = beam_size.saturating_sub(finished.len());
+    let mut pool = finished;
+    pool.extend(unfinished.into_iter().take(missing));
+    pool.into_iter()
+        .max_by(|a, b| (a.1 / a.0.len().max(1) as f32).total_cmp(&(b.1 / b.0.len().max(1) as f32)))
+        .unwrap()
+        .0
+}
+
+#[test]
+fn beam_search_in_one_token_tree_equals_beam_search_from_scratch() {
+    let (dir, mut model) = hf_model(11);
+    let (_, rules) = rules(dir.path(), false);
+    let prompt = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
+    for seed in 0..3 {
+        model.encode(&mel(160, seed)).unwrap();
+        for beam_size in [1, 3, 5] {
+            let max_tokens = 12;
+            let (_, next) = run_prompt(&mut model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
+            let tree =
+                beam_window(&mut model, &rules, next, END_OF_TEXT, max_tokens, beam_size).unwrap();
+            let reference = reference_beam(&mut model, &rules, &prompt, beam_size, max_tokens);
+            assert_eq!(tree.tokens, reference, "seed {seed}, beam {beam_size}");
+            assert!(tree.forwards <= max_tokens + 1);
+            if beam_size == 1 {
+                let (_, next) = run_prompt(&mut model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
+                let mut rng = StdRng::seed_from_u64(0);
+                let greedy = sample_window(
+                    &mut model,
+                    &rules,
+                    next,
+                    END_OF_TEXT,
+                    max_tokens,
+                    0.0,
+                    &mut rng,
+                )
+                .unwrap();
+                assert_eq!(greedy.tokens, tree.tokens);
+            }
+        }
+    }
+}
