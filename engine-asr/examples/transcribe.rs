@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p engine-asr --example transcribe -- clip.wav
 //! cargo run --release -p engine-asr --example transcribe -- --model whisper-base-ct2 --beam 5 --timestamps clip.wav
+//! cargo run --release -p engine-asr --example transcribe -- --stream 0.5 clip.wav
 //! ```
 //!
 //! `--model` is a name in the models folder (`$SPECVOICE_MODELS`, see `cargo xtask models`) or
@@ -14,7 +15,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use candle_core::quantized::GgmlDType;
 use clap::{Parser, ValueEnum};
-use engine_asr::{Audio, EncoderLength, LoadOptions, TranscribeOptions, Transcriber};
+use engine_asr::{
+    Audio, EncoderLength, LoadOptions, StreamingTranscriber, TranscribeOptions, Transcriber,
+};
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
 
@@ -53,6 +56,10 @@ struct Args {
     /// Padding frames encoded after the audio when not `--full-encoder`.
     #[arg(long)]
     encoder_margin: Option<usize>,
+    /// Feed the audio in chunks of this many seconds and print every partial transcript
+    /// (greedy; the previous partial is verified as a draft).
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "0.5")]
+    stream: Option<f64>,
     /// WAV files.
     #[arg(required = true)]
     files: Vec<PathBuf>,
@@ -86,6 +93,9 @@ fn main() -> Result<()> {
     } else if let Some(margin_frames) = args.encoder_margin {
         options.encoder_length = EncoderLength::Audio { margin_frames };
     }
+    if let Some(chunk_seconds) = args.stream {
+        return stream(transcriber, options, &args.files, chunk_seconds);
+    }
     for file in &args.files {
         let audio = Audio::read_wav(file)?;
         let samples = audio.to_16k()?;
@@ -100,15 +110,59 @@ fn main() -> Result<()> {
         let seconds = audio.duration_seconds();
         let stats = &transcript.stats;
         eprintln!(
-            "{}: {:.1} s of audio, encoder {:.0} ms, decoder {:.0} ms ({} forwards, {} tokens), RTF {:.3}",
+            "{}: {:.1} s of audio, log-mel {:.0} ms, encoder {:.0} ms, decoder {:.0} ms ({} forwards, {} tokens), RTF {:.3}",
             file.display(),
             seconds,
+            stats.front_end_time.as_secs_f64() * 1e3,
             stats.encoder_time.as_secs_f64() * 1e3,
             stats.decoder_time.as_secs_f64() * 1e3,
             stats.forwards,
             stats.tokens,
-            (stats.encoder_time + stats.decoder_time).as_secs_f64() / seconds
+            stats.total_time().as_secs_f64() / seconds
         );
+    }
+    Ok(())
+}
+
+/// Feeds each file in chunks and prints the partial transcripts as they come.
+fn stream(
+    transcriber: Transcriber,
+    options: TranscribeOptions,
+    files: &[PathBuf],
+    chunk_seconds: f64,
+) -> Result<()> {
+    if chunk_seconds.is_nan() || chunk_seconds <= 0.0 {
+        anyhow::bail!("--stream needs a positive chunk length, got {chunk_seconds}");
+    }
+    let chunk = (chunk_seconds * f64::from(engine_asr::SAMPLE_RATE)).round() as usize;
+    let mut transcriber = transcriber;
+    for file in files {
+        let samples = Audio::read_wav(file)?.to_16k()?;
+        let mut stream = StreamingTranscriber::new(transcriber, options.clone())?;
+        println!("{}", file.display());
+        for piece in samples.chunks(chunk.max(1)) {
+            if let Some(partial) = stream.push(piece)? {
+                println!(
+                    "  [{:5.2} s] {:>4.0} ms, {:>2} draft tokens kept, {:>2} forwards: {}",
+                    partial.audio_seconds,
+                    partial.latency.as_secs_f64() * 1e3,
+                    partial.accepted_draft,
+                    partial.forwards,
+                    partial.text
+                );
+            }
+        }
+        let stats = stream.stats().clone();
+        eprintln!(
+            "  {} partials, {} of {} draft tokens kept, {} decoder forwards, encoder {:.0} ms, decoder {:.0} ms",
+            stats.partials,
+            stats.accepted,
+            stats.drafted,
+            stats.forwards,
+            stats.encoder_time.as_secs_f64() * 1e3,
+            stats.decoder_time.as_secs_f64() * 1e3
+        );
+        transcriber = stream.into_inner();
     }
     Ok(())
 }

@@ -21,11 +21,13 @@
 pub mod audio;
 mod error;
 pub mod mel;
+pub mod streaming;
 pub mod whisper;
 
 pub use audio::{resample, Audio, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};
+pub use streaming::{Partial, StreamStats, StreamingTranscriber};
 pub use whisper::{
     EncoderLength, LoadOptions, Task, TranscribeOptions, Transcriber, Transcript, Whisper,
     WhisperTokenizer,

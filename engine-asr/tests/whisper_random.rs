@@ -8,7 +8,10 @@ use candle_core::{DType, Tensor};
 use common::*;
 use engine_asr::whisper::decode::{beam_window, run_prompt, sample_window};
 use engine_asr::whisper::{LogitRules, WhisperTokenizer};
-use engine_asr::{Error, LoadOptions, Transcriber, Whisper};
+use engine_asr::{
+    EncoderLength, Error, LoadOptions, StreamingTranscriber, TranscribeOptions, Transcriber,
+    Whisper,
+};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
@@ -145,7 +148,6 @@ fn the_encoded_window_survives_reset_and_bad_input_is_refused() {
     assert_eq!(rows(&first), rows(&again));
     let out_of_range = [VOCAB as u32];
     assert!(forward_tokens(&mut model, &out_of_range, LogitRows::All).is_err());
-    // The context holds 48 positions.
     let long: Vec<u32> = vec![5; TARGET_POSITIONS + 1];
     model.reset();
     assert!(forward_tokens(&mut model, &long, LogitRows::All).is_err());
@@ -373,4 +375,110 @@ fn beam_search_in_one_token_tree_equals_beam_search_from_scratch() {
             }
         }
     }
+}
+
+#[test]
+fn ctranslate2_weights_export_under_hugging_face_names() {
+    let ct2 = tempfile::tempdir().unwrap();
+    write_ct2(ct2.path(), 4, DType::F32);
+    let (config, exported) =
+        engine_asr::whisper::hugging_face_tensors(ct2.path(), &candle_core::Device::Cpu).unwrap();
+    assert_eq!(config.vocab_size, VOCAB);
+    let original = hf_weights(4);
+    let mut names: Vec<&String> = exported.keys().collect();
+    names.sort();
+    let mut expected: Vec<&String> = original.keys().collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    for (name, tensor) in &original {
+        let a: Vec<f32> = tensor.flatten_all().unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = exported[name].flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(a, b, "{name}");
+    }
+}
+
+fn greedy_options() -> TranscribeOptions {
+    TranscribeOptions {
+        temperatures: vec![0.0],
+        compression_ratio_threshold: None,
+        log_prob_threshold: None,
+        no_speech_threshold: None,
+        ..TranscribeOptions::default()
+    }
+}
+
+/// A deterministic test signal: a few tones with a slow amplitude envelope.
+fn signal(seconds: f32) -> Vec<f32> {
+    let n = (seconds * 16_000.0) as usize;
+    (0..n)
+        .map(|i| {
+            let t = i as f32 / 16_000.0;
+            let envelope = 0.5 + 0.5 * (2.0 * std::f32::consts::PI * 1.3 * t).sin();
+            envelope
+                * (0.3 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
+                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
+        })
+        .collect()
+}
+
+#[test]
+fn streaming_partials_equal_greedy_decoding_from_scratch() {
+    for (seed, encoder_length) in [
+        (21, EncoderLength::Full),
+        (22, EncoderLength::Audio { margin_frames: 10 }),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_hf(dir.path(), seed);
+        let options = TranscribeOptions {
+            encoder_length,
+            ..greedy_options()
+        };
+        let mut reference = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+        let streaming = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+        let mut stream = StreamingTranscriber::new(streaming, options.clone()).unwrap();
+        let audio = signal(1.9);
+        let mut longest_draft = 0;
+        let mut drafts_used = 0;
+        for (i, chunk) in audio.chunks(2_000).enumerate() {
+            let Some(partial) = stream.push(chunk).unwrap() else {
+                continue;
+            };
+            let prefix = &audio[..(i * 2_000 + chunk.len())];
+            let expected = reference.transcribe(prefix, &options).unwrap();
+            let expected_tokens: Vec<u32> = expected
+                .segments
+                .iter()
+                .flat_map(|s| s.tokens.clone())
+                .collect();
+            assert_eq!(partial.tokens, expected_tokens, "seed {seed}, chunk {i}");
+            assert_eq!(partial.text, expected.text);
+            longest_draft = longest_draft.max(partial.tokens.len());
+            drafts_used += partial.accepted_draft;
+        }
+        let stats = stream.stats().clone();
+        assert!(stats.partials >= 10);
+        assert!(
+            longest_draft > 64,
+            "the draft must span several verification forwards"
+        );
+        assert!(drafts_used > 0, "no draft token was ever kept");
+        let (text, _) = stream.finish().unwrap();
+        let expected = reference.transcribe(&audio, &options).unwrap();
+        assert_eq!(text, expected.text);
+    }
+}
+
+#[test]
+fn streaming_refuses_beam_search() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 1);
+    let transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let options = TranscribeOptions {
+        beam_size: 5,
+        ..TranscribeOptions::default()
+    };
+    assert!(matches!(
+        StreamingTranscriber::new(transcriber, options),
+        Err(Error::Config(_))
+    ));
 }

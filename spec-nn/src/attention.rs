@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Layout, Module, Storage, Tensor};
 use spec_core::kv_cache::LayerKvCache;
 
 use crate::linear::Linear;
-use crate::math::exp;
+use crate::math::{exp, softmax_in_place};
 use crate::rotary::RotaryTables;
 use crate::{Error, Result};
 
@@ -160,6 +160,105 @@ fn row_attention(
     )?)
 }
 
+/// Query rows per block of [`blocked_attention`]: their scores over 1500 keys (384 KB) stay
+/// in the core's cache between the two products.
+const QUERY_BLOCK: usize = 64;
+
+/// Attention of many query rows over every key (an encoder's self-attention): per head and
+/// block of [`QUERY_BLOCK`] rows on the kernels' threads, `S = Q·Kᵀ` and `S·V` by the `gemm`
+/// crate with the softmax in between, so the `rows × keys` score matrix (1500 × 1500 per
+/// head for a Whisper window) is never written to memory whole. `queries` are already scaled;
+/// shapes as in [`row_attention`].
+fn blocked_attention(queries: &Tensor, keys: &Tensor, values: &Tensor) -> Result<Tensor> {
+    let (_, heads, rows, dim) = queries.dims4()?;
+    let total = keys.dim(2)?;
+    let (queries, keys, values) = (
+        queries.contiguous()?,
+        keys.contiguous()?,
+        values.contiguous()?,
+    );
+    let (q_storage, q_layout) = queries.storage_and_layout();
+    let (k_storage, k_layout) = keys.storage_and_layout();
+    let (v_storage, v_layout) = values.storage_and_layout();
+    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
+        (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Err(Error::Config(
+            "blocked attention runs on the CPU only".into(),
+        ));
+    };
+    let q = &q.as_slice::<f32>()?[q_layout.start_offset()..];
+    let k = &k.as_slice::<f32>()?[k_layout.start_offset()..];
+    let v = &v.as_slice::<f32>()?[v_layout.start_offset()..];
+    let mut out = vec![0f32; heads * rows * dim];
+    for (head, out) in out.chunks_exact_mut(rows * dim).enumerate() {
+        let q = &q[head * rows * dim..(head + 1) * rows * dim];
+        let k = &k[head * total * dim..(head + 1) * total * dim];
+        let v = &v[head * total * dim..(head + 1) * total * dim];
+        spec_kernels::parallel_chunks_mut(out, QUERY_BLOCK * dim, &|block, out| {
+            let first = block * QUERY_BLOCK;
+            let n = out.len() / dim;
+            let q = &q[first * dim..(first + n) * dim];
+            let mut scores = vec![0f32; n * total];
+            // SAFETY: every pointer covers the matrix its strides describe: `q` n × dim and
+            // `k` total × dim row-major (read transposed), `scores` n × total, `v` total × dim,
+            // `out` n × dim.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    total,
+                    dim,
+                    scores.as_mut_ptr(),
+                    1,
+                    total as isize,
+                    false,
+                    q.as_ptr(),
+                    1,
+                    dim as isize,
+                    k.as_ptr(),
+                    dim as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for row in scores.chunks_exact_mut(total) {
+                softmax_in_place(row);
+            }
+            // SAFETY: as above.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    dim,
+                    total,
+                    out.as_mut_ptr(),
+                    1,
+                    dim as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    total as isize,
+                    v.as_ptr(),
+                    1,
+                    dim as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        });
+    }
+    drop((q_storage, k_storage, v_storage));
+    Ok(Tensor::from_vec(out, (1, heads, rows, dim), &Device::Cpu)?)
+}
+
 /// The self-attention mask of one forward of `n` new inputs after `cached` ones, prepared once
 /// for all layers in the form the attention path for `n` rows needs.
 #[derive(Debug)]
@@ -271,6 +370,7 @@ impl Heads {
                 row_attention(&q, keys, values, n, &rows)?
             }
             None if row_path => row_attention(&q, keys, values, n, &RowMask::All)?,
+            None if q.device().is_cpu() => blocked_attention(&q, keys, values)?,
             mask => {
                 let scores = q.matmul(&keys.t()?)?;
                 let scores = match mask {
@@ -527,7 +627,8 @@ mod tests {
             .o
             .forward(&Tensor::cat(&merged, 1).unwrap().unsqueeze(0).unwrap())
             .unwrap();
-        // 70 rows take the batched path, 3 rows the row path; both match the direct product.
+        // 70 rows take the blocked path (a full block and a partial one), 3 rows the row path;
+        // both match the direct product.
         let long = cross.forward(&x, &kv).unwrap();
         let short = cross.forward(&x.narrow(1, 0, 3).unwrap(), &kv).unwrap();
         for (got, want) in [

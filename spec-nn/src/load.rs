@@ -265,6 +265,12 @@ impl<S: WeightSource> WeightLoader<S> {
         }
     }
 
+    /// Changes the policy for the matrices loaded from now on (e.g. an encoder kept dense for
+    /// large matrix products, a decoder on the batch-invariant kernels).
+    pub fn set_requantize(&mut self, requantize: Requantize) {
+        self.requantize = requantize;
+    }
+
     pub fn source(&self) -> &S {
         &self.source
     }

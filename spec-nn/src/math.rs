@@ -20,9 +20,71 @@ pub fn exp(x: f32) -> f32 {
     e_r * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
+/// Lanes of the vectorised reductions below (their order of accumulation is fixed).
+const LANES: usize = 16;
+
+/// The largest value (−∞ for an empty slice), reduced over [`LANES`] lanes.
+pub fn max(values: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for chunk in chunks {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l = l.max(v);
+        }
+    }
+    lanes.iter().copied().fold(tail, f32::max)
+}
+
+/// The sum, accumulated over [`LANES`] lanes.
+pub fn sum(values: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Softmax of a row in place, in three vectorised passes (max, exponentials, scaling).
+pub fn softmax_in_place(row: &mut [f32]) {
+    let top = max(row);
+    for v in row.iter_mut() {
+        *v = exp(*v - top);
+    }
+    let scale = 1.0 / sum(row);
+    for v in row.iter_mut() {
+        *v *= scale;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softmax_sums_to_one_and_matches_the_direct_formula() {
+        let row: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 23) as f32 * 0.7 - 5.0)
+            .collect();
+        let mut ours = row.clone();
+        softmax_in_place(&mut ours);
+        let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = row.iter().map(|v| (v - top).exp()).sum();
+        for (o, v) in ours.iter().zip(&row) {
+            assert!((o - (v - top).exp() / total).abs() < 1e-6);
+        }
+        assert!((sum(&ours) - 1.0).abs() < 1e-5);
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert_eq!(max(&row), top);
+    }
 
     #[test]
     fn exp_is_within_two_ulp_of_the_standard_library() {

@@ -80,18 +80,46 @@ pub fn run_prompt(
 pub fn sample_window(
     model: &mut Whisper,
     rules: &LogitRules,
-    mut next: Vec<f32>,
+    next: Vec<f32>,
     end_of_text: u32,
     max_tokens: usize,
     temperature: f32,
     rng: &mut StdRng,
 ) -> Result<Candidate> {
-    let mut candidate = Candidate {
+    let start = Candidate {
         tokens: Vec::new(),
         sum_logprob: 0.0,
         finished: false,
         forwards: 1,
     };
+    extend_window(
+        model,
+        rules,
+        next,
+        start,
+        end_of_text,
+        max_tokens,
+        temperature,
+        rng,
+    )
+}
+
+/// Continues `candidate` (whose tokens are already in the cache after the prompt; `next` are
+/// the logits after them) until the end token or `max_tokens` tokens.
+#[allow(clippy::too_many_arguments)]
+pub fn extend_window(
+    model: &mut Whisper,
+    rules: &LogitRules,
+    mut next: Vec<f32>,
+    mut candidate: Candidate,
+    end_of_text: u32,
+    max_tokens: usize,
+    temperature: f32,
+    rng: &mut StdRng,
+) -> Result<Candidate> {
+    if candidate.tokens.len() >= max_tokens {
+        return Ok(candidate);
+    }
     loop {
         rules.apply(&mut next, &candidate.tokens);
         let token = if temperature > 0.0 {

@@ -20,10 +20,13 @@ const LAYER_NORM_EPS: f32 = 1e-5;
 /// How a model is loaded.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Matrix formats. The default (Q8_0 on `spec-kernels`) keeps verification bit-identical to
-    /// decoding; `Requantize::Dense(GgmlDType::Q4_0)` is smaller and faster; `Keep` runs the
-    /// stored precision on candle's matmuls (not batch-invariant).
+    /// The decoder's matrix formats. The default (Q8_0 on `spec-kernels`) keeps verification
+    /// bit-identical to decoding; `Requantize::Dense(GgmlDType::Q4_0)` is smaller and faster;
+    /// `Keep` runs the stored precision on candle's matmuls (not batch-invariant).
     pub requantize: Requantize,
+    /// The encoder's matrix formats. Its products have 1500 rows, where dense f32 matrix
+    /// products are faster than the quantized kernels (and exact); the default keeps them.
+    pub encoder_requantize: Requantize,
     pub device: Device,
 }
 
@@ -31,6 +34,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             requantize: Requantize::default(),
+            encoder_requantize: Requantize::Keep,
             device: Device::Cpu,
         }
     }
@@ -71,15 +75,150 @@ pub(crate) fn load(folder: &Path, options: &LoadOptions) -> Result<Whisper> {
             let mut file = Ct2File::open(&model)?;
             let config = WhisperConfig::from_ct2(&mut file)?;
             let loader = WeightLoader::new(file, device, options.requantize);
-            build(loader, config, &Ct2Names, device)
+            build(loader, config, &Ct2Names, options)
         }
         ModelFiles::HuggingFace { weights, config } => {
             let config = WhisperConfig::from_hf_json(&config)?;
             let source = SafetensorsFiles::open(&[weights], device)?;
             let loader = WeightLoader::new(source, device, options.requantize);
-            build(loader, config, &HuggingFaceNames, device)
+            build(loader, config, &HuggingFaceNames, options)
         }
     }
+}
+
+/// Every tensor of a model folder in f32 under Hugging Face's names, CTranslate2's fused
+/// projections split (the key projections' zero biases dropped): for other implementations
+/// of Whisper (candle-transformers' in the benchmark) to run the very same weights.
+pub fn hugging_face_tensors(
+    folder: &Path,
+    device: &Device,
+) -> Result<(
+    WhisperConfig,
+    std::collections::HashMap<String, candle_core::Tensor>,
+)> {
+    let model = match ModelFiles::find(folder)? {
+        ModelFiles::HuggingFace { weights, config } => {
+            let config = WhisperConfig::from_hf_json(&config)?;
+            let tensors = candle_core::safetensors::load(&weights, device)?
+                .into_iter()
+                .map(|(name, t)| Ok((name, t.to_dtype(candle_core::DType::F32)?)))
+                .collect::<Result<_>>()?;
+            return Ok((config, tensors));
+        }
+        ModelFiles::Ct2 { model } => model,
+    };
+    let mut file = Ct2File::open(&model)?;
+    let config = WhisperConfig::from_ct2(&mut file)?;
+    let hidden = config.hidden_size;
+    let mut out = std::collections::HashMap::new();
+    let read = |file: &mut Ct2File, name: &str| -> Result<candle_core::Tensor> {
+        Ok(file.tensor(name, device)?.into_f32(device)?)
+    };
+    let direct = [
+        ("encoder/conv1/weight", "model.encoder.conv1.weight"),
+        ("encoder/conv1/bias", "model.encoder.conv1.bias"),
+        ("encoder/conv2/weight", "model.encoder.conv2.weight"),
+        ("encoder/conv2/bias", "model.encoder.conv2.bias"),
+        (
+            "encoder/position_encodings/encodings",
+            "model.encoder.embed_positions.weight",
+        ),
+        (
+            "decoder/embeddings/weight",
+            "model.decoder.embed_tokens.weight",
+        ),
+        (
+            "decoder/position_encodings/encodings",
+            "model.decoder.embed_positions.weight",
+        ),
+    ];
+    for (ct2, hf) in direct {
+        out.insert(hf.to_string(), read(&mut file, ct2)?);
+    }
+    for (stack, layers) in [
+        (Stack::Encoder, config.encoder_layers),
+        (Stack::Decoder, config.decoder_layers),
+    ] {
+        let (hf_stack, ct2_stack) = (HuggingFaceNames::stack(stack), Ct2Names::stack(stack));
+        let (w, b) = Ct2Names.norm(stack, None, NormSite::Final);
+        let (hw, hb) = HuggingFaceNames.norm(stack, None, NormSite::Final);
+        out.insert(hw, read(&mut file, &w)?);
+        out.insert(hb, read(&mut file, &b)?);
+        for i in 0..layers {
+            let mut sites = vec![NormSite::SelfAttention, NormSite::Mlp];
+            if stack == Stack::Decoder {
+                sites.push(NormSite::CrossAttention);
+            }
+            for site in sites {
+                let (w, b) = Ct2Names.norm(stack, Some(i), site);
+                let (hw, hb) = HuggingFaceNames.norm(stack, Some(i), site);
+                out.insert(hw, read(&mut file, &w)?);
+                out.insert(hb, read(&mut file, &b)?);
+            }
+            let (fc1, fc2) = Ct2Names.mlp(stack, i);
+            let (hf1, hf2) = HuggingFaceNames.mlp(stack, i);
+            for (c, h) in [(fc1, hf1), (fc2, hf2)] {
+                out.insert(
+                    format!("{h}.weight"),
+                    read(&mut file, &format!("{c}/weight"))?,
+                );
+                out.insert(format!("{h}.bias"), read(&mut file, &format!("{c}/bias"))?);
+            }
+            let hf_layer = format!("{hf_stack}.layers.{i}");
+            let ct2_layer = format!("{ct2_stack}/layer_{i}");
+            let mut split =
+                |file: &mut Ct2File, fused: &str, parts: &[&str], block: &str| -> Result<()> {
+                    let weight = read(file, &format!("{fused}/weight"))?;
+                    let bias = read(file, &format!("{fused}/bias"))?;
+                    for (j, part) in parts.iter().enumerate() {
+                        let name = format!("{hf_layer}.{block}.{part}");
+                        out.insert(
+                            format!("{name}.weight"),
+                            weight.narrow(0, j * hidden, hidden)?,
+                        );
+                        if *part != "k_proj" {
+                            out.insert(format!("{name}.bias"), bias.narrow(0, j * hidden, hidden)?);
+                        }
+                    }
+                    Ok(())
+                };
+            let attention = format!("{ct2_layer}/self_attention");
+            split(
+                &mut file,
+                &format!("{attention}/linear_0"),
+                &["q_proj", "k_proj", "v_proj"],
+                "self_attn",
+            )?;
+            split(
+                &mut file,
+                &format!("{attention}/linear_1"),
+                &["out_proj"],
+                "self_attn",
+            )?;
+            if stack == Stack::Decoder {
+                let cross = format!("{ct2_layer}/attention");
+                split(
+                    &mut file,
+                    &format!("{cross}/linear_0"),
+                    &["q_proj"],
+                    "encoder_attn",
+                )?;
+                split(
+                    &mut file,
+                    &format!("{cross}/linear_1"),
+                    &["k_proj", "v_proj"],
+                    "encoder_attn",
+                )?;
+                split(
+                    &mut file,
+                    &format!("{cross}/linear_2"),
+                    &["out_proj"],
+                    "encoder_attn",
+                )?;
+            }
+        }
+    }
+    Ok((config, out))
 }
 
 /// Where a checkpoint layout keeps each tensor.
@@ -283,7 +422,7 @@ fn build<S: WeightSource>(
     mut loader: WeightLoader<S>,
     config: WhisperConfig,
     names: &impl Names,
-    device: &Device,
+    options: &LoadOptions,
 ) -> Result<Whisper> {
     let hidden = config.hidden_size;
     let norm = |loader: &mut WeightLoader<S>, stack, layer, site| -> Result<Norm> {
@@ -328,6 +467,7 @@ fn build<S: WeightSource>(
     };
 
     let encoder_heads = config.encoder_attention_heads;
+    loader.set_requantize(options.encoder_requantize);
     let encoder = Encoder {
         conv1: conv(&mut loader, 1, config.n_mels)?,
         conv2: conv(&mut loader, 2, hidden)?,
@@ -359,6 +499,7 @@ fn build<S: WeightSource>(
         final_norm: norm(&mut loader, Stack::Encoder, None, NormSite::Final)?,
     };
 
+    loader.set_requantize(options.requantize);
     let decoder_heads = config.decoder_attention_heads;
     let head_dim = hidden / decoder_heads;
     let decoder = TextDecoder {
@@ -406,5 +547,5 @@ fn build<S: WeightSource>(
             .collect::<Result<_>>()?,
         final_norm: norm(&mut loader, Stack::Decoder, None, NormSite::Final)?,
     };
-    Ok(Whisper::new(config, encoder, decoder, device))
+    Ok(Whisper::new(config, encoder, decoder, &options.device))
 }

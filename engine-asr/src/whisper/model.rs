@@ -57,9 +57,10 @@ impl Encoder {
     /// `mel` `[n_mels, frames]` → `[1, frames / 2, hidden]`.
     fn forward(&self, mel: &Tensor) -> Result<Tensor> {
         let conv = |x: &Tensor, (w, b): &(Tensor, Tensor), stride| -> Result<Tensor> {
-            Ok(x.conv1d(w, 1, stride, 1, 1)?
-                .broadcast_add(&b.reshape((1, b.dim(0)?, 1))?)?
-                .gelu_erf()?)
+            let y =
+                x.conv1d(w, 1, stride, 1, 1)?
+                    .broadcast_add(&b.reshape((1, b.dim(0)?, 1))?)?;
+            Ok(spec_nn::mlp::gelu(&y)?)
         };
         let x = conv(&mel.unsqueeze(0)?, &self.conv1, 1)?;
         let x = conv(&x, &self.conv2, 2)?;

@@ -108,6 +108,8 @@ pub struct Segment {
 /// Where the time went.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TranscriptStats {
+    /// The log-mel spectrogram.
+    pub front_end_time: Duration,
     pub encoder_time: Duration,
     pub decoder_time: Duration,
     /// Decoder forwards (prompt, each token, each beam step).
@@ -117,6 +119,13 @@ pub struct TranscriptStats {
     pub windows: usize,
     /// Decodings retried at a higher temperature.
     pub fallbacks: usize,
+}
+
+impl TranscriptStats {
+    /// Front end, encoder and decoder together.
+    pub fn total_time(&self) -> Duration {
+        self.front_end_time + self.encoder_time + self.decoder_time
+    }
 }
 
 /// A transcription.
@@ -232,8 +241,13 @@ impl Transcriber {
 
     /// The first `frames` frames of `window` (an even number, at most the window), for the
     /// encoder's real-length mode.
-    fn encoder_input(&self, window: LogMel, audio_frames: usize, length: EncoderLength) -> LogMel {
-        let full = window.frames;
+    pub fn encoder_input(
+        &self,
+        window: LogMel,
+        audio_frames: usize,
+        length: EncoderLength,
+    ) -> LogMel {
+        let full = window.frames.min(self.model.config().window_frames());
         let frames = match length {
             EncoderLength::Full => full,
             EncoderLength::Audio { margin_frames } => {
@@ -241,7 +255,7 @@ impl Transcriber {
                 (wanted + wanted % 2).min(full)
             }
         };
-        if frames == full {
+        if frames == window.frames {
             return window;
         }
         let data = (0..window.n_mels)
@@ -397,11 +411,16 @@ impl Transcriber {
         samples: &[f32],
         options: &TranscribeOptions,
     ) -> Result<Transcript> {
+        let front_end_start = Instant::now();
         let input = WhisperInput::new(samples, &self.filters)?;
+        let front_end_time = front_end_start.elapsed();
         let window_frames = self.model.config().window_frames();
         let content = input.content_frames();
         let mut rng = StdRng::seed_from_u64(options.seed);
-        let mut stats = TranscriptStats::default();
+        let mut stats = TranscriptStats {
+            front_end_time,
+            ..TranscriptStats::default()
+        };
         let mut segments = Vec::new();
         let mut previous: Vec<u32> = Vec::new();
         let mut language = options.language.clone();

@@ -16,7 +16,7 @@ pub const HEADS: usize = 4;
 pub const FFN: usize = 128;
 pub const MELS: usize = 80;
 pub const SOURCE_POSITIONS: usize = 100;
-pub const TARGET_POSITIONS: usize = 48;
+pub const TARGET_POSITIONS: usize = 160;
 /// Ordinary tokens of the tiny vocabulary.
 pub const TEXT_TOKENS: u32 = 40;
 /// The specials in Whisper's order after the text tokens (English-only layout).

@@ -1,0 +1,266 @@
+//! Streaming partial transcripts: audio arrives in chunks, and after each one the growing
+//! window is encoded again and decoded greedily. The previous partial is a free draft: the
+//! prompt and the draft go through the decoder in one forward, the longest prefix of the draft
+//! that greedy decoding would have produced is kept (Whisper's logit rules applied to every
+//! row), and decoding continues from the first correction. Forwards of up to
+//! [`spec_nn::ROW_ATTENTION_MAX_ROWS`] rows give every row exactly its single-token logits, so
+//! each partial is the very transcript greedy decoding from scratch gives (tested) — at a
+//! fraction of the decoder forwards, since consecutive partials mostly agree.
+
+use std::time::{Duration, Instant};
+
+use spec_core::decoder::forward_tokens;
+use spec_core::sampling::argmax;
+use spec_core::{Decoder, LogitRows};
+use spec_nn::ROW_ATTENTION_MAX_ROWS;
+
+use crate::mel::WhisperInput;
+use crate::whisper::decode::{extend_window, log_probability, Candidate};
+use crate::whisper::{TranscribeOptions, Transcriber};
+use crate::{Error, Result, SAMPLE_RATE};
+
+/// A partial transcript of the audio received so far.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partial {
+    /// Text of the whole stream so far (committed windows and the current one).
+    pub text: String,
+    /// Tokens of the current window.
+    pub tokens: Vec<u32>,
+    /// Seconds of audio the partial covers.
+    pub audio_seconds: f64,
+    /// Compute time of this partial (encoding and decoding).
+    pub latency: Duration,
+    /// Tokens of the previous partial the decoder confirmed.
+    pub accepted_draft: usize,
+    /// Decoder forwards spent on this partial.
+    pub forwards: usize,
+}
+
+/// Totals over a stream.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StreamStats {
+    pub partials: usize,
+    pub encoder_time: Duration,
+    pub decoder_time: Duration,
+    pub forwards: usize,
+    /// Draft tokens offered and confirmed.
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+/// Partial transcripts of a stream of 16 kHz mono audio.
+#[derive(Debug)]
+pub struct StreamingTranscriber {
+    transcriber: Transcriber,
+    options: TranscribeOptions,
+    /// Audio of the current window (since `window_start`).
+    samples: Vec<f32>,
+    /// Stream time of the current window's first sample, in samples.
+    window_start: usize,
+    /// Text of the windows already committed.
+    committed: String,
+    /// The last partial's tokens: the next partial's draft.
+    draft: Vec<u32>,
+    language: Option<String>,
+    stats: StreamStats,
+}
+
+impl StreamingTranscriber {
+    /// A stream decoded with `options` (greedy: `beam_size` 1; the temperature fallback is
+    /// not used for partials).
+    pub fn new(transcriber: Transcriber, options: TranscribeOptions) -> Result<Self> {
+        if options.beam_size > 1 {
+            return Err(Error::Config(
+                "streaming partials decode greedily (beam_size 1)".into(),
+            ));
+        }
+        let language = options.language.clone();
+        Ok(Self {
+            transcriber,
+            options,
+            samples: Vec::new(),
+            window_start: 0,
+            committed: String::new(),
+            draft: Vec::new(),
+            language,
+            stats: StreamStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> &StreamStats {
+        &self.stats
+    }
+
+    /// Gives the transcriber back.
+    pub fn into_inner(self) -> Transcriber {
+        self.transcriber
+    }
+
+    /// Appends `chunk` and returns the partial transcript of everything received (`None`
+    /// while the window holds too little audio for one spectrogram frame).
+    pub fn push(&mut self, chunk: &[f32]) -> Result<Option<Partial>> {
+        let window_samples = self.transcriber.model().config().window_frames() * 160;
+        let mut rest = chunk;
+        let mut last = None;
+        while !rest.is_empty() {
+            let room = window_samples - self.samples.len();
+            let (now, later) = rest.split_at(rest.len().min(room));
+            self.samples.extend_from_slice(now);
+            rest = later;
+            if self.samples.len() == window_samples || rest.is_empty() {
+                last = self.partial()?;
+            }
+            if self.samples.len() == window_samples {
+                self.commit();
+            }
+        }
+        Ok(last)
+    }
+
+    /// Ends the stream: the full text.
+    pub fn finish(mut self) -> Result<(String, StreamStats)> {
+        if !self.samples.is_empty() {
+            self.partial()?;
+            self.commit();
+        }
+        Ok((self.committed.trim().to_string(), self.stats))
+    }
+
+    /// The current window's text becomes final; the next window starts empty.
+    fn commit(&mut self) {
+        if let Ok(text) = self.transcriber.tokenizer().decode(&self.draft) {
+            self.committed.push_str(&text);
+        }
+        self.window_start += self.samples.len();
+        self.samples.clear();
+        self.draft.clear();
+    }
+
+    fn partial(&mut self) -> Result<Option<Partial>> {
+        if self.samples.len() <= crate::mel::N_FFT / 2 {
+            return Ok(None);
+        }
+        let start = Instant::now();
+        let input = WhisperInput::new(&self.samples, self.transcriber.filters())?;
+        let audio_frames = input
+            .content_frames()
+            .min(self.transcriber.model().config().window_frames());
+        let window = input.window(0)?;
+        let mel = self
+            .transcriber
+            .encoder_input(window, audio_frames, self.options.encoder_length);
+        self.stats.encoder_time += self.transcriber.encode(&mel)?;
+        let decode_start = Instant::now();
+        if self.language.is_none() {
+            self.language = Some(self.transcriber.detect_language()?);
+        }
+        let (prompt, _) = self
+            .transcriber
+            .prompt(&self.options, self.language.as_deref(), &[])?;
+        let draft = std::mem::take(&mut self.draft);
+        let (candidate, accepted) = self.decode_with_draft(&prompt, &draft)?;
+        self.stats.decoder_time += decode_start.elapsed();
+        self.stats.partials += 1;
+        self.stats.forwards += candidate.forwards;
+        self.stats.drafted += draft.len();
+        self.stats.accepted += accepted;
+        let window_text = self.transcriber.tokenizer().decode(&candidate.tokens)?;
+        self.draft = candidate.tokens.clone();
+        Ok(Some(Partial {
+            text: format!("{}{window_text}", self.committed)
+                .trim()
+                .to_string(),
+            tokens: candidate.tokens,
+            audio_seconds: (self.window_start + self.samples.len()) as f64 / SAMPLE_RATE as f64,
+            latency: start.elapsed(),
+            accepted_draft: accepted,
+            forwards: candidate.forwards,
+        }))
+    }
+
+    /// Greedy decoding of the encoded window after `prompt`, verifying `draft` first. Returns
+    /// the decoded candidate and how many draft tokens it kept.
+    fn decode_with_draft(&mut self, prompt: &[u32], draft: &[u32]) -> Result<(Candidate, usize)> {
+        let rules = self.transcriber.rules(&self.options);
+        let end = self.transcriber.tokenizer().end_of_text;
+        let model = self.transcriber.model();
+        let max_tokens = model.config().max_target_positions / 2;
+        let draft = &draft[..draft.len().min(max_tokens)];
+        let greedy = |rules: &crate::whisper::LogitRules, raw: &[f32], sampled: &[u32]| {
+            let mut row = raw.to_vec();
+            rules.apply(&mut row, sampled);
+            let choice = argmax(&row);
+            (choice, log_probability(&row, choice))
+        };
+        model.reset();
+        let mut sampled: Vec<u32> = Vec::new();
+        let mut sum_logprob = 0f32;
+        // Every forward has at most ROW_ATTENTION_MAX_ROWS rows, so each row is bit-identical
+        // to decoding its token alone: first the prompt and the draft's beginning, then the
+        // draft's next pieces while it holds.
+        let first = draft
+            .len()
+            .min(ROW_ATTENTION_MAX_ROWS.saturating_sub(prompt.len()));
+        let mut piece = &draft[..first];
+        let mut offered = first;
+        let input = [prompt, piece].concat();
+        let mut rows: Vec<Vec<f32>> = forward_tokens(model, &input, LogitRows::Last(first + 1))?
+            .rows()
+            .map(<[f32]>::to_vec)
+            .collect();
+        let mut forwards = 1;
+        // rows[k] are the logits after the sampled tokens and piece[..k].
+        let next = loop {
+            let mut held = 0;
+            while held < piece.len() {
+                let (choice, logprob) = greedy(&rules, &rows[held], &sampled);
+                if choice != piece[held] {
+                    break;
+                }
+                sum_logprob += logprob;
+                sampled.push(choice);
+                held += 1;
+            }
+            if held < piece.len() {
+                // Roll the rejected rest of the piece back.
+                let keep = model.cached_len() - (piece.len() - held);
+                model.truncate(keep)?;
+                break rows.swap_remove(held);
+            }
+            let after = rows.pop().expect("one row after the piece");
+            if offered == draft.len() || greedy(&rules, &after, &sampled).0 != draft[offered] {
+                break after;
+            }
+            let end_of_piece = (offered + ROW_ATTENTION_MAX_ROWS).min(draft.len());
+            piece = &draft[offered..end_of_piece];
+            offered = end_of_piece;
+            rows = std::iter::once(after)
+                .chain(
+                    forward_tokens(model, piece, LogitRows::Last(piece.len()))?
+                        .rows()
+                        .map(<[f32]>::to_vec),
+                )
+                .collect();
+            forwards += 1;
+        };
+        let accepted = sampled.len();
+        let verified = Candidate {
+            tokens: sampled,
+            sum_logprob,
+            finished: false,
+            forwards,
+        };
+        let mut unused_rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+        let candidate = extend_window(
+            model,
+            &rules,
+            next,
+            verified,
+            end,
+            max_tokens,
+            0.0,
+            &mut unused_rng,
+        )?;
+        Ok((candidate, accepted))
+    }
+}
