@@ -321,8 +321,11 @@ fn reference_beam(
                 if finished.len() < beam_size {
                     finished.push((beams[b].0.clone(), s));
                 }
-            } else if next.len() < beam_size {
+            } else {
                 next.push(([beams[b].0.as_slice(), &[t]].concat(), s));
+                if next.len() == beam_size {
+                    break;
+                }
             }
         }
         if finished.len() >= beam_size || next.is_empty() {

@@ -190,6 +190,8 @@ pub fn beam_window(
         }
         proposals.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut continuing: Vec<(f32, usize, u32)> = Vec::new();
+        // Down the ranking until `beam_size` continuations: the endings ranked above the last
+        // of them finish (as in Whisper's `BeamSearchDecoder.update`).
         for (score, b, token) in proposals {
             if token == end_of_text {
                 if finished.len() < beam_size {
@@ -200,8 +202,11 @@ pub fn beam_window(
                         forwards: 0,
                     });
                 }
-            } else if continuing.len() < beam_size {
+            } else {
                 continuing.push((score, b, token));
+                if continuing.len() == beam_size {
+                    break;
+                }
             }
         }
         let depth = beams[0].tokens.len() + 1;

@@ -1,0 +1,194 @@
+//! Whisper on real weights from `../shared/models/fetch` (found in `$SPECVOICE_MODELS`,
+//! default `~/.cache/specvoice/models`) and the real clips of `data/speech`. Ignored by plain
+//! `cargo test`; CI runs them with `cargo test --release -- --ignored` after fetching the models.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use engine_asr::{
+    Audio, EncoderLength, LoadOptions, StreamingTranscriber, TranscribeOptions, Transcriber,
+    WhisperInput,
+};
+use spec_core::decoder::forward_tokens;
+use spec_core::{Decoder, LogitRows};
+use spec_models::{Registry, Store};
+
+const TINY_EN: &str = "whisper-tiny.en-ct2";
+const BASE: &str = "whisper-base-ct2";
+
+fn store() -> Store<'static> {
+    Store::new(
+        spec_models::models_dir().expect("models folder"),
+        Registry::builtin(),
+    )
+}
+
+fn transcriber(name: &str) -> Transcriber {
+    let model = store()
+        .resolve(name)
+        .unwrap_or_else(|e| panic!("{name}: {e} (run ../shared/models/fetch)"));
+    Transcriber::load(&model.dir, &LoadOptions::default()).unwrap()
+}
+
+/// The clips, keyed as in `expected_transcripts.json` (`folder/file.wav`).
+fn clips() -> Vec<(String, Vec<f32>)> {
+    let root = store().root().join("data/speech");
+    let mut out = Vec::new();
+    for folder in ["librivox", "cards"] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(folder))
+            .unwrap_or_else(|e| panic!("{}: {e} (run ../shared/models/fetch)", root.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "wav"))
+            .collect();
+        files.sort();
+        for file in files {
+            let key = format!("{folder}/{}", file.file_name().unwrap().to_string_lossy());
+            out.push((key, Audio::read_wav(&file).unwrap().to_16k().unwrap()));
+        }
+    }
+    assert_eq!(out.len(), 10);
+    out
+}
+
+type Expected = BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>;
+
+fn expected() -> Expected {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/expected_transcripts.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn full_window(beam_size: usize) -> TranscribeOptions {
+    TranscribeOptions {
+        language: Some("en".into()),
+        beam_size,
+        encoder_length: EncoderLength::Full,
+        ..TranscribeOptions::default()
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn the_clips_give_their_stored_transcripts() {
+    let expected = expected();
+    let clips = clips();
+    for (model, mode, beam_size) in [
+        (TINY_EN, "greedy", 1),
+        (TINY_EN, "beam5", 5),
+        (BASE, "greedy", 1),
+    ] {
+        let mut transcriber = transcriber(model);
+        let options = full_window(beam_size);
+        for (key, samples) in &clips {
+            let transcript = transcriber.transcribe(samples, &options).unwrap();
+            assert_eq!(
+                transcript.text, expected[model][mode][key],
+                "{model} {mode} {key}"
+            );
+            assert_eq!(transcript.language.as_deref(), Some("en"));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn the_multilingual_model_detects_english() {
+    let mut transcriber = transcriber(BASE);
+    let (_, samples) = &clips()[0];
+    let options = TranscribeOptions {
+        language: None,
+        ..full_window(1)
+    };
+    let transcript = transcriber.transcribe(samples, &options).unwrap();
+    assert_eq!(transcript.language.as_deref(), Some("en"));
+    assert!(
+        transcript.text.starts_with("And Mr. John Dashwood"),
+        "{}",
+        transcript.text
+    );
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn batched_decoder_forwards_equal_one_token_forwards_bit_for_bit() {
+    for model in [TINY_EN, BASE] {
+        let mut transcriber = transcriber(model);
+        let (_, samples) = &clips()[0];
+        let options = full_window(1);
+        let transcript = transcriber.transcribe(samples, &options).unwrap();
+        let (prompt, _) = transcriber.prompt(&options, Some("en"), &[]).unwrap();
+        let tokens: Vec<u32> = prompt
+            .iter()
+            .chain(transcript.segments.iter().flat_map(|s| s.tokens.iter()))
+            .copied()
+            .collect();
+        assert!(tokens.len() > 20);
+        let whisper = transcriber.model();
+        whisper.reset();
+        let all: Vec<Vec<f32>> = forward_tokens(whisper, &tokens, LogitRows::All)
+            .unwrap()
+            .rows()
+            .map(<[f32]>::to_vec)
+            .collect();
+        whisper.reset();
+        for (i, &token) in tokens.iter().enumerate() {
+            let one = forward_tokens(whisper, &[token], LogitRows::Last(1))
+                .unwrap()
+                .into_last_row();
+            assert!(one == all[i], "{model}: row {i} differs");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn streaming_partials_equal_greedy_transcripts_of_the_same_audio() {
+    let options = TranscribeOptions {
+        language: Some("en".into()),
+        temperatures: vec![0.0],
+        compression_ratio_threshold: None,
+        log_prob_threshold: None,
+        no_speech_threshold: None,
+        encoder_length: EncoderLength::Audio {
+            margin_frames: 1500,
+        },
+        ..TranscribeOptions::default()
+    };
+    let mut reference = transcriber(TINY_EN);
+    let mut stream = StreamingTranscriber::new(transcriber(TINY_EN), options.clone()).unwrap();
+    let (_, samples) = &clips()[0];
+    let chunk = 8_000;
+    let mut kept = 0;
+    for (i, piece) in samples.chunks(chunk).enumerate() {
+        let partial = stream.push(piece).unwrap().expect("a partial per chunk");
+        let heard = &samples[..i * chunk + piece.len()];
+        let expected = reference.transcribe(heard, &options).unwrap();
+        assert_eq!(
+            partial.text, expected.text,
+            "after {:.1} s",
+            partial.audio_seconds
+        );
+        kept += partial.accepted_draft;
+    }
+    let stats = stream.stats().clone();
+    assert!(kept > stats.drafted / 2, "{stats:?}");
+    assert!(stats.forwards < stats.partials * 6, "{stats:?}");
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn silence_and_too_short_audio() {
+    let mut transcriber = transcriber(TINY_EN);
+    let options = full_window(1);
+    let silence = vec![0f32; 16_000 * 3];
+    let transcript = transcriber.transcribe(&silence, &options).unwrap();
+    assert!(
+        transcript.text.len() < 20,
+        "silence gave {:?}",
+        transcript.text
+    );
+    assert!(transcriber.transcribe(&[0.1; 100], &options).is_err());
+    assert!(WhisperInput::new(&[], transcriber.filters()).is_err());
+}
