@@ -87,6 +87,13 @@ impl LogMel {
 /// The log-mel spectrogram of 16 kHz `samples`: `samples.len() / 160` frames. Needs more than
 /// 200 samples (the reflect padding of the first window).
 pub fn log_mel_spectrogram(samples: &[f32], filters: &MelFilters) -> Result<LogMel> {
+    spectrogram(samples, 0, filters)
+}
+
+/// The log-mel spectrogram of `samples` followed by `trailing_silence` zeros. The frames whose
+/// window lies wholly in a long silence have zero power: their value is written, not computed
+/// (30 s of padding after a 2 s clip are most of Whisper's front-end work otherwise).
+fn spectrogram(samples: &[f32], trailing_silence: usize, filters: &MelFilters) -> Result<LogMel> {
     let pad = N_FFT / 2;
     if samples.len() <= pad {
         return Err(Error::Audio(format!(
@@ -94,8 +101,19 @@ pub fn log_mel_spectrogram(samples: &[f32], filters: &MelFilters) -> Result<LogM
             samples.len()
         )));
     }
+    let frames = (samples.len() + trailing_silence) / HOP;
+    // Past `computed`, every window reads zeros only (the reflection at the far end of a long
+    // silence is of zeros too).
+    let long_silence = trailing_silence > 2 * pad + HOP;
+    let computed = if long_silence {
+        frames.min((samples.len() + pad) / HOP + 1)
+    } else {
+        frames
+    };
+    let mut signal = samples.to_vec();
+    signal.resize(samples.len() + trailing_silence.min(2 * pad + HOP), 0.0);
     // Reflect padding: x[pad], …, x[1], x[0], …, x[n-1], x[n-2], …, x[n-1-pad].
-    let n = samples.len();
+    let n = signal.len();
     let padded: Vec<f32> = (0..n + 2 * pad)
         .map(|i| {
             let j = i as isize - pad as isize;
@@ -106,19 +124,19 @@ pub fn log_mel_spectrogram(samples: &[f32], filters: &MelFilters) -> Result<LogM
             } else {
                 j
             };
-            samples[j as usize]
+            signal[j as usize]
         })
         .collect();
     let window: Vec<f32> = (0..N_FFT)
         .map(|i| (0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / N_FFT as f64).cos()) as f32)
         .collect();
-    let frames = n / HOP;
     let fft = RealFftPlanner::<f32>::new().plan_fft_forward(N_FFT);
     let (mut input, mut spectrum) = (fft.make_input_vec(), fft.make_output_vec());
     let mut scratch = fft.make_scratch_vec();
     let mut power = vec![0f32; BINS];
-    let mut data = vec![0f32; filters.n_mels * frames];
-    for frame in 0..frames {
+    // log10 of the power floor, the value of a silent frame.
+    let mut data = vec![-10f32; filters.n_mels * frames];
+    for frame in 0..computed {
         let start = frame * HOP;
         for ((x, s), w) in input
             .iter_mut()
@@ -168,11 +186,8 @@ impl WhisperInput {
                 samples.len() as f64 / 16.0
             )));
         }
-        let mut padded = Vec::with_capacity(samples.len() + WINDOW_SAMPLES);
-        padded.extend_from_slice(samples);
-        padded.resize(samples.len() + WINDOW_SAMPLES, 0.0);
         Ok(Self {
-            mel: log_mel_spectrogram(&padded, filters)?,
+            mel: spectrogram(samples, WINDOW_SAMPLES, filters)?,
             content_frames: samples.len() / HOP,
         })
     }
@@ -224,6 +239,21 @@ mod tests {
             }
         }
         assert!(MelFilters::new(0).is_err());
+    }
+
+    #[test]
+    fn the_silent_padding_is_written_as_computing_it_would_give() {
+        let filters = MelFilters::new(80).unwrap();
+        for len in [201, 1_000, 16_000, 35_123] {
+            let samples: Vec<f32> = (0..len)
+                .map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * 0.3)
+                .collect();
+            let mut padded = samples.clone();
+            padded.resize(len + WINDOW_SAMPLES, 0.0);
+            let computed = log_mel_spectrogram(&padded, &filters).unwrap();
+            let written = spectrogram(&samples, WINDOW_SAMPLES, &filters).unwrap();
+            assert_eq!(written, computed, "{len} samples");
+        }
     }
 
     #[test]

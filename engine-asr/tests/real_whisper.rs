@@ -192,3 +192,29 @@ fn silence_and_too_short_audio() {
     assert!(transcriber.transcribe(&[0.1; 100], &options).is_err());
     assert!(WhisperInput::new(&[], transcriber.filters()).is_err());
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn timestamped_segments_lie_within_the_audio_in_order() {
+    let mut transcriber = transcriber(TINY_EN);
+    let options = TranscribeOptions {
+        timestamps: true,
+        ..full_window(1)
+    };
+    for (key, samples) in clips() {
+        let seconds = samples.len() as f32 / 16_000.0;
+        let transcript = transcriber.transcribe(&samples, &options).unwrap();
+        assert!(!transcript.segments.is_empty(), "{key}");
+        let mut previous_end = 0.0;
+        for segment in &transcript.segments {
+            assert!(segment.start >= previous_end - 1e-3, "{key}: {segment:?}");
+            assert!(segment.end > segment.start, "{key}: {segment:?}");
+            assert!(
+                segment.end <= seconds + 0.5,
+                "{key}: {segment:?} in {seconds} s"
+            );
+            assert!(!segment.text.trim().is_empty());
+            previous_end = segment.end;
+        }
+    }
+}
