@@ -49,12 +49,12 @@ struct Args {
     /// Weight precision.
     #[arg(long, value_enum, default_value_t = Precision::Q8)]
     precision: Precision,
-    /// Encode all 30 s of each window (Whisper's training condition) instead of the audio's
-    /// length plus this margin of frames (10 ms each).
+    /// Encode all 30 s of each window (Whisper's training condition) instead of the audio and
+    /// 10 s of padding.
     #[arg(long)]
     full_encoder: bool,
-    /// Padding frames encoded after the audio when not `--full-encoder`.
-    #[arg(long)]
+    /// Padding frames (10 ms each) encoded after the audio [default: 1000].
+    #[arg(long, conflicts_with = "full_encoder")]
     encoder_margin: Option<usize>,
     /// Feed the audio in chunks of this many seconds and print every partial transcript
     /// (greedy; the previous partial is verified as a draft).

@@ -21,7 +21,9 @@
 pub mod audio;
 mod error;
 pub mod mel;
+pub mod normalize;
 pub mod streaming;
+pub mod wer;
 pub mod whisper;
 
 pub use audio::{resample, Audio, SAMPLE_RATE};

@@ -28,6 +28,9 @@
 //! - Python's `\b` is emulated with "a word character is a letter, a number (any `N` category) or
 //!   `_`", which is `str.isalnum()` except for the few letters-with-numeric-values outside `L`/`N`.
 //!
+//! The unit tests' expected outputs were produced by openai-whisper 20240930 (tag v20240930)
+//! under CPython 3.11.7.
+//!
 //! Whitespace is Python's (`str.split`, `\s`): Unicode `White_Space` plus U+001C–U+001F. Numbers
 //! of any size are exact (Python's integers and `Fraction`s are emulated on decimal strings), and
 //! digits of other scripts are read as Python reads them (`٣٤` → `34`).
@@ -44,9 +47,17 @@ use crate::{Error, Result};
 
 /// Whisper's English text normalizer.
 ///
-/// ```ignore
-/// let normalizer = EnglishTextNormalizer::from_file(&models.join("data/whisper/english.json"))?;
-/// assert_eq!(normalizer.normalize("Mr. Smith paid twenty dollars"), "mister smith paid $20");
+/// ```
+/// use std::collections::HashMap;
+/// use engine_asr::normalize::EnglishTextNormalizer;
+///
+/// // usually `EnglishTextNormalizer::from_file` on Whisper's `english.json`
+/// let spelling = HashMap::from([("colour".to_string(), "color".to_string())]);
+/// let normalizer = EnglishTextNormalizer::new(spelling);
+/// assert_eq!(
+///     normalizer.normalize("Mr. Smith paid twenty-five dollars for the colour [laughs]"),
+///     "mister smith paid $25 for the color"
+/// );
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct EnglishTextNormalizer {
@@ -548,7 +559,11 @@ impl Decimal {
         let (int, frac) = s.split_once('.').unwrap_or((s, ""));
         // Fraction wants a digit first, or a point and a digit
         let first_digit = if int.is_empty() { frac } else { int };
-        if !first_digit.chars().next().is_some_and(|c| decimal_digit(c).is_some()) {
+        if first_digit
+            .chars()
+            .next()
+            .is_none_or(|c| decimal_digit(c).is_none())
+        {
             return None;
         }
         let mut ascii = String::with_capacity(int.len() + frac.len());
@@ -1003,7 +1018,9 @@ impl NumberWriter {
                 Multiplier(power) => match self.value.take() {
                     None => self.value = Some(Value::Int(Nat::small(1).shifted_up(power))),
                     Some(v @ Value::Text(_)) => self.multiply_fraction(v, power),
-                    Some(Value::Int(n)) if n.is_zero() => self.multiply_fraction(Value::Int(n), power),
+                    Some(Value::Int(n)) if n.is_zero() => {
+                        self.multiply_fraction(Value::Int(n), power)
+                    }
                     Some(Value::Int(n)) => {
                         self.value = Some(Value::Int(n.scale_last_thousand(power)));
                     }
@@ -1103,5 +1120,372 @@ impl NumberWriter {
                 self.value = Some(Value::Int(Nat::small(1).shifted_up(power)));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The expected outputs come from running the reference: openai-whisper 20240930 (PyPI;
+    //! `whisper/normalizers/english.py`, `basic.py` and `english.json` as in the GitHub tag
+    //! v20240930) under CPython 3.11.7 (`unicodedata` 14.0.0), with `regex` 2026.11.15 and
+    //! `more_itertools` 11.2.1. The implementation was also compared with the reference on about
+    //! 160,000 generated strings (number words, digits, currency, contractions, brackets, mixed
+    //! scripts, random code points): the only differences came from characters that Unicode 14
+    //! had not yet assigned.
+
+    use super::*;
+
+    /// The British spellings that occur in [`ENGLISH_CASES`], as in Whisper's `english.json`.
+    fn spelling() -> HashMap<String, String> {
+        [
+            ("catalogue", "catalog"),
+            ("centre", "center"),
+            ("colour", "color"),
+            ("grey", "gray"),
+            ("organised", "organized"),
+            ("programme", "program"),
+            ("theatre", "theater"),
+        ]
+        .into_iter()
+        .map(|(gb, us)| (gb.to_string(), us.to_string()))
+        .collect()
+    }
+
+    const ENGLISH_CASES: &[(&str, &str)] = &[
+        ("Hello, World!", "hello world"),
+        ("[laughter] hi", "hi"),
+        ("<unk> hello (inaudible) world", "hello world"),
+        ("uh hi um there hmm mhm mmm", "hi there"),
+        (
+            "I won't go, can't stop, let's see, y'all ain't gonna wanna",
+            "i will not go can not stop let us see you all aint going to want to",
+        ),
+        (
+            "Mr. Smith and Mrs. Jones met Dr. Who on St. Patrick's day",
+            "mister smith and missus jones met doctor who on saint patrick is day",
+        ),
+        ("it's 5 o'clock", "it is 50 clock"),
+        (
+            "He's been there; she'd gone; they'd done it; we've got it",
+            "he has been there she had gone they had done it we have got it",
+        ),
+        (
+            "I'm sure you're right, they'll come and I'd say it's fine",
+            "i am sure you are right they will come and i would say it is fine",
+        ),
+        ("twenty-five", "25"),
+        ("one hundred and twenty three", "123"),
+        ("one thousand two hundred thirty four", "1234"),
+        (
+            "twenty first of may and the thirty second",
+            "21st of may and the 32nd",
+        ),
+        (
+            "the ninth and the twenty ninth",
+            "the ninth and the 20 ninth",
+        ),
+        ("1,000,000 people", "1000000 people"),
+        ("$5.50", "$5.50"),
+        ("$20 million", "$20000000"),
+        ("twenty dollars and fifty cents", "$20.50"),
+        ("five dollars and seven cents", "$5.07"),
+        ("fifty percent and ten per cent", "50% and 10%"),
+        ("three point one four", "3.14"),
+        (
+            "the 1990s and the nineteen nineties",
+            "the 1990s and the 1990s",
+        ),
+        ("one of them", "one of them"),
+        ("ones and twos", "ones and 2s"),
+        ("double oh seven", "007"),
+        ("double five triple nine", "55999"),
+        ("one oh one", "101"),
+        ("two and a half hours", "2.5 hours"),
+        ("and a half", ""),
+        ("minus five degrees", "-5 degrees"),
+        (
+            "café naïve résumé Æsop straße",
+            "cafe naive resume aesop strasse",
+        ),
+        (
+            "the colour of the centre is grey",
+            "the color of the center is gray",
+        ),
+        (
+            "well-known, state-of-the-art",
+            "well known state of the art",
+        ),
+        (
+            "rock 'n' roll and the dogs' bones",
+            "rock n roll and the dogs bones",
+        ),
+        ("I have 1 apple and 1s", "i have one apple and ones"),
+        ("$1 and £0.05 and $0.5", " one and ¢5 and ¢5"),
+        ("it costs €10", "it costs €10"),
+        ("nineteen eighty four", "1984"),
+        ("two thousand and twenty", "2020"),
+        ("a million and one", "a 1000001"),
+        ("the 3rd and 22nd and 101st", "the 3rd and 22nd and 101st"),
+        ("seven hundred thousand", "700000"),
+        ("zero point five", "0.5"),
+        ("0 point 5", ".5"),
+        ("one point five million", "1500000"),
+        ("hundreds of thousands", "100s of 1000s"),
+        (
+            "Gen. Lee, Sen. Warren, Capt. Hook, Jr. and Esq.",
+            "general lee senator warren captain hook junior and esquire",
+        ),
+        ("U.S.A. and e.g. etc.", "u s a and e g etc"),
+        ("it's 3:30 p.m.", "it is 3 30 p m"),
+        ("pi is 3.14159.", "pi is 3.14159"),
+        ("100%", "100%"),
+        ("$$5 costs $", " $5 costs $"),
+        ("sixes and sevens", "6s and 7s"),
+        ("eleven twelve", "1112"),
+        ("twenty twenty", "2020"),
+        ("page 12, 13", "page 12 13"),
+        ("1,2,3", "12 3"),
+        ("I’m here", "i m here"),
+        (
+            "   multiple   spaces\tand\nnewlines  ",
+            "multiple spaces and newlines",
+        ),
+        ("point", "point"),
+        ("double trouble", "double trouble"),
+        ("positive thinking plus one", "positive thinking +one"),
+        (
+            "the sixth sense and the fifth element",
+            "the 6th sense and the 5th element",
+        ),
+        ("One Two Three Four", "1234"),
+        ("mmm hmm okay", "okay"),
+        ("٣٤ arabic", "34 arabic"),
+        ("½ cup", "one 2 cup"),
+        (
+            "The organised theatre programme is in the colour catalogue",
+            "the organized theater program is in the color catalog",
+        ),
+        (
+            "I'd been there and he'd done it",
+            "i had been there and he had done it",
+        ),
+        ("twenty-five dollars and fifty cents", "$25.50"),
+        (
+            "Mr Smith, Dr Jones and St Louis",
+            "mister smith doctor jones and saint louis",
+        ),
+        ("one two three", "123"),
+        ("two thousand and five hundred", "2500"),
+        ("twenty twenty one", "2021"),
+        ("nineteen oh five", "1905"),
+        ("five hundred thousand million", "500000"),
+        ("three and a half million", "3500000"),
+        ("a hundred and one dalmatians", "a 101 dalmatians"),
+        ("first second third fourth fifth", "1st 2nd 3rd 4th 5th"),
+        ("$2.00 and 2.50", "$2 and 2.50"),
+        ("ten per", "10 per"),
+        ("$0 5", "¢5"),
+        ("7 cents and 3 pounds", "¢7 and £3"),
+        ("twenty thirds", "20 thirds"),
+        ("one point double five", "155"),
+        ("1.5 million and 0.0005 thousand", "1500000 0.0005 1000"),
+        (
+            "999,999,999,999,999,999,999,999,999,999 dollars",
+            "$999999999999999999999999999999",
+        ),
+        ("call 555 0100", "call 555 100"),
+        ("the 80s and the '90s", "the 80s and the 90s"),
+        ("e-mail me at 5pm", "e mail me at 5 pm"),
+        ("4th of july 1776", "4th of july 1776"),
+        ("ten twelve eleven", "101211"),
+        (
+            "Um, it's, uh, kinda like, you know",
+            "it is kinda like you know",
+        ),
+        (
+            "ma'am y'all imma woulda",
+            "madam you all i am going to would have",
+        ),
+        ("rock-n-roll", "rock n roll"),
+        (
+            "Jack's got it and she's gone",
+            "jack has got it and she has gone",
+        ),
+        (
+            "École élève œuvre øre þorn łódź",
+            "ecole eleve oeuvre ore thorn lodz",
+        ),
+        ("ΣΟΦΟΣ", "σοφος"),
+    ];
+    const BASIC_CASES: &[(&str, &str)] = &[
+        ("Hello, World!", "hello world "),
+        ("[laughter] hi", " hi"),
+        ("<unk> hello (inaudible) world", " hello world"),
+        (
+            "café naïve résumé Æsop straße",
+            "café naïve résumé æsop straße",
+        ),
+        (
+            "well-known, state-of-the-art",
+            "well known state of the art",
+        ),
+        ("$1 and £0.05 and $0.5", " 1 and 0 05 and 0 5"),
+        ("it's 3:30 p.m.", "it s 3 30 p m "),
+        ("100%", "100 "),
+        ("I’m here", "i m here"),
+        (
+            "   multiple   spaces\tand\nnewlines  ",
+            " multiple spaces and newlines ",
+        ),
+        ("½ cup", "1 2 cup"),
+        (
+            "École élève œuvre øre þorn łódź",
+            "école élève œuvre øre þorn łódź",
+        ),
+        ("ΣΟΦΟΣ", "σοφος"),
+    ];
+
+    #[test]
+    fn english_matches_whisper() {
+        let normalizer = EnglishTextNormalizer::new(spelling());
+        let mut wrong = Vec::new();
+        for &(input, expected) in ENGLISH_CASES {
+            let got = normalizer.normalize(input);
+            if got != expected {
+                wrong.push(format!("{input:?}: expected {expected:?}, got {got:?}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn basic_matches_whisper() {
+        for &(input, expected) in BASIC_CASES {
+            assert_eq!(basic_normalize(input), expected, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn without_a_spelling_map_british_spellings_stay() {
+        let normalizer = EnglishTextNormalizer::default();
+        assert_eq!(
+            normalizer.normalize("The colour of the centre"),
+            "the colour of the centre"
+        );
+    }
+
+    #[test]
+    fn huge_numbers_are_exact() {
+        // Python's integers have no size limit; Whisper keeps the last three digits scaled
+        let normalizer = EnglishTextNormalizer::default();
+        let sixty_ones = "1".repeat(60);
+        assert_eq!(
+            normalizer.normalize(&format!("{sixty_ones} thousand")),
+            format!("{}222000", "1".repeat(54))
+        );
+        assert_eq!(
+            normalizer.normalize("nine hundred ninety nine decillion"),
+            format!("999{}", "0".repeat(33))
+        );
+    }
+
+    #[test]
+    fn decimal_digits_of_any_script() {
+        assert_eq!(decimal_digit('7'), Some(7));
+        assert_eq!(decimal_digit('\u{0663}'), Some(3)); // Arabic-Indic three
+        assert_eq!(decimal_digit('\u{1D7D9}'), Some(1)); // mathematical double-struck one
+        assert_eq!(decimal_digit('x'), None);
+        assert_eq!(decimal_digit('½'), None);
+    }
+
+    #[test]
+    fn nat_arithmetic() {
+        assert_eq!(Nat::small(999).plus(&Nat::small(1)).to_string(), "1000");
+        assert_eq!(Nat::from_digits("0007").to_string(), "7");
+        assert_eq!(Nat::from_digits("000").to_string(), "0");
+        assert_eq!(
+            Nat::small(1500).scale_last_thousand(6).to_string(),
+            "500001000"
+        );
+        assert_eq!(Nat::small(1100).scale_last_thousand(2).to_string(), "11000");
+        assert!(Nat::small(1200).divisible_by_pow10(2));
+        assert!(!Nat::small(1200).divisible_by_pow10(3));
+        assert!(Nat::zero().divisible_by_pow10(5));
+        let half = Decimal::parse(".5").unwrap();
+        assert_eq!(half.times_pow10(1).unwrap().to_string(), "5");
+        assert!(half.times_pow10(0).is_none());
+        assert!(Decimal::parse("1.2.3").is_none());
+        assert!(Decimal::parse(".").is_none());
+    }
+
+    /// Whisper's `english.json` where the models folder has it (`cargo xtask models` fetches it);
+    /// `None` elsewhere.
+    fn spelling_file() -> Option<std::path::PathBuf> {
+        let models = match std::env::var_os("SPECVOICE_MODELS").filter(|d| !d.is_empty()) {
+            Some(dir) => std::path::PathBuf::from(dir),
+            None => {
+                std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache/specvoice/models")
+            }
+        };
+        let path = models.join("data/whisper/english.json");
+        path.is_file().then_some(path)
+    }
+
+    #[test]
+    fn whisper_spelling_file() {
+        let Some(path) = spelling_file() else {
+            eprintln!("skipped: no data/whisper/english.json in the models folder");
+            return;
+        };
+        let normalizer = EnglishTextNormalizer::from_file(&path).unwrap();
+        assert_eq!(normalizer.spelling().len(), 1739);
+        for (input, expected) in [
+            (
+                "The travelled defence of aluminium colours",
+                "the traveled defense of aluminum colors",
+            ),
+            (
+                "We analysed the programme at the theatre centre",
+                "we analyzed the program at the theater center",
+            ),
+            (
+                "Mum apologised: labour, honour and favour!",
+                "mum apologized labor honor and favor",
+            ),
+        ] {
+            assert_eq!(normalizer.normalize(input), expected);
+        }
+        // the in-memory map of the other tests is a part of it
+        for (gb, us) in spelling() {
+            assert_eq!(normalizer.spelling().get(&gb), Some(&us));
+        }
+    }
+
+    #[test]
+    fn spelling_file_errors_are_typed() {
+        let dir = std::env::temp_dir().join(format!("specvoice-normalize-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        let missing = dir.join("missing.json");
+        match EnglishTextNormalizer::from_file(&missing) {
+            Err(Error::Io { path, .. }) => assert_eq!(path, missing),
+            other => panic!("expected an IO error, got {other:?}"),
+        }
+
+        let corrupt = dir.join("corrupt.json");
+        for content in ["{\"colour\": ", "[\"colour\"]", "{\"colour\": 1}"] {
+            std::fs::write(&corrupt, content).unwrap();
+            match EnglishTextNormalizer::from_file(&corrupt) {
+                Err(Error::Config(message)) => assert!(message.contains("corrupt.json")),
+                other => panic!("expected a Config error for {content:?}, got {other:?}"),
+            }
+        }
+
+        let good = dir.join("good.json");
+        std::fs::write(&good, r#"{"colour": "color"}"#).unwrap();
+        let normalizer = EnglishTextNormalizer::from_file(&good).unwrap();
+        assert_eq!(normalizer.normalize("Colour!"), "color");
+
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

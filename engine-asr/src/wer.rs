@@ -114,9 +114,13 @@ pub fn word_errors(reference: &str, hypothesis: &str) -> WordErrors {
                 ..next[j]
             };
             // the first of equal costs wins: substitution (or match), deletion, insertion
-            next[j + 1] = [deletion, insertion]
-                .into_iter()
-                .fold(diagonal, |best, c| if c.cost() < best.cost() { c } else { best });
+            next[j + 1] = [deletion, insertion].into_iter().fold(diagonal, |best, c| {
+                if c.cost() < best.cost() {
+                    c
+                } else {
+                    best
+                }
+            });
         }
         std::mem::swap(&mut row, &mut next);
     }
@@ -154,11 +158,55 @@ mod tests {
         assert_eq!(word_errors("a b c", "a x c"), errors(1, 0, 0, 3));
         assert_eq!(word_errors("a b c", "a c"), errors(0, 1, 0, 3));
         assert_eq!(word_errors("a b c", "a b x c"), errors(0, 0, 1, 3));
-        assert_eq!(word_errors("a b c d", "x a c d e"), errors(1, 0, 1, 4));
+        // x a c d e: "x a" for "a b" and an inserted "e" (or: x inserted, b deleted, e inserted)
+        assert_eq!(word_errors("a b c d", "x a c d e"), errors(2, 0, 1, 4));
+        // keeping "quick" and "fox" costs 5 too (2 S, 1 D, 2 I); substitutions win the tie
         assert_eq!(
             word_errors("the quick brown fox jumps", "a quick fox jumped over it"),
-            errors(2, 1, 2, 5)
+            errors(4, 0, 1, 5)
         );
+    }
+
+    /// The textbook edit distance, to check the counts against.
+    fn edit_distance(a: &[&str], b: &[&str]) -> usize {
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, x) in a.iter().enumerate() {
+            let mut next = vec![i + 1; b.len() + 1];
+            for (j, y) in b.iter().enumerate() {
+                next[j + 1] = (row[j] + usize::from(x != y))
+                    .min(row[j + 1] + 1)
+                    .min(next[j] + 1);
+            }
+            row = next;
+        }
+        row[b.len()]
+    }
+
+    #[test]
+    fn counts_form_a_minimum_alignment() {
+        let vocabulary = ["a", "b", "c"];
+        let mut state = 0x2545_f491_u64;
+        let mut words = |n: usize| -> Vec<&str> {
+            (0..n)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    vocabulary[(state >> 33) as usize % vocabulary.len()]
+                })
+                .collect()
+        };
+        for n in 0..12 {
+            for m in 0..12 {
+                let (r, h) = (words(n), words(m));
+                let e = word_errors(&r.join(" "), &h.join(" "));
+                assert_eq!(e.errors(), edit_distance(&r, &h), "{r:?} / {h:?}");
+                assert_eq!(e.reference_words, n);
+                // the words left matched are the same count on both sides
+                assert_eq!(
+                    n - e.substitutions - e.deletions,
+                    m - e.substitutions - e.insertions
+                );
+            }
+        }
     }
 
     #[test]

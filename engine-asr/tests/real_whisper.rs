@@ -74,13 +74,18 @@ fn full_window(beam_size: usize) -> TranscribeOptions {
 fn the_clips_give_their_stored_transcripts() {
     let expected = expected();
     let clips = clips();
-    for (model, mode, beam_size) in [
-        (TINY_EN, "greedy", 1),
-        (TINY_EN, "beam5", 5),
-        (BASE, "greedy", 1),
+    let default = TranscribeOptions {
+        language: Some("en".into()),
+        ..TranscribeOptions::default()
+    };
+    for (model, mode, options) in [
+        (TINY_EN, "greedy", full_window(1)),
+        (TINY_EN, "beam5", full_window(5)),
+        (TINY_EN, "default", default.clone()),
+        (BASE, "greedy", full_window(1)),
+        (BASE, "default", default.clone()),
     ] {
         let mut transcriber = transcriber(model);
-        let options = full_window(beam_size);
         for (key, samples) in &clips {
             let transcript = transcriber.transcribe(samples, &options).unwrap();
             assert_eq!(
