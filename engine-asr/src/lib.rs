@@ -1,22 +1,23 @@
-//! # engine-asr (in progress)
+//! # engine-asr
 //!
-//! Speech recognition on `spec-core`. **Only the audio front end runs yet**: this crate holds
-//! the place and the layout of the ASR engine so that it is built from the shared `spec-nn`
-//! blocks (attention with a rollback-able KV cache and tree masks, cross-attention, linears on
-//! `spec-kernels`, LayerNorm, GELU MLPs, sinusoidal and learned positions, weight loading)
-//! rather than from a copy of them. Module by module:
+//! Speech recognition on `spec-core`: Whisper built from the shared `spec-nn` blocks, with
+//! streaming partial transcripts that verify the previous partial as a draft.
 //!
-//! - [`audio`] (works): WAV reading in any common PCM encoding, mono downmix, resampling to
-//!   16 kHz; [`mel`] (works): Whisper's log-mel spectrogram, checked against the Python
-//!   implementation, and [`WhisperInput`]: a recording padded as Whisper pads it and cut into
-//!   30-second windows at any seek.
-//! - `whisper`: the encoder and the decoder (implementing `spec_core::Decoder`, cross-attention
-//!   keys/values kept per audio window), from CTranslate2's `model.bin` and Hugging Face
-//!   safetensors, and Whisper's tokenizer and decoding rules.
-//! - `heads`: multi-token prediction heads on the decoder's last hidden state (Speech-LLaMA).
-//! - `specasr`: SpecASR's adaptive drafts, draft recycling and two-pass sparse token trees.
+//! - [`audio`]: WAV reading in any common PCM encoding, mono downmix, resampling to 16 kHz;
+//!   [`mel`]: Whisper's log-mel spectrogram (checked against the Python implementation) and
+//!   [`WhisperInput`], a recording padded as Whisper pads it and cut into 30-second windows.
+//! - [`whisper`]: the model ([`Whisper`], a `spec_core::Decoder`: KV cache with rollback and
+//!   tree masks, cross-attention keys/values kept per window, batch-invariant forwards), its
+//!   weights (CTranslate2 `model.bin`, Hugging Face safetensors), tokenizer, logit rules
+//!   (suppression, the timestamp grammar), greedy/sampled/beam decoding with the temperature
+//!   fallback, and [`Transcriber`], which seeks through a recording window by window.
+//! - [`streaming`]: [`StreamingTranscriber`], partial transcripts of growing audio, each equal
+//!   to greedy decoding from scratch, the previous partial verified as a free draft.
+//! - [`normalize`] and [`wer`]: Whisper's English text normalizer and the word error rate.
 //!
-//! The README of this crate tracks what works.
+//! Multi-token prediction heads and SpecASR (adaptive drafts, draft recycling, sparse token
+//! trees) come next and run on the same decoder. The README of this crate has the details and
+//! the measurements.
 
 pub mod audio;
 mod error;

@@ -485,3 +485,47 @@ fn streaming_refuses_beam_search() {
         Err(Error::Config(_))
     ));
 }
+
+#[test]
+fn an_improbable_window_is_decoded_again_at_each_higher_temperature() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 8);
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let audio = signal(1.0);
+    // No decoding is probable enough: every temperature is tried, with best-of-2 sampling.
+    let options = TranscribeOptions {
+        log_prob_threshold: Some(0.0),
+        no_speech_threshold: None,
+        temperatures: vec![0.0, 0.5, 1.0],
+        best_of: 2,
+        ..TranscribeOptions::default()
+    };
+    let transcript = transcriber.transcribe(&audio, &options).unwrap();
+    assert_eq!(transcript.stats.fallbacks, 2);
+    assert_eq!(transcript.segments[0].temperature, 1.0);
+    // The same seed samples the same text.
+    let again = transcriber.transcribe(&audio, &options).unwrap();
+    assert_eq!(again.text, transcript.text);
+    // Without thresholds the greedy decoding stands.
+    let plain = transcriber.transcribe(&audio, &greedy_options()).unwrap();
+    assert_eq!(plain.stats.fallbacks, 0);
+    assert_eq!(plain.segments[0].temperature, 0.0);
+}
+
+#[test]
+fn repetitive_text_compresses_well() {
+    use engine_asr::whisper::compression_ratio;
+    let varied = "The quick brown fox jumps over the lazy dog near the river bank.";
+    let looped = "ten of clubs ".repeat(20);
+    assert!(
+        compression_ratio(varied) < 2.4,
+        "{}",
+        compression_ratio(varied)
+    );
+    assert!(
+        compression_ratio(&looped) > 2.4,
+        "{}",
+        compression_ratio(&looped)
+    );
+    assert_eq!(compression_ratio(""), 0.0);
+}
