@@ -223,3 +223,35 @@ fn timestamped_segments_lie_within_the_audio_in_order() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn a_recording_longer_than_a_window_is_transcribed_whole() {
+    use engine_asr::normalize::EnglishTextNormalizer;
+    use engine_asr::wer::word_errors;
+
+    let clips = clips();
+    let audio: Vec<f32> = clips.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+    assert!(audio.len() > 16_000 * 30);
+    let expected = expected();
+    let reference: String = clips
+        .iter()
+        .map(|(key, _)| expected[TINY_EN]["greedy"][key].clone())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let normalizer =
+        EnglishTextNormalizer::from_file(&store().data_file("whisper/english.json").unwrap())
+            .unwrap();
+    let mut transcriber = transcriber(TINY_EN);
+    let transcript = transcriber
+        .transcribe(&audio, &TranscribeOptions::default())
+        .unwrap();
+    assert!(transcript.stats.windows >= 2, "{:?}", transcript.stats);
+    let errors = word_errors(
+        &normalizer.normalize(&reference),
+        &normalizer.normalize(&transcript.text),
+    );
+    // Every clip is there: a skipped one would cost at least three words.
+    assert!(errors.deletions <= 2, "{errors:?}: {}", transcript.text);
+    assert!(errors.rate() < 0.15, "{errors:?}: {}", transcript.text);
+}

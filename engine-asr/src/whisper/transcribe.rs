@@ -63,7 +63,8 @@ pub struct TranscribeOptions {
     /// Language code (`en`, `de`, …); `None` detects it on multilingual models.
     pub language: Option<String>,
     pub task: Task,
-    /// Predict timestamps and split the text into timed segments.
+    /// Predict timestamps and split the text into timed segments. Recordings longer than one
+    /// window are always decoded with timestamps (the seek follows them).
     pub timestamps: bool,
     /// Beams at temperature 0; 1 is greedy.
     pub beam_size: usize,
@@ -430,6 +431,18 @@ impl Transcriber {
         let front_end_time = front_end_start.elapsed();
         let window_frames = self.model.config().window_frames();
         let content = input.content_frames();
+        // Past one window the seek follows the last timestamp (a window's text can end before
+        // its audio does): long recordings are decoded with timestamps whatever was asked.
+        let long_form;
+        let options = if content > window_frames && !options.timestamps {
+            long_form = TranscribeOptions {
+                timestamps: true,
+                ..options.clone()
+            };
+            &long_form
+        } else {
+            options
+        };
         let mut rng = StdRng::seed_from_u64(options.seed);
         let mut stats = TranscriptStats {
             front_end_time,
