@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use spec_core::decoder::forward_tokens;
 use spec_core::sampling::argmax;
-use spec_core::{Decoder, LogitRows};
+use spec_core::{forward_continuation, Decoder, LogitRows};
 use spec_nn::ROW_ATTENTION_MAX_ROWS;
 
-use crate::mel::WhisperInput;
+use crate::mel::{WhisperInput, HOP};
 use crate::whisper::decode::{extend_window, log_probability, Candidate};
 use crate::whisper::{TranscribeOptions, Transcriber};
 use crate::{Error, Result, SAMPLE_RATE};
@@ -61,6 +61,8 @@ pub struct StreamingTranscriber {
     committed: String,
     /// The last partial's tokens: the next partial's draft.
     draft: Vec<u32>,
+    /// The last partial's text of the current window.
+    window_text: String,
     language: Option<String>,
     stats: StreamStats,
 }
@@ -82,6 +84,7 @@ impl StreamingTranscriber {
             window_start: 0,
             committed: String::new(),
             draft: Vec::new(),
+            window_text: String::new(),
             language,
             stats: StreamStats::default(),
         })
@@ -99,7 +102,7 @@ impl StreamingTranscriber {
     /// Appends `chunk` and returns the partial transcript of everything received (`None`
     /// while the window holds too little audio for one spectrogram frame).
     pub fn push(&mut self, chunk: &[f32]) -> Result<Option<Partial>> {
-        let window_samples = self.transcriber.model().config().window_frames() * 160;
+        let window_samples = self.transcriber.model().config().window_frames() * HOP;
         let mut rest = chunk;
         let mut last = None;
         while !rest.is_empty() {
@@ -128,9 +131,8 @@ impl StreamingTranscriber {
 
     /// The current window's text becomes final; the next window starts empty.
     fn commit(&mut self) {
-        if let Ok(text) = self.transcriber.tokenizer().decode(&self.draft) {
-            self.committed.push_str(&text);
-        }
+        self.committed
+            .push_str(&std::mem::take(&mut self.window_text));
         self.window_start += self.samples.len();
         self.samples.clear();
         self.draft.clear();
@@ -164,10 +166,10 @@ impl StreamingTranscriber {
         self.stats.forwards += candidate.forwards;
         self.stats.drafted += draft.len();
         self.stats.accepted += accepted;
-        let window_text = self.transcriber.tokenizer().decode(&candidate.tokens)?;
+        self.window_text = self.transcriber.tokenizer().decode(&candidate.tokens)?;
         self.draft = candidate.tokens.clone();
         Ok(Some(Partial {
-            text: format!("{}{window_text}", self.committed)
+            text: format!("{}{}", self.committed, self.window_text)
                 .trim()
                 .to_string(),
             tokens: candidate.tokens,
@@ -203,8 +205,7 @@ impl StreamingTranscriber {
             .min(ROW_ATTENTION_MAX_ROWS.saturating_sub(prompt.len()));
         let mut piece = &draft[..first];
         let mut offered = first;
-        let input = [prompt, piece].concat();
-        let mut rows: Vec<Vec<f32>> = forward_tokens(model, &input, LogitRows::Last(first + 1))?
+        let mut rows: Vec<Vec<f32>> = forward_continuation(model, prompt, piece)?
             .rows()
             .map(<[f32]>::to_vec)
             .collect();

@@ -11,7 +11,7 @@
 use candle_core::{DType, Device, Layout, Module, Storage, Tensor};
 use spec_core::kv_cache::LayerKvCache;
 
-use crate::linear::Linear;
+use crate::linear::{with_cpu_values, Linear};
 use crate::math::{exp, softmax_in_place};
 use crate::rotary::RotaryTables;
 use crate::{Error, Result};
@@ -172,24 +172,27 @@ const QUERY_BLOCK: usize = 64;
 fn blocked_attention(queries: &Tensor, keys: &Tensor, values: &Tensor) -> Result<Tensor> {
     let (_, heads, rows, dim) = queries.dims4()?;
     let total = keys.dim(2)?;
-    let (queries, keys, values) = (
-        queries.contiguous()?,
-        keys.contiguous()?,
-        values.contiguous()?,
-    );
-    let (q_storage, q_layout) = queries.storage_and_layout();
-    let (k_storage, k_layout) = keys.storage_and_layout();
-    let (v_storage, v_layout) = values.storage_and_layout();
-    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
-        (&*q_storage, &*k_storage, &*v_storage)
-    else {
-        return Err(Error::Config(
-            "blocked attention runs on the CPU only".into(),
-        ));
-    };
-    let q = &q.as_slice::<f32>()?[q_layout.start_offset()..];
-    let k = &k.as_slice::<f32>()?[k_layout.start_offset()..];
-    let v = &v.as_slice::<f32>()?[v_layout.start_offset()..];
+    let out = with_cpu_values(queries, |q| {
+        with_cpu_values(keys, |k| {
+            with_cpu_values(values, |v| {
+                blocked_products(q, k, v, heads, rows, total, dim)
+            })
+        })
+    })???;
+    Ok(Tensor::from_vec(out, (1, heads, rows, dim), &Device::Cpu)?)
+}
+
+/// [`blocked_attention`] on the values of `q` `[heads, rows, dim]` and `k`, `v`
+/// `[heads, total, dim]`, row-major.
+fn blocked_products(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    rows: usize,
+    total: usize,
+    dim: usize,
+) -> Vec<f32> {
     let mut out = vec![0f32; heads * rows * dim];
     for (head, out) in out.chunks_exact_mut(rows * dim).enumerate() {
         let q = &q[head * rows * dim..(head + 1) * rows * dim];
@@ -255,8 +258,7 @@ fn blocked_attention(queries: &Tensor, keys: &Tensor, values: &Tensor) -> Result
             }
         });
     }
-    drop((q_storage, k_storage, v_storage));
-    Ok(Tensor::from_vec(out, (1, heads, rows, dim), &Device::Cpu)?)
+    out
 }
 
 /// The self-attention mask of one forward of `n` new inputs after `cached` ones, prepared once

@@ -361,6 +361,7 @@ pub fn write_model_bin(
             Ct2Variable::I16(v) => (vec![], Ct2DType::I16, v.to_le_bytes().to_vec()),
             Ct2Variable::I8(v) => (vec![], Ct2DType::I8, v.to_le_bytes().to_vec()),
             Ct2Variable::Tensor(t) => {
+                let dims = t.dims().to_vec();
                 let t = t.flatten_all()?;
                 let (dtype, data) = match t.dtype() {
                     DType::F16 => (
@@ -386,7 +387,7 @@ pub fn write_model_bin(
                             .collect(),
                     ),
                 };
-                (variable_dims(variable), dtype, data)
+                (dims, dtype, data)
             }
         };
         out.push(dims.len() as u8);
@@ -405,13 +406,6 @@ pub fn write_model_bin(
     File::create(path)
         .and_then(|mut f| f.write_all(&out))
         .map_err(io)
-}
-
-fn variable_dims(variable: &Ct2Variable) -> Vec<usize> {
-    match variable {
-        Ct2Variable::Tensor(t) => t.dims().to_vec(),
-        Ct2Variable::I16(_) | Ct2Variable::I8(_) => vec![],
-    }
 }
 
 #[cfg(test)]
