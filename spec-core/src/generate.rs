@@ -510,6 +510,20 @@ pub fn verify_tree<T: Decoder + ?Sized>(
     tree: &TokenTree,
     rule: &dyn Acceptance,
 ) -> Result<TreeVerdict> {
+    verify_tree_adjusted(target, tree, rule, &mut |_, _| {}).map(|(verdict, _)| verdict)
+}
+
+/// [`verify_tree`] for decoders whose logits are adjusted before a token is chosen (Whisper's
+/// suppression and timestamp rules, a repetition penalty): `adjust(node, row)` is applied to
+/// the target's row after `node` before it is judged, so the kept path is the one the adjusted
+/// greedy decoding would take. Rows are adjusted only where they are judged; also returns every
+/// row, the accepted path's rows adjusted.
+pub fn verify_tree_adjusted<T: Decoder + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+) -> Result<(TreeVerdict, Logits)> {
     if rule.is_stochastic() {
         return Err(Error::Unsupported(
             "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
@@ -520,14 +534,23 @@ pub fn verify_tree<T: Decoder + ?Sized>(
     let positions = tree.position_ids(prefix);
     let step = Forward::tokens(tree.tokens(), &positions).with_mask(&bias);
     let logits = target.forward(&step)?;
-    let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
+    let mut rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
+    let mut adjusted = vec![false; tree.len()];
+    let mut adjusted_row = |rows: &mut Logits, node: usize| {
+        if !std::mem::replace(&mut adjusted[node], true) {
+            adjust(node, rows.row_mut(node));
+        }
+    };
     let path = tree.longest_path_where(|parent, child| {
+        adjusted_row(&mut rows, parent);
         rule.judge(tree.token(child), rows.row(parent)) == Some(true)
     });
-    let next_token = rule.correction(rows.row(*path.last().expect("the path holds the root")));
+    let last = *path.last().expect("the path holds the root");
+    adjusted_row(&mut rows, last);
+    let next_token = rule.correction(rows.row(last));
     let kept: Vec<usize> = path.iter().map(|&node| prefix + node).collect();
     target.keep_positions(&kept)?;
-    Ok(TreeVerdict { path, next_token })
+    Ok((TreeVerdict { path, next_token }, rows))
 }
 
 /// Token-tree speculative decoding: each step a [`TreeDrafter`] proposes a tree, the target

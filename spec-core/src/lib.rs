@@ -48,6 +48,7 @@ pub mod decoder;
 pub mod draft;
 mod error;
 pub mod generate;
+pub mod heads;
 pub mod jacobi;
 pub mod kv_cache;
 pub mod logits;
@@ -64,9 +65,10 @@ pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
 pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
 pub use error::{Error, Result};
 pub use generate::{
-    generate, speculative_generate, tree_speculative_generate, verify_tree, DraftLength,
-    FinishReason, Generation, SpeculativeConfig, StopConditions, TreeVerdict,
+    generate, speculative_generate, tree_speculative_generate, verify_tree, verify_tree_adjusted,
+    DraftLength, FinishReason, Generation, SpeculativeConfig, StopConditions, TreeVerdict,
 };
+pub use heads::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, TokenHeads};
 pub use jacobi::jacobi_generate;
 pub use kv_cache::{KvCache, LayerKvCache};
 pub use logits::Logits;

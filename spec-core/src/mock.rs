@@ -10,7 +10,10 @@
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{Decoder, DecoderInput, Forward, LogitRows};
+use crate::heads::{HiddenStates, TokenHeads};
 use crate::kv_cache::keep_positions_of;
+use crate::logits::Logits;
+use crate::sampling::argmax;
 use crate::{Error, Result};
 
 /// Parameters of a [`MockDecoder`].
@@ -60,6 +63,8 @@ pub struct MockDecoder {
     tokens: Vec<u32>,
     forwards: usize,
     device: Device,
+    /// The last forward's hidden states (see [`HiddenStates`]).
+    hidden: Vec<f32>,
 }
 
 impl MockDecoder {
@@ -69,6 +74,7 @@ impl MockDecoder {
             tokens: Vec::new(),
             forwards: 0,
             device: Device::Cpu,
+            hidden: Vec::new(),
         }
     }
 
@@ -145,6 +151,7 @@ impl Decoder for MockDecoder {
             LogitRows::Last(k) => n - k,
         };
         let mut out = Vec::with_capacity(rows * self.config.vocab_size);
+        self.hidden.clear();
         for i in first_row..n {
             let context: Vec<u32> = match &visible {
                 Some(mask) => (0..=cached + i)
@@ -154,6 +161,11 @@ impl Decoder for MockDecoder {
                 None => all[..=cached + i].to_vec(),
             };
             out.extend(self.logits_for(&context, step.positions[i]));
+            self.hidden.extend(hidden_state(
+                &context,
+                step.positions[i],
+                self.config.window,
+            ));
         }
         self.tokens.extend_from_slice(tokens);
         self.forwards += 1;
@@ -181,6 +193,100 @@ impl Decoder for MockDecoder {
 
     fn reset(&mut self) {
         self.tokens.clear();
+    }
+}
+
+/// The mock's hidden state: the position, then the last `window` visible tokens (−1 where the
+/// context is shorter), everything its logits depend on.
+fn hidden_state(visible: &[u32], position: usize, window: usize) -> Vec<f32> {
+    let context = &visible[visible.len().saturating_sub(window)..];
+    let mut state = vec![-1.0; window + 1];
+    state[0] = position as f32;
+    for (slot, &t) in state[1 + window - context.len()..].iter_mut().zip(context) {
+        *slot = t as f32;
+    }
+    state
+}
+
+/// The position and visible tokens a [`hidden_state`] row holds.
+fn read_hidden_state(row: &[f32]) -> (usize, Vec<u32>) {
+    let tokens = row[1..]
+        .iter()
+        .filter(|&&t| t >= 0.0)
+        .map(|&t| t as u32)
+        .collect();
+    (row[0] as usize, tokens)
+}
+
+impl HiddenStates for MockDecoder {
+    fn hidden_size(&self) -> usize {
+        self.config.window + 1
+    }
+
+    fn last_hidden(&self) -> Result<Tensor> {
+        let width = self.hidden_size();
+        Ok(Tensor::from_vec(
+            self.hidden.clone(),
+            (self.hidden.len() / width, width),
+            &self.device,
+        )?)
+    }
+
+    fn unembed(&self, hidden: &Tensor) -> Result<Tensor> {
+        let rows: Vec<Vec<f32>> = hidden.to_vec2()?;
+        let logits: Vec<f32> = rows
+            .iter()
+            .flat_map(|row| {
+                let (position, visible) = read_hidden_state(row);
+                self.logits_for(&visible, position)
+            })
+            .collect();
+        Ok(Tensor::from_vec(
+            logits,
+            (rows.len(), self.config.vocab_size),
+            &self.device,
+        )?)
+    }
+}
+
+/// Prediction heads for a [`MockDecoder`]: from a hidden state they roll a model with
+/// `config`'s logits (the target's plus noise) greedily forward, guessing the model's next token
+/// and then giving the logits of the `count` tokens after it. Noise 0 makes perfect heads.
+#[derive(Clone, Debug)]
+pub struct MockHeads {
+    model: MockDecoder,
+    count: usize,
+}
+
+impl MockHeads {
+    pub fn new(config: MockConfig, count: usize) -> Self {
+        Self {
+            model: MockDecoder::new(config),
+            count,
+        }
+    }
+}
+
+impl TokenHeads for MockHeads {
+    fn count(&self) -> usize {
+        self.count
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.model.hidden_size()
+    }
+
+    fn predict(&self, hidden: &Tensor, _model: &dyn HiddenStates) -> Result<Logits> {
+        let row: Vec<f32> = hidden.flatten_all()?.to_vec1()?;
+        let (position, mut visible) = read_hidden_state(&row);
+        let mut logits = self.model.logits_for(&visible, position);
+        let mut rows = Vec::with_capacity(self.count);
+        for k in 1..=self.count {
+            visible.push(argmax(&logits));
+            logits = self.model.logits_for(&visible, position + k);
+            rows.push(logits.clone());
+        }
+        Logits::from_rows(&rows)
     }
 }
 

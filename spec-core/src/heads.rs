@@ -1,0 +1,397 @@
+//! Multi-token prediction heads as a drafter ("Faster Speech-LLaMA Inference with Multi-token
+//! Prediction", §III; Medusa).
+//!
+//! Extra heads read the target's own last hidden state and guess the tokens after the one the
+//! target predicts itself: from the hidden state at position t the model's output layer gives
+//! token t+1 and head k gives token t+1+k (eq. 8, conditional independence). The guesses form a
+//! token tree rooted at the target's next token; the target verifies it in one forward
+//! ("predict-verify-accept", §III-A), and the hidden state of the last accepted node feeds the
+//! heads for the next step, so drafting costs no extra target forward.
+//!
+//! A model exposes its hidden states through [`HiddenStates`]; heads implement [`TokenHeads`]
+//! (the networks and their training live in `spec-nn`); [`HeadsDrafter`] turns their logits into
+//! trees and [`heads_generate`] is the generic loop.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use crate::acceptance::{Acceptance, AcceptanceRule};
+use crate::decoder::{Decoder, LogitRows};
+use crate::generate::{verify_tree, Generation, Output, StepLimits};
+use crate::logits::Logits;
+use crate::sampling::top_k_tokens;
+use crate::stats::{DecodeStats, StepRecord};
+use crate::tree::TokenTree;
+use crate::{Error, Result, StopConditions};
+
+/// A decoder that also returns the hidden states its output layer reads.
+pub trait HiddenStates: Decoder {
+    /// Width of a hidden state.
+    fn hidden_size(&self) -> usize;
+
+    /// The last forward's final hidden states (after the last norm: the output layer's input),
+    /// `[rows, hidden_size]`, one per logits row it returned.
+    fn last_hidden(&self) -> Result<Tensor>;
+
+    /// The model's output layer (its unembedding): `[n, hidden_size]` → `[n, vocab_size]` f32.
+    fn unembed(&self, hidden: &Tensor) -> Result<Tensor>;
+}
+
+/// Prediction heads over a model's hidden state.
+pub trait TokenHeads {
+    /// Number of heads: tokens guessed beyond the model's own next token.
+    fn count(&self) -> usize;
+
+    /// Width of the hidden state the heads read.
+    fn hidden_size(&self) -> usize;
+
+    /// Logits `[count, vocab]` for one hidden state `[1, hidden_size]` of `model`: row `k`
+    /// guesses the token `k + 2` positions after the hidden state's (row 0 the token after the
+    /// model's own next one).
+    fn predict(&self, hidden: &Tensor, model: &dyn HiddenStates) -> Result<Logits>;
+}
+
+impl<H: TokenHeads + ?Sized> TokenHeads for &H {
+    fn count(&self) -> usize {
+        (**self).count()
+    }
+    fn hidden_size(&self) -> usize {
+        (**self).hidden_size()
+    }
+    fn predict(&self, hidden: &Tensor, model: &dyn HiddenStates) -> Result<Logits> {
+        (**self).predict(hidden, model)
+    }
+}
+
+/// The shape of the trees drafted from the heads' guesses, as Medusa choices: each choice is a
+/// path of indices into the heads' ranked candidates (see [`TokenTree::from_choices`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadsTree {
+    choices: Vec<Vec<usize>>,
+}
+
+impl HeadsTree {
+    /// Each head's top token, one after another: a chain `depth` deep.
+    pub fn chain(depth: usize) -> Self {
+        Self {
+            choices: (1..=depth).map(|d| vec![0; d]).collect(),
+        }
+    }
+
+    /// The top-1 chain `depth` deep, and at every depth the next `width - 1` candidates, each
+    /// followed by the deeper heads' top tokens (a head's guess does not depend on the token
+    /// chosen before it, so a runner-up is as likely to be followed by the same tokens).
+    pub fn branching(depth: usize, width: usize) -> Self {
+        let mut choices = Self::chain(depth).choices;
+        for d in 0..depth {
+            for alternative in 1..width {
+                for end in d + 1..=depth {
+                    let mut choice = vec![0; end];
+                    choice[d] = alternative;
+                    choices.push(choice);
+                }
+            }
+        }
+        Self { choices }
+    }
+
+    /// Any Medusa choice list; every prefix of a choice must itself be a choice.
+    pub fn choices(choices: Vec<Vec<usize>>) -> Result<Self> {
+        let tree = Self { choices };
+        let widths = tree.widths();
+        let candidates: Vec<Vec<u32>> = widths.iter().map(|&w| (0..w as u32).collect()).collect();
+        TokenTree::from_choices(0, &candidates, &tree.choices)?;
+        Ok(tree)
+    }
+
+    /// Deepest choice: the heads the tree uses.
+    pub fn depth(&self) -> usize {
+        self.choices.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// Nodes besides the root.
+    pub fn nodes(&self) -> usize {
+        self.choices.len()
+    }
+
+    /// Candidates needed from each head (one more than the largest index used at its depth).
+    fn widths(&self) -> Vec<usize> {
+        let mut widths = vec![0; self.depth()];
+        for choice in &self.choices {
+            if let Some((&index, _)) = choice.split_last() {
+                let w = &mut widths[choice.len() - 1];
+                *w = (*w).max(index + 1);
+            }
+        }
+        widths
+    }
+}
+
+/// Drafts token trees from prediction heads.
+#[derive(Clone, Debug)]
+pub struct HeadsDrafter<H> {
+    heads: H,
+    tree: HeadsTree,
+    widths: Vec<usize>,
+}
+
+impl<H: TokenHeads> HeadsDrafter<H> {
+    /// Fails when `tree` is deeper than there are heads.
+    pub fn new(heads: H, tree: HeadsTree) -> Result<Self> {
+        if tree.depth() > heads.count() {
+            return Err(Error::InvalidConfig(format!(
+                "a tree {} deep needs {} heads, these have {}",
+                tree.depth(),
+                tree.depth(),
+                heads.count()
+            )));
+        }
+        let widths = tree.widths();
+        Ok(Self {
+            heads,
+            tree,
+            widths,
+        })
+    }
+
+    /// The heads.
+    pub fn heads(&self) -> &H {
+        &self.heads
+    }
+
+    /// The tree shape.
+    pub fn tree(&self) -> &HeadsTree {
+        &self.tree
+    }
+
+    /// The tree after `root` (the target's next token, not yet forwarded) from the hidden state
+    /// `[1, hidden]` that predicted it, no deeper than `max_depth`. `adjust(depth, row)` may
+    /// change head `depth`'s logits first (e.g. suppress tokens the decoder never emits).
+    pub fn draft(
+        &self,
+        model: &dyn HiddenStates,
+        hidden: &Tensor,
+        root: u32,
+        max_depth: usize,
+        adjust: &mut dyn FnMut(usize, &mut [f32]),
+    ) -> Result<TokenTree> {
+        let depth = self.tree.depth().min(max_depth);
+        if depth == 0 {
+            return Ok(TokenTree::new(root));
+        }
+        let mut logits = self.heads.predict(hidden, model)?;
+        if logits.len() != self.heads.count() {
+            return Err(Error::LogitsShape {
+                got: vec![logits.len(), logits.vocab_size()],
+                expected: format!("{} head rows", self.heads.count()),
+            });
+        }
+        let candidates: Vec<Vec<u32>> = (0..depth)
+            .map(|d| {
+                adjust(d, logits.row_mut(d));
+                top_k_tokens(logits.row(d), self.widths[d])
+            })
+            .collect();
+        let choices: Vec<Vec<usize>> = self
+            .tree
+            .choices
+            .iter()
+            .filter(|c| c.len() <= depth)
+            .cloned()
+            .collect();
+        TokenTree::from_choices(root, &candidates, &choices)
+    }
+}
+
+/// Checks that `heads` read hidden states of `model`'s width.
+pub fn check_heads<H: TokenHeads + ?Sized, D: HiddenStates + ?Sized>(
+    heads: &H,
+    model: &D,
+) -> Result<()> {
+    if heads.hidden_size() != model.hidden_size() {
+        return Err(Error::InvalidConfig(format!(
+            "the heads read hidden states of width {}, the model's are {} wide",
+            heads.hidden_size(),
+            model.hidden_size()
+        )));
+    }
+    Ok(())
+}
+
+/// Decoding with prediction heads: each step the heads' tree after the target's next token is
+/// verified in one target forward, which also gives the hidden state for the next step's heads.
+/// With [`AcceptanceRule::Greedy`] the output is exactly that of greedy
+/// [`generate`](crate::generate); top-k and threshold acceptance (§III-A, eqs. 9–10) trade
+/// exactness for longer accepted runs.
+pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
+    target: &mut T,
+    drafter: &HeadsDrafter<H>,
+    context: &[u32],
+    rule: &AcceptanceRule,
+    stop: &StopConditions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<Generation> {
+    rule.validate()?;
+    check_heads(&drafter.heads, target)?;
+    let started = Instant::now();
+    let mut stats = DecodeStats::default();
+    let mut out = Output::new(stop, on_token);
+    let mut committed = context.to_vec();
+    let mut hidden = None;
+    out.first_token(target, context, &mut stats, &mut committed, |logits, _| {
+        rule.correction(logits)
+    })?;
+    if out.finish.is_none() {
+        hidden = Some(target.last_hidden()?);
+    }
+    while let Some(StepLimits {
+        cached,
+        room,
+        remaining,
+    }) = out.next_step(target)
+    {
+        let state = hidden.take().expect("every step leaves a hidden state");
+        let max_depth = remaining.saturating_sub(1).min(room - 1);
+        let root = *committed.last().expect("a token was produced");
+        let t_draft = Instant::now();
+        let tree = drafter.draft(&*target, &state, root, max_depth, &mut |_, _| {})?;
+        stats.draft_time += t_draft.elapsed();
+        stats.draft_forwards += 1;
+
+        let t_verify = Instant::now();
+        let verdict = verify_tree(target, &tree, rule)?;
+        let last = *verdict.path.last().expect("the path holds the root");
+        hidden = Some(target.last_hidden()?.narrow(0, last, 1)?);
+        stats.target_time += t_verify.elapsed();
+        stats.target_forwards += 1;
+        stats.steps.push(StepRecord {
+            drafted: tree.len() - 1,
+            accepted: verdict.path.len() - 1,
+        });
+        let new_tokens: Vec<u32> = verdict.path[1..]
+            .iter()
+            .map(|&node| tree.token(node))
+            .chain([verdict.next_token])
+            .collect();
+        out.commit_step(target, &mut committed, cached, &new_tokens)?;
+    }
+    Ok(out.into_generation(stats, started))
+}
+
+/// Forwards `tokens` after the cache and returns the hidden state of each: what a trainer reads
+/// (teacher forcing over a known continuation) without the logits.
+pub fn hidden_states_of<T: HiddenStates + ?Sized>(
+    target: &mut T,
+    tokens: &[u32],
+) -> Result<Tensor> {
+    crate::decoder::forward_tokens(target, tokens, LogitRows::All)?;
+    target.last_hidden()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rand::{rngs::StdRng, SeedableRng};
+
+    use super::*;
+    use crate::generate::generate;
+    use crate::mock::{MockConfig, MockDecoder, MockHeads};
+    use crate::SamplingConfig;
+
+    #[test]
+    fn tree_shapes_have_the_choices_they_promise() {
+        let chain = HeadsTree::chain(3);
+        assert_eq!(chain.nodes(), 3);
+        assert_eq!(chain.widths(), [1, 1, 1]);
+        let tree = HeadsTree::branching(3, 2);
+        // Trunk 3, then runner-ups at depth 1 (followed twice), 2 (once) and 3.
+        assert_eq!(tree.nodes(), 3 + 3 + 2 + 1);
+        assert_eq!(tree.widths(), [2, 2, 2]);
+        assert!(HeadsTree::choices(tree.choices.clone()).is_ok());
+        assert!(HeadsTree::choices(vec![vec![0, 1]]).is_err(), "no parent");
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_heads_is_refused() {
+        let heads = MockHeads::new(MockConfig::target(32, 1).draft(0.5, 2), 2);
+        assert!(HeadsDrafter::new(&heads, HeadsTree::chain(3)).is_err());
+        assert!(HeadsDrafter::new(&heads, HeadsTree::chain(2)).is_ok());
+    }
+
+    #[test]
+    fn perfect_heads_accept_every_guess() {
+        let config = MockConfig::target(48, 4);
+        let heads = MockHeads::new(config.clone(), 3);
+        let drafter = HeadsDrafter::new(&heads, HeadsTree::chain(3)).unwrap();
+        let mut target = MockDecoder::new(config);
+        let stop = StopConditions::new(40);
+        let out = heads_generate(
+            &mut target,
+            &drafter,
+            &[1, 2, 3],
+            &AcceptanceRule::greedy(),
+            &stop,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(out.tokens.len(), 40);
+        // The prefill, then 4 tokens per forward.
+        assert_eq!(out.stats.target_forwards, 1 + 39usize.div_ceil(4));
+        assert!(out.stats.steps.iter().all(|s| s.accepted == s.drafted));
+    }
+
+    #[test]
+    fn heads_of_another_width_are_refused() {
+        let heads = MockHeads::new(
+            MockConfig {
+                window: 5,
+                ..MockConfig::target(32, 1)
+            },
+            2,
+        );
+        let drafter = HeadsDrafter::new(&heads, HeadsTree::chain(2)).unwrap();
+        let mut target = MockDecoder::new(MockConfig::target(32, 1));
+        let err = heads_generate(
+            &mut target,
+            &drafter,
+            &[1],
+            &AcceptanceRule::greedy(),
+            &StopConditions::new(4),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("width"), "{err}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Greedy acceptance reproduces greedy decoding for any head count, tree shape, head
+        /// quality and context.
+        #[test]
+        fn greedy_heads_decoding_is_lossless(
+            seed in 0u64..1000,
+            heads in 1usize..5,
+            width in 1usize..4,
+            noise in 0.0f32..3.0,
+            context in proptest::collection::vec(0u32..40, 1..6),
+            max_new in 1usize..40,
+        ) {
+            let config = MockConfig::target(40, seed);
+            let guesses = MockHeads::new(config.draft(noise, seed + 1), heads);
+            let depth = 1 + seed as usize % heads;
+            let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width)).unwrap();
+            let stop = StopConditions::new(max_new).with_eos([7]);
+            let mut target = MockDecoder::new(config.clone());
+            let fast = heads_generate(&mut target, &drafter, &context, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+            let mut plain = MockDecoder::new(config);
+            let mut rng = StdRng::seed_from_u64(0);
+            let slow = generate(&mut plain, &context, &SamplingConfig::greedy(), &stop, &mut rng, &mut |_| {}).unwrap();
+            prop_assert_eq!(&fast.tokens, &slow.tokens);
+            prop_assert_eq!(fast.finish, slow.finish);
+            // The cache holds the context and every token but the last, as after `generate`.
+            prop_assert_eq!(target.cached_tokens(), plain.cached_tokens());
+        }
+    }
+}
