@@ -4,9 +4,11 @@
 
 mod common;
 
+use candle_core::Device;
 use candle_core::{DType, Tensor};
 use common::*;
 use engine_asr::whisper::decode::{beam_window, run_prompt, sample_window};
+use engine_asr::whisper::model_fingerprint;
 use engine_asr::whisper::{LogitRules, WhisperTokenizer};
 use engine_asr::{
     EncoderLength, Error, LoadOptions, StreamingTranscriber, TranscribeOptions, Transcriber,
@@ -15,7 +17,8 @@ use engine_asr::{
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
-use spec_core::{Decoder, Forward, LogitRows, Logits};
+use spec_core::{AcceptanceRule, Decoder, Forward, HeadsTree, HiddenStates, LogitRows, Logits};
+use spec_nn::heads::{train, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet};
 
 fn load(dir: &std::path::Path) -> Whisper {
     Whisper::load(dir, &LoadOptions::default()).unwrap()
@@ -528,4 +531,79 @@ fn repetitive_text_compresses_well() {
         compression_ratio(&looped)
     );
     assert_eq!(compression_ratio(""), 0.0);
+}
+
+#[test]
+fn decoding_with_heads_equals_greedy_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31);
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let recordings: Vec<Vec<f32>> = [0.6, 0.9, 1.2, 1.5, 1.9]
+        .iter()
+        .map(|&s| signal(s))
+        .collect();
+    // Heads trained on the model's own greedy outputs for these recordings.
+    let mut data = TrainingSet::new(HIDDEN);
+    for samples in &recordings {
+        let (hidden, next) = transcriber
+            .self_distill(samples, &greedy_options())
+            .unwrap()
+            .expect("the random model always says something");
+        data.push(hidden, next).unwrap();
+    }
+    let mut config = TrainConfig::new(HeadKind::latent(), 3);
+    config.epochs = 40;
+    config.learning_rate = 0.01;
+    config.batch_size = 64;
+    let vocab: Vec<u32> = (0..VOCAB as u32).collect();
+    let unembedding = transcriber.model().unembedding_rows(&vocab).unwrap();
+    let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+    let heads_dir = tempfile::tempdir().unwrap();
+    let fingerprint = model_fingerprint(dir.path()).unwrap();
+    trained
+        .save(heads_dir.path(), "random", &fingerprint, "test")
+        .unwrap();
+    let heads = MultiTokenHeads::load(
+        heads_dir.path(),
+        transcriber.model(),
+        &fingerprint,
+        &Device::Cpu,
+    )
+    .unwrap();
+
+    let mut accepted = 0;
+    for timestamps in [false, true] {
+        let plain = TranscribeOptions {
+            timestamps,
+            ..greedy_options()
+        };
+        let with_heads = TranscribeOptions {
+            heads: Some(AcceptanceRule::greedy()),
+            ..plain.clone()
+        };
+        for tree in [HeadsTree::chain(3), HeadsTree::branching(3, 2)] {
+            transcriber.set_heads(heads.clone(), tree).unwrap();
+            for (i, samples) in recordings.iter().enumerate() {
+                let greedy = transcriber.transcribe(samples, &plain).unwrap();
+                let fast = transcriber.transcribe(samples, &with_heads).unwrap();
+                assert_eq!(fast.segments, greedy.segments, "recording {i}");
+                assert!(fast.stats.forwards <= greedy.stats.forwards);
+                accepted += fast.stats.heads.accepted_tokens();
+            }
+        }
+    }
+    assert!(accepted > 0, "the heads never guessed right");
+}
+
+#[test]
+fn heads_need_a_model_of_their_shape_and_decoding_with_them_needs_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 32);
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let options = TranscribeOptions {
+        heads: Some(AcceptanceRule::greedy()),
+        ..greedy_options()
+    };
+    let err = transcriber.transcribe(&signal(0.5), &options).unwrap_err();
+    assert!(err.to_string().contains("no heads were set"), "{err}");
 }

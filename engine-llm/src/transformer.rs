@@ -9,11 +9,13 @@
 //! group are folded into the row dimension of one matmul). Quantized matrices run on
 //! `spec-kernels` on the CPU. The blocks (attention, norms, SwiGLU, rotary) are `spec-nn`'s.
 
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use spec_core::decoder::input_tokens;
 use spec_core::kv_cache::keep_positions_of;
-use spec_core::{Decoder, DecoderInput, Forward, KvCache, LogitRows};
-use spec_nn::{AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu};
+use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, LogitRows};
+use spec_nn::{
+    decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu,
+};
 
 use crate::config::TransformerConfig;
 use crate::{Error, Result};
@@ -51,6 +53,8 @@ pub struct Transformer {
     /// Token id of every cached position.
     tokens: Vec<u32>,
     max_len: usize,
+    /// The last forward's final hidden states, one per new position (for prediction heads).
+    hidden: Option<Tensor>,
     device: Device,
 }
 
@@ -81,6 +85,7 @@ impl Transformer {
             cache,
             tokens: Vec::new(),
             max_len,
+            hidden: None,
             device: device.clone(),
             config,
         })
@@ -124,18 +129,15 @@ impl Transformer {
             let normed = layer.ffn_norm.forward(&x)?;
             x = (x + layer.ffn.forward(&normed)?)?;
         }
-        let x = if rows < n {
-            x.narrow(1, n - rows, rows)?
-        } else {
-            x
-        };
-        let x = self.weights.final_norm.forward(&x)?;
-        Ok(self
-            .weights
-            .lm_head
-            .forward(&x)?
-            .squeeze(0)?
-            .to_dtype(DType::F32)?)
+        let out = decoder_output(
+            &x,
+            rows,
+            &self.weights.final_norm,
+            &self.weights.lm_head,
+            self.config.vocab_size,
+        )?;
+        self.hidden = Some(out.hidden);
+        Ok(out.logits)
     }
 
     /// Token ids or given embeddings → `[1, n, hidden]` f32.
@@ -209,6 +211,30 @@ impl Decoder for Transformer {
     fn reset(&mut self) {
         self.cache.reset();
         self.tokens.clear();
+    }
+}
+
+impl HiddenStates for Transformer {
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn last_hidden(&self) -> spec_core::Result<Tensor> {
+        self.hidden
+            .clone()
+            .ok_or(spec_core::Error::EmptyInput("no forward has run yet"))
+    }
+
+    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Tensor> {
+        Ok(unembed(&self.weights.lm_head, hidden).map_err(Error::from)?)
+    }
+
+    fn unembedding_rows(&self, ids: &[u32]) -> spec_core::Result<Tensor> {
+        Ok(self
+            .weights
+            .lm_head
+            .embedding(ids, &self.device)
+            .map_err(Error::from)?)
     }
 }
 

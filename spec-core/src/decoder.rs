@@ -43,6 +43,9 @@ pub enum LogitRows {
     /// The last `k` new positions only (a prompt prefill needs one row, and skipping the others
     /// saves most of the output-layer cost).
     Last(usize),
+    /// None (a `[0, vocab_size]` tensor): for verifiers that read the hidden states of a
+    /// [`HiddenStates`](crate::heads::HiddenStates) model and unembed only the rows they need.
+    None,
 }
 
 /// One forward pass: new inputs placed after the cached positions.
@@ -104,6 +107,7 @@ impl<'a> Forward<'a> {
         }
         match self.logits {
             LogitRows::All => Ok(n),
+            LogitRows::None => Ok(0),
             LogitRows::Last(k) if (1..=n).contains(&k) => Ok(k),
             LogitRows::Last(k) => Err(Error::InputShape(format!(
                 "asked for the last {k} logit rows of a {n}-input forward"

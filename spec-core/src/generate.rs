@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::DType;
+use candle_core::{DType, Tensor};
 use rand::RngCore;
 
 use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
@@ -516,14 +516,29 @@ pub fn verify_tree<T: Decoder + ?Sized>(
 /// [`verify_tree`] for decoders whose logits are adjusted before a token is chosen (Whisper's
 /// suppression and timestamp rules, a repetition penalty): `adjust(node, row)` is applied to
 /// the target's row after `node` before it is judged, so the kept path is the one the adjusted
-/// greedy decoding would take. Rows are adjusted only where they are judged; also returns every
-/// row, the accepted path's rows adjusted.
+/// greedy decoding would take. Also returns the rows that were judged (adjusted).
 pub fn verify_tree_adjusted<T: Decoder + ?Sized>(
     target: &mut T,
     tree: &TokenTree,
     rule: &dyn Acceptance,
     adjust: &mut dyn FnMut(usize, &mut [f32]),
-) -> Result<(TreeVerdict, Logits)> {
+) -> Result<(TreeVerdict, TreeRows)> {
+    let prefix = target.cached_len();
+    let logits = tree_forward(target, tree, rule, LogitRows::All)?;
+    let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
+    let judged = judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
+    keep_path(target, prefix, &judged.0.path)?;
+    Ok(judged)
+}
+
+/// Forwards `tree` after the target's cache (which must not hold its root yet) through its
+/// tree mask, returning the logit rows asked for.
+pub(crate) fn tree_forward<T: Decoder + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+    logits: LogitRows,
+) -> Result<Tensor> {
     if rule.is_stochastic() {
         return Err(Error::Unsupported(
             "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
@@ -532,24 +547,75 @@ pub fn verify_tree_adjusted<T: Decoder + ?Sized>(
     let prefix = target.cached_len();
     let bias = tree.attention_bias(prefix, DType::F32, target.device())?;
     let positions = tree.position_ids(prefix);
-    let step = Forward::tokens(tree.tokens(), &positions).with_mask(&bias);
-    let logits = target.forward(&step)?;
-    let mut rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
-    let mut adjusted = vec![false; tree.len()];
-    let mut adjusted_row = |rows: &mut Logits, node: usize| {
-        if !std::mem::replace(&mut adjusted[node], true) {
-            adjust(node, rows.row_mut(node));
+    let step = Forward {
+        logits,
+        ..Forward::tokens(tree.tokens(), &positions).with_mask(&bias)
+    };
+    target.forward(&step)
+}
+
+/// Compacts the target's cache (`prefix` positions before the tree) to the accepted path.
+pub(crate) fn keep_path<T: Decoder + ?Sized>(
+    target: &mut T,
+    prefix: usize,
+    path: &[usize],
+) -> Result<()> {
+    let kept: Vec<usize> = path.iter().map(|&node| prefix + node).collect();
+    target.keep_positions(&kept)
+}
+
+/// The target's rows after a tree's nodes that a verification looked at, adjusted.
+#[derive(Clone, Debug, Default)]
+pub struct TreeRows {
+    rows: Vec<Option<Vec<f32>>>,
+}
+
+impl TreeRows {
+    /// The row after `node`, if it was judged (every node of the accepted path but the last
+    /// is, and the last is too: it gives the next token).
+    pub fn row(&self, node: usize) -> Option<&[f32]> {
+        self.rows.get(node)?.as_deref()
+    }
+}
+
+/// Judges `tree` with rows fetched on demand (`fetch(node)`: the target's logits after
+/// `node`), each adjusted once before use; returns the longest accepted path, the token after
+/// it and the rows used.
+pub(crate) fn judge_tree(
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+    fetch: &mut dyn FnMut(usize) -> Result<Vec<f32>>,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+) -> Result<(TreeVerdict, TreeRows)> {
+    let mut rows = TreeRows {
+        rows: vec![None; tree.len()],
+    };
+    let mut failure = None;
+    let mut ensure = |rows: &mut TreeRows, node: usize| -> bool {
+        if rows.rows[node].is_none() {
+            match fetch(node) {
+                Ok(mut row) => {
+                    adjust(node, &mut row);
+                    rows.rows[node] = Some(row);
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    return false;
+                }
+            }
         }
+        true
     };
     let path = tree.longest_path_where(|parent, child| {
-        adjusted_row(&mut rows, parent);
-        rule.judge(tree.token(child), rows.row(parent)) == Some(true)
+        ensure(&mut rows, parent)
+            && rule.judge(tree.token(child), rows.row(parent).expect("fetched")) == Some(true)
     });
     let last = *path.last().expect("the path holds the root");
-    adjusted_row(&mut rows, last);
-    let next_token = rule.correction(rows.row(last));
-    let kept: Vec<usize> = path.iter().map(|&node| prefix + node).collect();
-    target.keep_positions(&kept)?;
+    ensure(&mut rows, last);
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let next_token = rule.correction(rows.row(last).expect("fetched"));
     Ok((TreeVerdict { path, next_token }, rows))
 }
 

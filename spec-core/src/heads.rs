@@ -18,7 +18,9 @@ use candle_core::Tensor;
 
 use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::decoder::{Decoder, LogitRows};
-use crate::generate::{verify_tree, Generation, Output, StepLimits};
+use crate::generate::{
+    judge_tree, keep_path, tree_forward, Generation, Output, StepLimits, TreeRows, TreeVerdict,
+};
 use crate::logits::Logits;
 use crate::sampling::top_k_tokens;
 use crate::stats::{DecodeStats, StepRecord};
@@ -31,11 +33,15 @@ pub trait HiddenStates: Decoder {
     fn hidden_size(&self) -> usize;
 
     /// The last forward's final hidden states (after the last norm: the output layer's input),
-    /// `[rows, hidden_size]`, one per logits row it returned.
+    /// `[n, hidden_size]`, one per input position, whichever logits rows it returned.
     fn last_hidden(&self) -> Result<Tensor>;
 
     /// The model's output layer (its unembedding): `[n, hidden_size]` → `[n, vocab_size]` f32.
     fn unembed(&self, hidden: &Tensor) -> Result<Tensor>;
+
+    /// Rows `ids` of the output matrix, dequantized, `[ids.len(), hidden_size]` f32 (heads that
+    /// share the model's unembedding take theirs from here).
+    fn unembedding_rows(&self, ids: &[u32]) -> Result<Tensor>;
 }
 
 /// Prediction heads over a model's hidden state.
@@ -46,10 +52,10 @@ pub trait TokenHeads {
     /// Width of the hidden state the heads read.
     fn hidden_size(&self) -> usize;
 
-    /// Logits `[count, vocab]` for one hidden state `[1, hidden_size]` of `model`: row `k`
-    /// guesses the token `k + 2` positions after the hidden state's (row 0 the token after the
-    /// model's own next one).
-    fn predict(&self, hidden: &Tensor, model: &dyn HiddenStates) -> Result<Logits>;
+    /// Logits `[count, vocab]` for one hidden state `[1, hidden_size]`: row `k` guesses the
+    /// token `k + 2` positions after the hidden state's (row 0 the token after the model's own
+    /// next one).
+    fn predict(&self, hidden: &Tensor) -> Result<Logits>;
 }
 
 impl<H: TokenHeads + ?Sized> TokenHeads for &H {
@@ -59,8 +65,8 @@ impl<H: TokenHeads + ?Sized> TokenHeads for &H {
     fn hidden_size(&self) -> usize {
         (**self).hidden_size()
     }
-    fn predict(&self, hidden: &Tensor, model: &dyn HiddenStates) -> Result<Logits> {
-        (**self).predict(hidden, model)
+    fn predict(&self, hidden: &Tensor) -> Result<Logits> {
+        (**self).predict(hidden)
     }
 }
 
@@ -170,7 +176,6 @@ impl<H: TokenHeads> HeadsDrafter<H> {
     /// change head `depth`'s logits first (e.g. suppress tokens the decoder never emits).
     pub fn draft(
         &self,
-        model: &dyn HiddenStates,
         hidden: &Tensor,
         root: u32,
         max_depth: usize,
@@ -180,7 +185,7 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         if depth == 0 {
             return Ok(TokenTree::new(root));
         }
-        let mut logits = self.heads.predict(hidden, model)?;
+        let mut logits = self.heads.predict(hidden)?;
         if logits.len() != self.heads.count() {
             return Err(Error::LogitsShape {
                 got: vec![logits.len(), logits.vocab_size()],
@@ -202,6 +207,62 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             .collect();
         TokenTree::from_choices(root, &candidates, &choices)
     }
+}
+
+/// Where a verifying forward's output-layer rows are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputRows {
+    /// Every tree node's row in the forward: right when the output layer is memory-bound (a
+    /// large vocabulary read from memory once serves every row almost for free).
+    #[default]
+    Batched,
+    /// Only the rows the judging reaches, unembedded from the hidden states one by one: a
+    /// rejected draft then costs its pass through the layers but not its output row. Right
+    /// when the output layer is compute-bound (it fits in the cache, as Whisper's does).
+    OnDemand,
+}
+
+/// Verifies `tree` (rooted at the last committed token, not yet in the target's cache) in one
+/// forward, as [`verify_tree_adjusted`](crate::verify_tree_adjusted) does, with the output rows
+/// computed as `output_rows` says. Compacts the cache to the accepted path and returns the
+/// verdict, the judged rows and the hidden state after the path's last node (`[1, hidden]`),
+/// which the heads read next.
+pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+    output_rows: OutputRows,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+) -> Result<(TreeVerdict, TreeRows, Tensor)> {
+    let prefix = target.cached_len();
+    let rows = match output_rows {
+        OutputRows::Batched => LogitRows::All,
+        OutputRows::OnDemand => LogitRows::None,
+    };
+    let logits = tree_forward(target, tree, rule, rows)?;
+    let hidden = target.last_hidden()?;
+    let (verdict, judged) = match output_rows {
+        OutputRows::Batched => {
+            let logits = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
+            judge_tree(
+                tree,
+                rule,
+                &mut |node| Ok(logits.row(node).to_vec()),
+                adjust,
+            )?
+        }
+        OutputRows::OnDemand => {
+            let model = &*target;
+            let mut fetch = |node: usize| -> Result<Vec<f32>> {
+                let row = model.unembed(&hidden.narrow(0, node, 1)?)?;
+                Ok(row.flatten_all()?.to_vec1()?)
+            };
+            judge_tree(tree, rule, &mut fetch, adjust)?
+        }
+    };
+    keep_path(target, prefix, &verdict.path)?;
+    let last = *verdict.path.last().expect("the path holds the root");
+    Ok((verdict, judged, hidden.narrow(0, last, 1)?))
 }
 
 /// Checks that `heads` read hidden states of `model`'s width.
@@ -229,6 +290,7 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
     drafter: &HeadsDrafter<H>,
     context: &[u32],
     rule: &AcceptanceRule,
+    output_rows: OutputRows,
     stop: &StopConditions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<Generation> {
@@ -243,7 +305,8 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
         rule.correction(logits)
     })?;
     if out.finish.is_none() {
-        hidden = Some(target.last_hidden()?);
+        let state = target.last_hidden()?;
+        hidden = Some(state.narrow(0, state.dim(0)? - 1, 1)?);
     }
     while let Some(StepLimits {
         cached,
@@ -255,14 +318,14 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
         let max_depth = remaining.saturating_sub(1).min(room - 1);
         let root = *committed.last().expect("a token was produced");
         let t_draft = Instant::now();
-        let tree = drafter.draft(&*target, &state, root, max_depth, &mut |_, _| {})?;
+        let tree = drafter.draft(&state, root, max_depth, &mut |_, _| {})?;
         stats.draft_time += t_draft.elapsed();
         stats.draft_forwards += 1;
 
         let t_verify = Instant::now();
-        let verdict = verify_tree(target, &tree, rule)?;
-        let last = *verdict.path.last().expect("the path holds the root");
-        hidden = Some(target.last_hidden()?.narrow(0, last, 1)?);
+        let (verdict, _, state) =
+            verify_tree_hidden(target, &tree, rule, output_rows, &mut |_, _| {})?;
+        hidden = Some(state);
         stats.target_time += t_verify.elapsed();
         stats.target_forwards += 1;
         stats.steps.push(StepRecord {
@@ -331,6 +394,7 @@ mod tests {
             &drafter,
             &[1, 2, 3],
             &AcceptanceRule::greedy(),
+            OutputRows::OnDemand,
             &stop,
             &mut |_| {},
         )
@@ -357,6 +421,7 @@ mod tests {
             &drafter,
             &[1],
             &AcceptanceRule::greedy(),
+            OutputRows::Batched,
             &StopConditions::new(4),
             &mut |_| {},
         )
@@ -377,6 +442,7 @@ mod tests {
             noise in 0.0f32..3.0,
             context in proptest::collection::vec(0u32..40, 1..6),
             max_new in 1usize..40,
+            on_demand: bool,
         ) {
             let config = MockConfig::target(40, seed);
             let guesses = MockHeads::new(config.draft(noise, seed + 1), heads);
@@ -384,7 +450,8 @@ mod tests {
             let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width)).unwrap();
             let stop = StopConditions::new(max_new).with_eos([7]);
             let mut target = MockDecoder::new(config.clone());
-            let fast = heads_generate(&mut target, &drafter, &context, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+            let rows = if on_demand { OutputRows::OnDemand } else { OutputRows::Batched };
+            let fast = heads_generate(&mut target, &drafter, &context, &AcceptanceRule::greedy(), rows, &stop, &mut |_| {}).unwrap();
             let mut plain = MockDecoder::new(config);
             let mut rng = StdRng::seed_from_u64(0);
             let slow = generate(&mut plain, &context, &SamplingConfig::greedy(), &stop, &mut rng, &mut |_| {}).unwrap();

@@ -68,7 +68,10 @@ pub use generate::{
     generate, speculative_generate, tree_speculative_generate, verify_tree, verify_tree_adjusted,
     DraftLength, FinishReason, Generation, SpeculativeConfig, StopConditions, TreeVerdict,
 };
-pub use heads::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, TokenHeads};
+pub use heads::{
+    heads_generate, verify_tree_hidden, HeadsDrafter, HeadsTree, HiddenStates, OutputRows,
+    TokenHeads,
+};
 pub use jacobi::jacobi_generate;
 pub use kv_cache::{KvCache, LayerKvCache};
 pub use logits::Logits;

@@ -149,10 +149,11 @@ impl Decoder for MockDecoder {
         let first_row = match step.logits {
             LogitRows::All => 0,
             LogitRows::Last(k) => n - k,
+            LogitRows::None => n,
         };
         let mut out = Vec::with_capacity(rows * self.config.vocab_size);
         self.hidden.clear();
-        for i in first_row..n {
+        for i in 0..n {
             let context: Vec<u32> = match &visible {
                 Some(mask) => (0..=cached + i)
                     .filter(|&j| mask[i][j].is_finite())
@@ -160,7 +161,9 @@ impl Decoder for MockDecoder {
                     .collect(),
                 None => all[..=cached + i].to_vec(),
             };
-            out.extend(self.logits_for(&context, step.positions[i]));
+            if i >= first_row {
+                out.extend(self.logits_for(&context, step.positions[i]));
+            }
             self.hidden.extend(hidden_state(
                 &context,
                 step.positions[i],
@@ -247,6 +250,12 @@ impl HiddenStates for MockDecoder {
             &self.device,
         )?)
     }
+
+    fn unembedding_rows(&self, _ids: &[u32]) -> Result<Tensor> {
+        Err(Error::Unsupported(
+            "the mock's output layer is a hash, it has no matrix",
+        ))
+    }
 }
 
 /// Prediction heads for a [`MockDecoder`]: from a hidden state they roll a model with
@@ -276,7 +285,7 @@ impl TokenHeads for MockHeads {
         self.model.hidden_size()
     }
 
-    fn predict(&self, hidden: &Tensor, _model: &dyn HiddenStates) -> Result<Logits> {
+    fn predict(&self, hidden: &Tensor) -> Result<Logits> {
         let row: Vec<f32> = hidden.flatten_all()?.to_vec1()?;
         let (position, mut visible) = read_hidden_state(&row);
         let mut logits = self.model.logits_for(&visible, position);

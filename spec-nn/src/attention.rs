@@ -26,8 +26,6 @@ enum RowMask<'a> {
     Causal { cached: usize },
     /// An additive bias per query row, `[n, keys]`.
     Bias(&'a [f32]),
-    /// Every key (cross-attention).
-    All,
 }
 
 impl RowMask<'_> {
@@ -41,7 +39,6 @@ impl RowMask<'_> {
                 }
             }
             Self::Bias(bias) => bias[row * keys + key],
-            Self::All => 0.0,
         }
     }
 }
@@ -151,6 +148,52 @@ fn row_attention(
             }
         }
         out_row.iter_mut().for_each(|o| *o /= sum);
+    });
+    drop((q_storage, k_storage, v_storage));
+    Ok(Tensor::from_vec(
+        out,
+        (1, kv_heads, stacked, dim),
+        &Device::Cpu,
+    )?)
+}
+
+/// Attention of a few query rows over every key of a cross-attention (no mask), with the keys
+/// transposed (`keys_t` `[1, kv_heads, dim, L]`, as [`CrossKv`] keeps them): each row's scores
+/// are accumulated dimension by dimension across all keys at once (vectorised over keys, no
+/// per-key horizontal sum), then softmax and the weighted sum of values, all in a fixed order,
+/// so a row's result does not depend on the rows beside it. Shapes otherwise as in
+/// [`row_attention`].
+fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Result<Tensor> {
+    let (_, kv_heads, stacked, dim) = queries.dims4()?;
+    let total = keys_t.dim(3)?;
+    let queries = queries.contiguous()?;
+    let (q_storage, q_layout) = queries.storage_and_layout();
+    let (k_storage, k_layout) = keys_t.storage_and_layout();
+    let (v_storage, v_layout) = values.storage_and_layout();
+    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
+        (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Err(Error::Config("row attention runs on the CPU only".into()));
+    };
+    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
+    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, total)?;
+    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
+    let mut out = vec![0f32; kv_heads * stacked * dim];
+    spec_kernels::parallel_chunks_mut(&mut out, dim, &|index, out_row| {
+        let (head, row) = (index / stacked, index % stacked);
+        let query = q.row(head, row, dim);
+        let mut scores = vec![0f32; total];
+        for (d, &qd) in query.iter().enumerate() {
+            for (s, &kd) in scores.iter_mut().zip(k.row(head, d, total)) {
+                *s += qd * kd;
+            }
+        }
+        softmax_in_place(&mut scores);
+        for (key, &w) in scores.iter().enumerate() {
+            for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
+                *o += w * x;
+            }
+        }
     });
     drop((q_storage, k_storage, v_storage));
     Ok(Tensor::from_vec(
@@ -350,10 +393,14 @@ impl Heads {
     fn attend(
         &self,
         q: &Tensor,
-        keys: &Tensor,
+        keys: Keys<'_>,
         values: &Tensor,
         mask: Option<&AttentionMask>,
     ) -> Result<Tensor> {
+        let (keys, transposed) = match keys {
+            Keys::Rows(keys) => (keys, None),
+            Keys::Both { keys, transposed } => (keys, Some(transposed)),
+        };
         let Self {
             heads,
             kv_heads,
@@ -371,8 +418,10 @@ impl Heads {
                 };
                 row_attention(&q, keys, values, n, &rows)?
             }
-            None if row_path => row_attention(&q, keys, values, n, &RowMask::All)?,
-            None if q.device().is_cpu() => blocked_attention(&q, keys, values)?,
+            None if q.device().is_cpu() => match transposed {
+                Some(keys_t) if row_path => cross_row_attention(&q, keys_t, values)?,
+                _ => blocked_attention(&q, keys, values)?,
+            },
             mask => {
                 let scores = q.matmul(&keys.t()?)?;
                 let scores = match mask {
@@ -390,6 +439,17 @@ impl Heads {
             .transpose(1, 2)?
             .reshape((1, n, heads * d))?)
     }
+}
+
+/// The keys an attention reads: `[1, kv_heads, L, dim]`, and for cross-attention also their
+/// transpose `[1, kv_heads, dim, L]` (decoding rows read that).
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    Rows(&'a Tensor),
+    Both {
+        keys: &'a Tensor,
+        transposed: &'a Tensor,
+    },
 }
 
 /// Self-attention whose keys and values go to a `spec_core` KV cache layer: rollback and
@@ -422,7 +482,7 @@ impl SelfAttention {
         }
         let v = h.split(&v, h.kv_heads)?;
         let (keys, values) = cache.append(&k, &v)?;
-        let out = h.attend(&q, &keys, &values, Some(mask))?;
+        let out = h.attend(&q, Keys::Rows(&keys), &values, Some(mask))?;
         Ok(self.o.forward(&out)?)
     }
 }
@@ -432,6 +492,8 @@ impl SelfAttention {
 #[derive(Debug, Clone)]
 pub struct CrossKv {
     keys: Tensor,
+    /// The keys transposed, `[1, heads, head_dim, frames]`, for decoding rows.
+    keys_t: Tensor,
     values: Tensor,
 }
 
@@ -457,8 +519,10 @@ impl CrossAttention {
     pub fn keys_values(&self, encoder_output: &Tensor) -> Result<CrossKv> {
         let h = self.heads;
         let [k, v] = Linear::forward_many([&self.k, &self.v], encoder_output)?;
+        let keys = h.split(&k, h.kv_heads)?;
         Ok(CrossKv {
-            keys: h.split(&k, h.kv_heads)?,
+            keys_t: keys.transpose(2, 3)?.contiguous()?,
+            keys,
             values: h.split(&v, h.kv_heads)?,
         })
     }
@@ -467,7 +531,11 @@ impl CrossAttention {
     pub fn forward(&self, x: &Tensor, encoded: &CrossKv) -> Result<Tensor> {
         let h = self.heads;
         let q = h.split(&self.q.forward(x)?, h.heads)?;
-        let out = h.attend(&q, &encoded.keys, &encoded.values, None)?;
+        let keys = Keys::Both {
+            keys: &encoded.keys,
+            transposed: &encoded.keys_t,
+        };
+        let out = h.attend(&q, keys, &encoded.values, None)?;
         Ok(self.o.forward(&out)?)
     }
 }

@@ -16,17 +16,21 @@
 //!   ([`ctranslate2`]) or any container implementing
 //!   [`WeightSource`], checked against the shapes a configuration implies, with the
 //!   re-quantization policy that keeps every matrix on the batch-invariant kernels.
+//! - [`output`]: a decoder's final norm and output layer, keeping every position's hidden state.
+//! - [`heads`]: multi-token prediction heads (projection and latent), their files and training.
 //! - [`costs`]: forward costs measured once per model file and machine.
 
 pub mod attention;
 pub mod costs;
 pub mod ctranslate2;
 mod error;
+pub mod heads;
 pub mod linear;
 pub mod load;
 pub mod math;
 pub mod mlp;
 pub mod norm;
+pub mod output;
 pub mod positions;
 pub mod rotary;
 
@@ -40,5 +44,6 @@ pub use linear::{Linear, QLinear};
 pub use load::{GgufFile, Requantize, SafetensorsFiles, StoredTensor, WeightLoader, WeightSource};
 pub use mlp::{GeluMlp, SwiGlu};
 pub use norm::Norm;
+pub use output::{decoder_output, unembed, DecoderOutput};
 pub use positions::{sinusoidal_positions, LearnedPositions};
 pub use rotary::{RopeLayout, Rotary, RotaryTables};

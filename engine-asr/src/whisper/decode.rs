@@ -12,8 +12,11 @@ use std::io::Write;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 use spec_core::decoder::forward_tokens;
+use spec_core::heads::{verify_tree_hidden, HeadsDrafter, HiddenStates, OutputRows, TokenHeads};
 use spec_core::sampling::{argmax, sample, softmax, top_k_tokens};
-use spec_core::{Decoder, Forward, LogitRows, Logits};
+use spec_core::{
+    Acceptance, AcceptanceRule, DecodeStats, Decoder, Forward, LogitRows, Logits, StepRecord,
+};
 
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
@@ -141,6 +144,111 @@ pub fn extend_window(
         candidate.forwards += 1;
     }
     Ok(candidate)
+}
+
+/// Greedy decoding with multi-token prediction heads after the prompt (whose logits are
+/// `next`; the model's last hidden state is the prompt's). Each step forwards the chosen token
+/// with the heads' tree of guesses after it and keeps the longest path `rule` accepts, each
+/// node judged on its logits after Whisper's rules for its own path. With greedy acceptance
+/// the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s at
+/// temperature 0. Returns the candidate and the steps' statistics (heads time as draft time).
+pub fn heads_window<H: TokenHeads>(
+    model: &mut Whisper,
+    rules: &LogitRules,
+    drafter: &HeadsDrafter<H>,
+    rule: &AcceptanceRule,
+    mut next: Vec<f32>,
+    end_of_text: u32,
+    max_tokens: usize,
+) -> Result<(Candidate, DecodeStats)> {
+    let mut stats = DecodeStats::default();
+    let mut candidate = Candidate {
+        tokens: Vec::new(),
+        sum_logprob: 0.0,
+        finished: false,
+        forwards: 1,
+    };
+    let prompt_states = model.last_hidden()?;
+    let mut hidden = prompt_states.narrow(0, prompt_states.dim(0)? - 1, 1)?;
+    // Greedy decoding stops once the cache is full: after token n it holds the prompt and
+    // n − 1 tokens.
+    let limit = max_tokens.min(model.max_len() + 1 - model.cached_len().min(model.max_len()));
+    rules.apply(&mut next, &candidate.tokens);
+    let mut token = rule.correction(&next);
+    candidate.sum_logprob += log_probability(&next, token);
+    loop {
+        if token == end_of_text {
+            candidate.finished = true;
+            break;
+        }
+        candidate.tokens.push(token);
+        if candidate.tokens.len() >= limit {
+            break;
+        }
+        // Drafts may reach the limit, and the deepest sits at a decoder position.
+        let max_depth =
+            (limit - candidate.tokens.len()).min(model.max_len() - 1 - model.cached_len());
+        let t_heads = std::time::Instant::now();
+        let committed = &candidate.tokens;
+        let tree = drafter.draft(&hidden, token, max_depth, &mut |_, row| {
+            rules.apply(row, committed)
+        })?;
+        stats.draft_time += t_heads.elapsed();
+        stats.draft_forwards += 1;
+
+        let t_verify = std::time::Instant::now();
+        let (verdict, rows, state) = verify_tree_hidden(
+            model,
+            &tree,
+            rule,
+            OutputRows::OnDemand,
+            &mut |node, row| {
+                let path: Vec<u32> = tree.path_to(node)[1..]
+                    .iter()
+                    .map(|&n| tree.token(n))
+                    .collect();
+                let sampled: Vec<u32> = committed.iter().chain(&path).copied().collect();
+                rules.apply(row, &sampled)
+            },
+        )?;
+        stats.target_time += t_verify.elapsed();
+        eprintln!(
+            "TIMING heads {:?} verify {:?} nodes {}",
+            t_verify - t_heads,
+            t_verify.elapsed(),
+            tree.len()
+        );
+        stats.target_forwards += 1;
+        candidate.forwards += 1;
+        stats.steps.push(StepRecord {
+            drafted: tree.len() - 1,
+            accepted: verdict.path.len() - 1,
+        });
+        let mut stopped = false;
+        for pair in verdict.path.windows(2) {
+            let drafted = tree.token(pair[1]);
+            let row = rows.row(pair[0]).expect("a judged row");
+            candidate.sum_logprob += log_probability(row, drafted);
+            if drafted == end_of_text {
+                candidate.finished = true;
+                stopped = true;
+                break;
+            }
+            candidate.tokens.push(drafted);
+            if candidate.tokens.len() >= limit {
+                stopped = true;
+                break;
+            }
+        }
+        if stopped {
+            break;
+        }
+        let last = *verdict.path.last().expect("the path holds the root");
+        hidden = state;
+        token = verdict.next_token;
+        candidate.sum_logprob += log_probability(rows.row(last).expect("a judged row"), token);
+    }
+    Ok((candidate, stats))
 }
 
 /// A beam: its tokens and where its newest token sits in the cache.

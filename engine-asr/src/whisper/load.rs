@@ -68,6 +68,24 @@ impl ModelFiles {
     }
 }
 
+impl ModelFiles {
+    /// The weights file.
+    pub fn weights(&self) -> &Path {
+        match self {
+            Self::Ct2 { model } => model,
+            Self::HuggingFace { weights, .. } => weights,
+        }
+    }
+}
+
+/// The fingerprint of a model folder's weights file, which heads trained for it record
+/// ([`spec_nn::heads::weights_fingerprint`]).
+pub fn model_fingerprint(folder: &Path) -> Result<String> {
+    Ok(spec_nn::heads::weights_fingerprint(
+        ModelFiles::find(folder)?.weights(),
+    )?)
+}
+
 pub(crate) fn load(folder: &Path, options: &LoadOptions) -> Result<Whisper> {
     let device = &options.device;
     match ModelFiles::find(folder)? {

@@ -12,7 +12,7 @@ pub mod transcribe;
 
 pub use config::WhisperConfig;
 pub use decode::{compression_ratio, Candidate};
-pub use load::{hugging_face_tensors, LoadOptions, ModelFiles};
+pub use load::{hugging_face_tensors, model_fingerprint, LoadOptions, ModelFiles};
 pub use model::Whisper;
 pub use rules::LogitRules;
 pub use tokenizer::WhisperTokenizer;

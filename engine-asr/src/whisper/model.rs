@@ -11,12 +11,15 @@
 //! may run on fewer than 1500 positions (the audio's real length), as whisper.cpp's
 //! `audio_ctx` does. Every block is `spec-nn`'s.
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{Device, Tensor};
 use spec_core::decoder::input_tokens;
 use spec_core::kv_cache::keep_positions_of;
-use spec_core::{Decoder, DecoderInput, Forward, KvCache};
+use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache};
 use spec_nn::SelfAttention;
-use spec_nn::{AttentionMask, CrossAttention, CrossKv, GeluMlp, LearnedPositions, Norm, QLinear};
+use spec_nn::{
+    decoder_output, unembed, AttentionMask, CrossAttention, CrossKv, GeluMlp, LearnedPositions,
+    Norm, QLinear,
+};
 
 use crate::mel::LogMel;
 use crate::whisper::config::WhisperConfig;
@@ -112,6 +115,8 @@ pub struct Whisper {
     tokens: Vec<u32>,
     /// Cross-attention keys/values of the last encoded window, one per decoder layer.
     cross: Option<Vec<CrossKv>>,
+    /// The last forward's final hidden states, one per new position (for prediction heads).
+    hidden: Option<Tensor>,
     device: Device,
 }
 
@@ -134,6 +139,7 @@ impl Whisper {
             cache,
             tokens: Vec::new(),
             cross: None,
+            hidden: None,
             device: device.clone(),
         }
     }
@@ -241,17 +247,39 @@ impl Whisper {
             let normed = layer.mlp_norm.forward(&x)?;
             x = (&x + layer.mlp.forward(&normed)?)?;
         }
-        let x = if rows < n {
-            x.narrow(1, n - rows, rows)?
-        } else {
-            x
-        };
-        let x = decoder.final_norm.forward(&x)?;
-        Ok(decoder
+        let out = decoder_output(
+            &x,
+            rows,
+            &decoder.final_norm,
+            &decoder.embeddings,
+            self.config.vocab_size,
+        )?;
+        self.hidden = Some(out.hidden);
+        Ok(out.logits)
+    }
+}
+
+impl HiddenStates for Whisper {
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn last_hidden(&self) -> spec_core::Result<Tensor> {
+        self.hidden.clone().ok_or(spec_core::Error::EmptyInput(
+            "no decoder forward has run yet",
+        ))
+    }
+
+    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Tensor> {
+        Ok(unembed(&self.decoder.embeddings, hidden).map_err(Error::from)?)
+    }
+
+    fn unembedding_rows(&self, ids: &[u32]) -> spec_core::Result<Tensor> {
+        Ok(self
+            .decoder
             .embeddings
-            .forward(&x)?
-            .squeeze(0)?
-            .to_dtype(DType::F32)?)
+            .embedding(ids, &self.device)
+            .map_err(Error::from)?)
     }
 }
 

@@ -5,15 +5,18 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use candle_core::Tensor;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
-use spec_core::{Decoder, LogitRows};
+use spec_core::heads::{check_heads, HeadsDrafter, HeadsTree, HiddenStates};
+use spec_core::{AcceptanceRule, DecodeStats, Decoder, LogitRows};
+use spec_nn::heads::MultiTokenHeads;
 
 use crate::mel::{LogMel, MelFilters, WhisperInput};
 use crate::whisper::decode::{
-    beam_window, compression_ratio, run_prompt, sample_window, Candidate,
+    beam_window, compression_ratio, heads_window, run_prompt, sample_window, Candidate,
 };
 use crate::whisper::load::LoadOptions;
 use crate::whisper::model::Whisper;
@@ -85,6 +88,10 @@ pub struct TranscribeOptions {
     pub encoder_length: EncoderLength,
     /// Seed of the sampler used by the temperature fallback.
     pub seed: u64,
+    /// Decode greedy windows (temperature 0, one beam) with the prediction heads given to
+    /// [`Transcriber::set_heads`], keeping what this rule accepts: greedy acceptance gives
+    /// exactly the greedy transcript in fewer decoder forwards; top-k and threshold accept more.
+    pub heads: Option<AcceptanceRule>,
 }
 
 impl Default for TranscribeOptions {
@@ -103,6 +110,7 @@ impl Default for TranscribeOptions {
             condition_on_previous_text: true,
             encoder_length: EncoderLength::default(),
             seed: 0,
+            heads: None,
         }
     }
 }
@@ -134,6 +142,9 @@ pub struct TranscriptStats {
     pub windows: usize,
     /// Decodings retried at a higher temperature.
     pub fallbacks: usize,
+    /// Windows decoded with prediction heads: their steps (tree nodes offered, accepted), the
+    /// heads' time (`draft_time`) and the verifying forwards' time (`target_time`).
+    pub heads: DecodeStats,
 }
 
 impl TranscriptStats {
@@ -187,6 +198,7 @@ pub struct Transcriber {
     tokenizer: WhisperTokenizer,
     filters: MelFilters,
     suppression: Suppression,
+    heads: Option<HeadsDrafter<MultiTokenHeads>>,
 }
 
 impl Transcriber {
@@ -228,7 +240,23 @@ impl Transcriber {
                 suppress_ids: suppress,
                 suppress_ids_begin: suppress_at_start,
             },
+            heads: None,
         })
+    }
+
+    /// Multi-token prediction heads for [`TranscribeOptions::heads`], drafting trees of shape
+    /// `tree`; fails when they read hidden states or vocabularies of another size.
+    pub fn set_heads(&mut self, heads: MultiTokenHeads, tree: HeadsTree) -> Result<()> {
+        check_heads(&heads, &self.model)?;
+        if heads.info().vocab_size != self.model.config().vocab_size {
+            return Err(Error::Config(format!(
+                "the heads predict {} tokens, the model has {}",
+                heads.info().vocab_size,
+                self.model.config().vocab_size
+            )));
+        }
+        self.heads = Some(HeadsDrafter::new(heads, tree)?);
+        Ok(())
     }
 
     pub fn model(&mut self) -> &mut Whisper {
@@ -347,12 +375,14 @@ impl Transcriber {
     /// Decodes the encoded window after `prompt`, falling back to higher temperatures while
     /// the result looks like a repetition loop or is improbable. Returns the accepted
     /// candidate, its temperature, the no-speech probability and the fallbacks taken.
+    /// Heads-decoded windows add their steps to `heads`.
     pub fn decode_window(
         &mut self,
         options: &TranscribeOptions,
         prompt: &[u32],
         start_of_transcript_index: usize,
         rng: &mut StdRng,
+        heads: &mut DecodeStats,
     ) -> Result<(Candidate, f32, f32, usize)> {
         let rules = self.rules(options);
         let end = self.tokenizer.end_of_text;
@@ -398,6 +428,25 @@ impl Transcriber {
                     max_tokens,
                     options.beam_size,
                 )?
+            } else if let Some(rule) = &options.heads {
+                let drafter = self.heads.as_ref().ok_or_else(|| {
+                    Error::Config(
+                        "decoding with heads was asked for, but no heads were set \
+                         (Transcriber::set_heads)"
+                            .into(),
+                    )
+                })?;
+                let (candidate, steps) = heads_window(
+                    &mut self.model,
+                    &rules,
+                    drafter,
+                    rule,
+                    next,
+                    end,
+                    max_tokens,
+                )?;
+                heads.merge(&steps);
+                candidate
             } else {
                 sample_window(&mut self.model, &rules, next, end, max_tokens, 0.0, rng)?
             };
@@ -470,7 +519,7 @@ impl Transcriber {
             };
             let (prompt, sot) = self.prompt(options, language.as_deref(), context)?;
             let (candidate, temperature, no_speech, fallbacks) =
-                self.decode_window(options, &prompt, sot, &mut rng)?;
+                self.decode_window(options, &prompt, sot, &mut rng, &mut stats.heads)?;
             stats.decoder_time += decode_start.elapsed();
             stats.forwards += candidate.forwards;
             stats.fallbacks += fallbacks;
@@ -516,6 +565,53 @@ impl Transcriber {
             language,
             stats,
         })
+    }
+
+    /// Self-distilled training data for prediction heads from a recording of one window: the
+    /// model's own greedy transcript (temperature 0, no fallback), teacher-forced after the
+    /// prompt, as `([n + 1, hidden] hidden states, n + 1 next tokens)`: the prompt's last
+    /// position and each transcript token, each with the token the model emitted after it
+    /// (the transcript, then the end token). `None` when the model heard nothing.
+    pub fn self_distill(
+        &mut self,
+        samples: &[f32],
+        options: &TranscribeOptions,
+    ) -> Result<Option<(Tensor, Vec<u32>)>> {
+        let greedy = TranscribeOptions {
+            temperatures: vec![0.0],
+            beam_size: 1,
+            heads: None,
+            ..options.clone()
+        };
+        let transcript = self.transcribe(samples, &greedy)?;
+        if transcript.stats.windows != 1 {
+            return Err(Error::Audio(format!(
+                "self-distillation takes recordings of one window (30 s), this one took {}",
+                transcript.stats.windows
+            )));
+        }
+        let [segment] = transcript.segments.as_slice() else {
+            return Ok(None);
+        };
+        if segment.tokens.is_empty() {
+            return Ok(None);
+        }
+        let (prompt, _) = self.prompt(&greedy, transcript.language.as_deref(), &[])?;
+        self.model.reset();
+        let input: Vec<u32> = prompt.iter().chain(&segment.tokens).copied().collect();
+        let rows = segment.tokens.len() + 1;
+        forward_tokens(&mut self.model, &input, LogitRows::None)?;
+        let hidden = self
+            .model
+            .last_hidden()?
+            .narrow(0, input.len() - rows, rows)?;
+        let next: Vec<u32> = segment
+            .tokens
+            .iter()
+            .copied()
+            .chain([self.tokenizer.end_of_text])
+            .collect();
+        Ok(Some((hidden, next)))
     }
 
     /// Turns a window's tokens into segments (split at timestamp pairs) and returns how many

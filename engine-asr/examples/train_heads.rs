@@ -1,0 +1,213 @@
+//! Trains multi-token prediction heads for a Whisper model on self-distilled data: sentences
+//! spoken by `espeak-ng` in several voices and rates, transcribed greedily by the model itself,
+//! whose decoder hidden states (teacher-forced over its own transcript) are cached once; then
+//! the heads are fitted on them with the trunk frozen (`spec_nn::heads::train`).
+//!
+//! ```sh
+//! cargo run --release -p engine-asr --example train_heads -- whisper-base-ct2 \
+//!     --heads 4 --kind latent [--data engine-asr/data/heads_training_sentences.txt]
+//! ```
+//!
+//! `cargo xtask train-heads MODEL …` runs it. The heads go to
+//! `$SPECVOICE_MODELS/heads/MODEL-KIND-COUNT/` unless `--out` says otherwise. The benchmark's
+//! test audio (the real clips, MT-Bench sentences) is never used here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use engine_asr::whisper::model_fingerprint;
+use engine_asr::{Audio, LoadOptions, TranscribeOptions, Transcriber};
+use indicatif::{ProgressBar, ProgressStyle};
+use spec_core::HiddenStates;
+use spec_models::{Registry, Store};
+use spec_nn::heads::{train, HeadKind, Progress, TrainConfig, TrainingSet};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Kind {
+    /// d×d transforms before the model's own unembedding (SiLU, residual)
+    Latent,
+    /// An output matrix per head
+    Projection,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Train multi-token prediction heads for a Whisper model")]
+struct Args {
+    /// Model (a name in the models folder, or a folder).
+    model: String,
+    /// Sentences to speak, one per line.
+    #[arg(long, default_value = "engine-asr/data/heads_training_sentences.txt")]
+    data: PathBuf,
+    /// espeak-ng voices and rates (words per minute), `voice:rate`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "en-us:160,en-gb:145,en-us+f3:185,en-gb-x-rp+m3:130"
+    )]
+    voices: Vec<String>,
+    /// Use only the first N sentences.
+    #[arg(long)]
+    limit: Option<usize>,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long, value_enum, default_value_t = Kind::Latent)]
+    kind: Kind,
+    #[arg(long, default_value_t = 8)]
+    epochs: usize,
+    #[arg(long)]
+    learning_rate: Option<f64>,
+    #[arg(long, default_value_t = 256)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output folder [default: $SPECVOICE_MODELS/heads/MODEL-KIND-COUNT].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Transcribe again even when the cached hidden states exist.
+    #[arg(long)]
+    refresh: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let store = Store::new(spec_models::models_dir()?, Registry::builtin());
+    let model = store.resolve(&args.model)?;
+    let fingerprint = model_fingerprint(&model.dir)?;
+    let heads_root = store.root().join("heads");
+    let cache = heads_root.join(format!("{}-training-set.safetensors", model.name));
+    let data = if cache.is_file() && !args.refresh {
+        println!("hidden states: {} (cached)", cache.display());
+        TrainingSet::load(&cache)?
+    } else {
+        let data = self_distilled(&args, &model.dir)?;
+        std::fs::create_dir_all(&heads_root)?;
+        data.save(&cache)?;
+        data
+    };
+    println!(
+        "training set: {} recordings, {} positions",
+        data.len(),
+        data.positions()
+    );
+
+    let mut transcriber = Transcriber::load(&model.dir, &LoadOptions::default())?;
+    let vocab: Vec<u32> = (0..transcriber.model().config().vocab_size as u32).collect();
+    let unembedding = transcriber.model().unembedding_rows(&vocab)?;
+    let kind = match args.kind {
+        Kind::Latent => HeadKind::latent(),
+        Kind::Projection => HeadKind::Projection,
+    };
+    let mut config = TrainConfig::new(kind, args.heads);
+    config.epochs = args.epochs;
+    config.batch_size = args.batch_size;
+    config.seed = args.seed;
+    if let Some(lr) = args.learning_rate {
+        config.learning_rate = lr;
+    }
+    let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template(
+        "epoch {prefix} {bar:30} {pos}/{len} batches, loss {msg}",
+    )?);
+    let trained = train(
+        &data,
+        &unembedding,
+        &config,
+        &mut |progress| match progress {
+            Progress::Batch {
+                epoch,
+                batch,
+                batches,
+                loss,
+            } => {
+                bar.set_length(*batches as u64);
+                bar.set_prefix(format!("{}", epoch + 1));
+                bar.set_position(*batch as u64 + 1);
+                bar.set_message(format!("{loss:.3}"));
+            }
+            Progress::Epoch(report) => {
+                bar.suspend(|| {
+                    let accuracy: Vec<String> = report
+                        .validation_accuracy
+                        .iter()
+                        .enumerate()
+                        .map(|(k, a)| format!("head {}: {:.1} %", k + 1, 100.0 * a))
+                        .collect();
+                    println!(
+                        "epoch {}: train loss {:.3}, validation loss {:.3}, top-1 {}",
+                        report.epoch + 1,
+                        report.train_loss,
+                        report.validation_loss,
+                        accuracy.join(", ")
+                    );
+                });
+                bar.reset();
+            }
+        },
+    )?;
+    bar.finish_and_clear();
+    let kind_name = match args.kind {
+        Kind::Latent => "latent",
+        Kind::Projection => "projection",
+    };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| heads_root.join(format!("{}-{kind_name}-{}", model.name, args.heads)));
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    trained.save(&out, &model.name, &fingerprint, &command)?;
+    println!("heads written to {}", out.display());
+    Ok(())
+}
+
+/// Speaks every sentence in every voice and keeps the model's own transcripts' hidden states.
+fn self_distilled(args: &Args, model_dir: &Path) -> Result<TrainingSet> {
+    if Command::new("espeak-ng").arg("--version").output().is_err() {
+        bail!("espeak-ng is needed to synthesize the training speech: apt-get install espeak-ng");
+    }
+    let text = std::fs::read_to_string(&args.data)
+        .with_context(|| format!("reading {}", args.data.display()))?;
+    let sentences: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(args.limit.unwrap_or(usize::MAX))
+        .collect();
+    let voices: Vec<(&str, &str)> = args
+        .voices
+        .iter()
+        .map(|v| v.split_once(':').context("voices are `voice:rate`"))
+        .collect::<Result<_>>()?;
+    let mut transcriber = Transcriber::load(model_dir, &LoadOptions::default())?;
+    let hidden_size = transcriber.model().config().hidden_size;
+    let mut data = TrainingSet::new(hidden_size);
+    let dir = tempfile::tempdir()?;
+    let bar = ProgressBar::new((sentences.len() * voices.len()) as u64).with_style(
+        ProgressStyle::with_template("speaking and transcribing {bar:30} {pos}/{len} {msg}")?,
+    );
+    let options = TranscribeOptions {
+        language: Some("en".into()),
+        ..TranscribeOptions::default()
+    };
+    for (i, sentence) in sentences.iter().enumerate() {
+        for (voice, rate) in &voices {
+            let wav = dir.path().join(format!("{i}.wav"));
+            let status = Command::new("espeak-ng")
+                .args(["-v", voice, "-s", rate, "-w"])
+                .arg(&wav)
+                .arg(sentence)
+                .status()?;
+            if !status.success() {
+                bail!("espeak-ng failed on {sentence:?} with voice {voice}");
+            }
+            let samples = Audio::read_wav(&wav)?.to_16k()?;
+            if let Some((hidden, next)) = transcriber.self_distill(&samples, &options)? {
+                data.push(hidden, next)?;
+            }
+            bar.inc(1);
+            bar.set_message(format!("{} positions", data.positions()));
+        }
+    }
+    bar.finish_and_clear();
+    Ok(data)
+}

@@ -1,0 +1,932 @@
+//! Multi-token prediction heads ("Faster Speech-LLaMA Inference with Multi-token Prediction",
+//! §III, Fig. 2), their files and their training.
+//!
+//! Both kinds of the paper read the model's last hidden state `h` (after its final norm):
+//! - [`HeadKind::Projection`]: head k has its own output matrix, `logits_k = W_k h` (Fig. 2a);
+//! - [`HeadKind::Latent`] ("latent-space expansion"): head k is a `d × d` transform followed by
+//!   the model's own unembedding, `logits_k = U (h + SiLU(A_k h + b_k))` with the optional
+//!   activation and residual (Fig. 2b): `d²` parameters per head instead of `d·|V|`.
+//!
+//! What differs from the paper: the heads score a shortlist of the vocabulary (the lowest
+//! token ids, which byte-pair encoders give their most frequent merges, plus every token of the
+//! training data), not all of it. On a CPU the output layer of a small model is compute-bound,
+//! and scoring Whisper's 51 864 tokens for four heads would cost two decoder steps; the heads
+//! only guess, the target's verification still scores every token.
+//!
+//! Heads are stored as `heads.safetensors` (`head.{k}.weight`, `head.{k}.bias`, `shortlist`) beside
+//! `heads.json` ([`HeadsInfo`]: kind, count, sizes, the base model and a fingerprint of its
+//! weights file), and refused for any other model. [`train`] fits them on cached hidden states
+//! with the trunk frozen (eq. 11).
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use spec_core::heads::{HiddenStates, TokenHeads};
+use spec_core::Logits;
+
+use crate::linear::{Linear, QLinear};
+use crate::{Error, Result};
+
+/// File names inside a heads folder.
+pub const HEADS_WEIGHTS: &str = "heads.safetensors";
+pub const HEADS_INFO: &str = "heads.json";
+
+/// The two head architectures of the paper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum HeadKind {
+    /// Its own `[vocab, hidden]` output matrix per head.
+    Projection,
+    /// A `[hidden, hidden]` transform per head (with SiLU and a residual connection when set),
+    /// then the model's unembedding.
+    Latent { activation: bool, residual: bool },
+}
+
+impl HeadKind {
+    /// Latent heads with SiLU and residual (Medusa's block), the default.
+    pub fn latent() -> Self {
+        Self::Latent {
+            activation: true,
+            residual: true,
+        }
+    }
+}
+
+/// What `heads.json` records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeadsInfo {
+    #[serde(flatten)]
+    pub kind: HeadKind,
+    pub count: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Tokens the heads score.
+    pub shortlist_size: usize,
+    /// The model they were trained for (a folder name of the model store).
+    pub base_model: String,
+    /// [`weights_fingerprint`] of that model's weights file.
+    pub base_fingerprint: String,
+    /// The command that trained them, to reproduce them.
+    pub command: String,
+    /// Top-1 accuracy of each head on the validation split when they were saved.
+    pub validation_accuracy: Vec<f32>,
+}
+
+/// A cheap checksum of a weights file: SHA-256 over its length and 16 evenly spaced 64 KiB
+/// samples (hashing a 1.5 GB model whole on every load would take seconds). Tells models
+/// apart; it does not prove a file intact (the model store's full checksums do that).
+pub fn weights_fingerprint(path: &Path) -> Result<String> {
+    const SAMPLES: u64 = 16;
+    const SAMPLE: u64 = 64 * 1024;
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut hasher = Sha256::new();
+    hasher.update(len.to_le_bytes());
+    let mut buffer = vec![0u8; SAMPLE as usize];
+    for i in 0..SAMPLES {
+        let start = len.saturating_sub(SAMPLE) * i / (SAMPLES - 1);
+        file.seek(SeekFrom::Start(start)).map_err(io)?;
+        let n = (len - start).min(SAMPLE) as usize;
+        file.read_exact(&mut buffer[..n]).map_err(io)?;
+        hasher.update(&buffer[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// The heads at inference, their matrices quantized to Q8_0 for the kernels.
+#[derive(Debug, Clone)]
+enum Layers {
+    /// One output layer over the shortlist per head.
+    Projection(Vec<Linear>),
+    /// Every head's transform stacked into one `[count · hidden, hidden]` layer (one kernel
+    /// pass for all heads), and the model's unembedding rows of the shortlist.
+    Latent { transforms: Linear, output: Linear },
+}
+
+/// Trained heads, ready to draft ([`TokenHeads`]).
+#[derive(Debug, Clone)]
+pub struct MultiTokenHeads {
+    info: HeadsInfo,
+    layers: Layers,
+    /// The token of each shortlist column.
+    shortlist: Vec<u32>,
+}
+
+impl MultiTokenHeads {
+    /// Reads `dir/heads.json` and `dir/heads.safetensors` for `model`, whose weights file has
+    /// the fingerprint `fingerprint` ([`weights_fingerprint`]); fails unless they were trained
+    /// for it. Latent heads take the model's unembedding rows of their shortlist. The matrices
+    /// are quantized to Q8_0 for the kernels.
+    pub fn load(
+        dir: &Path,
+        model: &dyn HiddenStates,
+        fingerprint: &str,
+        device: &Device,
+    ) -> Result<Self> {
+        let info_path = dir.join(HEADS_INFO);
+        let text = std::fs::read_to_string(&info_path).map_err(|source| Error::Io {
+            path: info_path.clone(),
+            source,
+        })?;
+        let info: HeadsInfo = serde_json::from_str(&text).map_err(|e| Error::BadWeights {
+            path: info_path.clone(),
+            reason: e.to_string(),
+        })?;
+        if info.base_fingerprint != fingerprint {
+            return Err(Error::Config(format!(
+                "the heads in {} were trained for `{}` (weights fingerprint {}), not for this \
+                 model (fingerprint {fingerprint}); train heads for it with `cargo xtask \
+                 train-heads`",
+                dir.display(),
+                info.base_model,
+                short(&info.base_fingerprint),
+            )));
+        }
+        let weights_path = dir.join(HEADS_WEIGHTS);
+        let tensors = candle_core::safetensors::load(&weights_path, device).map_err(|e| {
+            Error::BadWeights {
+                path: weights_path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        if info.hidden_size != model.hidden_size() || info.vocab_size != model.vocab_size() {
+            return Err(Error::Config(format!(
+                "heads for hidden states {} wide and {} tokens, the model has {} and {}",
+                info.hidden_size,
+                info.vocab_size,
+                model.hidden_size(),
+                model.vocab_size()
+            )));
+        }
+        let shortlist = tensors
+            .get("shortlist")
+            .ok_or_else(|| Error::MissingTensor {
+                path: weights_path.clone(),
+                name: "shortlist".into(),
+            })?
+            .to_vec1::<u32>()?;
+        if shortlist.len() != info.shortlist_size
+            || shortlist.iter().any(|&t| t as usize >= info.vocab_size)
+        {
+            return Err(Error::BadWeights {
+                path: weights_path.clone(),
+                reason: format!(
+                    "a shortlist of {} tokens within {} expected",
+                    info.shortlist_size, info.vocab_size
+                ),
+            });
+        }
+        let mut weights = Vec::with_capacity(info.count);
+        let mut biases = Vec::with_capacity(info.count);
+        for k in 0..info.count {
+            let get = |part: &str| -> Result<Tensor> {
+                let name = format!("head.{k}.{part}");
+                let t = tensors.get(&name).ok_or_else(|| Error::MissingTensor {
+                    path: weights_path.clone(),
+                    name: name.clone(),
+                })?;
+                let rows = match info.kind {
+                    HeadKind::Projection => info.shortlist_size,
+                    HeadKind::Latent { .. } => info.hidden_size,
+                };
+                let expected = if part == "weight" {
+                    vec![rows, info.hidden_size]
+                } else {
+                    vec![rows]
+                };
+                if t.dims() != expected {
+                    return Err(Error::ShapeMismatch {
+                        name,
+                        got: t.dims().to_vec(),
+                        expected,
+                    });
+                }
+                Ok(t.to_dtype(DType::F32)?)
+            };
+            weights.push(get("weight")?);
+            biases.push(get("bias")?);
+        }
+        // Q8_0 blocks are 32 wide; a narrower hidden state (a test model) stays f32.
+        let dtype = if info.hidden_size.is_multiple_of(32) {
+            GgmlDType::Q8_0
+        } else {
+            GgmlDType::F32
+        };
+        let layer = |weight: &Tensor, bias: Option<Tensor>| -> Result<Linear> {
+            let q = QTensor::quantize(weight, dtype)?;
+            Ok(Linear::new(
+                QLinear::new(std::sync::Arc::new(q), device)?,
+                bias,
+            ))
+        };
+        let layers = match info.kind {
+            HeadKind::Projection => Layers::Projection(
+                weights
+                    .iter()
+                    .zip(biases)
+                    .map(|(w, b)| layer(w, Some(b)))
+                    .collect::<Result<_>>()?,
+            ),
+            HeadKind::Latent { .. } => Layers::Latent {
+                transforms: layer(&Tensor::cat(&weights, 0)?, Some(Tensor::cat(&biases, 0)?))?,
+                output: layer(&model.unembedding_rows(&shortlist)?, None)?,
+            },
+        };
+        Ok(Self {
+            info,
+            layers,
+            shortlist,
+        })
+    }
+
+    /// What `heads.json` says.
+    pub fn info(&self) -> &HeadsInfo {
+        &self.info
+    }
+}
+
+fn short(fingerprint: &str) -> &str {
+    &fingerprint[..fingerprint.len().min(12)]
+}
+
+impl TokenHeads for MultiTokenHeads {
+    fn count(&self) -> usize {
+        self.info.count
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.info.hidden_size
+    }
+
+    fn predict(&self, hidden: &Tensor) -> spec_core::Result<Logits> {
+        let (count, width) = (self.info.count, self.info.hidden_size);
+        let hidden = hidden.reshape((1, width))?;
+        let scores = match (&self.layers, self.info.kind) {
+            (Layers::Projection(layers), _) => {
+                let rows = layers
+                    .iter()
+                    .map(|layer| layer.forward(&hidden))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Tensor::cat(&rows, 0)?
+            }
+            (
+                Layers::Latent { transforms, output },
+                HeadKind::Latent {
+                    activation,
+                    residual,
+                },
+            ) => {
+                let z = transforms.forward(&hidden)?.reshape((count, width))?;
+                output.forward(&expand(z, &hidden, activation, residual)?)?
+            }
+            (Layers::Latent { .. }, HeadKind::Projection) => {
+                unreachable!("layers are built for their kind")
+            }
+        };
+        // Tokens off the shortlist are never guessed.
+        let scores: Vec<Vec<f32>> = scores.to_dtype(DType::F32)?.to_vec2()?;
+        let rows: Vec<Vec<f32>> = scores
+            .iter()
+            .map(|row| {
+                let mut full = vec![f32::NEG_INFINITY; self.info.vocab_size];
+                for (&token, &score) in self.shortlist.iter().zip(row) {
+                    full[token as usize] = score;
+                }
+                full
+            })
+            .collect();
+        Logits::from_rows(&rows)
+    }
+}
+
+/// The latent heads' states from their transforms `z = h·A + b`: `h + SiLU(z)`, with the
+/// activation and the residual when set.
+fn expand(
+    mut z: Tensor,
+    hidden: &Tensor,
+    activation: bool,
+    residual: bool,
+) -> candle_core::Result<Tensor> {
+    if activation {
+        z = candle_nn::ops::silu(&z)?;
+    }
+    if residual {
+        z = z.broadcast_add(hidden)?;
+    }
+    Ok(z)
+}
+
+/// Hidden states of a model's own outputs, with what each head should predict from them.
+#[derive(Debug, Clone)]
+pub struct TrainingSet {
+    hidden_size: usize,
+    /// `[positions, hidden]` rows per sequence.
+    sequences: Vec<(Tensor, Vec<u32>)>,
+}
+
+impl TrainingSet {
+    pub fn new(hidden_size: usize) -> Self {
+        Self {
+            hidden_size,
+            sequences: Vec::new(),
+        }
+    }
+
+    /// Adds one sequence: `hidden` `[n, hidden_size]`, the hidden state at each position, and
+    /// `next` (`n` tokens), the token the model emitted after each (its own greedy output:
+    /// self-distillation). Head k learns `next[i + k + 1]` from `hidden[i]`.
+    pub fn push(&mut self, hidden: Tensor, next: Vec<u32>) -> Result<()> {
+        let (n, width) = hidden.dims2()?;
+        if width != self.hidden_size || n != next.len() {
+            return Err(Error::Config(format!(
+                "a training sequence of {n} hidden states {width} wide with {} tokens; expected \
+                 one token per state and width {}",
+                next.len(),
+                self.hidden_size
+            )));
+        }
+        self.sequences
+            .push((hidden.to_dtype(DType::F32)?.to_device(&Device::Cpu)?, next));
+        Ok(())
+    }
+
+    /// Sequences held.
+    pub fn len(&self) -> usize {
+        self.sequences.len()
+    }
+
+    /// True when there is no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.sequences.is_empty()
+    }
+
+    /// Positions held.
+    pub fn positions(&self) -> usize {
+        self.sequences.iter().map(|(_, next)| next.len()).sum()
+    }
+
+    /// Writes the set to one safetensors file (`hidden.{i}`, `next.{i}`), so the trunk runs once.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut tensors = std::collections::HashMap::new();
+        for (i, (hidden, next)) in self.sequences.iter().enumerate() {
+            tensors.insert(format!("hidden.{i}"), hidden.clone());
+            tensors.insert(
+                format!("next.{i}"),
+                Tensor::from_slice(next, next.len(), &Device::Cpu)?,
+            );
+        }
+        candle_core::safetensors::save(&tensors, path).map_err(|e| Error::BadWeights {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Reads a set written by [`TrainingSet::save`].
+    pub fn load(path: &Path) -> Result<Self> {
+        let bad = |reason: String| Error::BadWeights {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let tensors =
+            candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
+        let count = tensors.len() / 2;
+        let mut set = None;
+        for i in 0..count {
+            let hidden = tensors
+                .get(&format!("hidden.{i}"))
+                .ok_or_else(|| bad(format!("no hidden.{i}")))?;
+            let next = tensors
+                .get(&format!("next.{i}"))
+                .ok_or_else(|| bad(format!("no next.{i}")))?
+                .to_vec1::<u32>()?;
+            let set = set.get_or_insert_with(|| Self::new(hidden.dim(1).unwrap_or(0)));
+            set.push(hidden.clone(), next)?;
+        }
+        set.ok_or_else(|| bad("no sequences".into()))
+    }
+
+    /// The tokens with ids below `below` (all of `vocab_size` for 0) and every token the set
+    /// holds, sorted.
+    fn shortlist(&self, below: u32, vocab_size: usize) -> Result<Vec<u32>> {
+        let below = if below == 0 {
+            vocab_size
+        } else {
+            (below as usize).min(vocab_size)
+        };
+        let mut chosen = vec![false; vocab_size];
+        chosen[..below].fill(true);
+        for (_, next) in &self.sequences {
+            for &token in next {
+                *chosen.get_mut(token as usize).ok_or_else(|| {
+                    Error::Config(format!(
+                        "a training token {token} outside the vocabulary of {vocab_size}"
+                    ))
+                })? = true;
+            }
+        }
+        Ok((0..vocab_size as u32)
+            .filter(|&t| chosen[t as usize])
+            .collect())
+    }
+
+    /// For head `k`: the rows of `sequences` that have a target, and the targets as columns of
+    /// the shortlist (`column[token]`).
+    fn examples(
+        &self,
+        sequences: &[usize],
+        k: usize,
+        column: &[u32],
+    ) -> Result<(Tensor, Vec<u32>)> {
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for &s in sequences {
+            let (hidden, next) = &self.sequences[s];
+            let usable = next.len().saturating_sub(k + 1);
+            if usable > 0 {
+                rows.push(hidden.narrow(0, 0, usable)?);
+                targets.extend(next[k + 1..].iter().map(|&t| column[t as usize]));
+            }
+        }
+        if rows.is_empty() {
+            return Ok((
+                Tensor::zeros((0, self.hidden_size), DType::F32, &Device::Cpu)?,
+                targets,
+            ));
+        }
+        Ok((Tensor::cat(&rows, 0)?, targets))
+    }
+}
+
+/// Settings of [`train`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainConfig {
+    pub kind: HeadKind,
+    pub count: usize,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    /// λ_k of eq. 11 for each head (the paper: 0.2 for the heads after the first, whose own
+    /// λ_1 = 1 belongs to the frozen output layer here).
+    pub loss_weights: Vec<f32>,
+    /// Share of the sequences held out for validation (the last ones after a seeded shuffle).
+    pub validation_fraction: f32,
+    /// The heads score the tokens with ids below this, and every token of the training data
+    /// (0: the whole vocabulary).
+    pub shortlist_below: u32,
+    pub seed: u64,
+}
+
+impl TrainConfig {
+    /// The paper's weights and settings that train well here for `count` heads of `kind`.
+    pub fn new(kind: HeadKind, count: usize) -> Self {
+        Self {
+            kind,
+            count,
+            epochs: 8,
+            batch_size: 256,
+            learning_rate: match kind {
+                HeadKind::Projection => 1e-4,
+                HeadKind::Latent { .. } => 1e-3,
+            },
+            weight_decay: 0.0,
+            loss_weights: vec![0.2; count],
+            validation_fraction: 0.1,
+            shortlist_below: 8192,
+            seed: 0,
+        }
+    }
+}
+
+/// What [`train`] reports as it goes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Progress {
+    /// A batch of `batches` done; its loss.
+    Batch {
+        epoch: usize,
+        batch: usize,
+        batches: usize,
+        loss: f32,
+    },
+    /// An epoch done: mean training loss, validation loss and each head's top-1 accuracy.
+    Epoch(EpochReport),
+}
+
+/// One epoch's figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochReport {
+    pub epoch: usize,
+    pub train_loss: f32,
+    pub validation_loss: f32,
+    pub validation_accuracy: Vec<f32>,
+}
+
+/// Trained heads' tensors, before they are written ([`TrainedHeads::save`]).
+pub struct TrainedHeads {
+    pub kind: HeadKind,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub reports: Vec<EpochReport>,
+    varmap: VarMap,
+    count: usize,
+    shortlist: Vec<u32>,
+}
+
+impl TrainedHeads {
+    /// Writes `heads.safetensors` and `heads.json` into `dir` (created if needed).
+    pub fn save(
+        &self,
+        dir: &Path,
+        base_model: &str,
+        base_fingerprint: &str,
+        command: &str,
+    ) -> Result<PathBuf> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let weights = dir.join(HEADS_WEIGHTS);
+        let mut tensors: std::collections::HashMap<String, Tensor> = self
+            .varmap
+            .data()
+            .lock()
+            .map_err(|_| Error::Config("the trained variables' lock was poisoned".into()))?
+            .iter()
+            .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+            .collect();
+        tensors.insert(
+            "shortlist".into(),
+            Tensor::from_slice(&self.shortlist, self.shortlist.len(), &Device::Cpu)?,
+        );
+        candle_core::safetensors::save(&tensors, &weights).map_err(|e| Error::BadWeights {
+            path: weights.clone(),
+            reason: e.to_string(),
+        })?;
+        let info = HeadsInfo {
+            kind: self.kind,
+            count: self.count,
+            hidden_size: self.hidden_size,
+            vocab_size: self.vocab_size,
+            shortlist_size: self.shortlist.len(),
+            base_model: base_model.into(),
+            base_fingerprint: base_fingerprint.into(),
+            command: command.into(),
+            validation_accuracy: self
+                .reports
+                .last()
+                .map(|r| r.validation_accuracy.clone())
+                .unwrap_or_default(),
+        };
+        let json = serde_json::to_string_pretty(&info).map_err(|e| Error::Config(e.to_string()))?;
+        let info_path = dir.join(HEADS_INFO);
+        std::fs::write(&info_path, json + "\n").map_err(|source| Error::Io {
+            path: info_path,
+            source,
+        })?;
+        Ok(dir.to_path_buf())
+    }
+}
+
+/// The trainable part of the heads during training.
+struct TrainableHead {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+/// Trains `config.count` heads on `data` with the trunk frozen: AdamW on Σ_k λ_k · CE_k (eq. 11)
+/// over the model's unembedding `unembedding` `[vocab, hidden]` (f32). Latent heads start as
+/// the identity (zero transform, so every head first predicts what the model's own head does);
+/// projection heads start from the unembedding. Deterministic for a seed.
+pub fn train(
+    data: &TrainingSet,
+    unembedding: &Tensor,
+    config: &TrainConfig,
+    on_progress: &mut dyn FnMut(&Progress),
+) -> Result<TrainedHeads> {
+    let (vocab_size, hidden_size) = unembedding.dims2()?;
+    if hidden_size != data.hidden_size {
+        return Err(Error::Config(format!(
+            "hidden states {} wide but an unembedding of width {hidden_size}",
+            data.hidden_size
+        )));
+    }
+    if config.count == 0 || config.loss_weights.len() != config.count || config.batch_size == 0 {
+        return Err(Error::Config(format!(
+            "training needs at least one head, one loss weight per head and a batch size; got \
+             {} heads, {} weights, batch {}",
+            config.count,
+            config.loss_weights.len(),
+            config.batch_size
+        )));
+    }
+    if data.len() < 2 {
+        return Err(Error::Config(
+            "training needs at least two sequences (one for validation)".into(),
+        ));
+    }
+    let device = Device::Cpu;
+    let shortlist = data.shortlist(config.shortlist_below, vocab_size)?;
+    let mut column = vec![u32::MAX; vocab_size];
+    for (i, &token) in shortlist.iter().enumerate() {
+        column[token as usize] = i as u32;
+    }
+    let output = unembedding
+        .to_dtype(DType::F32)?
+        .to_device(&device)?
+        .index_select(
+            &Tensor::from_slice(&shortlist, shortlist.len(), &device)?,
+            0,
+        )?;
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut order: Vec<usize> = (0..data.len()).collect();
+    order.shuffle(&mut rng);
+    let held_out = ((data.len() as f32 * config.validation_fraction).round() as usize)
+        .clamp(1, data.len() - 1);
+    let (train_sequences, validation_sequences) = order.split_at(data.len() - held_out);
+
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+    let mut heads = Vec::with_capacity(config.count);
+    for k in 0..config.count {
+        let vb = vb.pp(format!("head.{k}"));
+        heads.push(match config.kind {
+            HeadKind::Projection => TrainableHead {
+                weight: vb.get_with_hints(
+                    (shortlist.len(), hidden_size),
+                    "weight",
+                    candle_nn::Init::Const(0.0),
+                )?,
+                bias: vb.get_with_hints(shortlist.len(), "bias", candle_nn::Init::Const(0.0))?,
+            },
+            HeadKind::Latent { .. } => TrainableHead {
+                weight: vb.get_with_hints(
+                    (hidden_size, hidden_size),
+                    "weight",
+                    candle_nn::Init::Const(0.0),
+                )?,
+                bias: vb.get_with_hints(hidden_size, "bias", candle_nn::Init::Const(0.0))?,
+            },
+        });
+    }
+    if config.kind == HeadKind::Projection {
+        for var in varmap.all_vars() {
+            if var.dims() == [shortlist.len(), hidden_size] {
+                var.set(&output)?;
+            }
+        }
+    }
+    let mut optimizer = AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: config.learning_rate,
+            weight_decay: config.weight_decay,
+            ..Default::default()
+        },
+    )?;
+
+    let train_sets = (0..config.count)
+        .map(|k| data.examples(train_sequences, k, &column))
+        .collect::<Result<Vec<_>>>()?;
+    let validation_sets = (0..config.count)
+        .map(|k| data.examples(validation_sequences, k, &column))
+        .collect::<Result<Vec<_>>>()?;
+    let rows = train_sets[0].1.len();
+    if rows == 0 {
+        return Err(Error::Config("no training positions".into()));
+    }
+    let batches = rows.div_ceil(config.batch_size);
+    let logits_of = |head: &TrainableHead, hidden: &Tensor| -> candle_core::Result<Tensor> {
+        match config.kind {
+            HeadKind::Projection => hidden.matmul(&head.weight.t()?)?.broadcast_add(&head.bias),
+            HeadKind::Latent {
+                activation,
+                residual,
+            } => {
+                let z = hidden
+                    .matmul(&head.weight.t()?)?
+                    .broadcast_add(&head.bias)?;
+                expand(z, hidden, activation, residual)?.matmul(&output.t()?)
+            }
+        }
+    };
+    let mut reports = Vec::with_capacity(config.epochs);
+    for epoch in 0..config.epochs {
+        // Each head's examples are shuffled alike by position index; a later head simply
+        // has fewer (the last positions of each sequence have nothing k tokens ahead).
+        let mut permutation: Vec<u32> = (0..rows as u32).collect();
+        permutation.shuffle(&mut rng);
+        let mut total = 0f32;
+        for batch in 0..batches {
+            let chosen =
+                &permutation[batch * config.batch_size..rows.min((batch + 1) * config.batch_size)];
+            let mut loss: Option<Tensor> = None;
+            for (k, (head, (hidden, targets))) in heads.iter().zip(&train_sets).enumerate() {
+                let picked: Vec<u32> = chosen
+                    .iter()
+                    .copied()
+                    .filter(|&i| (i as usize) < targets.len())
+                    .collect();
+                if picked.is_empty() {
+                    continue;
+                }
+                let index = Tensor::from_slice(&picked, picked.len(), &device)?;
+                let x = hidden.index_select(&index, 0)?;
+                let y: Vec<u32> = picked.iter().map(|&i| targets[i as usize]).collect();
+                let y = Tensor::from_slice(&y, y.len(), &device)?;
+                let ce = candle_nn::loss::cross_entropy(&logits_of(head, &x)?, &y)?;
+                let weighted = (ce * f64::from(config.loss_weights[k]))?;
+                loss = Some(match loss {
+                    Some(l) => (l + weighted)?,
+                    None => weighted,
+                });
+            }
+            let Some(loss) = loss else { continue };
+            optimizer.backward_step(&loss)?;
+            let value = loss.to_scalar::<f32>()?;
+            total += value;
+            on_progress(&Progress::Batch {
+                epoch,
+                batch,
+                batches,
+                loss: value,
+            });
+        }
+        let (validation_loss, validation_accuracy) =
+            evaluate(&heads, &validation_sets, &config.loss_weights, &logits_of)?;
+        let report = EpochReport {
+            epoch,
+            train_loss: total / batches as f32,
+            validation_loss,
+            validation_accuracy,
+        };
+        on_progress(&Progress::Epoch(report.clone()));
+        reports.push(report);
+    }
+    Ok(TrainedHeads {
+        kind: config.kind,
+        hidden_size,
+        vocab_size,
+        reports,
+        varmap,
+        count: config.count,
+        shortlist,
+    })
+}
+
+/// Weighted validation loss and each head's top-1 accuracy.
+fn evaluate(
+    heads: &[TrainableHead],
+    sets: &[(Tensor, Vec<u32>)],
+    weights: &[f32],
+    logits_of: &dyn Fn(&TrainableHead, &Tensor) -> candle_core::Result<Tensor>,
+) -> Result<(f32, Vec<f32>)> {
+    const CHUNK: usize = 512;
+    let mut loss = 0f32;
+    let mut accuracy = Vec::with_capacity(heads.len());
+    for ((head, (hidden, targets)), &weight) in heads.iter().zip(sets).zip(weights) {
+        let (mut correct, mut ce_sum) = (0usize, 0f32);
+        for start in (0..targets.len()).step_by(CHUNK) {
+            let n = CHUNK.min(targets.len() - start);
+            let logits = logits_of(head, &hidden.narrow(0, start, n)?)?.detach();
+            let y = Tensor::from_slice(&targets[start..start + n], n, &Device::Cpu)?;
+            ce_sum += candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? * n as f32;
+            let best = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            correct += best
+                .iter()
+                .zip(&targets[start..start + n])
+                .filter(|(a, b)| a == b)
+                .count();
+        }
+        let n = targets.len().max(1) as f32;
+        loss += weight * ce_sum / n;
+        accuracy.push(correct as f32 / n);
+    }
+    Ok((loss, accuracy))
+}
+
+#[cfg(test)]
+mod tests {
+    use spec_core::mock::{MockConfig, MockDecoder};
+
+    use super::*;
+
+    /// A tiny synthetic task: hidden states are one-hot codes of a token, and the "model" says
+    /// the tokens of a fixed cycle, so the token k + 1 ahead is a function of the state.
+    fn cycle_task(vocab: usize, sequences: usize, len: usize) -> (TrainingSet, Tensor) {
+        let hidden_size = vocab;
+        let unembedding = (Tensor::eye(vocab, DType::F32, &Device::Cpu).unwrap() * 4.0).unwrap();
+        let mut set = TrainingSet::new(hidden_size);
+        for s in 0..sequences {
+            let tokens: Vec<u32> = (0..len).map(|i| ((s + 3 * i) % vocab) as u32).collect();
+            // The state at position i "is" token tokens[i]; the model's next token follows it.
+            let rows: Vec<f32> = tokens
+                .iter()
+                .flat_map(|&t| (0..vocab).map(move |j| if j == t as usize { 1.0 } else { 0.0 }))
+                .collect();
+            let hidden = Tensor::from_vec(rows, (len, hidden_size), &Device::Cpu).unwrap();
+            let next: Vec<u32> = tokens.iter().map(|&t| (t + 3) % vocab as u32).collect();
+            set.push(hidden, next).unwrap();
+        }
+        (set, unembedding)
+    }
+
+    #[test]
+    fn training_lowers_the_loss_and_is_reproducible() {
+        let (data, unembedding) = cycle_task(16, 12, 20);
+        for kind in [HeadKind::latent(), HeadKind::Projection] {
+            let mut config = TrainConfig::new(kind, 2);
+            config.epochs = 30;
+            config.batch_size = 32;
+            config.learning_rate = 0.05;
+            let first = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+            let (start, end) = (&first.reports[0], first.reports.last().unwrap());
+            assert!(
+                end.validation_loss < 0.5 * start.validation_loss,
+                "{kind:?}: {start:?} → {end:?}"
+            );
+            assert!(end.validation_accuracy.iter().all(|&a| a > 0.95), "{end:?}");
+            let again = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+            assert_eq!(first.reports, again.reports, "same seed, same run");
+        }
+    }
+
+    #[test]
+    fn saved_heads_load_only_for_their_model() {
+        let (data, unembedding) = cycle_task(8, 4, 10);
+        let mut config = TrainConfig::new(HeadKind::Projection, 2);
+        config.epochs = 1;
+        let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        trained.save(dir.path(), "tiny", "abc123", "test").unwrap();
+        // A stand-in model with 8-wide hidden states over 8 tokens.
+        let model = MockDecoder::new(MockConfig {
+            window: 7,
+            ..MockConfig::target(8, 1)
+        });
+        let heads = MultiTokenHeads::load(dir.path(), &model, "abc123", &Device::Cpu).unwrap();
+        assert_eq!(heads.count(), 2);
+        assert_eq!(heads.info().base_model, "tiny");
+        let guesses = heads
+            .predict(&Tensor::zeros((1, 8), DType::F32, &Device::Cpu).unwrap())
+            .unwrap();
+        assert_eq!((guesses.len(), guesses.vocab_size()), (2, 8));
+        let err = MultiTokenHeads::load(dir.path(), &model, "fff", &Device::Cpu).unwrap_err();
+        assert!(err.to_string().contains("trained for `tiny`"), "{err}");
+        let wider = MockDecoder::new(MockConfig::target(8, 1));
+        assert!(MultiTokenHeads::load(dir.path(), &wider, "abc123", &Device::Cpu).is_err());
+        std::fs::write(dir.path().join(HEADS_WEIGHTS), b"cut").unwrap();
+        assert!(matches!(
+            MultiTokenHeads::load(dir.path(), &model, "abc123", &Device::Cpu),
+            Err(Error::BadWeights { .. })
+        ));
+    }
+
+    #[test]
+    fn training_sets_round_trip_and_check_shapes() {
+        let (data, _) = cycle_task(8, 3, 5);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("set.safetensors");
+        data.save(&path).unwrap();
+        let back = TrainingSet::load(&path).unwrap();
+        assert_eq!((back.len(), back.positions()), (3, 15));
+        let mut set = TrainingSet::new(8);
+        let hidden = Tensor::zeros((4, 8), DType::F32, &Device::Cpu).unwrap();
+        assert!(set.push(hidden, vec![1, 2]).is_err());
+    }
+
+    #[test]
+    fn fingerprints_tell_files_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, vec![1u8; 300_000]).unwrap();
+        let mut other = vec![1u8; 300_000];
+        other[150_000] = 2;
+        std::fs::write(&b, other).unwrap();
+        assert_ne!(
+            weights_fingerprint(&a).unwrap(),
+            weights_fingerprint(&b).unwrap()
+        );
+        assert_eq!(
+            weights_fingerprint(&a).unwrap(),
+            weights_fingerprint(&a).unwrap()
+        );
+        assert!(weights_fingerprint(&dir.path().join("none")).is_err());
+    }
+}
