@@ -22,7 +22,7 @@ use engine_asr::{Audio, LoadOptions, TranscribeOptions, Transcriber};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::HiddenStates;
 use spec_models::{Registry, Store};
-use spec_nn::heads::{train, HeadKind, Progress, TrainConfig, TrainingSet};
+use spec_nn::heads::{train, weights_fingerprint, HeadKind, Progress, TrainConfig, TrainingSet};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Kind {
@@ -76,7 +76,16 @@ fn main() -> Result<()> {
     let model = store.resolve(&args.model)?;
     let fingerprint = model_fingerprint(&model.dir)?;
     let heads_root = store.root().join("heads");
-    let cache = heads_root.join(format!("{}-training-set.safetensors", model.name));
+    // The hidden states depend on the model, the sentences, the voices and the limit.
+    let sentences = weights_fingerprint(&args.data)
+        .with_context(|| format!("reading {}", args.data.display()))?;
+    let voices = args.voices.join(",").replace([':', ','], "_");
+    let limit = args.limit.map_or("all".into(), |l| l.to_string());
+    let cache = heads_root.join(format!(
+        "{}-training-set-{}-{voices}-{limit}.safetensors",
+        model.name,
+        &sentences[..16]
+    ));
     let data = if cache.is_file() && !args.refresh {
         println!("hidden states: {} (cached)", cache.display());
         TrainingSet::load(&cache)?

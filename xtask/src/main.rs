@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod demo;
+mod heads;
 mod machine;
 mod models;
 
@@ -45,6 +46,9 @@ enum Command {
     },
     /// Run the engines' benchmarks and file their reports with the machine and date
     Bench(bench::BenchArgs),
+    /// Train multi-token prediction heads for a model on its own outputs (speech synthesized
+    /// by espeak-ng for Whisper) into the models folder
+    TrainHeads(heads::TrainHeadsArgs),
     /// What CI runs: fmt check, clippy -D warnings, the workspace tests, and the real-model
     /// tests when the models are present
     Ci {
@@ -71,6 +75,7 @@ fn main() -> Result<()> {
         Command::Models { verify } => models::list(verify),
         Command::Download { names } => models::download(&names),
         Command::Bench(args) => bench::run(&args),
+        Command::TrainHeads(args) => heads::run(&args),
         Command::Ci { require_models } => ci::run(require_models),
     }
 }
