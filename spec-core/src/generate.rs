@@ -262,6 +262,30 @@ impl<'a> Output<'a> {
         Ok(())
     }
 
+    /// Records a verified tree step (one target forward) and emits its accepted tokens and the
+    /// target's token after them, as [`Output::commit_step`] does.
+    pub(crate) fn commit_tree_step<T: Decoder + ?Sized>(
+        &mut self,
+        target: &mut T,
+        committed: &mut Vec<u32>,
+        cached: usize,
+        tree: &TokenTree,
+        verdict: &TreeVerdict,
+        stats: &mut DecodeStats,
+    ) -> Result<()> {
+        stats.target_forwards += 1;
+        stats.steps.push(StepRecord {
+            drafted: tree.len() - 1,
+            accepted: verdict.path.len() - 1,
+        });
+        let new_tokens: Vec<u32> = verdict.path[1..]
+            .iter()
+            .map(|&node| tree.token(node))
+            .chain([verdict.next_token])
+            .collect();
+        self.commit_step(target, committed, cached, &new_tokens)
+    }
+
     /// The result, with the run's statistics completed.
     pub(crate) fn into_generation(self, mut stats: DecodeStats, started: Instant) -> Generation {
         stats.generated_tokens = self.tokens.len();
@@ -670,18 +694,7 @@ pub fn tree_speculative_generate<T: Decoder + ?Sized>(
         let t_verify = Instant::now();
         let verdict = verify_tree(target, &tree, rule)?;
         stats.target_time += t_verify.elapsed();
-        stats.target_forwards += 1;
-        stats.steps.push(StepRecord {
-            drafted: tree.len() - 1,
-            accepted: verdict.path.len() - 1,
-        });
-
-        let new_tokens: Vec<u32> = verdict.path[1..]
-            .iter()
-            .map(|&node| tree.token(node))
-            .chain([verdict.next_token])
-            .collect();
-        out.commit_step(target, &mut committed, cached, &new_tokens)?;
+        out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
     }
     drafter.finish(&committed)?;
     Ok(out.into_generation(stats, started))

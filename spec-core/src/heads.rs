@@ -23,7 +23,7 @@ use crate::generate::{
 };
 use crate::logits::Logits;
 use crate::sampling::top_k_tokens;
-use crate::stats::{DecodeStats, StepRecord};
+use crate::stats::DecodeStats;
 use crate::tree::TokenTree;
 use crate::{Error, Result, StopConditions};
 
@@ -327,29 +327,9 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
             verify_tree_hidden(target, &tree, rule, output_rows, &mut |_, _| {})?;
         hidden = Some(state);
         stats.target_time += t_verify.elapsed();
-        stats.target_forwards += 1;
-        stats.steps.push(StepRecord {
-            drafted: tree.len() - 1,
-            accepted: verdict.path.len() - 1,
-        });
-        let new_tokens: Vec<u32> = verdict.path[1..]
-            .iter()
-            .map(|&node| tree.token(node))
-            .chain([verdict.next_token])
-            .collect();
-        out.commit_step(target, &mut committed, cached, &new_tokens)?;
+        out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
     }
     Ok(out.into_generation(stats, started))
-}
-
-/// Forwards `tokens` after the cache and returns the hidden state of each: what a trainer reads
-/// (teacher forcing over a known continuation) without the logits.
-pub fn hidden_states_of<T: HiddenStates + ?Sized>(
-    target: &mut T,
-    tokens: &[u32],
-) -> Result<Tensor> {
-    crate::decoder::forward_tokens(target, tokens, LogitRows::All)?;
-    target.last_hidden()
 }
 
 #[cfg(test)]

@@ -92,18 +92,20 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
-/// query heads of each key/value head stacked, n rows each) over `keys`/`values`
-/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`.
-fn row_attention(
+/// One query row's attention: `(q, k, v, head, row, out_row)` writes the row's output.
+type RowFn<'a> = dyn Fn(&HeadRows, &HeadRows, &HeadRows, usize, usize, &mut [f32]) + Sync + 'a;
+
+/// Runs `attend_row` for every stacked query row of every key/value head on the kernels'
+/// threads (awake between the matmuls around it), with the CPU tensors seen as rows (`key_row`:
+/// the length of a row of `keys`); returns `[1, kv_heads, stacked, dim]`.
+fn attend_rows(
     queries: &Tensor,
     keys: &Tensor,
+    key_row: usize,
     values: &Tensor,
-    n: usize,
-    mask: &RowMask<'_>,
+    attend_row: &RowFn<'_>,
 ) -> Result<Tensor> {
     let (_, kv_heads, stacked, dim) = queries.dims4()?;
-    let total = keys.dim(2)?;
     let queries = queries.contiguous()?;
     let (q_storage, q_layout) = queries.storage_and_layout();
     let (k_storage, k_layout) = keys.storage_and_layout();
@@ -114,40 +116,11 @@ fn row_attention(
         return Err(Error::Config("row attention runs on the CPU only".into()));
     };
     let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
-    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, dim)?;
+    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, key_row)?;
     let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
     let mut out = vec![0f32; kv_heads * stacked * dim];
-    // On the kernels' threads, which are awake between the matmuls around it.
     spec_kernels::parallel_chunks_mut(&mut out, dim, &|index, out_row| {
-        let (head, row) = (index / stacked, index % stacked);
-        let query = q.row(head, row, dim);
-        let position = row % n;
-        let mut weights = vec![f32::NEG_INFINITY; total];
-        let mut max = f32::NEG_INFINITY;
-        for (key, w) in weights.iter_mut().enumerate() {
-            let bias = mask.bias(position, key, total);
-            if bias > f32::NEG_INFINITY {
-                *w = dot(query, k.row(head, key, dim)) + bias;
-                max = max.max(*w);
-            }
-        }
-        let mut sum = 0f32;
-        for w in weights.iter_mut() {
-            *w = if *w > f32::NEG_INFINITY {
-                exp(*w - max)
-            } else {
-                0.0
-            };
-            sum += *w;
-        }
-        for (key, &w) in weights.iter().enumerate() {
-            if w > 0.0 {
-                for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
-                    *o += w * x;
-                }
-            }
-        }
-        out_row.iter_mut().for_each(|o| *o /= sum);
+        attend_row(&q, &k, &v, index / stacked, index % stacked, out_row)
     });
     drop((q_storage, k_storage, v_storage));
     Ok(Tensor::from_vec(
@@ -157,6 +130,56 @@ fn row_attention(
     )?)
 }
 
+/// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
+/// query heads of each key/value head stacked, n rows each) over `keys`/`values`
+/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`.
+fn row_attention(
+    queries: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    n: usize,
+    mask: &RowMask<'_>,
+) -> Result<Tensor> {
+    let dim = queries.dim(3)?;
+    let total = keys.dim(2)?;
+    attend_rows(
+        queries,
+        keys,
+        dim,
+        values,
+        &|q, k, v, head, row, out_row| {
+            let query = q.row(head, row, dim);
+            let position = row % n;
+            let mut weights = vec![f32::NEG_INFINITY; total];
+            let mut max = f32::NEG_INFINITY;
+            for (key, w) in weights.iter_mut().enumerate() {
+                let bias = mask.bias(position, key, total);
+                if bias > f32::NEG_INFINITY {
+                    *w = dot(query, k.row(head, key, dim)) + bias;
+                    max = max.max(*w);
+                }
+            }
+            let mut sum = 0f32;
+            for w in weights.iter_mut() {
+                *w = if *w > f32::NEG_INFINITY {
+                    exp(*w - max)
+                } else {
+                    0.0
+                };
+                sum += *w;
+            }
+            for (key, &w) in weights.iter().enumerate() {
+                if w > 0.0 {
+                    for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
+                        *o += w * x;
+                    }
+                }
+            }
+            out_row.iter_mut().for_each(|o| *o /= sum);
+        },
+    )
+}
+
 /// Attention of a few query rows over every key of a cross-attention (no mask), with the keys
 /// transposed (`keys_t` `[1, kv_heads, dim, L]`, as [`CrossKv`] keeps them): each row's scores
 /// are accumulated dimension by dimension across all keys at once (vectorised over keys, no
@@ -164,43 +187,28 @@ fn row_attention(
 /// so a row's result does not depend on the rows beside it. Shapes otherwise as in
 /// [`row_attention`].
 fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Result<Tensor> {
-    let (_, kv_heads, stacked, dim) = queries.dims4()?;
+    let dim = queries.dim(3)?;
     let total = keys_t.dim(3)?;
-    let queries = queries.contiguous()?;
-    let (q_storage, q_layout) = queries.storage_and_layout();
-    let (k_storage, k_layout) = keys_t.storage_and_layout();
-    let (v_storage, v_layout) = values.storage_and_layout();
-    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
-        (&*q_storage, &*k_storage, &*v_storage)
-    else {
-        return Err(Error::Config("row attention runs on the CPU only".into()));
-    };
-    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
-    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, total)?;
-    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
-    let mut out = vec![0f32; kv_heads * stacked * dim];
-    spec_kernels::parallel_chunks_mut(&mut out, dim, &|index, out_row| {
-        let (head, row) = (index / stacked, index % stacked);
-        let query = q.row(head, row, dim);
-        let mut scores = vec![0f32; total];
-        for (d, &qd) in query.iter().enumerate() {
-            for (s, &kd) in scores.iter_mut().zip(k.row(head, d, total)) {
-                *s += qd * kd;
+    attend_rows(
+        queries,
+        keys_t,
+        total,
+        values,
+        &|q, k, v, head, row, out_row| {
+            let mut scores = vec![0f32; total];
+            for (d, &qd) in q.row(head, row, dim).iter().enumerate() {
+                for (s, &kd) in scores.iter_mut().zip(k.row(head, d, total)) {
+                    *s += qd * kd;
+                }
             }
-        }
-        softmax_in_place(&mut scores);
-        for (key, &w) in scores.iter().enumerate() {
-            for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
-                *o += w * x;
+            softmax_in_place(&mut scores);
+            for (key, &w) in scores.iter().enumerate() {
+                for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
+                    *o += w * x;
+                }
             }
-        }
-    });
-    drop((q_storage, k_storage, v_storage));
-    Ok(Tensor::from_vec(
-        out,
-        (1, kv_heads, stacked, dim),
-        &Device::Cpu,
-    )?)
+        },
+    )
 }
 
 /// Query rows per block of [`blocked_attention`]: their scores over 1500 keys (384 KB) stay
