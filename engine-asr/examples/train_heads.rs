@@ -211,7 +211,7 @@ fn self_distilled(args: &Args, model_dir: &Path) -> Result<TrainingSet> {
             }
             let samples = Audio::read_wav(&wav)?.to_16k()?;
             if let Some((hidden, next)) = transcriber.self_distill(&samples, &options)? {
-                data.push(hidden, next)?;
+                data.push(hidden, next, i as u32)?;
             }
             bar.inc(1);
             bar.set_message(format!("{} positions", data.positions()));

@@ -544,12 +544,12 @@ fn decoding_with_heads_equals_greedy_decoding() {
         .collect();
     // Heads trained on the model's own greedy outputs for these recordings.
     let mut data = TrainingSet::new(HIDDEN);
-    for samples in &recordings {
+    for (i, samples) in recordings.iter().enumerate() {
         let (hidden, next) = transcriber
             .self_distill(samples, &greedy_options())
             .unwrap()
             .expect("the random model always says something");
-        data.push(hidden, next).unwrap();
+        data.push(hidden, next, i as u32).unwrap();
     }
     let mut config = TrainConfig::new(HeadKind::latent(), 3);
     config.epochs = 40;

@@ -333,12 +333,21 @@ fn expand(
     Ok(z)
 }
 
+/// One recording's (or answer's) hidden states and the tokens after them.
+#[derive(Debug, Clone)]
+struct Sequence {
+    /// `[positions, hidden]`.
+    hidden: Tensor,
+    next: Vec<u32>,
+    /// Sequences of one group (one sentence in several voices) are validated together.
+    group: u32,
+}
+
 /// Hidden states of a model's own outputs, with what each head should predict from them.
 #[derive(Debug, Clone)]
 pub struct TrainingSet {
     hidden_size: usize,
-    /// `[positions, hidden]` rows per sequence.
-    sequences: Vec<(Tensor, Vec<u32>)>,
+    sequences: Vec<Sequence>,
 }
 
 impl TrainingSet {
@@ -351,8 +360,10 @@ impl TrainingSet {
 
     /// Adds one sequence: `hidden` `[n, hidden_size]`, the hidden state at each position, and
     /// `next` (`n` tokens), the token the model emitted after each (its own greedy output:
-    /// self-distillation). Head k learns `next[i + k + 1]` from `hidden[i]`.
-    pub fn push(&mut self, hidden: Tensor, next: Vec<u32>) -> Result<()> {
+    /// self-distillation). Head k learns `next[i + k + 1]` from `hidden[i]`. Sequences of one
+    /// `group` (the same text spoken in several voices) fall on the same side of the
+    /// validation split, so validation measures text the heads never saw.
+    pub fn push(&mut self, hidden: Tensor, next: Vec<u32>, group: u32) -> Result<()> {
         let (n, width) = hidden.dims2()?;
         if width != self.hidden_size || n != next.len() {
             return Err(Error::Config(format!(
@@ -362,8 +373,11 @@ impl TrainingSet {
                 self.hidden_size
             )));
         }
-        self.sequences
-            .push((hidden.to_dtype(DType::F32)?.to_device(&Device::Cpu)?, next));
+        self.sequences.push(Sequence {
+            hidden: hidden.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+            next,
+            group,
+        });
         Ok(())
     }
 
@@ -379,17 +393,22 @@ impl TrainingSet {
 
     /// Positions held.
     pub fn positions(&self) -> usize {
-        self.sequences.iter().map(|(_, next)| next.len()).sum()
+        self.sequences.iter().map(|s| s.next.len()).sum()
     }
 
-    /// Writes the set to one safetensors file (`hidden.{i}`, `next.{i}`), so the trunk runs once.
+    /// Writes the set to one safetensors file (`hidden.{i}`, `next.{i}`, `group.{i}`), so the
+    /// trunk runs once.
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut tensors = std::collections::HashMap::new();
-        for (i, (hidden, next)) in self.sequences.iter().enumerate() {
-            tensors.insert(format!("hidden.{i}"), hidden.clone());
+        for (i, s) in self.sequences.iter().enumerate() {
+            tensors.insert(format!("hidden.{i}"), s.hidden.clone());
             tensors.insert(
                 format!("next.{i}"),
-                Tensor::from_slice(next, next.len(), &Device::Cpu)?,
+                Tensor::from_slice(&s.next, s.next.len(), &Device::Cpu)?,
+            );
+            tensors.insert(
+                format!("group.{i}"),
+                Tensor::from_slice(&[s.group], 1, &Device::Cpu)?,
             );
         }
         candle_core::safetensors::save(&tensors, path).map_err(|e| Error::BadWeights {
@@ -406,7 +425,7 @@ impl TrainingSet {
         };
         let tensors =
             candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
-        let count = tensors.len() / 2;
+        let count = tensors.len() / 3;
         let mut set = None;
         for i in 0..count {
             let hidden = tensors
@@ -416,8 +435,12 @@ impl TrainingSet {
                 .get(&format!("next.{i}"))
                 .ok_or_else(|| bad(format!("no next.{i}")))?
                 .to_vec1::<u32>()?;
+            let group = tensors
+                .get(&format!("group.{i}"))
+                .ok_or_else(|| bad(format!("no group.{i}")))?
+                .to_vec1::<u32>()?;
             let set = set.get_or_insert_with(|| Self::new(hidden.dim(1).unwrap_or(0)));
-            set.push(hidden.clone(), next)?;
+            set.push(hidden.clone(), next, group.first().copied().unwrap_or(0))?;
         }
         set.ok_or_else(|| bad("no sequences".into()))
     }
@@ -432,8 +455,8 @@ impl TrainingSet {
         };
         let mut chosen = vec![false; vocab_size];
         chosen[..below].fill(true);
-        for (_, next) in &self.sequences {
-            for &token in next {
+        for s in &self.sequences {
+            for &token in &s.next {
                 *chosen.get_mut(token as usize).ok_or_else(|| {
                     Error::Config(format!(
                         "a training token {token} outside the vocabulary of {vocab_size}"
@@ -457,7 +480,7 @@ impl TrainingSet {
         let mut rows = Vec::new();
         let mut targets = Vec::new();
         for &s in sequences {
-            let (hidden, next) = &self.sequences[s];
+            let Sequence { hidden, next, .. } = &self.sequences[s];
             let usable = next.len().saturating_sub(k + 1);
             if usable > 0 {
                 rows.push(hidden.narrow(0, 0, usable)?);
@@ -486,7 +509,7 @@ pub struct TrainConfig {
     /// λ_k of eq. 11 for each head (the paper: 0.2 for the heads after the first, whose own
     /// λ_1 = 1 belongs to the frozen output layer here).
     pub loss_weights: Vec<f32>,
-    /// Share of the sequences held out for validation (the last ones after a seeded shuffle).
+    /// Share of the groups held out for validation (the last ones after a seeded shuffle).
     pub validation_fraction: f32,
     /// The heads score the tokens with ids below this, and every token of the training data
     /// (0: the whole vocabulary).
@@ -636,9 +659,12 @@ pub fn train(
             config.batch_size
         )));
     }
-    if data.len() < 2 {
+    let mut groups: Vec<u32> = data.sequences.iter().map(|s| s.group).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    if groups.len() < 2 {
         return Err(Error::Config(
-            "training needs at least two sequences (one for validation)".into(),
+            "training needs at least two groups of sequences (one for validation)".into(),
         ));
     }
     let device = Device::Cpu;
@@ -655,11 +681,12 @@ pub fn train(
             0,
         )?;
     let mut rng = StdRng::seed_from_u64(config.seed);
-    let mut order: Vec<usize> = (0..data.len()).collect();
-    order.shuffle(&mut rng);
-    let held_out = ((data.len() as f32 * config.validation_fraction).round() as usize)
-        .clamp(1, data.len() - 1);
-    let (train_sequences, validation_sequences) = order.split_at(data.len() - held_out);
+    groups.shuffle(&mut rng);
+    let held_out = ((groups.len() as f32 * config.validation_fraction).round() as usize)
+        .clamp(1, groups.len() - 1);
+    let validation_groups = &groups[groups.len() - held_out..];
+    let (validation_sequences, train_sequences): (Vec<usize>, Vec<usize>) =
+        (0..data.len()).partition(|&i| validation_groups.contains(&data.sequences[i].group));
 
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
@@ -702,10 +729,10 @@ pub fn train(
     )?;
 
     let train_sets = (0..config.count)
-        .map(|k| data.examples(train_sequences, k, &column))
+        .map(|k| data.examples(&train_sequences, k, &column))
         .collect::<Result<Vec<_>>>()?;
     let validation_sets = (0..config.count)
-        .map(|k| data.examples(validation_sequences, k, &column))
+        .map(|k| data.examples(&validation_sequences, k, &column))
         .collect::<Result<Vec<_>>>()?;
     let rows = train_sets[0].1.len();
     if rows == 0 {
@@ -842,7 +869,7 @@ mod tests {
                 .collect();
             let hidden = Tensor::from_vec(rows, (len, hidden_size), &Device::Cpu).unwrap();
             let next: Vec<u32> = tokens.iter().map(|&t| (t + 3) % vocab as u32).collect();
-            set.push(hidden, next).unwrap();
+            set.push(hidden, next, s as u32).unwrap();
         }
         (set, unembedding)
     }
@@ -908,7 +935,7 @@ mod tests {
         assert_eq!((back.len(), back.positions()), (3, 15));
         let mut set = TrainingSet::new(8);
         let hidden = Tensor::zeros((4, 8), DType::F32, &Device::Cpu).unwrap();
-        assert!(set.push(hidden, vec![1, 2]).is_err());
+        assert!(set.push(hidden, vec![1, 2], 0).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Normalisations over the last dimension: RMSNorm (Llama, Qwen) and LayerNorm with bias
-//! (Whisper). Each row is normalised on its own, so results do not depend on the batch.
+//! (Whisper). Each row is normalised on its own, so results do not depend on the batch, nor on
+//! whether a few rows are normalised on the calling thread or many on candle's.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::Result;
 
@@ -30,15 +31,90 @@ impl Norm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Self::Rms { weight, eps } => candle_nn::ops::rms_norm(x, weight, *eps)?,
-            Self::Layer { weight, bias, eps } => candle_nn::ops::layer_norm(x, weight, bias, *eps)?,
+            Self::Layer { weight, bias, eps } => {
+                match few_rows_layer_norm(x, weight, bias, *eps)? {
+                    Some(y) => y,
+                    None => candle_nn::ops::layer_norm(x, weight, bias, *eps)?,
+                }
+            }
         })
     }
+}
+
+/// Rows up to which LayerNorm runs on the calling thread.
+const SEQUENTIAL_ROWS: usize = 64;
+
+/// LayerNorm of a few f32 CPU rows on the calling thread, with candle's arithmetic operation
+/// for operation (so the result is bit-identical): candle hands every row to rayon, whose
+/// threads wake for a decoding step's few rows and then spin beside the kernels' worker for
+/// the two cores. `None` for anything else (many rows, other devices or dtypes).
+fn few_rows_layer_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f32,
+) -> Result<Option<Tensor>> {
+    let width = x.dim(candle_core::D::Minus1)?;
+    let rows = x.elem_count() / width.max(1);
+    let dense = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
+    if rows > SEQUENTIAL_ROWS || !(dense(x) && dense(weight) && dense(bias)) {
+        return Ok(None);
+    }
+    let (x, weight, bias) = (
+        x.contiguous()?,
+        weight.to_vec1::<f32>()?,
+        bias.to_vec1::<f32>()?,
+    );
+    if weight.len() != width || bias.len() != width {
+        return Ok(None);
+    }
+    let values: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    let mut out = vec![0f32; values.len()];
+    for (src, dst) in values.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        let (mut sum, mut sum2) = (0f32, 0f32);
+        for &v in src {
+            sum += v;
+            sum2 += v * v;
+        }
+        let mean = sum / width as f32;
+        let var = sum2 / width as f32 - mean * mean;
+        let inv_std = (var + eps).sqrt().recip();
+        for ((d, &s), (&w, &b)) in dst.iter_mut().zip(src).zip(weight.iter().zip(&bias)) {
+            *d = (s - mean) * inv_std * w + b;
+        }
+    }
+    Ok(Some(Tensor::from_vec(out, x.shape(), x.device())?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::{Device, D};
+
+    #[test]
+    fn few_rows_give_candles_layer_norm_bit_for_bit() {
+        let device = Device::Cpu;
+        let weight = Tensor::randn(1f32, 0.3, 96, &device).unwrap();
+        let bias = Tensor::randn(0f32, 0.3, 96, &device).unwrap();
+        let norm = Norm::layer(weight.clone(), bias.clone(), 1e-5);
+        for rows in [1, 5, 64, 65] {
+            let x = (Tensor::randn(0f32, 2.0, (1, rows, 96), &device).unwrap() + 0.5).unwrap();
+            let ours: Vec<f32> = norm
+                .forward(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let candle: Vec<f32> = candle_nn::ops::layer_norm(&x, &weight, &bias, 1e-5)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert_eq!(ours, candle, "{rows} rows");
+        }
+    }
 
     #[test]
     fn layer_norm_centres_scales_and_shifts_each_row() {
