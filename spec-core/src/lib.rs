@@ -12,7 +12,9 @@
 //! - generic loops ([`generate`], [`speculative_generate`], [`tree_speculative_generate`],
 //!   [`jacobi_generate`]) and their [`DecodeStats`];
 //! - [`verify_continuation`]: one forward that prefills a changed prompt and verifies a previous
-//!   output after it (live re-translation, input-time speculation).
+//!   output after it (live re-translation, input-time speculation);
+//! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
+//!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]).
 //!
 //! The loops keep the target's output: with greedy acceptance, speculative decoding returns
 //! exactly the tokens of greedy autoregressive decoding.
