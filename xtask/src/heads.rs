@@ -22,9 +22,7 @@ fn engine(model: &str) -> Result<&'static str> {
     if model.starts_with("whisper") {
         Ok("engine-asr")
     } else {
-        bail!(
-            "no engine trains heads for `{model}` yet: Whisper models (whisper-…) are supported"
-        )
+        bail!("no engine trains heads for `{model}` yet: Whisper models (whisper-…) are supported")
     }
 }
 
