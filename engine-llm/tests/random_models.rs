@@ -4,7 +4,7 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use candle_core::DType;
+use candle_core::{DType, Device};
 use common::{Family, Tiny};
 use engine_llm::{Error, LoadOptions, Requantize, Transformer};
 use rand::rngs::StdRng;
@@ -13,6 +13,10 @@ use spec_core::{
     generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
     DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig, SparseTreeConfig,
     SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
+};
+use spec_core::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, OutputRows};
+use spec_nn::heads::{
+    train, weights_fingerprint, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet,
 };
 
 const FAMILIES: [Family; 2] = [Family::Qwen2, Family::Llama];
@@ -462,4 +466,84 @@ files = [{{ remote = "model.gguf" }}]
     assert!(err.to_string().contains("is a whisper model"), "{err}");
     let err = LanguageModel::open_in(&store, "absent", &options).unwrap_err();
     assert!(err.to_string().contains("unknown model `absent`"), "{err}");
+}
+
+#[test]
+fn decoding_with_trained_heads_equals_greedy_decoding() {
+    let prompts: Vec<Vec<u32>> = (0..12u32)
+        .map(|p| (0..4).map(|i| (p * 13 + i * 7 + 1) % 96).collect())
+        .collect();
+    for family in FAMILIES {
+        let scratch = tempfile::tempdir().unwrap();
+        let path = Tiny::new(family).write_gguf(scratch.path(), 41, GgmlDType::Q8_0, &[]);
+        let mut model = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap();
+        let stop = StopConditions::new(24);
+        let mut rng = StdRng::seed_from_u64(0);
+        // Self-distillation: the model's greedy continuations, teacher-forced once.
+        let mut data = TrainingSet::new(64);
+        let mut greedy = Vec::new();
+        for (group, prompt) in prompts.iter().enumerate() {
+            let out = generate(
+                &mut model,
+                prompt,
+                &SamplingConfig::greedy(),
+                &stop,
+                &mut rng,
+                &mut |_| {},
+            )
+            .unwrap();
+            model.reset();
+            let sequence: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+            model.forward_tokens(&sequence, LogitRows::None).unwrap();
+            let last = prompt.len() - 1;
+            let hidden = model
+                .last_hidden()
+                .unwrap()
+                .narrow(0, last, out.tokens.len())
+                .unwrap();
+            data.push(hidden, out.tokens.clone(), group as u32).unwrap();
+            greedy.push(out.tokens);
+        }
+        let mut config = TrainConfig::new(HeadKind::latent(), 3);
+        config.epochs = 30;
+        config.learning_rate = 0.01;
+        config.batch_size = 64;
+        let vocab: Vec<u32> = (0..96).collect();
+        let trained = train(
+            &data,
+            &model.unembedding_rows(&vocab).unwrap(),
+            &config,
+            &mut |_| {},
+        )
+        .unwrap();
+        let heads_dir = tempfile::tempdir().unwrap();
+        let fingerprint = weights_fingerprint(&path).unwrap();
+        trained
+            .save(heads_dir.path(), "tiny", &fingerprint, "test")
+            .unwrap();
+        let heads =
+            MultiTokenHeads::load(heads_dir.path(), &model, &fingerprint, &Device::Cpu).unwrap();
+        let mut accepted = 0;
+        for tree in [HeadsTree::chain(3), HeadsTree::branching(3, 2)] {
+            let drafter = HeadsDrafter::new(&heads, tree).unwrap();
+            for rows in [OutputRows::Batched, OutputRows::OnDemand] {
+                for (prompt, expected) in prompts.iter().zip(&greedy) {
+                    model.reset();
+                    let out = heads_generate(
+                        &mut model,
+                        &drafter,
+                        prompt,
+                        &AcceptanceRule::greedy(),
+                        rows,
+                        &stop,
+                        &mut |_| {},
+                    )
+                    .unwrap();
+                    assert_eq!(&out.tokens, expected, "{family:?} {rows:?}");
+                    accepted += out.stats.accepted_tokens();
+                }
+            }
+        }
+        assert!(accepted > 0, "{family:?}: the heads never guessed right");
+    }
 }
