@@ -16,21 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use engine_asr::whisper::model_fingerprint;
 use engine_asr::{Audio, LoadOptions, TranscribeOptions, Transcriber};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::HiddenStates;
 use spec_models::{Registry, Store};
-use spec_nn::heads::{train, weights_fingerprint, HeadKind, Progress, TrainConfig, TrainingSet};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Kind {
-    /// d×d transforms before the model's own unembedding (SiLU, residual)
-    Latent,
-    /// An output matrix per head
-    Projection,
-}
+use spec_nn::heads::cli::TrainArgs;
+use spec_nn::heads::{weights_fingerprint, TrainingSet};
 
 #[derive(Parser, Debug)]
 #[command(about = "Train multi-token prediction heads for a Whisper model")]
@@ -50,21 +43,8 @@ struct Args {
     /// Use only the first N sentences.
     #[arg(long)]
     limit: Option<usize>,
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    #[arg(long, value_enum, default_value_t = Kind::Latent)]
-    kind: Kind,
-    #[arg(long, default_value_t = 8)]
-    epochs: usize,
-    #[arg(long)]
-    learning_rate: Option<f64>,
-    #[arg(long, default_value_t = 256)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Output folder [default: $SPECVOICE_MODELS/heads/MODEL-KIND-COUNT].
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    training: TrainArgs,
     /// Transcribe again even when the cached hidden states exist.
     #[arg(long)]
     refresh: bool,
@@ -86,15 +66,7 @@ fn main() -> Result<()> {
         model.name,
         &sentences[..16]
     ));
-    let data = if cache.is_file() && !args.refresh {
-        println!("hidden states: {} (cached)", cache.display());
-        TrainingSet::load(&cache)?
-    } else {
-        let data = self_distilled(&args, &model.dir)?;
-        std::fs::create_dir_all(&heads_root)?;
-        data.save(&cache)?;
-        data
-    };
+    let data = TrainingSet::cached(&cache, args.refresh, || self_distilled(&args, &model.dir))?;
     println!(
         "training set: {} recordings, {} positions",
         data.len(),
@@ -104,67 +76,13 @@ fn main() -> Result<()> {
     let mut transcriber = Transcriber::load(&model.dir, &LoadOptions::default())?;
     let vocab: Vec<u32> = (0..transcriber.model().config().vocab_size as u32).collect();
     let unembedding = transcriber.model().unembedding_rows(&vocab)?;
-    let kind = match args.kind {
-        Kind::Latent => HeadKind::latent(),
-        Kind::Projection => HeadKind::Projection,
-    };
-    let mut config = TrainConfig::new(kind, args.heads);
-    config.epochs = args.epochs;
-    config.batch_size = args.batch_size;
-    config.seed = args.seed;
-    if let Some(lr) = args.learning_rate {
-        config.learning_rate = lr;
-    }
-    let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template(
-        "epoch {prefix} {bar:30} {pos}/{len} batches, loss {msg}",
-    )?);
-    let trained = train(
+    let out = args.training.train_and_save(
         &data,
         &unembedding,
-        &config,
-        &mut |progress| match progress {
-            Progress::Batch {
-                epoch,
-                batch,
-                batches,
-                loss,
-            } => {
-                bar.set_length(*batches as u64);
-                bar.set_prefix(format!("{}", epoch + 1));
-                bar.set_position(*batch as u64 + 1);
-                bar.set_message(format!("{loss:.3}"));
-            }
-            Progress::Epoch(report) => {
-                bar.suspend(|| {
-                    let accuracy: Vec<String> = report
-                        .validation_accuracy
-                        .iter()
-                        .enumerate()
-                        .map(|(k, a)| format!("head {}: {:.1} %", k + 1, 100.0 * a))
-                        .collect();
-                    println!(
-                        "epoch {}: train loss {:.3}, validation loss {:.3}, top-1 {}",
-                        report.epoch + 1,
-                        report.train_loss,
-                        report.validation_loss,
-                        accuracy.join(", ")
-                    );
-                });
-                bar.reset();
-            }
-        },
+        &heads_root,
+        &model.name,
+        &fingerprint,
     )?;
-    bar.finish_and_clear();
-    let kind_name = match args.kind {
-        Kind::Latent => "latent",
-        Kind::Projection => "projection",
-    };
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| heads_root.join(format!("{}-{kind_name}-{}", model.name, args.heads)));
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
-    trained.save(&out, &model.name, &fingerprint, &command)?;
     println!("heads written to {}", out.display());
     Ok(())
 }

@@ -417,6 +417,27 @@ impl TrainingSet {
         })
     }
 
+    /// The set cached at `path`, or (when absent or `refresh`) the one `build` makes, then
+    /// saved there: the trunk's forwards run once per set of inputs.
+    pub fn cached<E: From<Error>>(
+        path: &Path,
+        refresh: bool,
+        build: impl FnOnce() -> std::result::Result<Self, E>,
+    ) -> std::result::Result<Self, E> {
+        if path.is_file() && !refresh {
+            return Ok(Self::load(path)?);
+        }
+        let set = build()?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        set.save(path)?;
+        Ok(set)
+    }
+
     /// Reads a set written by [`TrainingSet::save`].
     pub fn load(path: &Path) -> Result<Self> {
         let bad = |reason: String| Error::BadWeights {
@@ -559,6 +580,23 @@ pub struct EpochReport {
     pub train_loss: f32,
     pub validation_loss: f32,
     pub validation_accuracy: Vec<f32>,
+}
+
+impl std::fmt::Display for EpochReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "epoch {}: train loss {:.3}, validation loss {:.3}, top-1",
+            self.epoch + 1,
+            self.train_loss,
+            self.validation_loss
+        )?;
+        for (k, accuracy) in self.validation_accuracy.iter().enumerate() {
+            let sep = if k == 0 { "" } else { "," };
+            write!(f, "{sep} head {}: {:.1} %", k + 1, 100.0 * accuracy)?;
+        }
+        Ok(())
+    }
 }
 
 /// Trained heads' tensors, before they are written ([`TrainedHeads::save`]).
@@ -846,6 +884,116 @@ fn evaluate(
         accuracy.push(correct as f32 / n);
     }
     Ok((loss, accuracy))
+}
+
+/// The options every `train_heads` program takes, and its progress display.
+#[cfg(feature = "cli")]
+pub mod cli {
+    use std::path::{Path, PathBuf};
+
+    use indicatif::{ProgressBar, ProgressStyle};
+
+    use super::{train, HeadKind, Progress, TrainConfig, TrainingSet};
+    use crate::Result;
+
+    /// The two head architectures, as a command-line value.
+    #[derive(Clone, Copy, Debug, clap::ValueEnum)]
+    pub enum Kind {
+        /// d×d transforms before the model's own unembedding (SiLU, residual)
+        Latent,
+        /// An output matrix per head
+        Projection,
+    }
+
+    /// How to train the heads.
+    #[derive(Debug, clap::Args)]
+    pub struct TrainArgs {
+        #[arg(long, default_value_t = 4)]
+        pub heads: usize,
+        #[arg(long, value_enum, default_value_t = Kind::Latent)]
+        pub kind: Kind,
+        #[arg(long, default_value_t = 8)]
+        pub epochs: usize,
+        #[arg(long)]
+        pub learning_rate: Option<f64>,
+        #[arg(long, default_value_t = 256)]
+        pub batch_size: usize,
+        #[arg(long, default_value_t = 0)]
+        pub seed: u64,
+        /// Output folder [default: $SPECVOICE_MODELS/heads/MODEL-KIND-COUNT].
+        #[arg(long)]
+        pub out: Option<PathBuf>,
+    }
+
+    impl TrainArgs {
+        /// The training settings these options ask for.
+        pub fn config(&self) -> TrainConfig {
+            let kind = match self.kind {
+                Kind::Latent => HeadKind::latent(),
+                Kind::Projection => HeadKind::Projection,
+            };
+            let mut config = TrainConfig::new(kind, self.heads);
+            config.epochs = self.epochs;
+            config.batch_size = self.batch_size;
+            config.seed = self.seed;
+            if let Some(lr) = self.learning_rate {
+                config.learning_rate = lr;
+            }
+            config
+        }
+
+        /// Trains on `data` with a progress bar and each epoch's figures printed, and writes the
+        /// heads for `model` (its name and weights fingerprint) to `--out` or
+        /// `heads_root/MODEL-KIND-COUNT`; returns the folder.
+        pub fn train_and_save(
+            &self,
+            data: &TrainingSet,
+            unembedding: &candle_core::Tensor,
+            heads_root: &Path,
+            model: &str,
+            fingerprint: &str,
+        ) -> Result<PathBuf> {
+            let bar = ProgressBar::new(0).with_style(
+                ProgressStyle::with_template(
+                    "epoch {prefix} {bar:30} {pos}/{len} batches, loss {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            let trained = train(
+                data,
+                unembedding,
+                &self.config(),
+                &mut |progress| match progress {
+                    Progress::Batch {
+                        epoch,
+                        batch,
+                        batches,
+                        loss,
+                    } => {
+                        bar.set_length(*batches as u64);
+                        bar.set_prefix(format!("{}", epoch + 1));
+                        bar.set_position(*batch as u64 + 1);
+                        bar.set_message(format!("{loss:.3}"));
+                    }
+                    Progress::Epoch(report) => {
+                        bar.suspend(|| println!("{report}"));
+                        bar.reset();
+                    }
+                },
+            )?;
+            bar.finish_and_clear();
+            let kind = match self.kind {
+                Kind::Latent => "latent",
+                Kind::Projection => "projection",
+            };
+            let out = self
+                .out
+                .clone()
+                .unwrap_or_else(|| heads_root.join(format!("{model}-{kind}-{}", self.heads)));
+            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            trained.save(&out, model, fingerprint, &command)
+        }
+    }
 }
 
 #[cfg(test)]

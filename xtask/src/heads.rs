@@ -1,5 +1,6 @@
 //! `cargo xtask train-heads MODEL …`: trains multi-token prediction heads for a model with the
-//! engine that runs it (its `train_heads` example), into `$SPECVOICE_MODELS/heads/`.
+//! engine that runs it (its `train_heads` example: engine-asr for Whisper, engine-llm for chat
+//! models), into `$SPECVOICE_MODELS/heads/`.
 
 use std::process::Command;
 
@@ -17,17 +18,18 @@ pub struct TrainHeadsArgs {
     options: Vec<String>,
 }
 
-/// The engine whose `train_heads` example trains heads for `model`.
-fn engine(model: &str) -> Result<&'static str> {
+/// The engine whose `train_heads` example trains heads for `model`: Whisper's for whisper-…,
+/// the chat models' for the rest.
+fn engine(model: &str) -> &'static str {
     if model.starts_with("whisper") {
-        Ok("engine-asr")
+        "engine-asr"
     } else {
-        bail!("no engine trains heads for `{model}` yet: Whisper models (whisper-…) are supported")
+        "engine-llm"
     }
 }
 
 pub fn run(args: &TrainHeadsArgs) -> Result<()> {
-    let package = engine(&args.model)?;
+    let package = engine(&args.model);
     let status = Command::new(crate::cargo())
         .args([
             "run",

@@ -1,0 +1,194 @@
+//! Benchmark of multi-token prediction heads on a chat model: greedy decoding against decoding
+//! with trained heads (greedy acceptance: lossless; chain and branching trees) on the first
+//! turns of MT-Bench (never used to train the heads), same model, same run. Reports decoding
+//! tokens per second after the first token, the speed-up, target forwards per token, acceptance
+//! per depth and whether every answer is identical.
+//!
+//! ```sh
+//! cargo run --release -p engine-llm --example bench_heads -- [--model qwen2.5-coder-1.5b-instruct]
+//!     [--heads latent-4] [--questions 10] [--tokens 128] [--json PATH]
+//! ```
+//!
+//! The heads come from `cargo xtask train-heads MODEL` (`$SPECVOICE_MODELS/heads/NAME-KIND-COUNT`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_core::Device;
+use clap::Parser;
+use engine_llm::{LanguageModel, LoadOptions, Message};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::report::{Report, Table};
+use spec_core::{
+    generate, heads_generate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,
+    OutputRows, SamplingConfig, StopConditions,
+};
+use spec_models::{mt_bench, Store};
+use spec_nn::heads::{weights_fingerprint, MultiTokenHeads};
+
+#[derive(Parser, Debug)]
+#[command(about = "A chat model with multi-token prediction heads against greedy decoding")]
+struct Args {
+    #[arg(long, default_value = "qwen2.5-coder-1.5b-instruct")]
+    model: String,
+    /// The heads: `$SPECVOICE_MODELS/heads/NAME-<this>` (NAME: the weights file's stem).
+    #[arg(long, default_value = "latent-4")]
+    heads: String,
+    /// MT-Bench first turns.
+    #[arg(long, default_value_t = 10)]
+    questions: usize,
+    /// Longest answer.
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let store = Store::from_env()?;
+    let mut lm = LanguageModel::open(&args.model, &LoadOptions::default())?;
+    let name = lm
+        .weights
+        .file_stem()
+        .map_or(args.model.clone(), |s| s.to_string_lossy().into_owned());
+    let heads_dir = store
+        .root()
+        .join("heads")
+        .join(format!("{name}-{}", args.heads));
+    let heads = MultiTokenHeads::load(
+        &heads_dir,
+        &lm.model,
+        &weights_fingerprint(&lm.weights)?,
+        &Device::Cpu,
+    )
+    .with_context(|| {
+        format!(
+            "heads for {} (train them: cargo xtask train-heads {} --heads 4 --kind latent)",
+            args.model, args.model
+        )
+    })?;
+    let count = heads.info().count;
+    let prompts: Vec<Vec<u32>> = mt_bench::first_turns(&store, args.questions)?
+        .iter()
+        .map(|q| lm.chat_prompt(&[Message::user(q.clone())]))
+        .collect::<engine_llm::Result<_>>()?;
+    let stop = StopConditions::new(args.tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
+
+    let mut greedy = DecodeStats::default();
+    let mut answers = Vec::new();
+    for prompt in &prompts {
+        lm.model.reset();
+        let out = generate(
+            &mut lm.model,
+            prompt,
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut StdRng::seed_from_u64(0),
+            &mut |_| {},
+        )?;
+        greedy.merge(&out.stats);
+        answers.push(out.tokens);
+    }
+    let mut table = Table::new(
+        format!(
+            "{name} with {count} {:?} heads on {} MT-Bench first turns (≤ {} tokens), greedy acceptance, 2 threads",
+            heads.info().kind,
+            prompts.len(),
+            args.tokens
+        ),
+        &[
+            "decoding",
+            "decode tok/s",
+            "speed-up",
+            "target forwards / token",
+            "tokens / forward",
+            "accepted at depth 1…K",
+            "heads' share",
+            "same answers",
+        ],
+    );
+    let per_token = |s: &DecodeStats| s.target_forwards as f64 / s.generated_tokens.max(1) as f64;
+    table.push(vec![
+        "greedy".into(),
+        format!("{:.2}", greedy.decode_tokens_per_second()),
+        "1.00×".into(),
+        format!("{:.3}", per_token(&greedy)),
+        "1".into(),
+        "–".into(),
+        "–".into(),
+        format!("{0}/{0}", prompts.len()),
+    ]);
+    for (label, tree) in [
+        (format!("heads, chain of {count}"), HeadsTree::chain(count)),
+        (
+            format!("heads, tree ({count} deep, 2 wide)"),
+            HeadsTree::branching(count, 2),
+        ),
+    ] {
+        let drafter = HeadsDrafter::new(&heads, tree)?;
+        let mut stats = DecodeStats::default();
+        let mut same = 0;
+        for (prompt, expected) in prompts.iter().zip(&answers) {
+            lm.model.reset();
+            let out = heads_generate(
+                &mut lm.model,
+                &drafter,
+                prompt,
+                &AcceptanceRule::greedy(),
+                OutputRows::Batched,
+                &stop,
+                &mut |_| {},
+            )?;
+            same += usize::from(&out.tokens == expected);
+            stats.merge(&out.stats);
+        }
+        let steps = stats.steps.len().max(1) as f64;
+        let depths: Vec<String> = (1..=count)
+            .map(|k| {
+                let reached = stats.steps.iter().filter(|s| s.accepted >= k).count();
+                format!("{:.0}", 100.0 * reached as f64 / steps)
+            })
+            .collect();
+        table.push(vec![
+            label,
+            format!("{:.2}", stats.decode_tokens_per_second()),
+            format!(
+                "{:.2}×",
+                stats.decode_tokens_per_second() / greedy.decode_tokens_per_second()
+            ),
+            format!("{:.3}", per_token(&stats)),
+            format!("{:.2}", stats.tokens_per_target_pass()),
+            format!("{} %", depths.join(" / ")),
+            format!(
+                "{:.0} %",
+                100.0 * stats.draft_time.as_secs_f64() / stats.total_time.as_secs_f64()
+            ),
+            format!("{same}/{}", prompts.len()),
+        ]);
+    }
+    let report = Report {
+        command: format!(
+            "cargo run --release -p engine-llm --example bench_heads -- --model {} --heads {} --questions {} --tokens {}",
+            args.model, args.heads, args.questions, args.tokens
+        ),
+        tables: vec![table],
+        notes: vec![format!(
+            "Heads trained by `{}` (validation top-1 {:?}). Decode tok/s counts the tokens after each answer's first over the time after it (the prompt's prefill excluded), as in the llm table.",
+            heads.info().command,
+            heads
+                .info()
+                .validation_accuracy
+                .iter()
+                .map(|a| format!("{:.1} %", 100.0 * a))
+                .collect::<Vec<_>>()
+        )],
+    };
+    print!("{}", report.markdown());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| path.display().to_string())?;
+    }
+    Ok(())
+}
