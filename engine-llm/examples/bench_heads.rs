@@ -32,7 +32,7 @@ use spec_nn::heads::{weights_fingerprint, MultiTokenHeads};
 struct Args {
     #[arg(long, default_value = "qwen2.5-coder-1.5b-instruct")]
     model: String,
-    /// The heads: `$SPECVOICE_MODELS/heads/NAME-<this>` (NAME: the weights file's stem).
+    /// The heads: `$SPECVOICE_MODELS/heads/MODEL-<this>`.
     #[arg(long, default_value = "latent-4")]
     heads: String,
     /// MT-Bench first turns.
@@ -49,10 +49,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let store = Store::from_env()?;
     let mut lm = LanguageModel::open(&args.model, &LoadOptions::default())?;
-    let name = lm
-        .weights
-        .file_stem()
-        .map_or(args.model.clone(), |s| s.to_string_lossy().into_owned());
+    let name = store.resolve(&args.model)?.name;
     let heads_dir = store
         .root()
         .join("heads")

@@ -50,10 +50,7 @@ fn main() -> Result<()> {
     let store = Store::from_env()?;
     let mut lm = LanguageModel::open(&args.model, &LoadOptions::default())
         .with_context(|| format!("opening {}", args.model))?;
-    let name = lm
-        .weights
-        .file_stem()
-        .map_or(args.model.clone(), |s| s.to_string_lossy().into_owned());
+    let name = store.resolve(&args.model)?.name;
     let fingerprint = weights_fingerprint(&lm.weights)?;
     let heads_root = store.root().join("heads");
     let prompts_fingerprint = weights_fingerprint(&args.data)
