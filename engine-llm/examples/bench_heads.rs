@@ -41,6 +41,9 @@ struct Args {
     /// Longest answer.
     #[arg(long, default_value_t = 128)]
     tokens: usize,
+    /// Compute the output layer's rows only where the verification reaches them.
+    #[arg(long)]
+    rows_on_demand: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -73,6 +76,11 @@ fn main() -> Result<()> {
         .collect::<engine_llm::Result<_>>()?;
     let stop = StopConditions::new(args.tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
 
+    let output_rows = if args.rows_on_demand {
+        OutputRows::OnDemand
+    } else {
+        OutputRows::Batched
+    };
     let mut greedy = DecodeStats::default();
     let mut answers = Vec::new();
     for prompt in &prompts {
@@ -90,10 +98,11 @@ fn main() -> Result<()> {
     }
     let mut table = Table::new(
         format!(
-            "{name} with {count} {:?} heads on {} MT-Bench first turns (≤ {} tokens), greedy acceptance, 2 threads",
+            "{name} with {count} {:?} heads on {} MT-Bench first turns (≤ {} tokens), greedy acceptance, output rows {:?}, 2 threads",
             heads.info().kind,
             prompts.len(),
-            args.tokens
+            args.tokens,
+            output_rows
         ),
         &[
             "decoding",
@@ -134,7 +143,7 @@ fn main() -> Result<()> {
                 &drafter,
                 prompt,
                 &AcceptanceRule::greedy(),
-                OutputRows::Batched,
+                output_rows,
                 &stop,
                 &mut |_| {},
             )?;
@@ -167,8 +176,12 @@ fn main() -> Result<()> {
     }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads -- --model {} --heads {} --questions {} --tokens {}",
-            args.model, args.heads, args.questions, args.tokens
+            "cargo run --release -p engine-llm --example bench_heads -- --model {} --heads {} --questions {} --tokens {}{}",
+            args.model,
+            args.heads,
+            args.questions,
+            args.tokens,
+            if args.rows_on_demand { " --rows-on-demand" } else { "" }
         ),
         tables: vec![table],
         notes: vec![format!(
