@@ -19,7 +19,8 @@ use candle_core::Tensor;
 use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::decoder::{Decoder, LogitRows};
 use crate::generate::{
-    judge_tree, keep_path, tree_forward, Generation, Output, StepLimits, TreeRows, TreeVerdict,
+    judge_tree, keep_path, tree_forward, verify_tree_adjusted, Generation, Output, StepLimits,
+    TreeRows, TreeVerdict,
 };
 use crate::logits::Logits;
 use crate::sampling::top_k_tokens;
@@ -234,35 +235,25 @@ pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
     output_rows: OutputRows,
     adjust: &mut dyn FnMut(usize, &mut [f32]),
 ) -> Result<(TreeVerdict, TreeRows, Tensor)> {
-    let prefix = target.cached_len();
-    let rows = match output_rows {
-        OutputRows::Batched => LogitRows::All,
-        OutputRows::OnDemand => LogitRows::None,
-    };
-    let logits = tree_forward(target, tree, rule, rows)?;
-    let hidden = target.last_hidden()?;
     let (verdict, judged) = match output_rows {
-        OutputRows::Batched => {
-            let logits = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
-            judge_tree(
-                tree,
-                rule,
-                &mut |node| Ok(logits.row(node).to_vec()),
-                adjust,
-            )?
-        }
+        OutputRows::Batched => verify_tree_adjusted(target, tree, rule, adjust)?,
         OutputRows::OnDemand => {
+            let prefix = target.cached_len();
+            tree_forward(target, tree, rule, LogitRows::None)?;
+            let hidden = target.last_hidden()?;
             let model = &*target;
             let mut fetch = |node: usize| -> Result<Vec<f32>> {
                 let row = model.unembed(&hidden.narrow(0, node, 1)?)?;
                 Ok(row.flatten_all()?.to_vec1()?)
             };
-            judge_tree(tree, rule, &mut fetch, adjust)?
+            let judged = judge_tree(tree, rule, &mut fetch, adjust)?;
+            keep_path(target, prefix, &judged.0.path)?;
+            judged
         }
     };
-    keep_path(target, prefix, &verdict.path)?;
+    // The hidden states are the tree forward's, one per node (compaction does not change them).
     let last = *verdict.path.last().expect("the path holds the root");
-    Ok((verdict, judged, hidden.narrow(0, last, 1)?))
+    Ok((verdict, judged, target.last_hidden()?.narrow(0, last, 1)?))
 }
 
 /// Checks that `heads` read hidden states of `model`'s width.

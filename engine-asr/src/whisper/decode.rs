@@ -212,12 +212,6 @@ pub fn heads_window<H: TokenHeads>(
             },
         )?;
         stats.target_time += t_verify.elapsed();
-        eprintln!(
-            "TIMING heads {:?} verify {:?} nodes {}",
-            t_verify - t_heads,
-            t_verify.elapsed(),
-            tree.len()
-        );
         stats.target_forwards += 1;
         candidate.forwards += 1;
         stats.steps.push(StepRecord {
