@@ -20,8 +20,9 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, progress_bar, ModelArgs};
 use engine_llm::predgen::answer_similarity;
-use engine_llm::predgen::input::{spoken_at_rate, DEFAULT_CHARS_PER_MINUTE};
-use engine_llm::predgen::tts::FixedLatencySynthesizer;
+use engine_llm::predgen::spoken_at_rate;
+use engine_llm::predgen::FixedLatencySynthesizer;
+use engine_llm::spec_voice::DEFAULT_CHARS_PER_MINUTE;
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
 };

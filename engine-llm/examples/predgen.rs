@@ -20,10 +20,8 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, ModelArgs};
-use engine_llm::predgen::input::{
-    read_partials, spoken_at_rate, PartialInput, DEFAULT_CHARS_PER_MINUTE,
-};
-use engine_llm::predgen::tts::FixedLatencySynthesizer;
+use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
+use engine_llm::spec_voice::{read_partials, DEFAULT_CHARS_PER_MINUTE};
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, Turn, Verifier,
 };
@@ -84,7 +82,7 @@ impl Args {
         }
     }
 
-    fn turns(&self) -> Result<Vec<Vec<PartialInput>>> {
+    fn turns(&self) -> Result<Vec<Vec<Partial>>> {
         Ok(match &self.partials {
             Some(path) => read_partials(path)?,
             None => self

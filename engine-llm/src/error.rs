@@ -27,6 +27,10 @@ pub enum Error {
     #[error(transparent)]
     Nn(#[from] spec_nn::Error),
 
+    /// Partial transcripts or speech synthesis (`spec-voice`).
+    #[error(transparent)]
+    Voice(#[from] spec_voice::Error),
+
     /// A configuration value that is missing, malformed or inconsistent.
     #[error("invalid model configuration: {0}")]
     Config(String),

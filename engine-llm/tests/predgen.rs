@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use candle_core::quantized::GgmlDType;
 use common::{Family, Tiny};
-use engine_llm::predgen::input::{spoken_at_rate, PartialInput};
-use engine_llm::predgen::tts::FixedLatencySynthesizer;
 use engine_llm::predgen::EventKind;
+use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
 use engine_llm::{
     Continuation, Error, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
 };
@@ -42,14 +41,14 @@ fn config(verifier: Verifier, continuation: Continuation) -> PredGenConfig {
 }
 
 /// Partial prompts with self-corrections: earlier words change, as ASR partials do.
-fn corrected_inputs(final_text: &str) -> Vec<PartialInput> {
+fn corrected_inputs(final_text: &str) -> Vec<Partial> {
     let mut inputs = vec![
-        PartialInput {
+        Partial {
             at: Duration::from_millis(100),
             text: "what is".into(),
             is_final: false,
         },
-        PartialInput {
+        Partial {
             at: Duration::from_millis(400),
             text: "what is one plus twenty".into(),
             is_final: false,
@@ -63,7 +62,7 @@ fn corrected_inputs(final_text: &str) -> Vec<PartialInput> {
     inputs
 }
 
-fn run_turns(session: &mut PredGen<'_>, turns: &[Vec<PartialInput>], baseline: bool) -> Vec<Turn> {
+fn run_turns(session: &mut PredGen<'_>, turns: &[Vec<Partial>], baseline: bool) -> Vec<Turn> {
     let mut tts = FixedLatencySynthesizer::default();
     turns
         .iter()
@@ -162,12 +161,12 @@ fn a_guess_for_the_final_prompt_is_kept_whole() {
     // The last partial already holds every word: the final prompt is the same.
     let text = "what is the tallest mountain";
     let inputs = vec![
-        PartialInput {
+        Partial {
             at: Duration::from_millis(0),
             text: text.into(),
             is_final: false,
         },
-        PartialInput {
+        Partial {
             at: Duration::from_secs(5),
             text: text.into(),
             is_final: true,
@@ -212,7 +211,7 @@ fn bad_input_is_a_clear_error() {
     let scratch = tempfile::tempdir().unwrap();
     let mut model = tiny_chat_model(scratch.path(), 3);
     let mut tts = FixedLatencySynthesizer::default();
-    let partial = |ms, text: &str, is_final| PartialInput {
+    let partial = |ms, text: &str, is_final| Partial {
         at: Duration::from_millis(ms),
         text: text.into(),
         is_final,

@@ -204,8 +204,8 @@ fn speculative_greedy_reproduces_the_targets_greedy_output() {
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
 fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
-    use engine_llm::predgen::input::spoken_at_rate;
-    use engine_llm::predgen::tts::FixedLatencySynthesizer;
+    use engine_llm::predgen::spoken_at_rate;
+    use engine_llm::predgen::FixedLatencySynthesizer;
     use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
 
     let mut target = load(QWEN_LARGE);

@@ -11,16 +11,20 @@
 //! verification (the paper's Algorithm 1); if the first sentence survives, its audio plays at
 //! once.
 //!
-//! [`PredGen`] runs turns against a [`SimClock`](input::SimClock): time advances by the measured
-//! compute of each step and jumps to the next input when the model is idle, so a benchmark
-//! costs compute time, not speaking time, while every latency is real measured compute.
+//! A turn runs step by step: a live pipeline feeds it partial transcripts as they arrive
+//! ([`PredGen::hear`]) and lets it work whenever it is free ([`PredGen::step`]), on the wall
+//! clock; benchmarks replay recorded turns through the same steps on a simulated clock
+//! ([`PredGen::turn`]), where time advances by the measured compute of each step and jumps to
+//! the next input when the model is idle. Partial transcripts, sentence splitting and speech
+//! synthesis are `spec-voice`'s types, re-exported here.
 
-pub mod input;
-pub mod sentence;
 mod session;
-pub mod tts;
 
-pub use session::{Event, EventKind, PredGen, Turn};
+pub use session::{Event, EventKind, PredGen, Progress, Status, Turn, TurnClock};
+pub use spec_voice::{
+    spoken_at_rate, AudioChunk, FixedLatencySynthesizer, Partial, PreparedAudio,
+    SentenceSynthesizer, Synthesis,
+};
 
 use crate::{Error, Result};
 

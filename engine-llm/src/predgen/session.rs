@@ -1,4 +1,10 @@
-//! The PredGen session: turns of a conversation, each spoken as partial prompts.
+//! The PredGen session: turns of a conversation, each heard as partial prompts.
+//!
+//! A turn runs step by step, so that a live pipeline can drive it: [`PredGen::begin_turn`] when
+//! the user starts speaking, [`PredGen::hear`] for each partial transcript of the recogniser,
+//! [`PredGen::step`] whenever the caller is free (it does one bounded piece of work and returns
+//! what happened, audio included), [`PredGen::cancel_turn`] on barge-in. [`PredGen::turn`]
+//! replays a recorded turn through the same steps on a simulated clock, for benchmarks.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -14,9 +20,11 @@ use spec_core::{
     StopConditions,
 };
 
-use super::input::{PartialInput, SimClock};
-use super::sentence::{first_sentence_end, split_sentences};
-use super::tts::{PreparedAudio, SentenceSynthesizer};
+use spec_voice::{
+    first_sentence_end, split_sentences, Partial, PreparedAudio, SentenceSynthesizer, SimClock,
+    Synthesis,
+};
+
 use super::{Continuation, PredGenConfig, Verifier, JUDGE_PROMPT};
 use crate::chat::{LanguageModel, Message};
 use crate::tokenizer::TextTokenizer;
@@ -53,11 +61,16 @@ pub enum EventKind {
     },
     /// The first sentence of the final answer is complete.
     FirstSentence { text: String },
-    /// A later sentence of the answer is complete and handed to TTS; its audio is ready at
+    /// A later sentence of the answer is complete and synthesized; its audio is ready at
     /// `ready_at`.
-    Sentence { text: String, ready_at: Duration },
-    /// Its audio starts playing (`prepared`: synthesized before the input ended).
-    AudioStarts { prepared: bool },
+    Sentence {
+        text: String,
+        ready_at: Duration,
+        audio: Synthesis,
+    },
+    /// The first sentence's audio starts playing (`prepared`: synthesized before the input
+    /// ended).
+    AudioStarts { prepared: bool, audio: Synthesis },
     /// The answer is complete.
     AnswerDone { tokens: usize },
 }
@@ -95,13 +108,13 @@ impl fmt::Display for Event {
                 ready_at.as_secs_f64()
             ),
             EventKind::FirstSentence { text } => write!(f, "{:<14} \"{text}\"", "first sentence"),
-            EventKind::Sentence { text, ready_at } => write!(
+            EventKind::Sentence { text, ready_at, .. } => write!(
                 f,
                 "{:<14} \"{text}\" (audio ready at {:.3} s)",
                 "next sentence",
                 ready_at.as_secs_f64()
             ),
-            EventKind::AudioStarts { prepared } => write!(
+            EventKind::AudioStarts { prepared, .. } => write!(
                 f,
                 "{:<14} {}",
                 "audio starts",
@@ -143,6 +156,8 @@ pub struct Turn {
     pub kept_at_end: usize,
     /// The first sentence's audio was synthesized ahead of time.
     pub prepared_audio_used: bool,
+    /// The answer's audio, sentence by sentence.
+    pub audio: Vec<Synthesis>,
     pub timeline: Vec<Event>,
 }
 
@@ -172,6 +187,7 @@ pub struct PredGen<'m> {
     judge_tokens: Option<JudgeTokens>,
     config: PredGenConfig,
     history: Vec<Message>,
+    turn: Option<TurnState>,
 }
 
 /// Token ids of the judge's two answers, in the spellings a model may start with.
@@ -228,6 +244,7 @@ impl<'m> PredGen<'m> {
             draft: None,
             config,
             history: Vec::new(),
+            turn: None,
         })
     }
 
@@ -248,20 +265,27 @@ impl<'m> PredGen<'m> {
         &self.history
     }
 
-    /// Starts a new conversation.
-    pub fn clear_history(&mut self) {
+    /// Starts a new conversation (a turn in progress is cancelled).
+    pub fn clear_history(&mut self) -> Result<()> {
+        self.cancel_turn()?;
         self.history.clear();
+        Ok(())
     }
 
-    /// One turn with input-time speculation: `inputs` are the user's partial prompts in order
-    /// of arrival, the last one final. Returns the answer with its latencies; the turn joins the
-    /// history.
-    pub fn turn(
-        &mut self,
-        inputs: &[PartialInput],
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Turn> {
-        let final_input = check_inputs(inputs)?;
+    /// The user starts speaking: a turn with input-time speculation begins, timed by `clock`.
+    /// Feed it the recogniser's partial transcripts with [`PredGen::hear`] and call
+    /// [`PredGen::step`] whenever the caller is free; a turn already in progress is cancelled.
+    pub fn begin_turn(&mut self, clock: TurnClock) -> Result<()> {
+        self.begin(clock, TurnKind::Speculative)
+    }
+
+    /// As [`PredGen::begin_turn`], for the plain cascade: nothing is done before the final
+    /// partial, then the answer is generated autoregressively and spoken sentence by sentence.
+    pub fn begin_cascade_turn(&mut self, clock: TurnClock) -> Result<()> {
+        self.begin(clock, TurnKind::Cascade)
+    }
+
+    fn begin(&mut self, clock: TurnClock, kind: TurnKind) -> Result<()> {
         if matches!(self.config.continuation, Continuation::DraftModel { .. })
             && self.draft.is_none()
         {
@@ -269,262 +293,429 @@ impl<'m> PredGen<'m> {
                 "the draft-model continuation needs a draft model (PredGen::with_draft)".into(),
             ));
         }
+        self.turn = None;
         self.start_turn()?;
-        let mut clock = SimClock::new();
-        let mut timeline = Vec::new();
-        let mut guess = Answer::default();
-        let mut rejected_tail = Vec::new();
-        let mut prepared: Option<PreparedAudio> = None;
-        let mut heard: Option<(usize, Vec<u32>)> = None;
-        let (mut tokens_during_input, mut forwards_during_input) = (0, 0);
-
-        loop {
-            let Some(latest) = inputs.iter().rposition(|p| p.at <= clock.now()) else {
-                clock.wait_until(inputs[0].at);
-                continue;
-            };
-            if latest == inputs.len() - 1 {
-                break;
-            }
-            // Each step verifies the guess if a new partial prompt has arrived, then generates
-            // on for up to `tokens_per_step` tokens, then looks for new input again: verifying
-            // alone would starve generation whenever a verification outlasts a spoken word.
-            let mut worked = false;
-            if heard.as_ref().is_none_or(|(i, _)| *i != latest) {
-                let started = Instant::now();
-                let text = &inputs[latest].text;
-                timeline.push(event(&clock, heard_event(&inputs[latest])));
-                let prompt = self.prompt_for(text)?;
-                let check = self.verify(&prompt, text, &mut guess)?;
-                clock.advance(started.elapsed());
-                forwards_during_input += check.forwards;
-                tokens_during_input += guess.tokens.len().saturating_sub(check.kept);
-                timeline.push(event(&clock, verified_event(&check)));
-                rejected_tail = check.rejected_tail;
-                heard = Some((latest, prompt));
-                worked = true;
-            }
-            let input_over = final_input.at <= clock.now();
-            if !input_over
-                && !guess.done
-                && guess.tokens.len() < self.config.max_guess_tokens
-                && self.first_sentence(&guess)?.is_none()
-            {
-                let started = Instant::now();
-                let prompt = heard.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
-                let budget = self
-                    .config
-                    .tokens_per_step
-                    .min(self.config.max_guess_tokens - guess.tokens.len());
-                let before = guess.tokens.len();
-                let gen = self.extend(&prompt, &mut guess, &rejected_tail, budget, Some(1))?;
-                clock.advance(started.elapsed());
-                forwards_during_input += gen.stats.target_forwards;
-                tokens_during_input += guess.tokens.len() - before;
-                rejected_tail.clear();
-                timeline.push(event(
-                    &clock,
-                    self.generated_event(&guess.tokens[before..])?,
-                ));
-                worked = true;
-            }
-            if !worked {
-                clock.wait_until(inputs[latest + 1].at);
-                continue;
-            }
-            // Hand the guessed first sentence to TTS as soon as it is complete.
-            if let Some(sentence) = self.first_sentence(&guess)? {
-                if !prepared.as_ref().is_some_and(|p| p.matches(&sentence)) {
-                    let synthesis = tts.synthesize(&sentence)?;
-                    let ready_at = clock.now() + synthesis.first_audio_after;
-                    timeline.push(event(&clock, EventKind::Prepared { sentence, ready_at }));
-                    prepared = Some(PreparedAudio {
-                        synthesis,
-                        ready_at,
-                    });
-                }
-            }
-        }
-
-        // The input is complete: one forward verifies the guess against the full prompt.
-        let input_end = final_input.at;
-        clock.wait_until(input_end);
-        timeline.push(event(&clock, heard_event(final_input)));
-        let prompt = self.prompt_for(&final_input.text)?;
-        let guessed_at_end = guess.tokens.len();
-        let started = Instant::now();
-        let check = self.verify(&prompt, &final_input.text, &mut guess)?;
-        clock.advance(started.elapsed());
-        timeline.push(event(&clock, verified_event(&check)));
-        let mut answer = guess;
-        let mut forwards_to_first_sentence = check.forwards;
-        if self.first_sentence(&answer)?.is_none() && !answer.done {
-            let started = Instant::now();
-            let before = answer.tokens.len();
-            let budget = self.config.max_answer_tokens - answer.tokens.len();
-            let gen = self.extend(&prompt, &mut answer, &check.rejected_tail, budget, Some(1))?;
-            clock.advance(started.elapsed());
-            forwards_to_first_sentence += gen.stats.target_forwards;
-            timeline.push(event(
-                &clock,
-                self.generated_event(&answer.tokens[before..])?,
-            ));
-        }
-        let finish = Finish {
-            continuation: self.config.continuation,
-            question: final_input.text.clone(),
-            prompt,
-            clock,
-            timeline,
-            input_end,
-            forwards_to_first_sentence,
-            prepared,
-            tokens_during_input,
-            forwards_during_input,
-            guessed_at_end,
-            kept_at_end: check.kept,
-        };
-        self.finish_turn(answer, finish, tts)
+        self.turn = Some(TurnState::new(clock, kind));
+        Ok(())
     }
 
-    /// The plain cascade for comparison: wait for the final input, generate greedily, then
-    /// synthesize the first sentence. The turn joins the history.
+    /// The user interrupts (barge-in) or the turn is abandoned: its work is dropped, the model's
+    /// cache rolled back to the conversation before it, and the history left without it.
+    pub fn cancel_turn(&mut self) -> Result<()> {
+        if self.turn.take().is_some() {
+            self.start_turn()?;
+        }
+        Ok(())
+    }
+
+    /// The time of the turn's clock (zero with no turn in progress): partial transcripts of a
+    /// live turn are stamped with it.
+    pub fn now(&self) -> Duration {
+        self.turn.as_ref().map_or(Duration::ZERO, |t| t.clock.now())
+    }
+
+    /// On a simulated clock, lets time pass until `at` (the model has nothing to do until the
+    /// next partial arrives then); the wall clock passes by itself.
+    pub fn wait_until(&mut self, at: Duration) {
+        if let Some(turn) = &mut self.turn {
+            turn.clock.wait_until(at);
+        }
+    }
+
+    /// A partial transcript arrives: everything heard so far, at `partial.at` on the turn's
+    /// clock, the last of the turn with `is_final`. Cheap: the work it calls for happens in the
+    /// next [`PredGen::step`]s (partials that arrive meanwhile replace it unheard).
+    pub fn hear(&mut self, partial: Partial) -> Result<()> {
+        let turn = self.turn.as_mut().ok_or_else(|| {
+            Error::Input("no turn in progress: begin one before hearing partials".into())
+        })?;
+        if turn.final_input.is_some() {
+            return Err(Error::Input(
+                "the turn's final partial was already heard".into(),
+            ));
+        }
+        if turn.last_heard_at.is_some_and(|last| partial.at < last) {
+            return Err(Error::Input("partials must arrive in order of time".into()));
+        }
+        if partial.is_final && partial.text.trim().is_empty() {
+            return Err(Error::Input("the final partial is empty".into()));
+        }
+        turn.last_heard_at = Some(partial.at);
+        if partial.is_final {
+            turn.final_input = Some(partial);
+        } else {
+            turn.pending = Some(partial);
+        }
+        Ok(())
+    }
+
+    /// Does the next piece of work of the turn: verify the guess against the newest partial,
+    /// or extend the guess by up to `tokens_per_step` tokens and hand its first sentence to
+    /// `tts`; after the final partial, verify the guess against the whole question, then speak
+    /// the answer sentence by sentence. Returns what happened, and whether there is more to do
+    /// now ([`Status::Working`]), nothing until the next partial ([`Status::Idle`]), or the
+    /// answer is complete ([`Status::Done`]; the turn joins the history).
+    pub fn step(&mut self, tts: &mut dyn SentenceSynthesizer) -> Result<Progress> {
+        let mut turn = self
+            .turn
+            .take()
+            .ok_or_else(|| Error::Input("no turn in progress: begin one before stepping".into()))?;
+        let status = self.advance(&mut turn, tts);
+        let events = turn.timeline[turn.reported..].to_vec();
+        turn.reported = turn.timeline.len();
+        match status {
+            Ok(Status::Done(done)) => Ok(Progress {
+                events,
+                status: Status::Done(done),
+            }),
+            Ok(status) => {
+                self.turn = Some(turn);
+                Ok(Progress { events, status })
+            }
+            Err(e) => {
+                self.start_turn()?;
+                Err(e)
+            }
+        }
+    }
+
+    /// One turn with input-time speculation, replayed on a simulated clock: `inputs` are the
+    /// user's partial prompts in order of arrival, the last one final. Returns the answer with
+    /// its latencies; the turn joins the history.
+    pub fn turn(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
+        check_inputs(inputs)?;
+        self.begin_turn(TurnClock::Simulated)?;
+        self.replay(inputs, tts)
+    }
+
+    /// The plain cascade for comparison, on a simulated clock: wait for the final input,
+    /// generate greedily, then synthesize the first sentence. The turn joins the history.
     pub fn baseline_turn(
         &mut self,
-        inputs: &[PartialInput],
+        inputs: &[Partial],
         tts: &mut dyn SentenceSynthesizer,
     ) -> Result<Turn> {
-        let final_input = check_inputs(inputs)?;
-        self.start_turn()?;
-        let mut clock = SimClock::new();
-        clock.wait_until(final_input.at);
-        let mut timeline = vec![event(&clock, heard_event(final_input))];
-        let prompt = self.prompt_for(&final_input.text)?;
-        let mut answer = Answer::default();
+        check_inputs(inputs)?;
+        self.begin_cascade_turn(TurnClock::Simulated)?;
+        self.replay(inputs, tts)
+    }
+
+    /// Drives a turn begun on the simulated clock: each partial is heard once its time has
+    /// come, and time jumps to the next one when the model is idle.
+    fn replay(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
+        let mut next = 0;
+        loop {
+            while inputs.get(next).is_some_and(|p| p.at <= self.now()) {
+                self.hear(inputs[next].clone())?;
+                next += 1;
+            }
+            match self.step(tts)?.status {
+                Status::Done(turn) => return Ok(*turn),
+                Status::Working => {}
+                Status::Idle => match inputs.get(next) {
+                    Some(partial) => self.wait_until(partial.at),
+                    None => {
+                        return Err(Error::Input(
+                            "the partials ended without a final one".into(),
+                        ))
+                    }
+                },
+            }
+        }
+    }
+
+    /// The work of one step, by phase.
+    fn advance(
+        &mut self,
+        turn: &mut TurnState,
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<Status> {
+        match turn.phase {
+            Phase::Listening => self.listen(turn, tts),
+            Phase::FirstSentence => {
+                self.complete_first_sentence(turn)?;
+                turn.phase = Phase::Speaking;
+                Ok(Status::Working)
+            }
+            Phase::Speaking => {
+                self.speak_first_sentence(turn, tts)?;
+                turn.phase = Phase::Rest;
+                Ok(Status::Working)
+            }
+            Phase::Rest => self.answer_on(turn, tts),
+        }
+    }
+
+    /// Before the final partial: verify the newest partial, or guess on. A verification is
+    /// followed by a step of generation even when a newer partial is waiting: verifying alone
+    /// would starve generation whenever a verification outlasts a spoken word.
+    fn listen(
+        &mut self,
+        turn: &mut TurnState,
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<Status> {
+        if let Some(final_input) = turn.final_input.clone() {
+            self.hear_final(turn, &final_input)?;
+            turn.phase = Phase::FirstSentence;
+            return Ok(Status::Working);
+        }
+        if turn.kind == TurnKind::Cascade {
+            return Ok(Status::Idle);
+        }
+        let generate_now = turn.just_verified || turn.pending.is_none();
+        turn.just_verified = false;
+        if generate_now && self.guess_wanted(turn)? {
+            self.guess_on(turn)?;
+        } else if let Some(partial) = turn.pending.take() {
+            self.verify_partial(turn, &partial)?;
+            turn.just_verified = true;
+        } else {
+            return Ok(Status::Idle);
+        }
+        self.prepare_first_sentence(turn, tts)?;
+        Ok(Status::Working)
+    }
+
+    /// Whether guessing on is worth a step: a partial has been verified, and the guess is
+    /// neither finished, nor at its length limit, nor holding a complete first sentence.
+    fn guess_wanted(&self, turn: &TurnState) -> Result<bool> {
+        Ok(turn.heard_prompt.is_some()
+            && !turn.guess.done
+            && turn.guess.tokens.len() < self.config.max_guess_tokens
+            && self.first_sentence(&turn.guess)?.is_none())
+    }
+
+    fn verify_partial(&mut self, turn: &mut TurnState, partial: &Partial) -> Result<()> {
+        turn.timeline.push(turn.event(heard_event(partial)));
         let started = Instant::now();
-        let budget = self.config.max_answer_tokens;
+        let prompt = self.prompt_for(&partial.text)?;
+        let check = self.verify(&prompt, &partial.text, &mut turn.guess)?;
+        turn.clock.charge(started.elapsed());
+        turn.forwards_during_input += check.forwards;
+        turn.tokens_during_input += turn.guess.tokens.len().saturating_sub(check.kept);
+        turn.timeline.push(turn.event(verified_event(&check)));
+        turn.rejected_tail = check.rejected_tail;
+        turn.heard_prompt = Some(prompt);
+        Ok(())
+    }
+
+    fn guess_on(&mut self, turn: &mut TurnState) -> Result<()> {
+        let started = Instant::now();
+        let prompt = turn.heard_prompt.clone().unwrap_or_default();
+        let budget = self
+            .config
+            .tokens_per_step
+            .min(self.config.max_guess_tokens - turn.guess.tokens.len());
+        let before = turn.guess.tokens.len();
+        let tail = std::mem::take(&mut turn.rejected_tail);
+        let gen = self.extend(&prompt, &mut turn.guess, &tail, budget, Some(1))?;
+        turn.clock.charge(started.elapsed());
+        turn.forwards_during_input += gen.stats.target_forwards;
+        turn.tokens_during_input += turn.guess.tokens.len() - before;
+        let generated = self.generated_event(&turn.guess.tokens[before..])?;
+        turn.timeline.push(turn.event(generated));
+        Ok(())
+    }
+
+    /// Hands the guessed first sentence to TTS as soon as it is complete.
+    fn prepare_first_sentence(
+        &mut self,
+        turn: &mut TurnState,
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<()> {
+        let Some(sentence) = self.first_sentence(&turn.guess)? else {
+            return Ok(());
+        };
+        if turn.prepared.as_ref().is_some_and(|p| p.matches(&sentence)) {
+            return Ok(());
+        }
+        let synthesis = tts.synthesize(&sentence)?;
+        let ready_at = turn.clock.now() + synthesis.first_audio_after;
+        turn.timeline
+            .push(turn.event(EventKind::Prepared { sentence, ready_at }));
+        turn.prepared = Some(PreparedAudio {
+            synthesis,
+            ready_at,
+        });
+        Ok(())
+    }
+
+    /// The final partial: one forward verifies the guess against the whole question (the
+    /// cascade generates its answer's first sentence from scratch instead).
+    fn hear_final(&mut self, turn: &mut TurnState, final_input: &Partial) -> Result<()> {
+        turn.input_end = final_input.at;
+        turn.timeline.push(turn.event(heard_event(final_input)));
+        let prompt = self.prompt_for(&final_input.text)?;
+        match turn.kind {
+            TurnKind::Speculative => {
+                turn.guessed_at_end = turn.guess.tokens.len();
+                let started = Instant::now();
+                let check = self.verify(&prompt, &final_input.text, &mut turn.guess)?;
+                turn.clock.charge(started.elapsed());
+                turn.timeline.push(turn.event(verified_event(&check)));
+                turn.kept_at_end = check.kept;
+                turn.forwards_to_first_sentence = check.forwards;
+                turn.rejected_tail = check.rejected_tail;
+            }
+            TurnKind::Cascade => {
+                turn.guess = Answer::default();
+                let started = Instant::now();
+                let budget = self.config.max_answer_tokens;
+                let gen = self.extend_with(
+                    Continuation::Autoregressive,
+                    &prompt,
+                    &mut turn.guess,
+                    &[],
+                    budget,
+                    Some(1),
+                )?;
+                turn.clock.charge(started.elapsed());
+                let generated = self.generated_event(&turn.guess.tokens)?;
+                turn.timeline.push(turn.event(generated));
+                turn.forwards_to_first_sentence = gen.stats.target_forwards;
+            }
+        }
+        turn.question = final_input.text.clone();
+        turn.prompt = prompt;
+        Ok(())
+    }
+
+    /// Generates on until the answer's first sentence is complete, if verification did not
+    /// leave one.
+    fn complete_first_sentence(&mut self, turn: &mut TurnState) -> Result<()> {
+        if turn.guess.done || self.first_sentence(&turn.guess)?.is_some() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let before = turn.guess.tokens.len();
+        let budget = self.config.max_answer_tokens - before;
+        let (prompt, tail) = (turn.prompt.clone(), std::mem::take(&mut turn.rejected_tail));
         let gen = self.extend_with(
-            Continuation::Autoregressive,
+            turn.continuation(&self.config),
             &prompt,
-            &mut answer,
-            &[],
+            &mut turn.guess,
+            &tail,
             budget,
             Some(1),
         )?;
-        clock.advance(started.elapsed());
-        timeline.push(event(&clock, self.generated_event(&answer.tokens)?));
-        let finish = Finish {
-            continuation: Continuation::Autoregressive,
-            question: final_input.text.clone(),
-            prompt,
-            clock,
-            timeline,
-            input_end: final_input.at,
-            forwards_to_first_sentence: gen.stats.target_forwards,
-            prepared: None,
-            tokens_during_input: 0,
-            forwards_during_input: 0,
-            guessed_at_end: 0,
-            kept_at_end: 0,
-        };
-        self.finish_turn(answer, finish, tts)
+        turn.clock.charge(started.elapsed());
+        turn.forwards_to_first_sentence += gen.stats.target_forwards;
+        let generated = self.generated_event(&turn.guess.tokens[before..])?;
+        turn.timeline.push(turn.event(generated));
+        Ok(())
     }
 
-    /// After the first sentence: its audio, the rest of the answer, the history.
-    fn finish_turn(
+    /// The first sentence is complete: its audio plays, prepared ahead of time if the guess
+    /// got it right, synthesized now otherwise.
+    fn speak_first_sentence(
         &mut self,
-        mut answer: Answer,
-        finish: Finish,
+        turn: &mut TurnState,
         tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Turn> {
-        let Finish {
-            continuation,
-            question,
-            prompt,
-            mut clock,
-            mut timeline,
-            ..
-        } = finish;
-        let first_at = clock.now();
+    ) -> Result<()> {
+        let first_at = turn.clock.now();
+        turn.first_sentence_at = first_at;
         // An answer cut off before its first sentence ends is spoken whole.
-        let first_sentence = match self.first_sentence(&answer)? {
+        let first_sentence = match self.first_sentence(&turn.guess)? {
             Some(sentence) => sentence,
-            None => self.answer_text(&answer)?,
+            None => self.answer_text(&turn.guess)?,
         };
-        timeline.push(event(
-            &clock,
-            EventKind::FirstSentence {
-                text: first_sentence.clone(),
-            },
-        ));
-        let prepared = finish
+        turn.timeline.push(turn.event(EventKind::FirstSentence {
+            text: first_sentence.clone(),
+        }));
+        let prepared = turn
             .prepared
+            .take()
             .filter(|p| !first_sentence.is_empty() && p.matches(&first_sentence));
-        let prepared_audio_used = prepared.is_some();
-        let audio_at = match prepared {
-            Some(p) => p.ready_at.max(first_at),
-            None if first_sentence.is_empty() => first_at,
-            None => first_at + tts.synthesize(&first_sentence)?.first_audio_after,
-        };
-        timeline.push(Event {
-            at: audio_at,
-            kind: EventKind::AudioStarts {
-                prepared: prepared_audio_used,
-            },
-        });
-        // The rest of the answer, sentence by sentence, each to TTS as soon as it is complete.
-        let mut spoken = 1;
-        while !answer.done && answer.tokens.len() < self.config.max_answer_tokens {
-            let started = Instant::now();
-            let budget = self.config.max_answer_tokens - answer.tokens.len();
-            self.extend_with(
-                continuation,
-                &prompt,
-                &mut answer,
-                &[],
-                budget,
-                Some(spoken + 1),
-            )?;
-            clock.advance(started.elapsed());
-            let text = self.model.tokenizer.decode_text(&answer.tokens)?;
-            let complete = answer.done || answer.tokens.len() >= self.config.max_answer_tokens;
-            let (sentences, _) = split_sentences(&text, complete);
-            for sentence in sentences.iter().skip(spoken) {
-                let ready_at = clock.now() + tts.synthesize(sentence)?.first_audio_after;
-                timeline.push(event(
-                    &clock,
-                    EventKind::Sentence {
-                        text: sentence.clone(),
-                        ready_at,
-                    },
-                ));
+        turn.prepared_audio_used = prepared.is_some();
+        let (audio_at, audio) = match prepared {
+            Some(p) => (p.ready_at.max(first_at), Some(p.synthesis)),
+            None if first_sentence.is_empty() => (first_at, None),
+            None => {
+                let synthesis = tts.synthesize(&first_sentence)?;
+                (first_at + synthesis.first_audio_after, Some(synthesis))
             }
-            spoken = spoken.max(sentences.len());
+        };
+        turn.audio_at = audio_at;
+        turn.first_sentence = first_sentence;
+        turn.spoken = 1;
+        if let Some(audio) = audio {
+            turn.audio.push(audio.clone());
+            turn.timeline.push(Event {
+                at: audio_at,
+                kind: EventKind::AudioStarts {
+                    prepared: turn.prepared_audio_used,
+                    audio,
+                },
+            });
         }
-        timeline.push(event(
-            &clock,
-            EventKind::AnswerDone {
-                tokens: answer.tokens.len(),
-            },
-        ));
-        let answer_text = self.answer_text(&answer)?;
-        self.history.push(Message::user(question.clone()));
-        self.history.push(Message::assistant(answer_text.clone()));
+        Ok(())
+    }
+
+    /// The rest of the answer, sentence by sentence, each to TTS as soon as it is complete.
+    fn answer_on(
+        &mut self,
+        turn: &mut TurnState,
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<Status> {
+        let max = self.config.max_answer_tokens;
+        if turn.guess.done || turn.guess.tokens.len() >= max {
+            return self.finish_turn(turn).map(|t| Status::Done(Box::new(t)));
+        }
+        let started = Instant::now();
+        let budget = max - turn.guess.tokens.len();
+        let prompt = turn.prompt.clone();
+        let continuation = turn.continuation(&self.config);
+        self.extend_with(
+            continuation,
+            &prompt,
+            &mut turn.guess,
+            &[],
+            budget,
+            Some(turn.spoken + 1),
+        )?;
+        turn.clock.charge(started.elapsed());
+        let text = self.model.tokenizer.decode_text(&turn.guess.tokens)?;
+        let complete = turn.guess.done || turn.guess.tokens.len() >= max;
+        let (sentences, _) = split_sentences(&text, complete);
+        for sentence in sentences.iter().skip(turn.spoken) {
+            let audio = tts.synthesize(sentence)?;
+            let ready_at = turn.clock.now() + audio.first_audio_after;
+            turn.audio.push(audio.clone());
+            turn.timeline.push(turn.event(EventKind::Sentence {
+                text: sentence.clone(),
+                ready_at,
+                audio,
+            }));
+        }
+        turn.spoken = turn.spoken.max(sentences.len());
+        Ok(Status::Working)
+    }
+
+    /// The answer is complete: it joins the history, and the turn's figures are gathered.
+    fn finish_turn(&mut self, turn: &mut TurnState) -> Result<Turn> {
+        turn.timeline.push(turn.event(EventKind::AnswerDone {
+            tokens: turn.guess.tokens.len(),
+        }));
+        let answer = self.answer_text(&turn.guess)?;
+        self.history.push(Message::user(turn.question.clone()));
+        self.history.push(Message::assistant(answer.clone()));
+        let mut timeline = turn.timeline.clone();
         timeline.sort_by_key(|e| e.at);
         Ok(Turn {
-            question,
-            answer: answer_text,
-            first_sentence,
-            input_end: finish.input_end,
-            time_to_first_sentence: first_at - finish.input_end,
-            forwards_to_first_sentence: finish.forwards_to_first_sentence,
-            audio_latency: audio_at - finish.input_end,
-            answer_latency: clock.now() - finish.input_end,
-            tokens_during_input: finish.tokens_during_input,
-            forwards_during_input: finish.forwards_during_input,
-            guessed_at_end: finish.guessed_at_end,
-            kept_at_end: finish.kept_at_end,
-            prepared_audio_used,
+            question: turn.question.clone(),
+            answer,
+            first_sentence: turn.first_sentence.clone(),
+            input_end: turn.input_end,
+            time_to_first_sentence: turn.first_sentence_at - turn.input_end,
+            forwards_to_first_sentence: turn.forwards_to_first_sentence,
+            audio_latency: turn.audio_at - turn.input_end,
+            answer_latency: turn.clock.now() - turn.input_end,
+            tokens_during_input: turn.tokens_during_input,
+            forwards_during_input: turn.forwards_during_input,
+            guessed_at_end: turn.guessed_at_end,
+            kept_at_end: turn.kept_at_end,
+            prepared_audio_used: turn.prepared_audio_used,
+            audio: std::mem::take(&mut turn.audio),
             timeline,
         })
     }
@@ -771,24 +962,177 @@ impl<'m> PredGen<'m> {
     }
 }
 
-/// What the end of a turn needs from its beginning.
-struct Finish {
-    /// How the rest of the answer is generated.
-    continuation: Continuation,
-    question: String,
-    prompt: Vec<u32>,
-    clock: SimClock,
-    timeline: Vec<Event>,
-    input_end: Duration,
-    forwards_to_first_sentence: usize,
-    prepared: Option<PreparedAudio>,
-    tokens_during_input: usize,
-    forwards_during_input: usize,
-    guessed_at_end: usize,
-    kept_at_end: usize,
+/// How time runs during a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnClock {
+    /// Real time from [`PredGen::begin_turn`]: the live pipeline's clock.
+    Wall,
+    /// Compute time: the clock advances by the measured compute of each step and jumps to the
+    /// next partial when the model is idle ([`PredGen::wait_until`]), so replaying a recorded
+    /// turn costs compute time, not speaking time, while every latency is real measured
+    /// compute. Speech synthesis runs beside the model, so its time is not charged.
+    Simulated,
 }
 
-fn check_inputs(inputs: &[PartialInput]) -> Result<&PartialInput> {
+/// The clock of a turn in progress.
+#[derive(Clone, Copy, Debug)]
+enum Clock {
+    Wall(Instant),
+    Simulated(SimClock),
+}
+
+impl Clock {
+    fn now(&self) -> Duration {
+        match self {
+            Self::Wall(start) => start.elapsed(),
+            Self::Simulated(clock) => clock.now(),
+        }
+    }
+
+    /// Compute spent by the model: the wall clock has seen it pass already.
+    fn charge(&mut self, compute: Duration) {
+        if let Self::Simulated(clock) = self {
+            clock.advance(compute);
+        }
+    }
+
+    fn wait_until(&mut self, at: Duration) {
+        if let Self::Simulated(clock) = self {
+            clock.wait_until(at);
+        }
+    }
+}
+
+/// What a [`PredGen::step`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    /// What happened, in order (audio to play is in [`EventKind::AudioStarts`] and
+    /// [`EventKind::Sentence`]).
+    pub events: Vec<Event>,
+    pub status: Status,
+}
+
+/// Whether a turn has more to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Status {
+    /// There is more to do now: step again (after hearing any partial that arrived).
+    Working,
+    /// Nothing to do until the next partial arrives.
+    Idle,
+    /// The answer is complete; the turn has joined the history.
+    Done(Box<Turn>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TurnKind {
+    Speculative,
+    Cascade,
+}
+
+/// Where a turn is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// The user is speaking.
+    Listening,
+    /// The final partial is verified; the first sentence may need generating.
+    FirstSentence,
+    /// The first sentence is complete and goes to the speaker.
+    Speaking,
+    /// The rest of the answer.
+    Rest,
+}
+
+/// A turn in progress.
+struct TurnState {
+    clock: Clock,
+    kind: TurnKind,
+    phase: Phase,
+    /// The newest partial not yet taken up.
+    pending: Option<Partial>,
+    final_input: Option<Partial>,
+    last_heard_at: Option<Duration>,
+    /// The last step verified a partial: the next one generates.
+    just_verified: bool,
+    /// The prompt of the partial verified last.
+    heard_prompt: Option<Vec<u32>>,
+    /// The guess, and after the final partial the answer.
+    guess: Answer,
+    /// The rejected part of the last guess: Jacobi's starting guess.
+    rejected_tail: Vec<u32>,
+    prepared: Option<PreparedAudio>,
+    timeline: Vec<Event>,
+    /// Events already returned by a step.
+    reported: usize,
+    tokens_during_input: usize,
+    forwards_during_input: usize,
+    question: String,
+    prompt: Vec<u32>,
+    input_end: Duration,
+    guessed_at_end: usize,
+    kept_at_end: usize,
+    forwards_to_first_sentence: usize,
+    first_sentence: String,
+    first_sentence_at: Duration,
+    audio_at: Duration,
+    prepared_audio_used: bool,
+    /// Sentences spoken so far.
+    spoken: usize,
+    audio: Vec<Synthesis>,
+}
+
+impl TurnState {
+    fn new(clock: TurnClock, kind: TurnKind) -> Self {
+        Self {
+            clock: match clock {
+                TurnClock::Wall => Clock::Wall(Instant::now()),
+                TurnClock::Simulated => Clock::Simulated(SimClock::new()),
+            },
+            kind,
+            phase: Phase::Listening,
+            pending: None,
+            final_input: None,
+            last_heard_at: None,
+            just_verified: false,
+            heard_prompt: None,
+            guess: Answer::default(),
+            rejected_tail: Vec::new(),
+            prepared: None,
+            timeline: Vec::new(),
+            reported: 0,
+            tokens_during_input: 0,
+            forwards_during_input: 0,
+            question: String::new(),
+            prompt: Vec::new(),
+            input_end: Duration::ZERO,
+            guessed_at_end: 0,
+            kept_at_end: 0,
+            forwards_to_first_sentence: 0,
+            first_sentence: String::new(),
+            first_sentence_at: Duration::ZERO,
+            audio_at: Duration::ZERO,
+            prepared_audio_used: false,
+            spoken: 0,
+            audio: Vec::new(),
+        }
+    }
+
+    fn event(&self, kind: EventKind) -> Event {
+        Event {
+            at: self.clock.now(),
+            kind,
+        }
+    }
+
+    /// How the answer is generated after the final partial.
+    fn continuation(&self, config: &PredGenConfig) -> Continuation {
+        match self.kind {
+            TurnKind::Speculative => config.continuation,
+            TurnKind::Cascade => Continuation::Autoregressive,
+        }
+    }
+}
+
+fn check_inputs(inputs: &[Partial]) -> Result<()> {
     let Some(last) = inputs.last() else {
         return Err(Error::Input("a turn needs at least one input".into()));
     };
@@ -803,17 +1147,10 @@ fn check_inputs(inputs: &[PartialInput]) -> Result<&PartialInput> {
     if last.text.trim().is_empty() {
         return Err(Error::Input("the final input is empty".into()));
     }
-    Ok(last)
+    Ok(())
 }
 
-fn event(clock: &SimClock, kind: EventKind) -> Event {
-    Event {
-        at: clock.now(),
-        kind,
-    }
-}
-
-fn heard_event(input: &PartialInput) -> EventKind {
+fn heard_event(input: &Partial) -> EventKind {
     EventKind::Heard {
         text: input.text.clone(),
         is_final: input.is_final,

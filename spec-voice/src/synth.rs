@@ -1,4 +1,4 @@
-//! The hand-off to speech synthesis: sentences in, audio out.
+//! Speech synthesis behind one interface: sentences in, audio out.
 //!
 //! PredGen synthesizes the first sentence of its guessed answer while the user is still
 //! speaking and keeps it as [`PreparedAudio`]; when the final answer starts with that sentence,

@@ -202,6 +202,65 @@ pub fn split_sentences(text: &str, complete: bool) -> (Vec<String>, String) {
     (sentences, text[start..].trim().to_string())
 }
 
+/// The sentences of a text that grows (an answer being generated), each reported once, as soon
+/// as a prefix of the text shows it complete. Only the text after the last reported sentence is
+/// scanned again, so a long answer costs linear time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SentenceStream {
+    text: String,
+    /// Byte offset just past the last reported sentence.
+    reported: usize,
+    sentences: usize,
+}
+
+impl SentenceStream {
+    /// An empty text.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `delta` and returns the sentences it completes, trimmed.
+    pub fn push(&mut self, delta: &str) -> Vec<String> {
+        self.text.push_str(delta);
+        self.take_sentences(false)
+    }
+
+    /// The text is complete: returns its last sentences, the unfinished rest included (a rest
+    /// with no letter or digit, such as a trailing `...`, belongs to the sentence before it
+    /// and is dropped when that one was already reported).
+    pub fn finish(&mut self) -> Vec<String> {
+        let mut sentences = self.take_sentences(true);
+        let rest = self.text[self.reported..].trim();
+        if !rest.is_empty() && (rest.chars().any(char::is_alphanumeric) || self.sentences == 0) {
+            sentences.push(rest.to_string());
+            self.sentences += 1;
+        }
+        self.reported = self.text.len();
+        sentences
+    }
+
+    /// Everything pushed so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// How many sentences have been reported.
+    pub fn reported(&self) -> usize {
+        self.sentences
+    }
+
+    fn take_sentences(&mut self, complete: bool) -> Vec<String> {
+        let mut sentences = Vec::new();
+        while let Some(len) = first_sentence_end(&self.text[self.reported..], complete) {
+            let end = self.reported + len;
+            sentences.push(self.text[self.reported..end].trim().to_string());
+            self.reported = end;
+        }
+        self.sentences += sentences.len();
+        sentences
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +547,79 @@ mod tests {
                     "{text:?} -> {found:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_stream_reports_each_sentence_once_as_it_completes() {
+        let mut stream = SentenceStream::new();
+        assert!(stream.push("Boil the egg").is_empty());
+        assert_eq!(stream.push(" for 6 min. Then"), ["Boil the egg for 6 min."]);
+        assert!(
+            stream.push(" cool it at 3.").is_empty(),
+            "3. may be a decimal"
+        );
+        assert!(stream.push("5 degrees").is_empty());
+        assert_eq!(stream.push("! Enjoy"), ["Then cool it at 3.5 degrees!"]);
+        assert_eq!(stream.reported(), 2);
+        assert_eq!(stream.finish(), ["Enjoy"]);
+        assert!(stream.finish().is_empty());
+        assert_eq!(
+            stream.text(),
+            "Boil the egg for 6 min. Then cool it at 3.5 degrees! Enjoy"
+        );
+
+        let mut trailing = SentenceStream::new();
+        assert_eq!(trailing.push("Done. ..."), ["Done."]);
+        assert!(trailing.finish().is_empty());
+        let mut dots = SentenceStream::new();
+        assert!(dots.push("...").is_empty());
+        assert_eq!(dots.finish(), ["..."]);
+    }
+
+    #[test]
+    fn a_stream_pushed_whole_splits_as_split_sentences_does() {
+        let mut rng = StdRng::seed_from_u64(0x57e4);
+        for _ in 0..2000 {
+            let text = random_text(&mut rng);
+            let mut whole = SentenceStream::new();
+            let mut sentences = whole.push(&text);
+            sentences.extend(whole.finish());
+            // split_sentences joins a trailing rest without letters or digits (a closing
+            // quote, `...`) to the last sentence; the stream has reported that one already.
+            let expected = split(&text, true).0;
+            assert_eq!(sentences.len(), expected.len(), "{text:?}");
+            for (got, want) in sentences.iter().zip(&expected) {
+                let extra = want.strip_prefix(got.as_str());
+                assert!(
+                    extra.is_some_and(|e| got == want || !e.chars().any(char::is_alphanumeric)),
+                    "{text:?}: {sentences:?} vs {expected:?}"
+                );
+            }
+
+            // In pieces: nothing lost, nothing empty, nothing reported twice.
+            let mut pieces = SentenceStream::new();
+            let mut reported = Vec::new();
+            let mut rest = text.as_str();
+            while !rest.is_empty() {
+                let mut cut = rng.random_range(1..=rest.len());
+                while !rest.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                reported.extend(pieces.push(&rest[..cut]));
+                rest = &rest[cut..];
+            }
+            reported.extend(pieces.finish());
+            assert!(reported.iter().all(|s| !s.is_empty()), "{text:?}");
+            let (all, kept) = (
+                without_whitespace(&text),
+                without_whitespace(&reported.concat()),
+            );
+            let dropped = all.strip_prefix(kept.as_str());
+            assert!(
+                dropped.is_some_and(|d| !d.chars().any(char::is_alphanumeric)),
+                "{text:?}: {reported:?}"
+            );
         }
     }
 }

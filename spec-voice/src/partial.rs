@@ -1,9 +1,11 @@
-//! The user's words as they arrive, and a simulated clock to replay them on.
+//! The user's words as they arrive: timed partial transcripts.
 //!
-//! A turn is a sequence of [`PartialInput`]s, each everything heard so far, as a streaming
-//! speech recogniser reports it: generated from a text at a speaking rate
-//! ([`spoken_at_rate`]), or read from a file of recorded partial transcripts
-//! ([`parse_partials`], [`read_partials`]). [`SimClock`] replays turns in compute time.
+//! An utterance (a chat turn, a sentence to caption) is a sequence of [`Partial`]s, each
+//! everything heard so far as a streaming speech recogniser reports it: a later partial may
+//! revise earlier words ([`Partial::revises`]), and the last one is final. They are generated
+//! from a text at a speaking rate ([`spoken_at_rate`]) or `k` words at a time ([`lag_k`]), or
+//! read from a file of recorded partial transcripts ([`parse_partials`], [`read_partials`]), the
+//! one file format of every engine. [`SimClock`](crate::SimClock) replays them in compute time.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use crate::{Error, Result};
 /// One state of the user's words: everything heard so far, available at `at` (from the start of
 /// the turn).
 #[derive(Clone, Debug, PartialEq)]
-pub struct PartialInput {
+pub struct Partial {
     /// When this state is available, from the start of the turn.
     pub at: Duration,
     /// Everything heard so far.
@@ -22,14 +24,40 @@ pub struct PartialInput {
     pub is_final: bool,
 }
 
+impl Partial {
+    /// A partial transcript heard at `at`.
+    pub fn new(at: Duration, text: impl Into<String>, is_final: bool) -> Self {
+        Self {
+            at,
+            text: text.into(),
+            is_final,
+        }
+    }
+
+    /// Whether this partial changes words of `previous` rather than only adding to them (a
+    /// recogniser correcting itself).
+    pub fn revises(&self, previous: &Partial) -> bool {
+        let mut before = previous.text.split_whitespace();
+        let mut now = self.text.split_whitespace();
+        loop {
+            match (before.next(), now.next()) {
+                (None, _) => return false,
+                (Some(_), None) => return true,
+                (Some(a), Some(b)) if a != b => return true,
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Default speaking rate: 600 characters per minute (≈120 words per minute).
 pub const DEFAULT_CHARS_PER_MINUTE: f64 = 600.0;
 
-/// Reveals `text` at `chars_per_minute`: one PartialInput each time a word is complete (a word is
+/// Reveals `text` at `chars_per_minute`: one Partial each time a word is complete (a word is
 /// complete when the character after it, a space, has been spoken; the last word at the end of
 /// the text). The trailing partial word is held back. The last one has is_final = true and the
 /// whole (trimmed) text, at time chars/rate. Errors on empty text or a rate <= 0 or not finite.
-pub fn spoken_at_rate(text: &str, chars_per_minute: f64) -> Result<Vec<PartialInput>> {
+pub fn spoken_at_rate(text: &str, chars_per_minute: f64) -> Result<Vec<Partial>> {
     if !chars_per_minute.is_finite() || chars_per_minute <= 0.0 {
         return Err(Error::Input(format!(
             "speaking rate must be a positive number of characters per minute, got {chars_per_minute}"
@@ -53,14 +81,14 @@ pub fn spoken_at_rate(text: &str, chars_per_minute: f64) -> Result<Vec<PartialIn
         if !c.is_whitespace() {
             word_end = Some(pos + c.len_utf8());
         } else if let Some(end) = word_end.take() {
-            inputs.push(PartialInput {
+            inputs.push(Partial {
                 at: at(spoken + 1)?,
                 text: text[..end].to_string(),
                 is_final: false,
             });
         }
     }
-    inputs.push(PartialInput {
+    inputs.push(Partial {
         at: at(text.chars().count())?,
         text: text.to_string(),
         is_final: true,
@@ -68,13 +96,35 @@ pub fn spoken_at_rate(text: &str, chars_per_minute: f64) -> Result<Vec<PartialIn
     Ok(inputs)
 }
 
+/// lag-k: `text` revealed `k` words at a time (the simultaneous-translation setting); the
+/// last partial, the whole text, is final. Each is timed as if spoken at
+/// [`DEFAULT_CHARS_PER_MINUTE`]: available once its last word has been said.
+pub fn lag_k(text: &str, k: usize) -> Result<Vec<Partial>> {
+    if k == 0 {
+        return Err(Error::Input("lag-k needs k >= 1".into()));
+    }
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.is_empty() {
+        return Err(Error::Input("cannot reveal an empty text".into()));
+    }
+    let seconds_per_char = 60.0 / DEFAULT_CHARS_PER_MINUTE;
+    let partials = (1..=words.len().div_ceil(k))
+        .map(|i| {
+            let shown = words[..(i * k).min(words.len())].join(" ");
+            let at = Duration::from_secs_f64(shown.chars().count() as f64 * seconds_per_char);
+            Partial::new(at, shown, i * k >= words.len())
+        })
+        .collect();
+    Ok(partials)
+}
+
 /// Parses a file of ASR-style partial transcripts: turns separated by blank lines; each line
 /// `SECONDS<TAB>text` (seconds since the turn started, non-decreasing within a turn); lines
 /// starting with '#' are comments; the last line of a turn is final. Errors (with line numbers)
 /// on bad times, decreasing times, empty text, missing tab.
-pub fn parse_partials(source: &str) -> Result<Vec<Vec<PartialInput>>> {
+pub fn parse_partials(source: &str) -> Result<Vec<Vec<Partial>>> {
     let mut turns = Vec::new();
-    let mut turn: Vec<PartialInput> = Vec::new();
+    let mut turn: Vec<Partial> = Vec::new();
     for (index, line) in source.lines().enumerate() {
         let number = index + 1;
         let bad = |what: String| Error::Input(format!("line {number}: {what}"));
@@ -106,7 +156,7 @@ pub fn parse_partials(source: &str) -> Result<Vec<Vec<PartialInput>>> {
         if text.is_empty() {
             return Err(bad("empty text".to_string()));
         }
-        turn.push(PartialInput {
+        turn.push(Partial {
             at,
             text: text.to_string(),
             is_final: false,
@@ -117,7 +167,7 @@ pub fn parse_partials(source: &str) -> Result<Vec<Vec<PartialInput>>> {
 }
 
 /// Marks the last input of `turn` final and moves the turn, if not empty, to `turns`.
-fn finish_turn(turns: &mut Vec<Vec<PartialInput>>, turn: &mut Vec<PartialInput>) {
+fn finish_turn(turns: &mut Vec<Vec<Partial>>, turn: &mut Vec<Partial>) {
     if let Some(last) = turn.last_mut() {
         last.is_final = true;
         turns.push(std::mem::take(turn));
@@ -125,7 +175,7 @@ fn finish_turn(turns: &mut Vec<Vec<PartialInput>>, turn: &mut Vec<PartialInput>)
 }
 
 /// Reads and parses such a file (I/O errors name the path).
-pub fn read_partials(path: &Path) -> Result<Vec<Vec<PartialInput>>> {
+pub fn read_partials(path: &Path) -> Result<Vec<Vec<Partial>>> {
     let source = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -136,35 +186,6 @@ pub fn read_partials(path: &Path) -> Result<Vec<Vec<PartialInput>>> {
     })
 }
 
-/// A simulated clock: time advances by measured compute, and jumps forward when idle, so a
-/// benchmark costs compute time, not speaking time.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SimClock {
-    now: Duration,
-}
-
-impl SimClock {
-    /// A clock at zero, the start of a turn.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The current simulated time.
-    pub fn now(&self) -> Duration {
-        self.now
-    }
-
-    /// Moves time forward by `by` (compute spent).
-    pub fn advance(&mut self, by: Duration) {
-        self.now = self.now.saturating_add(by);
-    }
-
-    /// Jumps to `t` if it is later than now.
-    pub fn wait_until(&mut self, t: Duration) {
-        self.now = self.now.max(t);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,8 +194,8 @@ mod tests {
         Duration::from_millis(millis)
     }
 
-    fn input(at: Duration, text: &str, is_final: bool) -> PartialInput {
-        PartialInput {
+    fn input(at: Duration, text: &str, is_final: bool) -> Partial {
+        Partial {
             at,
             text: text.to_string(),
             is_final,
@@ -231,6 +252,40 @@ mod tests {
     }
 
     #[test]
+    fn lag_k_reveals_k_words_at_a_time() {
+        let partials = lag_k("one two  three four five", 2).unwrap();
+        let shown: Vec<(&str, bool)> = partials
+            .iter()
+            .map(|p| (p.text.as_str(), p.is_final))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("one two", false),
+                ("one two three four", false),
+                ("one two three four five", true)
+            ]
+        );
+        // 7 characters at 10 per second.
+        assert_eq!(partials[0].at, ms(700));
+        assert!(partials.windows(2).all(|w| w[0].at < w[1].at));
+        assert_eq!(lag_k("a b", 3).unwrap(), [input(ms(300), "a b", true)]);
+        input_error(lag_k("", 3));
+        input_error(lag_k("a", 0));
+    }
+
+    #[test]
+    fn revisions_are_changed_words_not_added_ones() {
+        let p = |text: &str| input(ms(0), text, false);
+        assert!(!p("what is one").revises(&p("what is")));
+        assert!(!p("what is").revises(&p("what is")));
+        assert!(!p("what  is").revises(&p("what is")));
+        assert!(p("what is 1 + 23").revises(&p("what is one plus twenty")));
+        assert!(p("what").revises(&p("what is")));
+        assert!(!p("anything").revises(&p("")));
+    }
+
+    #[test]
     fn parses_turns_comments_and_final_lines() {
         let source = "# a comment\n0.4\twhat is\n0.8\twhat is one\r\n0.8\twhat is 1?\n\n\n\
                       # another\n  \n1.5\t  hello  \n";
@@ -246,7 +301,7 @@ mod tests {
                 vec![input(ms(1500), "hello", true)]
             ]
         );
-        assert_eq!(parse_partials("").unwrap(), Vec::<Vec<PartialInput>>::new());
+        assert_eq!(parse_partials("").unwrap(), Vec::<Vec<Partial>>::new());
         assert_eq!(parse_partials("# only\n\n").unwrap().len(), 0);
     }
 
@@ -268,11 +323,13 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_shipped_partials() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/partials.txt");
-        let turns = read_partials(&path).unwrap();
-        assert!((4..=6).contains(&turns.len()));
-        for turn in &turns {
+    fn reads_the_shipped_partials_of_every_engine() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let chat = read_partials(&root.join("engine-llm/data/partials.txt")).unwrap();
+        assert!((4..=6).contains(&chat.len()));
+        let captions = read_partials(&root.join("engine-mt/data/partials.txt")).unwrap();
+        assert_eq!(captions.len(), 3);
+        for turn in chat.iter().chain(&captions) {
             assert!(turn.len() >= 2);
             assert!(turn.windows(2).all(|w| w[0].at <= w[1].at));
             let finals: Vec<bool> = turn.iter().map(|i| i.is_final).collect();
@@ -293,20 +350,5 @@ mod tests {
         std::fs::write(&bad, "x\ty\n").unwrap();
         let message = input_error(read_partials(&bad));
         assert!(message.starts_with(&format!("{}: line 1", bad.display())));
-    }
-
-    #[test]
-    fn sim_clock_advances_and_waits() {
-        let mut clock = SimClock::new();
-        assert_eq!(clock.now(), Duration::ZERO);
-        clock.advance(ms(300));
-        clock.wait_until(ms(200));
-        assert_eq!(clock.now(), ms(300));
-        clock.wait_until(ms(1000));
-        assert_eq!(clock.now(), ms(1000));
-        clock.advance(ms(50));
-        assert_eq!(clock.now(), ms(1050));
-        clock.advance(Duration::MAX);
-        assert_eq!(clock.now(), Duration::MAX);
     }
 }

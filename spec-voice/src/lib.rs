@@ -1,0 +1,17 @@
+#![doc = include_str!("../README.md")]
+
+pub mod clock;
+mod error;
+pub mod partial;
+pub mod sentence;
+pub mod synth;
+
+pub use clock::SimClock;
+pub use error::{Error, Result};
+pub use partial::{
+    lag_k, parse_partials, read_partials, spoken_at_rate, Partial, DEFAULT_CHARS_PER_MINUTE,
+};
+pub use sentence::{first_sentence_end, split_sentences, SentenceStream};
+pub use synth::{
+    AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,
+};
