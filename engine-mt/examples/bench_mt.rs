@@ -20,7 +20,7 @@ use engine_llm::cli::{init_logging, open_model, progress_bar, ModelArgs};
 use engine_llm::{LanguageModel, LoadOptions};
 use engine_mt::metrics::chrf;
 use engine_mt::{
-    lag_k, Caption, Decoding, LiveConfig, LiveTranslator, Masking, SourceUpdate, StreamSummary,
+    lag_k, Caption, Decoding, LiveConfig, LiveTranslator, Masking, Partial, StreamSummary,
 };
 use spec_core::report::{Report, Table};
 
@@ -175,7 +175,7 @@ fn run_sentence(
     assistant: &mut LanguageModel,
     setup: &Setup,
     language: &str,
-    updates: &[SourceUpdate],
+    updates: &[Partial],
 ) -> Result<Vec<Caption>> {
     let config = LiveConfig {
         decoding: setup.decoding.clone(),

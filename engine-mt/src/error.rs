@@ -1,7 +1,5 @@
 //! Errors of the translation engine.
 
-use std::path::PathBuf;
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -10,11 +8,9 @@ pub enum Error {
     #[error(transparent)]
     Core(#[from] spec_core::Error),
 
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Partial transcripts (`spec-voice`): a malformed file, an empty text.
+    #[error(transparent)]
+    Voice(#[from] spec_voice::Error),
 
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -9,12 +9,13 @@
 //!
 //! - [`ssbd::decode_update`]: the algorithm on any `spec_core::Decoder` (β = 0 is exactly
 //!   greedy re-translation), optionally with a draft model after the divergence point.
-//! - [`LiveTranslator`]: the streaming API over a `LanguageModel`: feed [`SourceUpdate`]s, get
+//! - [`LiveTranslator`]: the streaming API over a `LanguageModel`: feed [`Partial`] transcripts, get
 //!   each update's output, what to display (display-only mask-k) and its counters. By default
 //!   the final update of a sentence is verified without bias ([`LiveConfig::unbiased_final`]),
 //!   so the committed caption is exactly autoregressive re-translation's.
-//! - [`stream`]: lag-k reveals and replays of partial transcripts; [`metrics`]: normalized
-//!   erasure and chrF.
+//! - Source partials are `spec-voice`'s [`Partial`]s (re-exported with [`lag_k`] and the
+//!   partial-transcript file format, [`read_partials`]); [`metrics`]: normalized erasure and
+//!   chrF.
 //!
 //! ```no_run
 //! use engine_llm::{LanguageModel, LoadOptions};
@@ -33,9 +34,8 @@ mod error;
 pub mod live;
 pub mod metrics;
 pub mod ssbd;
-pub mod stream;
 
 pub use error::{Error, Result};
 pub use live::{Caption, LiveConfig, LiveTranslator, Masking, StreamSummary, TranslationTask};
+pub use spec_voice::{lag_k, parse_partials, read_partials, Partial};
 pub use ssbd::{decode_update, Decoding, UpdateDecode};
-pub use stream::{lag_k, parse_partials, read_partials, SourceUpdate};

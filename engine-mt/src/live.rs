@@ -9,7 +9,7 @@ use spec_core::Decoder;
 use crate::error::{Error, Result};
 use crate::metrics::{display_units, normalized_erasure};
 use crate::ssbd::{decode_update, Decoding, UpdateDecode};
-use crate::stream::SourceUpdate;
+use spec_voice::Partial;
 
 /// What to translate from and into, as a chat LLM is asked to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,7 +169,7 @@ impl<'m> LiveTranslator<'m> {
     }
 
     /// Translates one update of the source.
-    pub fn update(&mut self, update: &SourceUpdate) -> Result<Caption> {
+    pub fn update(&mut self, update: &Partial) -> Result<Caption> {
         if update.text.trim().is_empty() {
             return Err(Error::Input("an empty source update".into()));
         }
@@ -226,7 +226,7 @@ impl<'m> LiveTranslator<'m> {
     }
 
     /// Translates every update of one sentence.
-    pub fn sentence(&mut self, updates: &[SourceUpdate]) -> Result<Vec<Caption>> {
+    pub fn sentence(&mut self, updates: &[Partial]) -> Result<Vec<Caption>> {
         self.reset();
         updates.iter().map(|u| self.update(u)).collect()
     }

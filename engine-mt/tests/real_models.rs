@@ -19,7 +19,7 @@ fn outputs(
     decoding: Decoding,
     masking: Masking,
     unbiased_final: bool,
-    updates: &[engine_mt::SourceUpdate],
+    updates: &[engine_mt::Partial],
 ) -> Vec<engine_mt::Caption> {
     let config = LiveConfig {
         decoding,
@@ -46,7 +46,7 @@ fn ssbd_at_beta_zero_is_autoregressive_retranslation_and_faster() {
     .unwrap();
     // ASR-style revisions too.
     updates.extend(
-        parse_partials("what is\nwhat is one plus twenty\nwhat is 1 + 23\n")
+        parse_partials("0.5\twhat is\n1.0\twhat is one plus twenty\n1.5\twhat is 1 + 23\n")
             .unwrap()
             .remove(0),
     );
