@@ -68,13 +68,15 @@ pub enum KernelError {
     Unsupported(Isa),
 }
 
-/// An instruction set the kernels can use.
+/// An instruction set the kernels can use. A path runs only where the CPU (and OS) has every
+/// extension its kernels are compiled with; [`QMatrix::matmul_with`] refuses one that is
+/// missing with [`KernelError::Unsupported`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 512-bit registers, the 16 rows of a
-    /// panel at once.
+    /// AVX-512 F/BW/VL and VNNI, with AVX2, FMA and F16C: `vpdpbusd` on 512-bit registers, the
+    /// 16 rows of a panel at once.
     Avx512Vnni,
-    /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
+    /// AVX2, FMA and F16C: `vpmaddubsw` + `vpmaddwd`.
     Avx2,
     /// Plain Rust.
     Portable,
@@ -84,12 +86,7 @@ impl Isa {
     /// The fastest instruction set this CPU has (detected once).
     pub fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            Isa::all()
-                .into_iter()
-                .find(|isa| isa.available())
-                .unwrap_or(Isa::Portable)
-        })
+        *BEST.get_or_init(|| fastest(Isa::available))
     }
 
     /// Every instruction set, fastest first.
@@ -97,18 +94,24 @@ impl Isa {
         [Isa::Avx512Vnni, Isa::Avx2, Isa::Portable]
     }
 
-    /// Whether this CPU can run it.
+    /// Whether this CPU can run it: it has every extension the path is compiled with.
     pub fn available(self) -> bool {
         match self {
             Isa::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::has_avx2(),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => x86::has_avx512_vnni(),
+            _ => x86::available(self),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
+}
+
+/// The first of [`Isa::all`] that `available` accepts, and the portable path at the latest.
+fn fastest(available: impl Fn(Isa) -> bool) -> Isa {
+    Isa::all()
+        .into_iter()
+        .find(|&isa| isa == Isa::Portable || available(isa))
+        .unwrap_or(Isa::Portable)
 }
 
 /// A quantized weight matrix `[rows, cols]` in a GGUF block format (rows are outputs).
