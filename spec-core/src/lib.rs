@@ -1,6 +1,6 @@
-//! # spec-core
+#![doc = include_str!("../README.md")]
 //!
-//! The speculative-decoding algorithms of SpecVoice, independent of any model:
+//! ## Contents
 //!
 //! - [`KvCache`]: per-layer key/value storage with amortised appends, O(1) rollback
 //!   ([`KvCache::truncate`]) and compaction of an accepted tree path ([`KvCache::keep_positions`]);
@@ -15,33 +15,6 @@
 //!   output after it (live re-translation, input-time speculation);
 //! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
 //!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]).
-//!
-//! The loops keep the target's output: with greedy acceptance, speculative decoding returns
-//! exactly the tokens of greedy autoregressive decoding.
-//!
-//! ```
-//! use rand::{rngs::StdRng, SeedableRng};
-//! use spec_core::mock::{MockConfig, MockDecoder};
-//! use spec_core::{generate, speculative_generate, DraftLength, SamplingConfig, SpeculativeConfig, StopConditions};
-//!
-//! # fn main() -> spec_core::Result<()> {
-//! let target_config = MockConfig::target(64, 7);
-//! let mut target = MockDecoder::new(target_config.clone());
-//! let mut draft = MockDecoder::new(target_config.draft(1.0, 8));
-//! let stop = StopConditions::new(32);
-//! let mut rng = StdRng::seed_from_u64(0);
-//!
-//! let config = SpeculativeConfig { draft_length: DraftLength::Fixed(4), ..Default::default() };
-//! let fast = speculative_generate(&mut target, &mut draft, &[1, 2, 3], &config, &stop, &mut rng, &mut |_| {})?;
-//! println!("{}", fast.stats);
-//!
-//! let mut plain = MockDecoder::new(target_config);
-//! let slow = generate(&mut plain, &[1, 2, 3], &SamplingConfig::greedy(), &stop, &mut rng, &mut |_| {})?;
-//! assert_eq!(fast.tokens, slow.tokens);
-//! assert!(fast.stats.target_forwards < slow.stats.target_forwards);
-//! # Ok(())
-//! # }
-//! ```
 
 pub mod acceptance;
 pub mod continuation;

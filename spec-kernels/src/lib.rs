@@ -1,14 +1,13 @@
-//! # spec-kernels
+#![doc = include_str!("../README.md")]
 //!
-//! Quantized matrix × token-batch products for GGUF weights on CPUs, written for decoding
-//! (one token) and speculative verification (2–32 tokens): every weight block is read once
-//! per batch and unpacked once, then met by every token of the batch.
+//! ## In detail
 //!
 //! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]), repacked at load into panels of
 //!   16 interleaved rows (same bytes per weight), one row per register lane, which halves the
 //!   multiplications of multi-token passes ([`panels`](crate::panels)).
-//! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd`), AVX2 + FMA, and portable Rust,
-//!   chosen at run time. All three give **bit-identical** results: integer
+//! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd`), AVX2 + FMA + F16C, and portable Rust,
+//!   chosen at run time: a path runs only where the CPU has every extension it is compiled
+//!   with. All three give **bit-identical** results: integer
 //!   dot products are exact, and the float arithmetic after them is the same sequence of
 //!   fused multiply-adds in every path (see [`panels`](crate::panels) for the contract).
 //! - **Batch-invariant**: a token's result does not depend on how many tokens share the call
@@ -16,21 +15,6 @@
 //!   each exactly the logits decoding it alone gives (lossless greedy speculation needs this).
 //! - Activations are quantized to 8 bits per block of 32 (K-quants: 256) values, as llama.cpp
 //!   does.
-//!
-//! ```
-//! use spec_kernels::{Format, QMatrix};
-//! // A 2 × 32 Q8_0 matrix: per row an f16 scale (1.0) and 32 signed bytes.
-//! let mut bytes = Vec::new();
-//! for row in 0..2i8 {
-//!     bytes.extend(half::f16::from_f32(1.0).to_le_bytes());
-//!     bytes.extend((0..32).map(|i| (row + 1) as u8 * (i % 3) as u8));
-//! }
-//! let w = QMatrix::new(Format::Q8_0, 2, 32, bytes).unwrap();
-//! let x = vec![1.0f32; 32];
-//! let mut y = vec![0f32; 2];
-//! w.matmul(&x, 1, &mut y).unwrap();
-//! assert_eq!(y, [31.0, 62.0]);
-//! ```
 
 mod activations;
 mod aligned;
@@ -68,13 +52,15 @@ pub enum KernelError {
     Unsupported(Isa),
 }
 
-/// An instruction set the kernels can use.
+/// An instruction set the kernels can use. A path runs only where the CPU (and OS) has every
+/// extension its kernels are compiled with; [`QMatrix::matmul_with`] refuses one that is
+/// missing with [`KernelError::Unsupported`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// AVX2, FMA, AVX-512 F/BW/VL and VNNI: `vpdpbusd` on 512-bit registers, the 16 rows of a
-    /// panel at once.
+    /// AVX-512 F/BW/VL and VNNI, with AVX2, FMA and F16C: `vpdpbusd` on 512-bit registers, the
+    /// 16 rows of a panel at once.
     Avx512Vnni,
-    /// AVX2 and FMA: `vpmaddubsw` + `vpmaddwd`.
+    /// AVX2, FMA and F16C: `vpmaddubsw` + `vpmaddwd`.
     Avx2,
     /// Plain Rust.
     Portable,
@@ -84,12 +70,7 @@ impl Isa {
     /// The fastest instruction set this CPU has (detected once).
     pub fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            Isa::all()
-                .into_iter()
-                .find(|isa| isa.available())
-                .unwrap_or(Isa::Portable)
-        })
+        *BEST.get_or_init(|| fastest(Isa::available))
     }
 
     /// Every instruction set, fastest first.
@@ -97,18 +78,24 @@ impl Isa {
         [Isa::Avx512Vnni, Isa::Avx2, Isa::Portable]
     }
 
-    /// Whether this CPU can run it.
+    /// Whether this CPU can run it: it has every extension the path is compiled with.
     pub fn available(self) -> bool {
         match self {
             Isa::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::has_avx2(),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => x86::has_avx512_vnni(),
+            _ => x86::available(self),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
+}
+
+/// The first of [`Isa::all`] that `available` accepts, and the portable path at the latest.
+fn fastest(available: impl Fn(Isa) -> bool) -> Isa {
+    Isa::all()
+        .into_iter()
+        .find(|&isa| isa == Isa::Portable || available(isa))
+        .unwrap_or(Isa::Portable)
 }
 
 /// A quantized weight matrix `[rows, cols]` in a GGUF block format (rows are outputs).

@@ -179,6 +179,24 @@ proptest! {
 }
 
 #[test]
+fn an_instruction_set_the_cpu_lacks_is_refused() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let w = random_matrix(Format::Q4_0, 16, 64, &mut rng);
+    let x = random_input(1, 64, &mut rng);
+    for isa in Isa::all() {
+        let mut out = vec![0f32; 16];
+        let result = w.matmul_with(isa, &x, 1, &mut out);
+        if isa.available() {
+            assert_eq!(result, Ok(()), "{isa:?}");
+        } else {
+            assert_eq!(result, Err(KernelError::Unsupported(isa)));
+        }
+    }
+    assert!(Isa::Portable.available());
+    assert!(Isa::best().available());
+}
+
+#[test]
 fn batches_longer_than_one_pass_match_single_tokens() {
     let mut rng = StdRng::seed_from_u64(3);
     let (rows, cols, tokens) = (33, 512, crate::MAX_TOKENS_PER_PASS + 7);

@@ -15,16 +15,58 @@ use crate::panels::{
 };
 use crate::{Format, Isa};
 
-pub(crate) fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+/// The instruction-set extensions `isa`'s kernels are compiled with (`target_feature` names):
+/// what [`available`] checks. Each list is the one its kernel's `#[target_feature]` is made
+/// from (`compiled_with!`), so the two cannot drift apart.
+pub(crate) fn features(isa: Isa) -> &'static [&'static str] {
+    match isa {
+        Isa::Avx512Vnni => AVX512_VNNI,
+        Isa::Avx2 => AVX2,
+        Isa::Portable => &[],
+    }
 }
 
-pub(crate) fn has_avx512_vnni() -> bool {
-    has_avx2()
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
+/// Whether this CPU and its OS support every extension `isa` is compiled with.
+pub(crate) fn available(isa: Isa) -> bool {
+    supported(isa, |feature| detected(feature) == Some(true))
+}
+
+/// Whether a CPU that has the extensions `has` says yes to can run `isa`.
+fn supported(isa: Isa, has: impl Fn(&str) -> bool) -> bool {
+    features(isa).iter().all(|feature| has(feature))
+}
+
+/// Whether this CPU and its OS support `feature` (for AVX and AVX-512 the OS must save their
+/// registers, which the standard library checks too); `None` for a name it does not detect,
+/// which [`available`] counts as missing (and a test rejects in a path's list).
+fn detected(feature: &str) -> Option<bool> {
+    Some(match feature {
+        "avx" => is_x86_feature_detected!("avx"),
+        "avx2" => is_x86_feature_detected!("avx2"),
+        "fma" => is_x86_feature_detected!("fma"),
+        "f16c" => is_x86_feature_detected!("f16c"),
+        "avx512f" => is_x86_feature_detected!("avx512f"),
+        "avx512bw" => is_x86_feature_detected!("avx512bw"),
+        "avx512vl" => is_x86_feature_detected!("avx512vl"),
+        "avx512vnni" => is_x86_feature_detected!("avx512vnni"),
+        _ => return None,
+    })
+}
+
+/// A kernel compiled with the extensions of a list, and that list as a constant: `$list =
+/// ["avx2", "fma"]; unsafe fn f(..) {..}` declares `const $list: &[&str]` and `f` with
+/// `#[target_feature(enable = "avx2", enable = "fma")]`.
+macro_rules! compiled_with {
+    (
+        $list:ident = [$($feature:tt),+ $(,)?];
+        $(#[$attr:meta])*
+        unsafe fn $name:ident $args:tt $body:block
+    ) => {
+        const $list: &[&str] = &[$($feature),+];
+        $(#[$attr])*
+        #[target_feature($(enable = $feature),+)]
+        unsafe fn $name $args $body
+    };
 }
 
 /// `out[r · n + t]` = row r · token t for the first `rows` rows of `panels` (whole panels of
@@ -48,27 +90,37 @@ pub(crate) fn panels_dot(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn panels_vnni(
-    format: Format,
-    panels: &[u8],
-    rows: usize,
-    acts: &QuantizedTokens,
-    out: &mut [f32],
-) {
-    tiles::<Zmm>(format, panels, rows, acts, out)
+compiled_with! {
+    // AVX-512 F, BW and VNNI for the 512-bit kernels, and the AVX2 list for the 256-bit loads
+    // and shifts among them. VL adds no intrinsic; it lets the compiler encode 128- and 256-bit
+    // instructions as EVEX, with all 32 registers.
+    AVX512_VNNI = [
+        "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni",
+    ];
+    unsafe fn panels_vnni(
+        format: Format,
+        panels: &[u8],
+        rows: usize,
+        acts: &QuantizedTokens,
+        out: &mut [f32],
+    ) {
+        tiles::<Zmm>(format, panels, rows, acts, out)
+    }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panels_avx2(
-    format: Format,
-    panels: &[u8],
-    rows: usize,
-    acts: &QuantizedTokens,
-    out: &mut [f32],
-) {
-    tiles::<Ymm<0>>(format, panels, rows, acts, out);
-    tiles::<Ymm<1>>(format, panels, rows, acts, out);
+compiled_with! {
+    // F16C converts the f16 scales; FMA the float sums.
+    AVX2 = ["avx", "avx2", "fma", "f16c"];
+    unsafe fn panels_avx2(
+        format: Format,
+        panels: &[u8],
+        rows: usize,
+        acts: &QuantizedTokens,
+        out: &mut [f32],
+    ) {
+        tiles::<Ymm<0>>(format, panels, rows, acts, out);
+        tiles::<Ymm<1>>(format, panels, rows, acts, out);
+    }
 }
 
 /// Every panel against the tokens, four at a time and then the last one to three.
@@ -624,5 +676,67 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
     #[inline(always)]
     unsafe fn store(x: __m256, out: &mut [f32; PANEL_ROWS]) {
         _mm256_storeu_ps(out.as_mut_ptr(), x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fastest;
+
+    #[test]
+    fn every_extension_a_path_is_compiled_with_is_detected() {
+        for isa in Isa::all() {
+            for feature in features(isa) {
+                assert!(detected(feature).is_some(), "{isa:?} needs {feature}");
+            }
+        }
+    }
+
+    /// The kernel's own view of the CPU, independent of the standard library's detection.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_detected_paths_extensions_are_all_on_this_cpu() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let flags: Vec<&str> = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("flags"))
+            .and_then(|line| line.split_once(':'))
+            .map(|(_, flags)| flags.split_whitespace().collect())
+            .unwrap();
+        for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+            for feature in features(isa) {
+                let flag = match *feature {
+                    "avx512vnni" => "avx512_vnni",
+                    other => other,
+                };
+                assert!(flags.contains(&flag), "{isa:?} detected without {feature}");
+            }
+        }
+        assert!(features(Isa::best())
+            .iter()
+            .all(|f| detected(f) == Some(true)));
+    }
+
+    #[test]
+    fn a_cpu_without_one_extension_falls_back_to_a_path_it_has() {
+        let on = |cpu: &[&str]| fastest(|isa| supported(isa, |f| cpu.contains(&f)));
+        assert_eq!(on(AVX512_VNNI), Isa::Avx512Vnni);
+        assert_eq!(on(&[]), Isa::Portable);
+        for missing in AVX512_VNNI {
+            let cpu: Vec<&str> = AVX512_VNNI
+                .iter()
+                .copied()
+                .filter(|f| f != missing)
+                .collect();
+            let expected = if AVX2.contains(missing) {
+                Isa::Portable
+            } else {
+                Isa::Avx2
+            };
+            assert_eq!(on(&cpu), expected, "without {missing}");
+        }
+        // The AVX2 path once ran on AVX2 and FMA alone, though its scales need F16C.
+        assert_eq!(on(&["avx", "avx2", "fma"]), Isa::Portable);
     }
 }

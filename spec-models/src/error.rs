@@ -20,14 +20,14 @@ pub enum Error {
     /// A name that is neither a path, nor a folder in the models folder, nor a registry entry.
     #[error(
         "unknown model `{name}`: not a path, not a folder in {searched}, and not in the \
-         registry (`cargo xtask models` lists the known names)"
+         model registry (`spec_models::Registry::models` lists the known names)"
     )]
     UnknownModel { name: String, searched: PathBuf },
 
     /// A known model whose files are not (all) in the models folder.
     #[error(
-        "model `{name}` is not in {dir}: {problems}.\nGet it with `cargo xtask download {name}`, \
-         or: {how_to_get}"
+        "model `{name}` is not in {dir}: {problems}.\nDownload it from the Hugging Face Hub \
+         with `spec_models::download::Downloader` (feature `download`), or: {how_to_get}"
     )]
     NotPresent {
         name: String,

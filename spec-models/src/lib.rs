@@ -1,13 +1,16 @@
-//! SpecVoice's model store.
+#![doc = include_str!("../README.md")]
+//!
+//! ## Contents
 //!
 //! - [`Registry`]: the models SpecVoice knows by name (`models.toml`): Hub repository, revision,
 //!   files with their pinned sizes and SHA-256, kind and weight format.
 //! - [`Store`]: the models folder (`$SPECVOICE_MODELS`, default `~/.cache/specvoice/models`,
 //!   one sub-folder per model) and the resolver every engine and example uses: a name or a path
 //!   → [`ModelFiles`]. Names resolve in the models folder, without any network, so models placed
-//!   there by hand or by the project's `../shared/models/fetch` are found as they are.
+//!   there by hand are found as they are.
 //! - [`mt_bench`]: the MT-Bench questions kept in the models folder's `data/`.
-//! - `download` (feature `download`): resumable, verified downloads from the Hugging Face Hub.
+//! - `download` (feature `download`): resumable, verified downloads from the Hugging Face Hub
+//!   (`download::Downloader`).
 //!
 //! ```no_run
 //! let store = spec_models::Store::from_env()?;

@@ -227,7 +227,7 @@ impl<'r> Store<'r> {
                 }
                 FileState::Missing => problems.push(format!("{} is missing", file.local())),
                 FileState::Partial { bytes } => problems.push(format!(
-                    "{} is an interrupted download ({bytes} bytes so far; `cargo xtask download {}` \
+                    "{} is an interrupted download ({bytes} bytes so far; downloading `{}` again \
                      resumes it)",
                     file.local(),
                     entry.name

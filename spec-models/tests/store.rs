@@ -90,7 +90,7 @@ fn a_missing_model_names_the_folder_and_how_to_place_the_files() {
         text.contains(&root.path().join("tiny-chat").display().to_string()),
         "{text}"
     );
-    assert!(text.contains("cargo xtask download tiny-chat"), "{text}");
+    assert!(text.contains("spec_models::download::Downloader"), "{text}");
     assert!(
         text.contains("https://huggingface.co/owner/tiny-chat-GGUF/resolve/main/tiny-q4.gguf"),
         "{text}"

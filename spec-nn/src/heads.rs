@@ -152,8 +152,8 @@ impl MultiTokenHeads {
         if info.base_fingerprint != fingerprint {
             return Err(Error::Config(format!(
                 "the heads in {} were trained for `{}` (weights fingerprint {}), not for this \
-                 model (fingerprint {fingerprint}); train heads for it with `cargo xtask \
-                 train-heads`",
+                 model (fingerprint {fingerprint}); train heads on this model's hidden states \
+                 (`spec_nn::heads::train`)",
                 dir.display(),
                 info.base_model,
                 short(&info.base_fingerprint),

@@ -1,7 +1,6 @@
-//! # spec-nn
+#![doc = include_str!("../README.md")]
 //!
-//! The building blocks every SpecVoice engine composes its models from, so that there is one
-//! attention, one norm and one linear layer to keep bit-exact:
+//! ## Contents
 //!
 //! - [`linear`]: `y = x·Wᵀ (+ b)` on `spec-kernels` for the GGUF formats it has kernels for
 //!   (batch-invariant), candle's `QMatMul` otherwise; several layers of one input in one pass.
