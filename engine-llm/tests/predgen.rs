@@ -257,3 +257,149 @@ fn bad_input_is_a_clear_error() {
         .unwrap_err();
     assert!(err.to_string().contains("context overflow"), "{err}");
 }
+
+/// Speaks `inputs` into a channel at their times, scaled down `speedup`-fold, from a thread.
+fn speak_live(inputs: Vec<Partial>, speedup: u32) -> std::sync::mpsc::Receiver<Partial> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        for partial in inputs {
+            let due = partial.at / speedup;
+            std::thread::sleep(due.saturating_sub(start.elapsed()));
+            if sender.send(partial).is_err() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
+#[test]
+fn live_turns_on_the_wall_clock_answer_as_the_simulated_ones() {
+    let scratch = tempfile::tempdir().unwrap();
+    let turns = vec![
+        corrected_inputs("what is 1 + 23?"),
+        spoken_at_rate("and what is it times four, roughly?", 600.0).unwrap(),
+    ];
+    let cfg = config(Verifier::Greedy, Continuation::Autoregressive);
+    let mut simulated_model = tiny_chat_model(scratch.path(), 9);
+    let mut simulated = PredGen::new(&mut simulated_model, cfg.clone()).unwrap();
+    let expected = run_turns(&mut simulated, &turns, false);
+
+    let mut model = tiny_chat_model(scratch.path(), 9);
+    let mut live = PredGen::new(&mut model, cfg).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    for (inputs, expected) in turns.iter().zip(&expected) {
+        let mut seen = Vec::new();
+        let turn = live
+            .live_turn(&speak_live(inputs.clone(), 4), &mut tts, &mut |e| {
+                seen.push(e.clone())
+            })
+            .unwrap();
+        assert_eq!(turn.answer, expected.answer);
+        assert_eq!(turn.first_sentence, expected.first_sentence);
+        assert!(
+            turn.tokens_during_input > 0,
+            "no speculation while listening"
+        );
+        // Every event reached the caller as it happened, the final partial heard last.
+        assert_eq!(seen.len(), turn.timeline.len());
+        let finals = seen.iter().filter(
+            |e| matches!(&e.kind, EventKind::Heard { is_final: true, text } if *text == turn.question),
+        );
+        assert_eq!(finals.count(), 1);
+        // The answer's audio is handed over, not discarded: the first sentence's with the
+        // audio-start event, then one synthesis per later sentence.
+        let started: Vec<_> = seen
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::AudioStarts { audio, .. } => Some(audio),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].sentence, turn.first_sentence);
+        assert_eq!(turn.audio[0], *started[0]);
+        let later = seen
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Sentence { .. }))
+            .count();
+        assert_eq!(turn.audio.len(), 1 + later);
+        assert!(turn.audio.iter().all(|a| !a.chunks.is_empty()));
+    }
+    assert_eq!(live.history(), simulated.history());
+}
+
+#[test]
+fn a_barge_in_rolls_the_turn_back() {
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = config(Verifier::Greedy, Continuation::Autoregressive);
+    let mut reference_model = tiny_chat_model(scratch.path(), 5);
+    let mut reference = PredGen::new(&mut reference_model, cfg.clone()).unwrap();
+    let question = spoken_at_rate("how far away is the moon", 600.0).unwrap();
+    let expected = run_turns(&mut reference, std::slice::from_ref(&question), false);
+
+    let mut model = tiny_chat_model(scratch.path(), 5);
+    let mut session = PredGen::new(&mut model, cfg).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    // The user says something, the assistant starts answering, the user speaks again.
+    session
+        .begin_turn(engine_llm::TurnClock::Simulated)
+        .unwrap();
+    for partial in spoken_at_rate("tell me a long story about dragons", 600.0).unwrap() {
+        session.hear(partial).unwrap();
+        for _ in 0..3 {
+            session.step(&mut tts).unwrap();
+        }
+    }
+    session.cancel_turn().unwrap();
+    assert!(session.history().is_empty());
+    let got = run_turns(&mut session, &[question], false);
+    assert_eq!(got[0].answer, expected[0].answer);
+    assert_eq!(session.history(), reference.history());
+}
+
+#[test]
+fn live_api_misuse_is_a_clear_error() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(scratch.path(), 4);
+    let mut session = PredGen::new(&mut model, PredGenConfig::default()).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    let partial =
+        |ms, text: &str, is_final| Partial::new(Duration::from_millis(ms), text, is_final);
+    assert!(matches!(
+        session.hear(partial(0, "hi", false)),
+        Err(Error::Input(_))
+    ));
+    assert!(matches!(session.step(&mut tts), Err(Error::Input(_))));
+    session
+        .begin_turn(engine_llm::TurnClock::Simulated)
+        .unwrap();
+    // Nothing heard yet: nothing to do.
+    let idle = session.step(&mut tts).unwrap();
+    assert_eq!(idle.status, engine_llm::predgen::Status::Idle);
+    assert!(idle.events.is_empty());
+    session.hear(partial(100, "hi", false)).unwrap();
+    assert!(matches!(
+        session.hear(partial(50, "hi there", false)),
+        Err(Error::Input(_))
+    ));
+    assert!(matches!(
+        session.hear(partial(200, "  ", true)),
+        Err(Error::Input(_))
+    ));
+    session.hear(partial(200, "hi there", true)).unwrap();
+    assert!(matches!(
+        session.hear(partial(300, "hi there again", true)),
+        Err(Error::Input(_))
+    ));
+    // A live turn whose speaker hangs up before finishing.
+    let (sender, receiver) = std::sync::mpsc::channel();
+    sender.send(partial(0, "what is", false)).unwrap();
+    drop(sender);
+    let err = session
+        .live_turn(&receiver, &mut tts, &mut |_| {})
+        .unwrap_err();
+    assert!(err.to_string().contains("without a final"), "{err}");
+    assert!(session.history().is_empty());
+}

@@ -272,3 +272,64 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
         .judge(question, "Bananas are rich in potassium.")
         .unwrap());
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
+    use engine_llm::predgen::{spoken_at_rate, EventKind, FixedLatencySynthesizer, Partial};
+    use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
+
+    let mut target = load(QWEN_LARGE);
+    let mut tts = FixedLatencySynthesizer::default();
+    let config = PredGenConfig {
+        max_answer_tokens: 32,
+        ..PredGenConfig::with_verifier(Verifier::Greedy)
+    };
+    assert_eq!(config.continuation, Continuation::Autoregressive);
+    let turns = [
+        "How long should I boil an egg if I want the yolk to stay soft?",
+        "And for a hard one?",
+    ];
+    let inputs: Vec<Vec<Partial>> = turns
+        .iter()
+        .map(|t| spoken_at_rate(t, 600.0).unwrap())
+        .collect();
+    let mut simulated = PredGen::new(&mut target, config.clone()).unwrap();
+    let expected: Vec<_> = inputs
+        .iter()
+        .map(|i| simulated.turn(i, &mut tts).unwrap())
+        .collect();
+    drop(simulated);
+
+    // The same words spoken in real time from another thread.
+    let mut live = PredGen::new(&mut target, config).unwrap();
+    for (inputs, expected) in inputs.iter().zip(&expected) {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let speaker = {
+            let inputs = inputs.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                for partial in inputs {
+                    std::thread::sleep(partial.at.saturating_sub(start.elapsed()));
+                    sender.send(partial).unwrap();
+                }
+            })
+        };
+        let mut audio_events = 0;
+        let turn = live
+            .live_turn(&receiver, &mut tts, &mut |e| {
+                if matches!(
+                    e.kind,
+                    EventKind::AudioStarts { .. } | EventKind::Sentence { .. }
+                ) {
+                    audio_events += 1;
+                }
+            })
+            .unwrap();
+        speaker.join().unwrap();
+        assert_eq!(turn.answer, expected.answer);
+        assert!(turn.tokens_during_input > 0);
+        assert_eq!(audio_events, turn.audio.len());
+        assert!(!turn.audio.is_empty());
+    }
+}

@@ -209,7 +209,7 @@ pub fn split_sentences(text: &str, complete: bool) -> (Vec<String>, String) {
 pub struct SentenceStream {
     text: String,
     /// Byte offset just past the last reported sentence.
-    reported: usize,
+    reported_end: usize,
     sentences: usize,
 }
 
@@ -230,12 +230,12 @@ impl SentenceStream {
     /// and is dropped when that one was already reported).
     pub fn finish(&mut self) -> Vec<String> {
         let mut sentences = self.take_sentences(true);
-        let rest = self.text[self.reported..].trim();
+        let rest = self.text[self.reported_end..].trim();
         if !rest.is_empty() && (rest.chars().any(char::is_alphanumeric) || self.sentences == 0) {
             sentences.push(rest.to_string());
             self.sentences += 1;
         }
-        self.reported = self.text.len();
+        self.reported_end = self.text.len();
         sentences
     }
 
@@ -251,10 +251,10 @@ impl SentenceStream {
 
     fn take_sentences(&mut self, complete: bool) -> Vec<String> {
         let mut sentences = Vec::new();
-        while let Some(len) = first_sentence_end(&self.text[self.reported..], complete) {
-            let end = self.reported + len;
-            sentences.push(self.text[self.reported..end].trim().to_string());
-            self.reported = end;
+        while let Some(len) = first_sentence_end(&self.text[self.reported_end..], complete) {
+            let end = self.reported_end + len;
+            sentences.push(self.text[self.reported_end..end].trim().to_string());
+            self.reported_end = end;
         }
         self.sentences += sentences.len();
         sentences

@@ -7,6 +7,7 @@
 //! replays a recorded turn through the same steps on a simulated clock, for benchmarks.
 
 use std::fmt;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -398,6 +399,55 @@ impl<'m> PredGen<'m> {
         check_inputs(inputs)?;
         self.begin_cascade_turn(TurnClock::Simulated)?;
         self.replay(inputs, tts)
+    }
+
+    /// One turn driven live on the wall clock: partial transcripts arrive on `partials` as the
+    /// recogniser produces them (each is stamped with its arrival time on the turn's clock; the
+    /// sender's `at` is not used), the model works between them, and `on_event` sees every
+    /// event as it happens, audio to play included. Returns the turn once the answer is
+    /// complete; the sender closing the channel before a final partial is an error.
+    pub fn live_turn(
+        &mut self,
+        partials: &Receiver<Partial>,
+        tts: &mut dyn SentenceSynthesizer,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Turn> {
+        self.begin_turn(TurnClock::Wall)?;
+        let closed = || Error::Input("the partials ended without a final one".into());
+        loop {
+            loop {
+                match partials.try_recv() {
+                    Ok(partial) => self.hear_now(partial)?,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if self.turn.as_ref().is_some_and(|t| t.final_input.is_none()) {
+                            self.cancel_turn()?;
+                            return Err(closed());
+                        }
+                        break;
+                    }
+                }
+            }
+            let progress = self.step(tts)?;
+            progress.events.iter().for_each(&mut *on_event);
+            match progress.status {
+                Status::Done(turn) => return Ok(*turn),
+                Status::Working => {}
+                Status::Idle => match partials.recv() {
+                    Ok(partial) => self.hear_now(partial)?,
+                    Err(_) => {
+                        self.cancel_turn()?;
+                        return Err(closed());
+                    }
+                },
+            }
+        }
+    }
+
+    /// Hears `partial` as arriving now.
+    fn hear_now(&mut self, partial: Partial) -> Result<()> {
+        let at = self.now();
+        self.hear(Partial { at, ..partial })
     }
 
     /// Drives a turn begun on the simulated clock: each partial is heard once its time has
