@@ -7,15 +7,20 @@
 //!     --partials engine-llm/data/partials.txt
 //! cargo run --release -p engine-llm --example predgen -- --continuation draft \
 //!     --draft qwen2.5-coder-0.5b-instruct --question "How do vaccines work?"
+//! cargo run --release -p engine-llm --example predgen -- --live \
+//!     --question "How often should I water a snake plant?"
 //! ```
 //!
 //! The question is revealed word by word at a speaking rate (or replayed from a file of ASR
 //! partials); each turn prints PredGen's timeline, then the plain cascade's latency on the same
 //! question for comparison. Time is simulated: it advances by the measured compute of each step
-//! and skips ahead while the model waits for the next word.
+//! and skips ahead while the model waits for the next word. With `--live` the words are spoken
+//! in real time from another thread instead and PredGen runs on the wall clock, printing each
+//! event as it happens (the live pipeline's way of driving it).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
@@ -70,6 +75,10 @@ struct Args {
     /// Skip the plain cascade's run on the same questions
     #[arg(long)]
     no_baseline: bool,
+
+    /// Speak the words in real time and run PredGen on the wall clock
+    #[arg(long)]
+    live: bool,
 }
 
 impl Args {
@@ -114,6 +123,21 @@ fn summary(label: &str, turn: &Turn) -> String {
     )
 }
 
+/// Speaks `partials` in real time from another thread: each is sent at its time.
+fn speak(partials: Vec<Partial>) -> Receiver<Partial> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        for partial in partials {
+            std::thread::sleep(partial.at.saturating_sub(start.elapsed()));
+            if sender.send(partial).is_err() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
 fn warm_up(model: &mut LanguageModel) -> Result<()> {
     let prompt = model.chat_prompt(&[Message::user("Hello!")])?;
     model.model.forward_tokens(&prompt, LogitRows::Last(1))?;
@@ -144,14 +168,23 @@ fn main() -> Result<()> {
             session = session.with_draft(draft)?;
         }
         for inputs in &turns {
-            let turn = session.turn(inputs, &mut tts)?;
             println!(
-                "\n=== PredGen ({:?}, {:?}) ===",
-                config.verifier, config.continuation
+                "\n=== PredGen ({:?}, {:?}{}) ===",
+                config.verifier,
+                config.continuation,
+                if args.live { ", live" } else { "" }
             );
-            for event in &turn.timeline {
-                println!("{event}");
-            }
+            let turn = if args.live {
+                session.live_turn(&speak(inputs.clone()), &mut tts, &mut |event| {
+                    println!("{event}")
+                })?
+            } else {
+                let turn = session.turn(inputs, &mut tts)?;
+                for event in &turn.timeline {
+                    println!("{event}");
+                }
+                turn
+            };
             println!("\nanswer: {}\n", turn.answer);
             predgen_turns.push(turn);
         }
