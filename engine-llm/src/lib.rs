@@ -12,14 +12,16 @@ pub mod config;
 mod error;
 pub mod load;
 pub mod predgen;
+pub mod template;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use chat::{ChatTemplate, LanguageModel, Message, Role};
+pub use chat::{LanguageModel, Message, Role};
 pub use config::{Architecture, RopeLayout, TransformerConfig};
 pub use error::{Error, Result};
 pub use load::LoadOptions;
 pub use predgen::{Continuation, PredGen, PredGenConfig, Turn, Verifier};
 pub use spec_nn::{forward_costs, GgufFile, Requantize};
-pub use tokenizer::TextTokenizer;
+pub use template::{ChatTemplate, JinjaTemplate, PromptPart};
+pub use tokenizer::{TextStream, TextTokenizer};
 pub use transformer::{CacheState, Transformer};
