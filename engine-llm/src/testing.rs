@@ -68,7 +68,7 @@ fn tiny_transformer(vocab: usize, seed: u64) -> Result<Transformer> {
     let mut tensors = HashMap::from([
         (
             "model.embed_tokens.weight".to_string(),
-            random(&[vocab, HIDDEN], 1.0, 0.0)?,
+            random(&[vocab, HIDDEN], 0.5, 0.0)?,
         ),
         (
             "model.norm.weight".to_string(),
