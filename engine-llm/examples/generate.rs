@@ -1,4 +1,5 @@
-//! Generate text with a chat model, optionally with a draft model for speculative decoding.
+//! Chat with a model, streaming its answer, optionally with a draft model for speculative
+//! decoding.
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example generate -- \
@@ -7,19 +8,21 @@
 //! ```
 //!
 //! `--model`/`--draft` take a GGUF file, a model folder, or the name of a folder in
-//! `$SPECVOICE_MODELS` (default `~/.cache/specvoice/models`).
+//! `$SPECVOICE_MODELS` (default `~/.cache/specvoice/models`). `--cancel-after N` cancels the
+//! answer after N streamed pieces of text, as a user interface's stop button would.
 
 use std::io::Write;
 
 use anyhow::Result;
 use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, GenerationArgs, ModelArgs};
-use engine_llm::{forward_costs, LoadOptions, Message};
-use spec_core::{
-    generate, speculative_generate, AcceptanceRule, CostAwarePolicy, DraftLength, SpeculativeConfig,
+use engine_llm::{
+    forward_costs, CancelToken, DraftLength, Flow, LoadOptions, Message, Speculation,
 };
+use spec_core::CostAwarePolicy;
 
-/// Generate text with a chat model, optionally with a draft model for speculative decoding.
+/// Chat with a model, streaming its answer, optionally with a draft model for speculative
+/// decoding.
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["chat", "prompt"])))]
 struct Args {
@@ -54,6 +57,14 @@ struct Args {
     #[arg(long, requires = "chat")]
     system: Option<String>,
 
+    /// End the answer before this string (may be repeated)
+    #[arg(long = "stop", value_name = "TEXT")]
+    stops: Vec<String>,
+
+    /// Cancel the answer after this many streamed pieces of text (about one per token)
+    #[arg(long, value_name = "N")]
+    cancel_after: Option<usize>,
+
     #[command(flatten)]
     generation: GenerationArgs,
 }
@@ -61,86 +72,57 @@ struct Args {
 fn main() -> Result<()> {
     init_logging();
     let args = Args::parse();
-    let target = args.model.open()?;
-    let draft = match &args.draft {
-        Some(name) => {
-            let draft = open_model(name, &LoadOptions::default())?;
-            target.check_draft(&draft)?;
-            Some(draft)
+    let mut model = args.model.open()?;
+    let mut options = args.generation.options();
+    for stop in &args.stops {
+        options = options.stop_string(stop.clone());
+    }
+    if let Some(name) = &args.draft {
+        let mut draft = open_model(name, &LoadOptions::default())?;
+        let gamma = args.gamma as usize;
+        let length = if args.cost_aware {
+            let target_costs = forward_costs(&mut model.model, &model.weights)?;
+            let draft_costs = forward_costs(&mut draft.model, &draft.weights)?;
+            DraftLength::CostAware(CostAwarePolicy::new(target_costs, draft_costs, gamma))
+        } else if let Some(min_confidence) = args.adaptive {
+            DraftLength::Adaptive {
+                min_confidence,
+                max: gamma,
+            }
+        } else {
+            DraftLength::Fixed(gamma)
+        };
+        model.set_draft(draft)?;
+        options = options.speculation(Speculation::Draft(length));
+    }
+    let cancel = CancelToken::new();
+    options = options.cancel_token(cancel.clone());
+
+    let mut pieces = 0;
+    let on_delta = |delta: &str| {
+        print!("{delta}");
+        let _ = std::io::stdout().flush();
+        pieces += 1;
+        if args.cancel_after.is_some_and(|n| pieces >= n) {
+            cancel.cancel();
         }
-        None => None,
+        Flow::Continue
     };
-    let context = match (&args.chat, &args.prompt) {
+    let answer = match (&args.chat, &args.prompt) {
         (Some(chat), _) => {
             let mut messages = Vec::new();
             if let Some(system) = &args.system {
                 messages.push(Message::system(system.clone()));
             }
             messages.push(Message::user(chat.clone()));
-            target.chat_prompt(&messages)?
+            model.chat_stream(&messages, &options, on_delta)?
         }
-        (None, Some(prompt)) => target.tokenizer.encode(prompt)?,
+        (None, Some(prompt)) => {
+            let ids = model.tokenizer.encode(prompt)?;
+            model.complete_stream(&ids, &options, on_delta)?
+        }
         (None, None) => unreachable!("clap requires one of them"),
     };
-    let stop = args.generation.stop(target.tokenizer.end_tokens());
-    let sampling = args.generation.sampling();
-    let mut rng = args.generation.rng();
-    let tokenizer = target.tokenizer.clone();
-    let mut shown = String::new();
-    let mut produced = Vec::new();
-    let mut on_token = |token: u32| {
-        produced.push(token);
-        if let Ok(text) = tokenizer.decode_text(&produced) {
-            print!("{}", &text[shown.len().min(text.len())..]);
-            let _ = std::io::stdout().flush();
-            shown = text;
-        }
-    };
-    let mut target_model = target.model;
-    let generation = match draft {
-        None => generate(
-            &mut target_model,
-            &context,
-            &sampling,
-            &stop,
-            &mut rng,
-            &mut on_token,
-        )?,
-        Some(draft) => {
-            let mut draft_model = draft.model;
-            let gamma = args.gamma as usize;
-            let draft_length = if args.cost_aware {
-                let target_costs = forward_costs(&mut target_model, &target.weights)?;
-                let draft_costs = forward_costs(&mut draft_model, &draft.weights)?;
-                DraftLength::CostAware(CostAwarePolicy::new(target_costs, draft_costs, gamma))
-            } else if let Some(min_confidence) = args.adaptive {
-                DraftLength::Adaptive {
-                    min_confidence,
-                    max: gamma,
-                }
-            } else {
-                DraftLength::Fixed(gamma)
-            };
-            let config = SpeculativeConfig {
-                draft_length,
-                rule: if sampling.is_greedy() {
-                    AcceptanceRule::greedy()
-                } else {
-                    AcceptanceRule::speculative_sampling(0.0)
-                },
-                sampling: sampling.clone(),
-            };
-            speculative_generate(
-                &mut target_model,
-                &mut draft_model,
-                &context,
-                &config,
-                &stop,
-                &mut rng,
-                &mut on_token,
-            )?
-        }
-    };
-    println!("\n\n[{:?}] {}", generation.finish, generation.stats);
+    println!("\n\n[{:?}] {}", answer.finish, answer.stats);
     Ok(())
 }

@@ -1,15 +1,11 @@
-//! Chat prompts: the ChatML format (Qwen, SmolLM2) and Llama 3's header format, and a
-//! [`LanguageModel`] that bundles weights, tokenizer and template.
-//!
-//! The template family is recognised from the model's own Jinja template (GGUF
-//! `tokenizer.chat_template` or `tokenizer_config.json`) or, failing that, from its special
-//! tokens; its default system prompt is taken from the template text. Rendering is done here,
-//! not by a Jinja engine: tools and other template features beyond plain multi-turn chat are not
-//! supported.
+//! Conversations ([`Message`], [`Role`]) and [`LanguageModel`], which bundles weights,
+//! tokenizer and chat template: loading by name or path, and safe prompts for a conversation.
+//! Answering is in [`crate::answer`].
 
 use std::path::{Path, PathBuf};
 
 use crate::load::LoadOptions;
+use crate::template::{ChatTemplate, JinjaTemplate};
 use crate::tokenizer::TextTokenizer;
 use crate::transformer::Transformer;
 use crate::{Error, Result};
@@ -24,7 +20,7 @@ pub enum Role {
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::System => "system",
             Self::User => "user",
@@ -61,89 +57,6 @@ impl Message {
     }
 }
 
-/// The prompt formats supported.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChatTemplate {
-    /// `<|im_start|>role\ncontent<|im_end|>\n` turns (Qwen, SmolLM2).
-    ChatMl { default_system: Option<String> },
-    /// `<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>` turns (Llama 3).
-    Llama3 { default_system: Option<String> },
-}
-
-impl ChatTemplate {
-    /// Recognises the family from a Jinja template and/or the tokenizer's special tokens.
-    pub fn detect(jinja: Option<&str>, tokenizer: &TextTokenizer) -> Result<Self> {
-        let source = jinja.unwrap_or_default();
-        if source.contains("<|im_start|>")
-            || (jinja.is_none() && tokenizer.token_id("<|im_start|>").is_some())
-        {
-            Ok(Self::ChatMl {
-                default_system: default_system(source, "<|im_start|>system", "<|im_end|>"),
-            })
-        } else if source.contains("<|start_header_id|>")
-            || (jinja.is_none() && tokenizer.token_id("<|start_header_id|>").is_some())
-        {
-            Ok(Self::Llama3 {
-                default_system: None,
-            })
-        } else {
-            Err(Error::Tokenizer(
-                "unrecognised chat template: neither ChatML nor Llama 3".into(),
-            ))
-        }
-    }
-
-    /// The prompt text for `messages`, ending with the opening of the assistant's turn.
-    pub fn render(&self, messages: &[Message]) -> String {
-        let mut out = String::new();
-        let needs_default = messages.first().is_none_or(|m| m.role != Role::System);
-        match self {
-            Self::ChatMl { default_system } => {
-                let turn = |out: &mut String, role: &str, content: &str| {
-                    out.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
-                };
-                if let (true, Some(system)) = (needs_default, default_system) {
-                    turn(&mut out, "system", system);
-                }
-                for m in messages {
-                    turn(&mut out, m.role.as_str(), &m.content);
-                }
-                out.push_str("<|im_start|>assistant\n");
-            }
-            Self::Llama3 { default_system } => {
-                let turn = |out: &mut String, role: &str, content: &str| {
-                    out.push_str(&format!(
-                        "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
-                    ));
-                };
-                out.push_str("<|begin_of_text|>");
-                if let (true, Some(system)) = (needs_default, default_system) {
-                    turn(&mut out, "system", system);
-                }
-                for m in messages {
-                    turn(&mut out, m.role.as_str(), &m.content);
-                }
-                out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
-            }
-        }
-        out
-    }
-}
-
-/// The literal default system prompt of a template: text following `opening` and a newline
-/// (real or escaped) up to `closing`, where it contains no template code.
-fn default_system(source: &str, opening: &str, closing: &str) -> Option<String> {
-    source.match_indices(opening).find_map(|(at, _)| {
-        let rest = &source[at + opening.len()..];
-        let rest = rest
-            .strip_prefix("\\n")
-            .or_else(|| rest.strip_prefix('\n'))?;
-        let text = &rest[..rest.find(closing)?];
-        let literal = !text.is_empty() && !text.contains(['{', '}', '\'', '"', '\\', '\n']);
-        literal.then(|| text.to_string())
-    })
-}
-
 /// A chat model ready to prompt: weights, tokenizer and template.
 #[derive(Debug)]
 pub struct LanguageModel {
@@ -152,6 +65,8 @@ pub struct LanguageModel {
     pub template: ChatTemplate,
     /// The weights file it was loaded from (the first shard of a safetensors checkpoint).
     pub weights: PathBuf,
+    /// A draft model for [`Speculation::Draft`](crate::Speculation::Draft).
+    pub(crate) draft: Option<Transformer>,
 }
 
 impl LanguageModel {
@@ -214,11 +129,22 @@ impl LanguageModel {
         // One open file: its header serves the tokenizer and template, then the weights.
         let gguf = GgufFile::open(path)?;
         let tokenizer = TextTokenizer::from_gguf(&gguf)?;
+        let token = |key: &str| -> Result<Option<String>> {
+            match gguf.metadata().get(key) {
+                Some(id) => Ok(tokenizer.token(id.to_u32()?)),
+                None => Ok(None),
+            }
+        };
         let jinja = match gguf.metadata().get("tokenizer.chat_template") {
-            Some(v) => Some(v.to_string()?.clone()),
+            Some(v) => Some(JinjaTemplate::new(
+                format!("{}: tokenizer.chat_template", path.display()),
+                v.to_string()?.clone(),
+                token("tokenizer.ggml.bos_token_id")?,
+                token("tokenizer.ggml.eos_token_id")?,
+            )?),
             None => None,
         };
-        let template = ChatTemplate::detect(jinja.as_deref(), &tokenizer)?;
+        let template = ChatTemplate::for_model(jinja, &tokenizer)?;
         let model = Transformer::from_gguf_file(gguf, options)?;
         Self::checked(model, tokenizer, template, path.to_path_buf())
     }
@@ -227,12 +153,19 @@ impl LanguageModel {
         let shards = files_with_extension(dir, "safetensors")?;
         let model = Transformer::from_safetensors(&dir.join("config.json"), &shards, options)?;
         let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
-        let jinja = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-            .ok()
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-            .and_then(|v| v.get("chat_template")?.as_str().map(str::to_string));
-        let template = ChatTemplate::detect(jinja.as_deref(), &tokenizer)?;
+        let template = ChatTemplate::for_model(hf_template(dir)?, &tokenizer)?;
         let weights = shards.first().cloned().unwrap_or_else(|| dir.to_path_buf());
+        Self::checked(model, tokenizer, template, weights)
+    }
+
+    /// A model from its parts (weights built in memory, a tokenizer and template of one's
+    /// choosing); `weights` names where the weights came from.
+    pub fn from_parts(
+        model: Transformer,
+        tokenizer: TextTokenizer,
+        template: ChatTemplate,
+        weights: PathBuf,
+    ) -> Result<Self> {
         Self::checked(model, tokenizer, template, weights)
     }
 
@@ -255,12 +188,15 @@ impl LanguageModel {
             tokenizer,
             template,
             weights,
+            draft: None,
         })
     }
 
-    /// Token ids of the prompt for `messages`.
+    /// Token ids of the prompt for `messages`. Control tokens come only from the template:
+    /// special-token strings inside contents are encoded as ordinary text.
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
-        self.tokenizer.encode(&self.template.render(messages))
+        self.tokenizer
+            .encode_prompt(&self.template.render_parts(messages)?)
     }
 
     /// Fails unless `draft` can draft for this model: the same vocabulary size and the same
@@ -284,6 +220,45 @@ impl LanguageModel {
     }
 }
 
+/// The Jinja template in a Hugging Face folder's `tokenizer_config.json` (a string, or the
+/// `default` one of a list of named templates), with its `bos_token` and `eos_token`.
+fn hf_template(dir: &Path) -> Result<Option<JinjaTemplate>> {
+    let path = dir.join("tokenizer_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let config: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let source = match config.get("chat_template") {
+        Some(serde_json::Value::String(source)) => source.clone(),
+        Some(serde_json::Value::Array(named)) => {
+            let default = named
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
+            match default.and_then(|t| t.get("template")?.as_str()) {
+                Some(source) => source.to_string(),
+                None => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    // A special token is written as its string or as an object with its `content`.
+    let token = |key: &str| {
+        let value = config.get(key)?;
+        value
+            .as_str()
+            .or_else(|| value.get("content")?.as_str())
+            .map(str::to_string)
+    };
+    JinjaTemplate::new(
+        format!("{}: chat_template", path.display()),
+        source,
+        token("bos_token"),
+        token("eos_token"),
+    )
+    .map(Some)
+}
+
 fn files_with_extension(dir: &Path, extension: &str) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -295,62 +270,4 @@ fn files_with_extension(dir: &Path, extension: &str) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chatml_with_default_system_and_history() {
-        let t = ChatTemplate::ChatMl {
-            default_system: Some("Be brief.".into()),
-        };
-        let text = t.render(&[
-            Message::user("Hi"),
-            Message::assistant("Hello!"),
-            Message::user("2+2?"),
-        ]);
-        assert_eq!(
-            text,
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
-             <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
-             <|im_start|>assistant\n"
-        );
-        let own = t.render(&[Message::system("Custom."), Message::user("Hi")]);
-        assert!(
-            own.starts_with("<|im_start|>system\nCustom.<|im_end|>\n")
-                && !own.contains("Be brief.")
-        );
-    }
-
-    #[test]
-    fn llama3_turns() {
-        let t = ChatTemplate::Llama3 {
-            default_system: None,
-        };
-        assert_eq!(
-            t.render(&[Message::user("Hi")]),
-            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>\
-             <|start_header_id|>assistant<|end_header_id|>\n\n"
-        );
-    }
-
-    #[test]
-    fn default_system_prompts_are_read_from_templates() {
-        let qwen = r"{%- else %}\n        {{- '<|im_start|>system\n' }}{%- if x %}{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}";
-        assert_eq!(
-            default_system(qwen, "<|im_start|>system", "<|im_end|>").as_deref(),
-            Some("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
-        );
-        let smol = "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}";
-        assert_eq!(
-            default_system(smol, "<|im_start|>system", "<|im_end|>").as_deref(),
-            Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
-        );
-        assert_eq!(
-            default_system("{{ messages }}", "<|im_start|>system", "<|im_end|>"),
-            None
-        );
-    }
 }

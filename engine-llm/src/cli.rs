@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use spec_core::{SamplingConfig, StopConditions};
 use tracing_subscriber::EnvFilter;
 
-use crate::{Error, LanguageModel, LoadOptions, Result};
+use crate::{Error, GenerateOptions, LanguageModel, LoadOptions, Result};
 
 /// The chat model `../shared/models/fetch` provides and the examples use by default.
 pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
@@ -112,6 +112,16 @@ impl GenerationArgs {
 
     pub fn rng(&self) -> StdRng {
         StdRng::seed_from_u64(self.seed)
+    }
+
+    /// The options of [`LanguageModel::chat`]: sampling, `--max-tokens` and `--seed`.
+    pub fn options(&self) -> GenerateOptions {
+        GenerateOptions {
+            sampling: self.sampling(),
+            ..GenerateOptions::default()
+        }
+        .max_tokens(self.max_tokens)
+        .seed(self.seed)
     }
 }
 

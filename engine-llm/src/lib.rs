@@ -1,10 +1,6 @@
-//! # engine-llm
-//!
-//! Qwen2 / Llama chat models on [`spec_core`]: one transformer ([`Transformer`]) for both
-//! families, loaded from GGUF or safetensors, implementing [`spec_core::Decoder`] so that every
-//! loop of `spec-core` (autoregressive, draft-model speculative, token trees) runs on it, and
-//! [`predgen`]: input-time speculation for voice assistants.
+#![doc = include_str!("../README.md")]
 
+pub mod answer;
 pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -12,15 +8,21 @@ pub mod config;
 mod error;
 pub mod load;
 pub mod predgen;
+pub mod template;
+#[doc(hidden)]
+pub mod testing;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use chat::{ChatTemplate, LanguageModel, Message, Role};
+pub use answer::{Answer, CancelToken, FinishReason, Flow, GenerateOptions, Speculation};
+pub use chat::{LanguageModel, Message, Role};
 pub use config::{Architecture, RopeLayout, TransformerConfig};
 pub use error::{Error, Result};
 pub use load::LoadOptions;
 pub use predgen::{Continuation, PredGen, PredGenConfig, Turn, TurnClock, Verifier};
+pub use spec_core::{DecodeStats, DraftLength, SamplingConfig};
 pub use spec_nn::{forward_costs, GgufFile, Requantize};
 pub use spec_voice;
-pub use tokenizer::TextTokenizer;
+pub use template::{ChatTemplate, JinjaTemplate, PromptPart};
+pub use tokenizer::{TextStream, TextTokenizer};
 pub use transformer::{CacheState, Transformer};

@@ -2,12 +2,13 @@
 //! Face safetensors: the two formats differ only in their tensor names and in where the
 //! hyper-parameters are kept; the blocks, shapes and re-quantization policy are `spec-nn`'s.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use spec_nn::{
-    GgufFile, Linear, Norm, Requantize, SafetensorsFiles, SelfAttention, SwiGlu, WeightLoader,
-    WeightSource,
+    GgufFile, Linear, Norm, Requantize, SafetensorsFiles, SelfAttention, StoredTensor, SwiGlu,
+    WeightLoader, WeightSource,
 };
 
 use crate::config::{Architecture, RopeLayout, TransformerConfig};
@@ -175,6 +176,47 @@ impl Transformer {
         let config = TransformerConfig::from_hf_json(&text)?;
         let files = SafetensorsFiles::open(shards, &options.device)?;
         let loader = WeightLoader::new(files, &options.device, options.requantize);
+        build(loader, config, Naming::HuggingFace, options)
+    }
+}
+
+/// Tensors held in memory under Hugging Face names.
+struct TensorMap(HashMap<String, Tensor>);
+
+impl WeightSource for TensorMap {
+    fn path(&self) -> &Path {
+        Path::new("(memory)")
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.get(name).map(|t| t.dims().to_vec())
+    }
+
+    fn tensor(&mut self, name: &str, _device: &Device) -> spec_nn::Result<StoredTensor> {
+        self.0
+            .remove(name)
+            .map(StoredTensor::Dense)
+            .ok_or_else(|| spec_nn::Error::MissingTensor {
+                path: self.path().to_path_buf(),
+                name: name.to_string(),
+            })
+    }
+}
+
+impl Transformer {
+    /// A model from tensors under Hugging Face names (`model.embed_tokens.weight`, ...), as
+    /// weights made or converted in memory come.
+    pub fn from_tensors(
+        config: TransformerConfig,
+        tensors: HashMap<String, Tensor>,
+        options: &LoadOptions,
+    ) -> Result<Self> {
+        config.validate()?;
+        let loader = WeightLoader::new(TensorMap(tensors), &options.device, options.requantize);
         build(loader, config, Naming::HuggingFace, options)
     }
 }

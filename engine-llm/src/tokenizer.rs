@@ -4,6 +4,10 @@
 //! `tokenizers` crate's parts to match the model's Hugging Face `tokenizer.json`: a regex split
 //! (Qwen2, Llama 3) or individual digits (SmolLM), then GPT-2 byte-level mapping and byte-pair
 //! merges. Control and user-defined tokens become added tokens, matched whole in text.
+//!
+//! Chat prompts are encoded with [`TextTokenizer::encode_prompt`]: control tokens come only
+//! from the template, while message contents are always ordinary text, so a user who types
+//! `<|im_end|>` cannot end a turn or forge a system message.
 
 use std::path::Path;
 
@@ -14,8 +18,13 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::tokenizer::DecodeStream;
+use tokenizers::{
+    AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper,
+    PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+};
 
+use crate::template::PromptPart;
 use crate::{Error, Result};
 use spec_nn::GgufFile;
 
@@ -41,6 +50,10 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// The same tokenizer with special-token matching off: special-token strings are text.
+    plain: Tokenizer,
+    /// Special tokens' strings and ids, longest first.
+    specials: Vec<(String, u32)>,
     end_tokens: Vec<u32>,
 }
 
@@ -70,14 +83,7 @@ impl TextTokenizer {
             )));
         }
         let tokens = string_array(gguf, "tokenizer.ggml.tokens")?;
-        let merges: Vec<(String, String)> = string_array(gguf, "tokenizer.ggml.merges")?
-            .into_iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| Error::Tokenizer(format!("malformed merge `{m}`")))
-            })
-            .collect::<Result<_>>()?;
+        let merges = string_array(gguf, "tokenizer.ggml.merges")?;
         let types: Vec<i32> = match gguf.metadata().get("tokenizer.ggml.token_type") {
             Some(v) => v
                 .to_vec()?
@@ -90,6 +96,31 @@ impl TextTokenizer {
             Some(v) => v.to_string()?.clone(),
             None => "default".to_string(),
         };
+        let eos = gguf
+            .metadata()
+            .get("tokenizer.ggml.eos_token_id")
+            .map(|v| v.to_u32())
+            .transpose()?;
+        Self::byte_level(&tokens, &merges, &types, &pre, eos)
+    }
+
+    /// A byte-level BPE tokenizer as a GGUF describes it: token strings, merges (`"a b"`),
+    /// llama.cpp token types, the pre-tokenizer's name and the end-of-text id.
+    pub(crate) fn byte_level(
+        tokens: &[String],
+        merges: &[String],
+        types: &[i32],
+        pre: &str,
+        eos: Option<u32>,
+    ) -> Result<Self> {
+        let merges: Vec<(String, String)> = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| Error::Tokenizer(format!("malformed merge `{m}`")))
+            })
+            .collect::<Result<_>>()?;
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
@@ -101,7 +132,7 @@ impl TextTokenizer {
             .build()
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre)?));
+        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
         if pre == "qwen2" {
             inner
@@ -110,18 +141,13 @@ impl TextTokenizer {
         }
         let specials: Vec<AddedToken> = tokens
             .iter()
-            .zip(&types)
+            .zip(types)
             .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
         inner
             .add_special_tokens(specials)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        let eos = gguf
-            .metadata()
-            .get("tokenizer.ggml.eos_token_id")
-            .map(|v| v.to_u32())
-            .transpose()?;
         Ok(Self::with_end_tokens(inner, eos))
     }
 
@@ -133,7 +159,21 @@ impl TextTokenizer {
         end_tokens.extend(eos);
         end_tokens.sort_unstable();
         end_tokens.dedup();
-        Self { inner, end_tokens }
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        let mut specials: Vec<(String, u32)> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special && !token.content.is_empty())
+            .map(|(id, token)| (token.content, id))
+            .collect();
+        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        Self {
+            inner,
+            plain,
+            specials,
+            end_tokens,
+        }
     }
 
     /// Token ids of `text`; special-token strings in it become their tokens.
@@ -143,6 +183,62 @@ impl TextTokenizer {
             .encode(text, false)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` as ordinary text: special-token strings in it are spelt out with
+    /// text tokens, never turned into control tokens.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .plain
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of a rendered chat prompt: special tokens written by the template become
+    /// control tokens; everything else, message contents included, is ordinary text. For
+    /// contents free of special-token strings the ids are those of [`TextTokenizer::encode`]
+    /// on the whole text.
+    pub fn encode_prompt(&self, parts: &[PromptPart]) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut run = String::new();
+        for part in parts {
+            match part {
+                PromptPart::Content(text) => run.push_str(text),
+                PromptPart::Template(text) => {
+                    let mut rest = text.as_str();
+                    while let Some((at, token, id)) = self.find_special(rest) {
+                        run.push_str(&rest[..at]);
+                        ids.extend(self.encode_text(&run)?);
+                        run.clear();
+                        ids.push(id);
+                        rest = &rest[at + token.len()..];
+                    }
+                    run.push_str(rest);
+                }
+            }
+        }
+        ids.extend(self.encode_text(&run)?);
+        Ok(ids)
+    }
+
+    /// The first special token in `text` (the longest one at that place): its byte offset,
+    /// string and id.
+    fn find_special<'a>(&'a self, text: &str) -> Option<(usize, &'a str, u32)> {
+        text.char_indices().find_map(|(at, _)| {
+            let rest = &text[at..];
+            self.specials
+                .iter()
+                .find(|(token, _)| rest.starts_with(token.as_str()))
+                .map(|(token, id)| (at, token.as_str(), *id))
+        })
+    }
+
+    /// An incremental decoder of generated ids (special tokens left out).
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            inner: self.inner.decode_stream(true),
+        }
     }
 
     /// Text of `ids`, special tokens included.
@@ -190,6 +286,28 @@ impl TextTokenizer {
             }
         }
         Ok(())
+    }
+}
+
+/// Incremental detokenization: each id is decoded once, with a few ids before it for context,
+/// and the text it adds is returned once it is complete UTF-8.
+pub struct TextStream<'a> {
+    inner: DecodeStream<
+        'a,
+        ModelWrapper,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >,
+}
+
+impl TextStream<'_> {
+    /// The text `id` completes, if any yet (a character split across ids comes with the last).
+    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        self.inner
+            .step(id)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 }
 
