@@ -315,7 +315,7 @@ impl LanguageModel {
 /// stop string is held back until it is known not to.
 struct Streamer<'a> {
     tokenizer: &'a TextTokenizer,
-    stream: TextStream<'a>,
+    stream: TextStream,
     stops: &'a [String],
     /// Text handed out so far.
     sent: String,

@@ -10,6 +10,7 @@
 //! `<|im_end|>` cannot end a turn or forge a system message.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -18,11 +19,8 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::tokenizer::DecodeStream;
-use tokenizers::{
-    AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper,
-    PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
-};
+use tokenizers::tokenizer::step_decode_stream;
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
 
 use crate::template::PromptPart;
 use crate::{Error, Result};
@@ -46,12 +44,12 @@ const END_TOKENS: [&str; 5] = [
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
-/// A tokenizer with the special tokens generation needs.
+/// A tokenizer with the special tokens generation needs; clones share the vocabulary.
 #[derive(Clone)]
 pub struct TextTokenizer {
-    inner: Tokenizer,
+    inner: Arc<Tokenizer>,
     /// The same tokenizer with special-token matching off: special-token strings are text.
-    plain: Tokenizer,
+    plain: Arc<Tokenizer>,
     /// Special tokens' strings and ids, longest first.
     specials: Vec<(String, u32)>,
     end_tokens: Vec<u32>,
@@ -169,8 +167,8 @@ impl TextTokenizer {
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         Self {
-            inner,
-            plain,
+            inner: Arc::new(inner),
+            plain: Arc::new(plain),
             specials,
             end_tokens,
         }
@@ -234,10 +232,14 @@ impl TextTokenizer {
         })
     }
 
-    /// An incremental decoder of generated ids (special tokens left out).
-    pub fn stream(&self) -> TextStream<'_> {
+    /// An incremental decoder of generated ids (special tokens left out); it holds a cheap
+    /// clone of the tokenizer, so it can outlive this borrow.
+    pub fn stream(&self) -> TextStream {
         TextStream {
-            inner: self.inner.decode_stream(true),
+            tokenizer: Arc::clone(&self.inner),
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
         }
     }
 
@@ -290,24 +292,27 @@ impl TextTokenizer {
 }
 
 /// Incremental detokenization: each id is decoded once, with a few ids before it for context,
-/// and the text it adds is returned once it is complete UTF-8.
-pub struct TextStream<'a> {
-    inner: DecodeStream<
-        'a,
-        ModelWrapper,
-        NormalizerWrapper,
-        PreTokenizerWrapper,
-        PostProcessorWrapper,
-        DecoderWrapper,
-    >,
+/// and the text it adds is returned once it is complete UTF-8 (`tokenizers`' decode-stream
+/// step, on a tokenizer this stream shares).
+pub struct TextStream {
+    tokenizer: Arc<Tokenizer>,
+    ids: Vec<u32>,
+    prefix: String,
+    prefix_index: usize,
 }
 
-impl TextStream<'_> {
+impl TextStream {
     /// The text `id` completes, if any yet (a character split across ids comes with the last).
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
-        self.inner
-            .step(id)
-            .map_err(|e| Error::Tokenizer(e.to_string()))
+        step_decode_stream(
+            &self.tokenizer,
+            vec![id],
+            true,
+            &mut self.ids,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        )
+        .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -22,8 +23,8 @@ use spec_core::{
 };
 
 use spec_voice::{
-    first_sentence_end, split_sentences, Partial, PreparedAudio, SentenceSynthesizer, SimClock,
-    Synthesis,
+    first_sentence_end, split_sentences, Partial, PreparedAudio, SentenceStream,
+    SentenceSynthesizer, SimClock, Synthesis,
 };
 
 use super::{Continuation, PredGenConfig, Verifier, JUDGE_PROMPT};
@@ -950,13 +951,28 @@ impl<'m> PredGen<'m> {
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
         let mut stop = StopConditions::new(budget).with_eos(end_tokens.iter().copied());
         if let Some(wanted) = until_sentences {
-            let tokenizer = self.model.tokenizer.clone();
-            let before = answer.tokens.clone();
+            // The answer's text is followed token by token: each one decoded once, each
+            // sentence found once.
+            let mut text = self.model.tokenizer.stream();
+            let mut sentences = SentenceStream::new();
+            for &token in &answer.tokens {
+                if let Some(delta) = text.push(token)? {
+                    sentences.push(&delta);
+                }
+            }
+            let seen = Mutex::new((text, sentences, 0));
             stop = stop.with_predicate(move |generated| {
-                let tokens: Vec<u32> = before.iter().chain(generated).copied().collect();
-                tokenizer
-                    .decode_text(&tokens)
-                    .is_ok_and(|text| split_sentences(&text, false).0.len() >= wanted)
+                let Ok(mut guard) = seen.lock() else {
+                    return true;
+                };
+                let (text, sentences, read) = &mut *guard;
+                for &token in &generated[*read..] {
+                    if let Ok(Some(delta)) = text.push(token) {
+                        sentences.push(&delta);
+                    }
+                }
+                *read = generated.len();
+                sentences.reported() >= wanted
             });
         }
         let target = &mut self.model.model;
