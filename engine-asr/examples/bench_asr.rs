@@ -508,6 +508,7 @@ fn main() -> Result<()> {
         ),
         tables: std::iter::once(real).chain(synthetic).collect(),
         notes,
+        ..Report::default()
     };
     print!("{}", report.markdown());
     if let Some(path) = &args.json {

@@ -194,6 +194,7 @@ fn main() -> Result<()> {
                 .map(|a| format!("{:.1} %", 100.0 * a))
                 .collect::<Vec<_>>()
         )],
+        ..Report::default()
     };
     print!("{}", report.markdown());
     if let Some(path) = &args.json {

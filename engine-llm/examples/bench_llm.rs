@@ -511,6 +511,7 @@ fn main() -> Result<()> {
         ),
         tables,
         notes: Vec::new(),
+        ..Report::default()
     };
     print!("{}", report.markdown());
     if let Some(path) = json_path {

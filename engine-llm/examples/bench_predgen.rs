@@ -1,19 +1,27 @@
-//! PredGen benchmark (`cargo xtask bench predgen`): MT-Bench questions, both turns with the
-//! history kept, spoken at a speaking rate into PredGen with each verifier and continuation,
-//! against the plain cascade (wait for the whole question, generate, synthesize) of the same
-//! model in the same run. Every setup answers a question back to back, so the machine's drift
-//! hits all of them alike.
+//! PredGen benchmark (`cargo xtask bench predgen`): two sets of spoken questions, every turn
+//! with the conversation's history kept, spoken at a speaking rate into PredGen with each
+//! verifier and continuation, against the plain cascade (wait for the whole question, generate,
+//! synthesize) of the same model in the same run:
+//! - MT-Bench: long written questions, both turns;
+//! - voice: everyday questions a voice assistant hears (`engine-llm/data/voice_questions.txt`,
+//!   written for this benchmark: short, single and two-turn conversations).
+//!
+//! Every setup answers a conversation back to back, so the machine's drift hits all of them
+//! alike.
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example bench_predgen -- [--questions 4 | --all] \
-//!     [--model M] [--draft D] [--max-tokens N] [--rate CPM] [--json PATH] [--plot SVG]
+//!     [--conversations N] [--set both|mt-bench|voice] [--model M] [--draft D] \
+//!     [--max-tokens N] [--rate CPM] [--json PATH] [--plots DIR]
 //! ```
 //!
-//! Writes the paper's Table 1 (TTFS, NFETFS, audio latency, agreement, speed-up) and an SVG of
-//! the latency distribution (default `results/predgen-latency.svg`).
+//! Writes the paper's Table 1 (TTFS, NFETFS, audio latency, agreement, speed-up) per set, every
+//! turn's latencies in the JSON (`details`), and per set an SVG of the latency distribution
+//! (`predgen-latency-SET.svg`) and one of each turn against the cascade
+//! (`predgen-turns-SET.svg`).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -65,7 +73,16 @@ fn setups() -> Vec<Setup> {
     ]
 }
 
-/// PredGen against the plain cascade on MT-Bench, every setup in the same run.
+/// Which question sets to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Sets {
+    Both,
+    MtBench,
+    Voice,
+}
+
+/// PredGen against the plain cascade on MT-Bench and on everyday voice questions, every setup
+/// in the same run.
 #[derive(Parser)]
 struct Options {
     #[command(flatten)]
@@ -75,13 +92,25 @@ struct Options {
     #[arg(long, default_value = "qwen2.5-coder-0.5b-instruct")]
     draft: String,
 
+    /// The question sets
+    #[arg(long, value_enum, default_value_t = Sets::Both)]
+    set: Sets,
+
     /// MT-Bench questions, spread evenly over its categories
     #[arg(long = "questions", default_value_t = 4, conflicts_with = "all")]
     count: usize,
 
-    /// All 80 questions
+    /// All 80 MT-Bench questions
     #[arg(long)]
     all: bool,
+
+    /// Conversations of the voice set [default: all]
+    #[arg(long)]
+    conversations: Option<usize>,
+
+    /// The voice set's file: one conversation per block, one question per line
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/voice_questions.txt"))]
+    voice_questions: PathBuf,
 
     /// Most tokens per answer
     #[arg(long, default_value_t = 64)]
@@ -95,9 +124,33 @@ struct Options {
     #[arg(long)]
     json: Option<PathBuf>,
 
-    /// Where to draw the latency distribution (SVG)
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/predgen-latency.svg"))]
-    plot: PathBuf,
+    /// Folder for the plots (SVG)
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../results"))]
+    plots: PathBuf,
+}
+
+/// Conversations of the voice set: blocks separated by blank lines, a question per line, `#`
+/// comment lines.
+fn voice_conversations(path: &Path) -> Result<Vec<Vec<String>>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut conversations = vec![Vec::new()];
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('#') {
+            continue;
+        }
+        if line.is_empty() {
+            conversations.push(Vec::new());
+        } else {
+            conversations.last_mut().unwrap().push(line.to_string());
+        }
+    }
+    conversations.retain(|c| !c.is_empty());
+    anyhow::ensure!(
+        !conversations.is_empty(),
+        "{}: no questions",
+        path.display()
+    );
+    Ok(conversations)
 }
 
 /// Both turns of one question with one setup, in a fresh conversation.
@@ -223,38 +276,129 @@ fn latency_svg(rows: &[(&str, Vec<f64>)], caption: &str) -> String {
     svg
 }
 
-fn main() -> Result<()> {
-    init_logging();
-    let options = Options::parse();
-    let store = spec_models::Store::from_env()?;
-    let count = (!options.all).then_some(options.count);
-    let questions: Vec<Vec<String>> = mt_bench::spread(mt_bench::questions(&store)?, count)
+/// A scatter of every turn: the cascade's audio latency across, each method's up, with the
+/// line where they are equal and the one 5 % above it.
+fn turns_svg(cascade: &[f64], methods: &[(&str, Vec<f64>)], caption: &str) -> String {
+    const COLOURS: [&str; 6] = [
+        "#c0392b", "#2471a3", "#1e8449", "#b9770e", "#7d3c98", "#566573",
+    ];
+    let (left, top, size) = (60.0, 40.0, 420.0);
+    let max = cascade
+        .iter()
+        .chain(methods.iter().flat_map(|(_, v)| v))
+        .fold(0.5f64, |a, &b| a.max(b));
+    let step = [0.25, 0.5, 1.0, 2.0, 5.0]
         .into_iter()
-        .map(|q| q.turns)
-        .collect();
-    let mut model = options.model.open()?;
-    let mut draft = open_model(&options.draft, &LoadOptions::default())?;
-    let setups = setups();
-
-    // Warm-up (weights are repacked on first use), untimed.
-    let warm_up = vec!["What is the capital of France?".to_string()];
-    for setup in &setups {
-        run_question(&mut model, &mut draft, setup, &warm_up, &options)?;
+        .find(|s| max / s <= 8.0)
+        .unwrap_or(10.0);
+    let scale_max = (max / step).ceil() * step;
+    let x = |v: f64| left + v / scale_max * size;
+    let y = |v: f64| top + size - v / scale_max * size;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="13">"#,
+        left + size + 230.0,
+        top + size + 50.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-weight="bold">{caption}</text>"#
+    );
+    let mut tick = 0.0;
+    while tick <= scale_max + 1e-9 {
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{0}" x2="{0}" y1="{top}" y2="{1}" stroke="#eee"/><line x1="{left}" x2="{2}" y1="{3}" y2="{3}" stroke="#eee"/><text x="{0}" y="{4}" text-anchor="middle">{tick}</text><text x="{5}" y="{6}" text-anchor="end">{tick}</text>"##,
+            x(tick),
+            top + size,
+            left + size,
+            y(tick),
+            top + size + 16.0,
+            left - 6.0,
+            y(tick) + 4.0
+        );
+        tick += step;
     }
-    let mut results: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
-    let bar = progress_bar(questions.len(), "questions");
-    for (i, turns) in questions.iter().enumerate() {
-        for (setup, result) in setups.iter().zip(results.iter_mut()) {
-            result.extend(run_question(
-                &mut model, &mut draft, setup, turns, &options,
-            )?);
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#333"/><line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#333" stroke-dasharray="4 3"/>"##,
+        x(0.0),
+        y(0.0),
+        x(scale_max),
+        y(scale_max),
+        x(0.0),
+        y(0.0),
+        x(scale_max / 1.05),
+        y(scale_max)
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">cascade's audio latency (s)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">method's audio latency (s)</text>"#,
+        left + size / 2.0,
+        top + size + 40.0,
+        top + size / 2.0,
+        top + size / 2.0
+    );
+    for (i, (label, values)) in methods.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let _ = writeln!(
+            svg,
+            r#"<circle cx="{}" cy="{}" r="5" fill="{colour}"/><text x="{}" y="{}">{label}</text>"#,
+            left + size + 30.0,
+            top + 20.0 + i as f64 * 22.0,
+            left + size + 42.0,
+            top + 25.0 + i as f64 * 22.0
+        );
+        for (&c, &v) in cascade.iter().zip(values) {
+            let _ = writeln!(
+                svg,
+                r#"<circle cx="{}" cy="{}" r="3.5" fill="{colour}" fill-opacity="0.7"/>"#,
+                x(c),
+                y(v)
+            );
         }
-        let latest = |s: usize| seconds(results[s].last().unwrap().audio_latency);
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" font-size="11">solid: same latency; dashed: 5 % slower</text>"#,
+        left + size + 30.0,
+        top + 25.0 + methods.len() as f64 * 22.0
+    );
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// One question set's turns for every setup, the plain cascade first.
+struct SetRun {
+    /// The set's name in file names and tables.
+    name: &'static str,
+    title: String,
+    /// Per setup, every turn in order.
+    results: Vec<Vec<Turn>>,
+}
+
+/// Runs every setup on every conversation of a set, back to back per conversation.
+fn run_set(
+    model: &mut LanguageModel,
+    draft: &mut LanguageModel,
+    setups: &[Setup],
+    conversations: &[Vec<String>],
+    options: &Options,
+    name: &'static str,
+) -> Result<Vec<Vec<Turn>>> {
+    let mut results: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
+    let bar = progress_bar(conversations.len(), name);
+    for (i, turns) in conversations.iter().enumerate() {
+        for (setup, result) in setups.iter().zip(results.iter_mut()) {
+            result.extend(run_question(model, draft, setup, turns, options)?);
+        }
         bar.inc(1);
+        let latest = |s: usize| seconds(results[s].last().unwrap().audio_latency);
         tracing::info!(
-            "question {}/{}: audio latency {}",
+            "{name} {}/{}: audio latency {}",
             i + 1,
-            questions.len(),
+            conversations.len(),
             setups
                 .iter()
                 .enumerate()
@@ -264,19 +408,16 @@ fn main() -> Result<()> {
         );
     }
     bar.finish_and_clear();
+    Ok(results)
+}
 
-    let baseline = &results[0];
+/// The paper's Table 1 for one set.
+fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
+    let baseline = &run.results[0];
     let baseline_latency = mean(baseline.iter().map(|t| seconds(t.audio_latency)));
     let turn_count = baseline.len();
     let mut table = Table::new(
-        format!(
-            "MT-Bench, {} questions × 2 turns, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms",
-            questions.len(),
-            options.rate,
-            options.model.model,
-            options.draft,
-            options.max_tokens
-        ),
+        run.title.clone(),
         &[
             "method",
             "TTFS (s)",
@@ -284,6 +425,7 @@ fn main() -> Result<()> {
             "audio latency (s)",
             "median / p90 (s)",
             "speed-up",
+            "turns > 5 % slower",
             "first sentence = baseline",
             "answer similarity",
             "answer = baseline",
@@ -291,8 +433,7 @@ fn main() -> Result<()> {
             "tokens during input",
         ],
     );
-    let mut plot_rows = Vec::new();
-    for (setup, turns) in setups.iter().zip(&results) {
+    for (setup, turns) in setups.iter().zip(&run.results) {
         let latencies: Vec<f64> = turns.iter().map(|t| seconds(t.audio_latency)).collect();
         let latency = mean(latencies.iter().copied());
         let same = |f: &dyn Fn(&Turn, &Turn) -> bool| {
@@ -317,6 +458,10 @@ fn main() -> Result<()> {
             format!("{:.2}×", baseline_latency / latency.max(1e-9)),
             format!(
                 "{}/{turn_count}",
+                same(&|a, b| a.audio_latency.as_secs_f64() > 1.05 * b.audio_latency.as_secs_f64())
+            ),
+            format!(
+                "{}/{turn_count}",
                 same(&|a, b| a.first_sentence == b.first_sentence)
             ),
             format!(
@@ -338,42 +483,162 @@ fn main() -> Result<()> {
                 mean(turns.iter().map(|t| t.tokens_during_input as f64))
             ),
         ]);
-        plot_rows.push((setup.label, latencies));
     }
-    let svg = latency_svg(
-        &plot_rows,
+    table
+}
+
+/// Every turn's audio latency per setup (ms) and whether its answer is the cascade's.
+fn turns_table(run: &SetRun, setups: &[Setup]) -> Table {
+    let mut columns = vec!["turn".to_string(), "question".to_string()];
+    for setup in setups {
+        columns.push(format!("{} (ms)", setup.label));
+    }
+    for setup in &setups[1..] {
+        columns.push(format!("{}: answer = baseline", setup.label));
+    }
+    let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+    let mut table = Table::new(format!("{}: every turn", run.title), &columns);
+    let baseline = &run.results[0];
+    for (i, turn) in baseline.iter().enumerate() {
+        let mut row = vec![(i + 1).to_string(), turn.question.clone()];
+        for turns in &run.results {
+            row.push(format!("{:.0}", seconds(turns[i].audio_latency) * 1e3));
+        }
+        for turns in &run.results[1..] {
+            row.push((turns[i].answer == turn.answer).to_string());
+        }
+        table.push(row);
+    }
+    table
+}
+
+fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
+    let baseline = &run.results[0];
+    let baseline_latency = mean(baseline.iter().map(|t| seconds(t.audio_latency)));
+    let turn_count = baseline.len();
+    setups
+        .iter()
+        .zip(&run.results)
+        .skip(1)
+        .map(|(setup, turns)| {
+            let latency = mean(turns.iter().map(|t| seconds(t.audio_latency)));
+            let worst = turns
+                .iter()
+                .zip(baseline)
+                .map(|(a, b)| seconds(a.audio_latency) / seconds(b.audio_latency).max(1e-9))
+                .fold(0.0, f64::max);
+            format!(
+                "{}, {}: audio latency {:.2} s against {:.2} s, {:.2}× faster than the plain cascade; slowest turn {:.2}× the cascade's latency; {} of {} answers identical to it.",
+                run.name,
+                setup.label,
+                latency,
+                baseline_latency,
+                baseline_latency / latency.max(1e-9),
+                worst,
+                turns.iter().zip(baseline).filter(|(a, b)| a.answer == b.answer).count(),
+                turn_count
+            )
+        })
+        .collect()
+}
+
+fn write_plots(run: &SetRun, setups: &[Setup], folder: &Path) -> Result<()> {
+    let latencies =
+        |turns: &[Turn]| -> Vec<f64> { turns.iter().map(|t| seconds(t.audio_latency)).collect() };
+    let rows: Vec<(&str, Vec<f64>)> = setups
+        .iter()
+        .zip(&run.results)
+        .map(|(s, turns)| (s.label, latencies(turns)))
+        .collect();
+    let turns = run.results[0].len();
+    let strip = latency_svg(
+        &rows,
         &format!(
-            "PredGen: audio latency per turn, MT-Bench ({} turns), {}",
-            turn_count, options.model.model
+            "PredGen: audio latency per turn, {} ({turns} turns)",
+            run.name
         ),
     );
-    std::fs::write(&options.plot, svg).with_context(|| options.plot.display().to_string())?;
-
-    let mut notes = Vec::new();
-    for (setup, turns) in setups.iter().zip(&results).skip(1) {
-        let latency = mean(turns.iter().map(|t| seconds(t.audio_latency)));
-        notes.push(format!(
-            "{}: audio latency {:.2} s against {:.2} s, {:.2}× faster than the plain cascade; {} of {} answers identical to it.",
-            setup.label,
-            latency,
-            baseline_latency,
-            baseline_latency / latency.max(1e-9),
-            turns.iter().zip(baseline).filter(|(a, b)| a.answer == b.answer).count(),
-            turn_count
-        ));
+    let scatter = turns_svg(
+        &rows[0].1,
+        &rows[1..],
+        &format!(
+            "PredGen: each turn against the cascade, {} ({turns} turns)",
+            run.name
+        ),
+    );
+    for (kind, svg) in [("latency", strip), ("turns", scatter)] {
+        let path = folder.join(format!("predgen-{kind}-{}.svg", run.name));
+        std::fs::write(&path, svg).with_context(|| path.display().to_string())?;
     }
-    let count_flag = match count {
-        Some(n) => format!("--questions {n}"),
-        None => "--all".into(),
-    };
-    let report = Report {
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    init_logging();
+    let options = Options::parse();
+    let store = spec_models::Store::from_env()?;
+    let count = (!options.all).then_some(options.count);
+    let mut sets: Vec<(&'static str, String, Vec<Vec<String>>)> = Vec::new();
+    if options.set != Sets::Voice {
+        let questions: Vec<Vec<String>> = mt_bench::spread(mt_bench::questions(&store)?, count)
+            .into_iter()
+            .map(|q| q.turns)
+            .collect();
+        let title = format!("MT-Bench, {} questions × 2 turns", questions.len());
+        sets.push(("mt-bench", title, questions));
+    }
+    if options.set != Sets::MtBench {
+        let mut conversations = voice_conversations(&options.voice_questions)?;
+        conversations.truncate(options.conversations.unwrap_or(usize::MAX));
+        let turns: usize = conversations.iter().map(Vec::len).sum();
+        let title = format!(
+            "Voice questions, {} conversations ({turns} turns)",
+            conversations.len()
+        );
+        sets.push(("voice", title, conversations));
+    }
+    let mut model = options.model.open()?;
+    let mut draft = open_model(&options.draft, &LoadOptions::default())?;
+    let setups = setups();
+
+    // Warm-up (weights are repacked on first use), untimed.
+    let warm_up = vec!["What is the capital of France?".to_string()];
+    for setup in &setups {
+        run_question(&mut model, &mut draft, setup, &warm_up, &options)?;
+    }
+    let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_predgen -- {count_flag} --max-tokens {}",
+            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {}",
+            match count {
+                Some(n) => format!("--questions {n}"),
+                None => "--all".into(),
+            },
             options.max_tokens
         ),
-        tables: vec![table],
-        notes,
+        ..Report::default()
     };
+    for (name, title, conversations) in sets {
+        let results = run_set(
+            &mut model,
+            &mut draft,
+            &setups,
+            &conversations,
+            &options,
+            name,
+        )?;
+        let run = SetRun {
+            name,
+            title: format!(
+                "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms",
+                options.rate, options.model.model, options.draft, options.max_tokens
+            ),
+            results,
+        };
+        report.tables.push(summary_table(&run, &setups));
+        report.details.push(turns_table(&run, &setups));
+        report.notes.extend(set_notes(&run, &setups));
+        write_plots(&run, &setups, &options.plots)?;
+    }
     print!("{}", report.markdown());
     if let Some(path) = options.json {
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)

@@ -403,3 +403,55 @@ fn live_api_misuse_is_a_clear_error() {
     assert!(err.to_string().contains("without a final"), "{err}");
     assert!(session.history().is_empty());
 }
+
+#[test]
+fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
+    use spec_core::ForwardCosts;
+    let scratch = tempfile::tempdir().unwrap();
+    let turns = vec![
+        corrected_inputs("what is 1 + 23?"),
+        spoken_at_rate("and what is it times four, roughly?", 600.0).unwrap(),
+    ];
+    let plain = |continuation| PredGenConfig {
+        cost_aware: false,
+        ..config(Verifier::Greedy, continuation)
+    };
+    let mut reference_model = tiny_chat_model(scratch.path(), 9);
+    let mut reference =
+        PredGen::new(&mut reference_model, plain(Continuation::Autoregressive)).unwrap();
+    let expected = run_turns(&mut reference, &turns, true);
+
+    // Every token costs as much as a forward: no guessed token is worth carrying, so each check
+    // judges a single guessed token with the forward's last row. Flat costs: the whole guess.
+    let linear = ForwardCosts::from_points(&[(1, 0.01), (64, 0.64)]).unwrap();
+    let flat = ForwardCosts::from_points(&[(1, 0.01), (64, 0.01)]).unwrap();
+    let mut checks = Vec::new();
+    for costs in [linear, flat] {
+        for continuation in [
+            Continuation::Autoregressive,
+            Continuation::Jacobi { window: 4 },
+        ] {
+            let mut model = tiny_chat_model(scratch.path(), 9);
+            let cfg = PredGenConfig {
+                cost_aware: true,
+                ..plain(continuation)
+            };
+            let mut session = PredGen::new(&mut model, cfg)
+                .unwrap()
+                .with_costs(costs.clone());
+            let got = run_turns(&mut session, &turns, false);
+            let mut verifications = 0;
+            for (got, expected) in got.iter().zip(&expected) {
+                assert_eq!(got.answer, expected.answer, "{continuation:?}");
+                verifications += got
+                    .timeline
+                    .iter()
+                    .filter(|e| matches!(e.kind, EventKind::Verified { .. }))
+                    .count();
+            }
+            checks.push(verifications);
+        }
+    }
+    // Checking one token at a time takes more checks than checking whole guesses.
+    assert!(checks[0] > checks[2], "{checks:?}");
+}

@@ -355,6 +355,7 @@ fn main() -> Result<()> {
         ),
         tables,
         notes,
+        ..Report::default()
     };
     print!("{}", report.markdown());
     if let Some(path) = &args.json {

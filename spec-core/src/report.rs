@@ -53,6 +53,10 @@ pub struct Report {
     pub tables: Vec<Table>,
     /// Remarks printed after the tables (one paragraph each).
     pub notes: Vec<String>,
+    /// Tables kept in the JSON only, not in the markdown: per-item rows (every turn, every
+    /// clip) behind the summary tables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<Table>,
 }
 
 impl Report {
@@ -86,6 +90,7 @@ mod tests {
             command: "x".into(),
             tables: vec![table.clone()],
             notes: vec!["Note.".into()],
+            details: vec![table.clone()],
         };
         assert_eq!(
             report.markdown(),

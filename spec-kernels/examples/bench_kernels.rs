@@ -151,6 +151,7 @@ fn main() -> Result<()> {
             "The instruction set used by default here: {:?}. All paths give bit-identical results.",
             Isa::best()
         )],
+        ..Report::default()
     };
     print!("{}", report.markdown());
     if let Some(path) = json {

@@ -130,6 +130,12 @@ pub struct PredGenConfig {
     pub max_guess_tokens: usize,
     /// Most tokens of an answer.
     pub max_answer_tokens: usize,
+    /// Decide from the model's measured forward costs (measured once per model and cached
+    /// beside its weights) how many guessed tokens each verification carries, whether Jacobi
+    /// decoding is worth running, and the draft model's draft lengths, so that speculating
+    /// never costs more than it is expected to save. Off: every verification carries the whole
+    /// guess and the continuation always runs as configured (the paper's algorithm).
+    pub cost_aware: bool,
 }
 
 impl Default for PredGenConfig {
@@ -141,6 +147,7 @@ impl Default for PredGenConfig {
             tokens_per_step: 4,
             max_guess_tokens: 48,
             max_answer_tokens: 256,
+            cost_aware: true,
         }
     }
 }

@@ -17,10 +17,11 @@ use spec_core::acceptance::Acceptance;
 use spec_core::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, generate, jacobi_generate, speculative_generate, AcceptanceRule, Decoder,
-    DraftLength, FinishReason, Generation, LogitRows, SamplingConfig, SpeculativeConfig,
-    StopConditions,
+    forward_continuation, generate, jacobi_generate, speculative_generate, AcceptanceRule,
+    CostAwarePolicy, Decoder, DraftLength, FinishReason, ForwardCosts, Generation, LogitRows,
+    SamplingConfig, SpeculativeConfig, StopConditions,
 };
+use spec_nn::forward_costs;
 
 use spec_voice::{
     first_sentence_end, split_sentences, Partial, PreparedAudio, SentenceStream,
@@ -167,13 +168,72 @@ pub struct Turn {
 #[derive(Clone, Debug, Default)]
 struct Answer {
     tokens: Vec<u32>,
+    /// `tokens[..settled]` hold for the current prompt (verified, or the model's own); the rest
+    /// is guessed and waits for verification.
+    settled: usize,
     done: bool,
+}
+
+impl Answer {
+    fn unsettled(&self) -> bool {
+        self.settled < self.tokens.len()
+    }
+
+    fn settled_tokens(&self) -> &[u32] {
+        &self.tokens[..self.settled]
+    }
+
+    /// Appends tokens of the model's own.
+    fn extend_settled(&mut self, tokens: impl IntoIterator<Item = u32>) {
+        debug_assert!(!self.unsettled());
+        self.tokens.extend(tokens);
+        self.settled = self.tokens.len();
+    }
+}
+
+/// How often a guessed token holds when it is verified: decayed counts of tokens that held
+/// and of breaks, from a prior of 0.8.
+#[derive(Clone, Copy, Debug)]
+struct Survival {
+    held: f64,
+    broke: f64,
+}
+
+impl Default for Survival {
+    fn default() -> Self {
+        Self {
+            held: 4.0,
+            broke: 1.0,
+        }
+    }
+}
+
+impl Survival {
+    const DECAY: f64 = 0.95;
+
+    fn rate(&self) -> f64 {
+        (self.held / (self.held + self.broke)).clamp(0.0, 0.99)
+    }
+
+    /// `judged` guessed tokens were verified and the first `held` of them held.
+    fn observe(&mut self, judged: usize, held: usize) {
+        if judged == 0 {
+            return;
+        }
+        self.held = Self::DECAY * self.held + held as f64;
+        self.broke = Self::DECAY * self.broke + f64::from(u8::from(held < judged));
+    }
 }
 
 /// What verifying a guess gave.
 struct Check {
+    /// Guessed tokens waiting for verification before this check.
     guessed: usize,
+    /// Guessed tokens that held.
     kept: usize,
+    /// The model's own tokens added after the kept ones (its correction, or none when the
+    /// check covered only part of the guess and all of it held).
+    produced: usize,
     /// The guess after the first token not kept: Jacobi's starting guess.
     rejected_tail: Vec<u32>,
     forwards: usize,
@@ -190,6 +250,14 @@ pub struct PredGen<'m> {
     config: PredGenConfig,
     history: Vec<Message>,
     turn: Option<TurnState>,
+    /// The target's measured forward costs, when the config is cost-aware.
+    costs: Option<ForwardCosts>,
+    /// How often guessed tokens held so far in this session.
+    survival: Survival,
+    /// Decayed tokens and forwards of the Jacobi continuation, to tell whether it pays.
+    jacobi_rate: (f64, f64),
+    /// The draft-model continuation's draft lengths, chosen from both models' costs.
+    draft_policy: Option<CostAwarePolicy>,
 }
 
 /// Token ids of the judge's two answers, in the spellings a model may start with.
@@ -239,6 +307,10 @@ impl<'m> PredGen<'m> {
             Verifier::Reflection => Some(JudgeTokens::new(&model.tokenizer)?),
             _ => None,
         };
+        let costs = match config.cost_aware {
+            true => Some(forward_costs(&mut model.model, &model.weights)?),
+            false => None,
+        };
         Ok(Self {
             judge_cache: model.model.new_cache(),
             judge_tokens,
@@ -247,14 +319,34 @@ impl<'m> PredGen<'m> {
             config,
             history: Vec::new(),
             turn: None,
+            costs,
+            survival: Survival::default(),
+            jacobi_rate: (0.0, 0.0),
+            draft_policy: None,
         })
     }
 
     /// Attaches the draft model of [`Continuation::DraftModel`]; it must share the vocabulary.
     pub fn with_draft(mut self, draft: &'m mut LanguageModel) -> Result<Self> {
         self.model.check_draft(draft)?;
+        if let (Some(costs), Continuation::DraftModel { gamma }) =
+            (&self.costs, self.config.continuation)
+        {
+            let draft_costs = forward_costs(&mut draft.model, &draft.weights)?;
+            self.draft_policy = Some(CostAwarePolicy::new(costs.clone(), draft_costs, gamma));
+        }
         self.draft = Some(draft);
         Ok(self)
+    }
+
+    /// Uses `costs` as the target's forward costs (seconds per forward by token count) instead
+    /// of the measured ones, e.g. costs measured elsewhere; ignored unless the config is
+    /// cost-aware.
+    pub fn with_costs(mut self, costs: ForwardCosts) -> Self {
+        if self.config.cost_aware {
+            self.costs = Some(costs);
+        }
+        self
     }
 
     /// The settings.
@@ -484,8 +576,9 @@ impl<'m> PredGen<'m> {
         match turn.phase {
             Phase::Listening => self.listen(turn, tts),
             Phase::FirstSentence => {
-                self.complete_first_sentence(turn)?;
-                turn.phase = Phase::Speaking;
+                if self.complete_first_sentence(turn)? {
+                    turn.phase = Phase::Speaking;
+                }
                 Ok(Status::Working)
             }
             Phase::Speaking => {
@@ -515,7 +608,14 @@ impl<'m> PredGen<'m> {
         }
         let generate_now = turn.just_verified || turn.pending.is_none();
         turn.just_verified = false;
-        if generate_now && self.guess_wanted(turn)? {
+        if generate_now && turn.guess.unsettled() && turn.heard_prompt.is_some() {
+            // The rest of a guess that held so far: checking it is cheaper than generating.
+            let prompt = turn.heard_prompt.clone().unwrap_or_default();
+            let text = turn.heard_text.clone();
+            let check = self.check_rest(turn, &prompt, &text)?;
+            turn.forwards_during_input += check.forwards;
+            turn.tokens_during_input += check.produced;
+        } else if generate_now && self.guess_wanted(turn)? {
             self.guess_on(turn)?;
         } else if let Some(partial) = turn.pending.take() {
             self.verify_partial(turn, &partial)?;
@@ -540,14 +640,29 @@ impl<'m> PredGen<'m> {
         turn.timeline.push(turn.event(heard_event(partial)));
         let started = Instant::now();
         let prompt = self.prompt_for(&partial.text)?;
+        // A new prompt: the whole guess is to be checked again.
+        turn.guess.settled = 0;
         let check = self.verify(&prompt, &partial.text, &mut turn.guess)?;
         turn.clock.charge(started.elapsed());
         turn.forwards_during_input += check.forwards;
-        turn.tokens_during_input += turn.guess.tokens.len().saturating_sub(check.kept);
+        turn.tokens_during_input += check.produced;
         turn.timeline.push(turn.event(verified_event(&check)));
         turn.rejected_tail = check.rejected_tail;
         turn.heard_prompt = Some(prompt);
+        turn.heard_text = partial.text.clone();
         Ok(())
+    }
+
+    /// Checks the next part of a guess whose start held for `prompt`.
+    fn check_rest(&mut self, turn: &mut TurnState, prompt: &[u32], text: &str) -> Result<Check> {
+        let started = Instant::now();
+        let check = self.verify(prompt, text, &mut turn.guess)?;
+        turn.clock.charge(started.elapsed());
+        turn.timeline.push(turn.event(verified_event(&check)));
+        if !check.rejected_tail.is_empty() {
+            turn.rejected_tail = check.rejected_tail.clone();
+        }
+        Ok(check)
     }
 
     fn guess_on(&mut self, turn: &mut TurnState) -> Result<()> {
@@ -600,6 +715,7 @@ impl<'m> PredGen<'m> {
         match turn.kind {
             TurnKind::Speculative => {
                 turn.guessed_at_end = turn.guess.tokens.len();
+                turn.guess.settled = 0;
                 let started = Instant::now();
                 let check = self.verify(&prompt, &final_input.text, &mut turn.guess)?;
                 turn.clock.charge(started.elapsed());
@@ -633,9 +749,18 @@ impl<'m> PredGen<'m> {
 
     /// Generates on until the answer's first sentence is complete, if verification did not
     /// leave one.
-    fn complete_first_sentence(&mut self, turn: &mut TurnState) -> Result<()> {
-        if turn.guess.done || self.first_sentence(&turn.guess)?.is_some() {
-            return Ok(());
+    fn complete_first_sentence(&mut self, turn: &mut TurnState) -> Result<bool> {
+        if self.settled_first_sentence(&turn.guess)?.is_some()
+            || (turn.guess.done && !turn.guess.unsettled())
+        {
+            return Ok(true);
+        }
+        if turn.guess.unsettled() {
+            let (prompt, text) = (turn.prompt.clone(), turn.question.clone());
+            let check = self.check_rest(turn, &prompt, &text)?;
+            turn.forwards_to_first_sentence += check.forwards;
+            turn.kept_at_end += check.kept;
+            return Ok(false);
         }
         let started = Instant::now();
         let before = turn.guess.tokens.len();
@@ -653,7 +778,7 @@ impl<'m> PredGen<'m> {
         turn.forwards_to_first_sentence += gen.stats.target_forwards;
         let generated = self.generated_event(&turn.guess.tokens[before..])?;
         turn.timeline.push(turn.event(generated));
-        Ok(())
+        Ok(true)
     }
 
     /// The first sentence is complete: its audio plays, prepared ahead of time if the guess
@@ -666,7 +791,7 @@ impl<'m> PredGen<'m> {
         let first_at = turn.clock.now();
         turn.first_sentence_at = first_at;
         // An answer cut off before its first sentence ends is spoken whole.
-        let first_sentence = match self.first_sentence(&turn.guess)? {
+        let first_sentence = match self.settled_first_sentence(&turn.guess)? {
             Some(sentence) => sentence,
             None => self.answer_text(&turn.guess)?,
         };
@@ -709,24 +834,32 @@ impl<'m> PredGen<'m> {
         tts: &mut dyn SentenceSynthesizer,
     ) -> Result<Status> {
         let max = self.config.max_answer_tokens;
-        if turn.guess.done || turn.guess.tokens.len() >= max {
+        if turn.guess.unsettled() {
+            let (prompt, text) = (turn.prompt.clone(), turn.question.clone());
+            self.check_rest(turn, &prompt, &text)?;
+        } else if turn.guess.done || turn.guess.tokens.len() >= max {
             return self.finish_turn(turn).map(|t| Status::Done(Box::new(t)));
+        } else {
+            let started = Instant::now();
+            let budget = max - turn.guess.tokens.len();
+            let prompt = turn.prompt.clone();
+            let continuation = turn.continuation(&self.config);
+            self.extend_with(
+                continuation,
+                &prompt,
+                &mut turn.guess,
+                &[],
+                budget,
+                Some(turn.spoken + 1),
+            )?;
+            turn.clock.charge(started.elapsed());
         }
-        let started = Instant::now();
-        let budget = max - turn.guess.tokens.len();
-        let prompt = turn.prompt.clone();
-        let continuation = turn.continuation(&self.config);
-        self.extend_with(
-            continuation,
-            &prompt,
-            &mut turn.guess,
-            &[],
-            budget,
-            Some(turn.spoken + 1),
-        )?;
-        turn.clock.charge(started.elapsed());
-        let text = self.model.tokenizer.decode_text(&turn.guess.tokens)?;
-        let complete = turn.guess.done || turn.guess.tokens.len() >= max;
+        let text = self
+            .model
+            .tokenizer
+            .decode_text(turn.guess.settled_tokens())?;
+        let complete =
+            !turn.guess.unsettled() && (turn.guess.done || turn.guess.tokens.len() >= max);
         let (sentences, _) = split_sentences(&text, complete);
         for sentence in sentences.iter().skip(turn.spoken) {
             let audio = tts.synthesize(sentence)?;
@@ -810,14 +943,25 @@ impl<'m> PredGen<'m> {
             .to_string())
     }
 
+    /// The first complete sentence of the part of `answer` that holds for the prompt.
+    fn settled_first_sentence(&self, answer: &Answer) -> Result<Option<String>> {
+        let text = self.model.tokenizer.decode_text(answer.settled_tokens())?;
+        let complete = answer.done && !answer.unsettled();
+        Ok(first_sentence_end(&text, complete).map(|end| text[..end].trim().to_string()))
+    }
+
     /// The first complete sentence of `answer`, if it has one.
     fn first_sentence(&self, answer: &Answer) -> Result<Option<String>> {
         let text = self.model.tokenizer.decode_text(&answer.tokens)?;
         Ok(first_sentence_end(&text, answer.done).map(|end| text[..end].trim().to_string()))
     }
 
-    /// Verifies `guess` against `prompt` with the configured verifier and keeps what holds,
-    /// plus the model's own next token; the cache then holds `prompt` and the kept tokens.
+    /// Verifies the guess against `prompt` with the configured verifier and keeps what holds:
+    /// `guess.tokens[..guess.settled]` already hold for this prompt, the rest is checked. With
+    /// the cost model, one forward carries only as many guessed tokens as are expected to pay
+    /// for their share of it; when all of them hold, the next guessed token is judged by the
+    /// same forward and the rest waits for another check. Otherwise the model's own next token
+    /// follows the kept ones. The cache then holds `prompt` and the settled tokens but the last.
     fn verify(&mut self, prompt: &[u32], prompt_text: &str, guess: &mut Answer) -> Result<Check> {
         let room = self.model.model.max_len() - prompt.len() - 1;
         let limit = room.min(self.config.max_answer_tokens - 1);
@@ -825,12 +969,20 @@ impl<'m> PredGen<'m> {
             guess.tokens.truncate(limit);
             guess.done = false;
         }
-        let logits = forward_continuation(&mut self.model.model, prompt, &guess.tokens)?;
+        let settled = guess.settled.min(guess.tokens.len());
+        let context: Vec<u32> = prompt
+            .iter()
+            .chain(&guess.tokens[..settled])
+            .copied()
+            .collect();
+        let candidates = guess.tokens[settled..].to_vec();
+        let offered = self.tokens_worth_verifying(&context, candidates.len());
+        let logits = forward_continuation(&mut self.model.model, &context, &candidates[..offered])?;
         let rule = match self.config.verifier {
             Verifier::TopK(k) => AcceptanceRule::top_k(k),
             Verifier::Greedy | Verifier::Reflection => AcceptanceRule::greedy(),
         };
-        let verdict = rule.verify_by_judging(&guess.tokens, &logits)?;
+        let verdict = rule.verify_by_judging(&candidates[..offered], &logits)?;
         let mut kept = verdict.accepted;
         let mut forwards = 1;
         let mut judged_yes = None;
@@ -838,7 +990,7 @@ impl<'m> PredGen<'m> {
             // The judge is asked only when greedy verification loses part of the first
             // sentence: where greedy keeps it all, the judge could keep nothing more.
             if let Some(sentence_len) = self.first_sentence_tokens(&guess.tokens)? {
-                if kept < sentence_len {
+                if settled + kept < sentence_len {
                     let sentence = self
                         .model
                         .tokenizer
@@ -847,37 +999,92 @@ impl<'m> PredGen<'m> {
                     forwards += 1;
                     judged_yes = Some(yes);
                     if yes {
-                        kept = sentence_len;
+                        kept = sentence_len - settled;
                     }
                 }
             }
         }
+        let guessed = candidates.len();
+        if kept == offered
+            && offered < guessed
+            && rule.judge(candidates[offered], logits.row(offered)) == Some(true)
+        {
+            // Everything offered held, and so does the next guessed token: the rest of the
+            // guess waits for the next check.
+            self.survival.observe(offered + 1, offered + 1);
+            self.model.model.truncate(context.len() + offered)?;
+            guess.settled = settled + offered + 1;
+            return Ok(Check {
+                guessed,
+                kept: offered + 1,
+                produced: 0,
+                rejected_tail: Vec::new(),
+                forwards,
+                judged_yes,
+            });
+        }
+        self.survival
+            .observe((kept + 1).min(guessed), kept.min(guessed));
         // Jacobi continues after the kept tokens and the model's next one: the rest of the
         // guess from the position after that is its starting guess.
-        let guessed = guess.tokens.len();
-        let rejected_tail = guess.tokens.get(kept + 2..).unwrap_or_default().to_vec();
-        let full = kept == guess.tokens.len();
-        guess.tokens.truncate(kept);
-        self.model.model.truncate(prompt.len() + kept)?;
+        let rejected_tail = candidates.get(kept + 2..).unwrap_or_default().to_vec();
+        let full = kept == guessed;
+        guess.tokens.truncate(settled + kept);
+        self.model.model.truncate(context.len() + kept)?;
         if full && guess.done {
             // A finished guess, every token kept: the model's next token decides whether the
             // answer still ends there.
             guess.done = false;
         }
         let next = argmax(logits.row(kept));
-        if self.model.tokenizer.end_tokens().contains(&next) {
+        let produced = if self.model.tokenizer.end_tokens().contains(&next) {
             guess.done = true;
+            0
         } else {
             guess.tokens.push(next);
             guess.done = false;
-        }
+            1
+        };
+        guess.settled = guess.tokens.len();
         Ok(Check {
             guessed,
             kept,
+            produced,
             rejected_tail,
             forwards,
             judged_yes,
         })
+    }
+
+    /// How many of `available` guessed tokens one forward after `context` should carry: the
+    /// number that maximises the expected time saved, each token holding (given the ones
+    /// before it held) at the session's survival rate α and then sparing one forward of its
+    /// own, minus what carrying them adds to the forward: argmax over g of
+    /// cost(1) · Σᵢ₌₁..g αⁱ − (cost(s + g) − cost(s)), s the forward's uncached tokens. All of
+    /// them without the cost model, and for the reflection verifier (its judge reads the whole
+    /// guessed first sentence).
+    fn tokens_worth_verifying(&self, context: &[u32], available: usize) -> usize {
+        let Some(costs) = &self.costs else {
+            return available;
+        };
+        if self.config.verifier == Verifier::Reflection || available == 0 {
+            return available;
+        }
+        let cached = common_prefix_len(self.model.model.cached_tokens(), context)
+            .min(context.len().saturating_sub(1));
+        let uncached = context.len() - cached;
+        let alpha = self.survival.rate();
+        let (base, step) = (costs.cost(uncached), costs.cost(1));
+        let (mut best, mut best_value, mut expected, mut chance) = (0, 0.0, 0.0, 1.0);
+        for g in 1..=available {
+            chance *= alpha;
+            expected += chance;
+            let value = step * expected - (costs.cost(uncached + g) - base);
+            if value > best_value {
+                (best, best_value) = (g, value);
+            }
+        }
+        best
     }
 
     /// How many tokens of `tokens` make up its first complete sentence.
@@ -975,6 +1182,17 @@ impl<'m> PredGen<'m> {
                 sentences.reported() >= wanted
             });
         }
+        let continuation = match continuation {
+            Continuation::Jacobi { window } if !self.jacobi_pays(window) => {
+                Continuation::Autoregressive
+            }
+            other => other,
+        };
+        let draft_length = match (&self.draft_policy, continuation) {
+            (Some(policy), _) => DraftLength::CostAware(policy.clone()),
+            (None, Continuation::DraftModel { gamma }) => DraftLength::Fixed(gamma),
+            (None, _) => DraftLength::Fixed(1),
+        };
         let target = &mut self.model.model;
         let mut rng = StdRng::seed_from_u64(0);
         let gen = match continuation {
@@ -987,28 +1205,40 @@ impl<'m> PredGen<'m> {
                 &mut |_| {},
             )?,
             Continuation::Jacobi { window } => {
-                jacobi_generate(target, &context, guess, window, &stop, &mut |_| {})?
+                let gen = jacobi_generate(target, &context, guess, window, &stop, &mut |_| {})?;
+                let (tokens, forwards) = self.jacobi_rate;
+                self.jacobi_rate = (
+                    JACOBI_DECAY * tokens + gen.tokens.len() as f64,
+                    JACOBI_DECAY * forwards + gen.stats.target_forwards as f64,
+                );
+                gen
             }
-            Continuation::DraftModel { gamma } => {
+            Continuation::DraftModel { .. } => {
                 let draft = self.draft.as_deref_mut().ok_or_else(|| {
                     Error::Config("the draft-model continuation needs a draft model".into())
                 })?;
-                speculative_generate(
+                let gen = speculative_generate(
                     target,
                     &mut draft.model,
                     &context,
                     &SpeculativeConfig {
-                        draft_length: DraftLength::Fixed(gamma),
+                        draft_length,
                         ..Default::default()
                     },
                     &stop,
                     &mut rng,
                     &mut |_| {},
-                )?
+                )?;
+                if let Some(policy) = &mut self.draft_policy {
+                    for step in &gen.stats.steps {
+                        policy.observe(step.drafted, step.accepted);
+                    }
+                }
+                gen
             }
         };
         let ended = gen.finish == FinishReason::Eos;
-        answer.tokens.extend(
+        answer.extend_settled(
             gen.tokens
                 .iter()
                 .copied()
@@ -1020,6 +1250,17 @@ impl<'m> PredGen<'m> {
         Ok(gen)
     }
 
+    /// Whether Jacobi decoding with `window` guessed tokens produces tokens faster than one
+    /// forward per token, from the tokens per forward it achieved so far in this session and
+    /// the measured forward costs. It is tried until it has run a few forwards.
+    fn jacobi_pays(&self, window: usize) -> bool {
+        let Some(costs) = &self.costs else {
+            return true;
+        };
+        let (tokens, forwards) = self.jacobi_rate;
+        forwards < 8.0 || tokens / forwards * costs.cost(1) >= costs.cost(window + 1)
+    }
+
     fn generated_event(&self, tokens: &[u32]) -> Result<EventKind> {
         Ok(EventKind::Generated {
             tokens: tokens.len(),
@@ -1027,6 +1268,9 @@ impl<'m> PredGen<'m> {
         })
     }
 }
+
+/// Weight of the Jacobi continuation's earlier runs in its running rate, per run.
+const JACOBI_DECAY: f64 = 0.9;
 
 /// How time runs during a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1119,8 +1363,9 @@ struct TurnState {
     last_heard_at: Option<Duration>,
     /// The last step verified a partial: the next one generates.
     just_verified: bool,
-    /// The prompt of the partial verified last.
+    /// The prompt of the partial verified last, and its text.
     heard_prompt: Option<Vec<u32>>,
+    heard_text: String,
     /// The guess, and after the final partial the answer.
     guess: Answer,
     /// The rejected part of the last guess: Jacobi's starting guess.
@@ -1160,6 +1405,7 @@ impl TurnState {
             last_heard_at: None,
             just_verified: false,
             heard_prompt: None,
+            heard_text: String::new(),
             guess: Answer::default(),
             rejected_tail: Vec::new(),
             prepared: None,
