@@ -41,19 +41,31 @@ struct Setup {
     label: &'static str,
     /// `None`: the plain cascade.
     method: Option<(Verifier, Continuation)>,
+    /// Guess the end of the question first (`PredGenConfig::complete_questions`).
+    complete_questions: bool,
 }
 
 fn setups() -> Vec<Setup> {
     let predgen = |label, verifier, continuation| Setup {
         label,
         method: Some((verifier, continuation)),
+        complete_questions: true,
     };
     vec![
         Setup {
             label: "Baseline (plain cascade)",
             method: None,
+            complete_questions: false,
         },
         predgen("Greedy", Verifier::Greedy, Continuation::Autoregressive),
+        Setup {
+            complete_questions: false,
+            ..predgen(
+                "Greedy, no question completion",
+                Verifier::Greedy,
+                Continuation::Autoregressive,
+            )
+        },
         predgen("Top-3", Verifier::TopK(3), Continuation::Autoregressive),
         predgen(
             "Reflection",
@@ -168,6 +180,7 @@ fn run_question(
         verifier,
         continuation,
         max_answer_tokens: options.max_tokens,
+        complete_questions: setup.complete_questions,
         ..PredGenConfig::default()
     };
     let mut session = PredGen::new(model, config)?;
@@ -430,6 +443,7 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             "answer similarity",
             "answer = baseline",
             "audio prepared ahead",
+            "question guessed",
             "tokens during input",
         ],
     );
@@ -477,6 +491,13 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             format!(
                 "{}/{turn_count}",
                 turns.iter().filter(|t| t.prepared_audio_used).count()
+            ),
+            format!(
+                "{}/{turn_count}",
+                turns
+                    .iter()
+                    .filter(|t| t.guessed_question.as_ref() == Some(&t.question))
+                    .count()
             ),
             format!(
                 "{:.1}",

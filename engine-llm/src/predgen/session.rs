@@ -45,6 +45,8 @@ pub struct Event {
 /// The kinds of [`Event`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventKind {
+    /// The model completed the user's unfinished question; the guess answers this question.
+    Completed { question: String },
     /// A partial prompt was taken up (intermediate ones that arrived while the model was busy
     /// are skipped).
     Heard { text: String, is_final: bool },
@@ -101,6 +103,9 @@ impl fmt::Display for Event {
                     None => Ok(()),
                 }
             }
+            EventKind::Completed { question } => {
+                write!(f, "{:<14} \"{question}\"", "completed")
+            }
             EventKind::Generated { tokens, text } => {
                 write!(f, "{:<14} +{tokens} tokens: \"{text}\"", "generated")
             }
@@ -154,6 +159,9 @@ pub struct Turn {
     pub tokens_during_input: usize,
     /// Target forward passes while input was still arriving.
     pub forwards_during_input: usize,
+    /// The model's completion of the question when the user finished it, if it made one
+    /// (`PredGenConfig::complete_questions`).
+    pub guessed_question: Option<String>,
     /// Guessed tokens offered to, and kept by, the final verification.
     pub guessed_at_end: usize,
     pub kept_at_end: usize,
@@ -258,6 +266,8 @@ pub struct PredGen<'m> {
     jacobi_rate: (f64, f64),
     /// The draft-model continuation's draft lengths, chosen from both models' costs.
     draft_policy: Option<CostAwarePolicy>,
+    /// Tokens of a chat prompt after the user's words.
+    assistant_opening: Option<usize>,
 }
 
 /// Token ids of the judge's two answers, in the spellings a model may start with.
@@ -323,6 +333,7 @@ impl<'m> PredGen<'m> {
             survival: Survival::default(),
             jacobi_rate: (0.0, 0.0),
             draft_policy: None,
+            assistant_opening: None,
         })
     }
 
@@ -618,6 +629,15 @@ impl<'m> PredGen<'m> {
         } else if generate_now && self.guess_wanted(turn)? {
             self.guess_on(turn)?;
         } else if let Some(partial) = turn.pending.take() {
+            if self.config.complete_questions && turn.question_for(&partial.text).is_none() {
+                // A step of its own, so that no step grows long: the partial is verified
+                // against the completed question next.
+                let started = Instant::now();
+                self.complete_question(turn, &partial.text)?;
+                turn.clock.charge(started.elapsed());
+                turn.pending = Some(partial);
+                return Ok(Status::Working);
+            }
             self.verify_partial(turn, &partial)?;
             turn.just_verified = true;
         } else {
@@ -639,18 +659,87 @@ impl<'m> PredGen<'m> {
     fn verify_partial(&mut self, turn: &mut TurnState, partial: &Partial) -> Result<()> {
         turn.timeline.push(turn.event(heard_event(partial)));
         let started = Instant::now();
-        let prompt = self.prompt_for(&partial.text)?;
+        let question = match self.config.complete_questions {
+            true => turn
+                .question_for(&partial.text)
+                .unwrap_or_else(|| partial.text.clone()),
+            false => partial.text.clone(),
+        };
+        let prompt = self.prompt_for(&question)?;
+        if turn.heard_prompt.as_ref() == Some(&prompt) {
+            // The same prompt as before (the words heard so far fit the completed question):
+            // the guess was made for it, nothing to check.
+            turn.clock.charge(started.elapsed());
+            return Ok(());
+        }
         // A new prompt: the whole guess is to be checked again.
         turn.guess.settled = 0;
-        let check = self.verify(&prompt, &partial.text, &mut turn.guess)?;
+        let check = self.verify(&prompt, &question, &mut turn.guess)?;
         turn.clock.charge(started.elapsed());
         turn.forwards_during_input += check.forwards;
         turn.tokens_during_input += check.produced;
         turn.timeline.push(turn.event(verified_event(&check)));
         turn.rejected_tail = check.rejected_tail;
         turn.heard_prompt = Some(prompt);
-        turn.heard_text = partial.text.clone();
+        turn.heard_text = question;
         Ok(())
+    }
+
+    /// Asks the model how the user will finish `heard`: its own continuation of the user's
+    /// words up to its end of turn (at most [`MAX_COMPLETION_TOKENS`]), kept as the turn's
+    /// completed question; none when the model would not end the question that soon.
+    fn complete_question(&mut self, turn: &mut TurnState, heard: &str) -> Result<()> {
+        turn.completion_tried = Some(heard.to_string());
+        let prompt = self.prompt_for(heard)?;
+        let opening = self.assistant_opening_len()?;
+        let words_end = prompt.len().saturating_sub(opening);
+        let end_tokens = self.model.tokenizer.end_tokens().to_vec();
+        let stop = StopConditions::new(MAX_COMPLETION_TOKENS).with_eos(end_tokens.iter().copied());
+        let gen = generate(
+            &mut self.model.model,
+            &prompt[..words_end],
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut StdRng::seed_from_u64(0),
+            &mut |_| {},
+        )?;
+        turn.forwards_during_input += gen.stats.target_forwards;
+        let ending = gen
+            .tokens
+            .split_last()
+            .and_then(|(last, rest)| end_tokens.contains(last).then_some(rest));
+        let completed = match ending {
+            Some(rest) => {
+                let rest = self.model.tokenizer.decode_text(rest)?;
+                // A completion that starts a new line is something else than the question's end.
+                (!rest.contains('\n')).then(|| format!("{heard}{rest}").trim().to_string())
+            }
+            None => None,
+        };
+        if let Some(question) = &completed {
+            turn.timeline.push(turn.event(EventKind::Completed {
+                question: question.clone(),
+            }));
+        }
+        turn.completed = completed;
+        Ok(())
+    }
+
+    /// How many tokens a chat prompt has after the user's words: the end of the user's turn and
+    /// the opening of the assistant's (the same for every question).
+    fn assistant_opening_len(&mut self) -> Result<usize> {
+        if let Some(len) = self.assistant_opening {
+            return Ok(len);
+        }
+        let (a, b) = (self.prompt_for("a")?, self.prompt_for("b")?);
+        let len = a
+            .iter()
+            .rev()
+            .zip(b.iter().rev())
+            .take_while(|(x, y)| x == y)
+            .count();
+        self.assistant_opening = Some(len);
+        Ok(len)
     }
 
     /// Checks the next part of a guess whose start held for `prompt`.
@@ -713,6 +802,17 @@ impl<'m> PredGen<'m> {
         turn.timeline.push(turn.event(heard_event(final_input)));
         let prompt = self.prompt_for(&final_input.text)?;
         match turn.kind {
+            TurnKind::Speculative if turn.heard_prompt.as_ref() == Some(&prompt) => {
+                // The question is the one the guess was made for (completed rightly, or heard
+                // whole before its end was signalled): what holds of the guess still holds.
+                turn.guessed_at_end = turn.guess.tokens.len();
+                turn.kept_at_end = turn.guess.settled;
+                turn.timeline.push(turn.event(EventKind::Verified {
+                    kept: turn.guess.settled,
+                    guessed: turn.guess.tokens.len(),
+                    judged_yes: None,
+                }));
+            }
             TurnKind::Speculative => {
                 turn.guessed_at_end = turn.guess.tokens.len();
                 turn.guess.settled = 0;
@@ -896,6 +996,7 @@ impl<'m> PredGen<'m> {
             answer_latency: turn.clock.now() - turn.input_end,
             tokens_during_input: turn.tokens_during_input,
             forwards_during_input: turn.forwards_during_input,
+            guessed_question: turn.completed.clone(),
             guessed_at_end: turn.guessed_at_end,
             kept_at_end: turn.kept_at_end,
             prepared_audio_used: turn.prepared_audio_used,
@@ -1269,6 +1370,9 @@ impl<'m> PredGen<'m> {
     }
 }
 
+/// Most tokens of the model's completion of an unfinished question.
+const MAX_COMPLETION_TOKENS: usize = 8;
+
 /// Weight of the Jacobi continuation's earlier runs in its running rate, per run.
 const JACOBI_DECAY: f64 = 0.9;
 
@@ -1363,9 +1467,14 @@ struct TurnState {
     last_heard_at: Option<Duration>,
     /// The last step verified a partial: the next one generates.
     just_verified: bool,
-    /// The prompt of the partial verified last, and its text.
+    /// The prompt the guess answers (the partial verified last, or its completion), and its
+    /// question.
     heard_prompt: Option<Vec<u32>>,
     heard_text: String,
+    /// The question as the model completed it last.
+    completed: Option<String>,
+    /// The words the model was last asked to complete.
+    completion_tried: Option<String>,
     /// The guess, and after the final partial the answer.
     guess: Answer,
     /// The rejected part of the last guess: Jacobi's starting guess.
@@ -1406,6 +1515,8 @@ impl TurnState {
             just_verified: false,
             heard_prompt: None,
             heard_text: String::new(),
+            completed: None,
+            completion_tried: None,
             guess: Answer::default(),
             rejected_tail: Vec::new(),
             prepared: None,
@@ -1426,6 +1537,19 @@ impl TurnState {
             spoken: 0,
             audio: Vec::new(),
         }
+    }
+
+    /// The question the words `heard` ask, as far as the model's completions tell: the
+    /// completed question while `heard` fits it, `heard` itself when the model was asked to
+    /// complete exactly these words and would not end them; `None` when it was not asked yet.
+    fn question_for(&self, heard: &str) -> Option<String> {
+        if let Some(completed) = &self.completed {
+            let mut words = completed.split_whitespace();
+            if heard.split_whitespace().all(|w| words.next() == Some(w)) {
+                return Some(completed.clone());
+            }
+        }
+        (self.completion_tried.as_deref() == Some(heard)).then(|| heard.to_string())
     }
 
     fn event(&self, kind: EventKind) -> Event {
