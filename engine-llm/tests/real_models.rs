@@ -243,12 +243,28 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
         "{}",
         expected[0].answer
     );
-    for continuation in [
-        Continuation::Autoregressive,
-        Continuation::Jacobi { window: 8 },
-        Continuation::DraftModel { gamma: 3 },
+    // With the cost model and question completion (the defaults), and as the paper runs it.
+    let paper = PredGenConfig {
+        cost_aware: false,
+        complete_questions: false,
+        ..config(Verifier::Greedy, Continuation::Autoregressive)
+    };
+    for (continuation, cfg) in [
+        (Continuation::Autoregressive, paper),
+        (
+            Continuation::Autoregressive,
+            config(Verifier::Greedy, Continuation::Autoregressive),
+        ),
+        (
+            Continuation::Jacobi { window: 8 },
+            config(Verifier::Greedy, Continuation::Jacobi { window: 8 }),
+        ),
+        (
+            Continuation::DraftModel { gamma: 3 },
+            config(Verifier::Greedy, Continuation::DraftModel { gamma: 3 }),
+        ),
     ] {
-        let mut session = PredGen::new(&mut target, config(Verifier::Greedy, continuation))
+        let mut session = PredGen::new(&mut target, cfg)
             .unwrap()
             .with_draft(&mut draft)
             .unwrap();
