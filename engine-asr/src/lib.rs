@@ -24,6 +24,8 @@ mod error;
 pub mod mel;
 pub mod normalize;
 pub mod streaming;
+#[doc(hidden)]
+pub mod testing;
 pub mod wer;
 pub mod whisper;
 
