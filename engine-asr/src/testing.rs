@@ -1,7 +1,7 @@
 //! Tiny random-weight Whisper models for tests and examples: the same weights written in both
 //! supported layouts (Hugging Face safetensors and CTranslate2 `model.bin`), with a small
 //! byte-level tokenizer carrying Whisper's special tokens. The model has a 2-second window
-//! (100 encoder positions) and writes a few kilobytes; its transcripts are noise, but every
+//! (100 encoder positions) and about 220,000 parameters; its transcripts are noise, but every
 //! decoding path runs on it exactly as on real weights.
 
 use std::collections::HashMap;
@@ -13,11 +13,17 @@ use spec_nn::ctranslate2::{write_model_bin, Ct2Variable};
 
 use crate::{Error, LogMel, Result};
 
+/// Width of the model (`d_model`).
 pub const HIDDEN: usize = 64;
+/// Attention heads of the encoder and the decoder.
 pub const HEADS: usize = 4;
+/// Width of the feed-forward layers.
 pub const FFN: usize = 128;
+/// Mel bins of the input.
 pub const MELS: usize = 80;
+/// Encoder positions: a window of twice as many mel frames (2 seconds).
 pub const SOURCE_POSITIONS: usize = 100;
+/// Decoder positions.
 pub const TARGET_POSITIONS: usize = 160;
 /// Ordinary tokens of the tiny vocabulary.
 pub const TEXT_TOKENS: u32 = 40;
@@ -32,10 +38,15 @@ pub const SPECIALS: [&str; 8] = [
     "<|nocaptions|>",
     "<|notimestamps|>",
 ];
+/// Timestamp tokens after the specials.
 pub const TIMESTAMPS: u32 = 30;
+/// The whole vocabulary: text, specials and timestamps.
 pub const VOCAB: usize = (TEXT_TOKENS + SPECIALS.len() as u32 + TIMESTAMPS) as usize;
+/// `<|endoftext|>`.
 pub const END_OF_TEXT: u32 = TEXT_TOKENS;
+/// `<|startoftranscript|>`.
 pub const START_OF_TRANSCRIPT: u32 = TEXT_TOKENS + 1;
+/// `<|notimestamps|>`.
 pub const NO_TIMESTAMPS: u32 = TEXT_TOKENS + 7;
 
 /// Layer counts of the tiny model.
