@@ -1,7 +1,6 @@
-//! # engine-asr
+#![doc = include_str!("../README.md")]
 //!
-//! Speech recognition on `spec-core`: Whisper built from the shared `spec-nn` blocks, with
-//! streaming partial transcripts that verify the previous partial as a draft.
+//! ## Modules
 //!
 //! - [`audio`]: WAV reading in any common PCM encoding, mono downmix, resampling to 16 kHz;
 //!   [`mel`]: Whisper's log-mel spectrogram (checked against the Python implementation) and
@@ -10,20 +9,20 @@
 //!   tree masks, cross-attention keys/values kept per window, batch-invariant forwards), its
 //!   weights (CTranslate2 `model.bin`, Hugging Face safetensors), tokenizer, logit rules
 //!   (suppression, the timestamp grammar), greedy/sampled/beam decoding with the temperature
-//!   fallback, and [`Transcriber`], which seeks through a recording window by window.
+//!   fallback and prediction heads, and [`Transcriber`], which seeks through a recording
+//!   window by window.
 //! - [`streaming`]: [`StreamingTranscriber`], partial transcripts of growing audio, each equal
 //!   to greedy decoding from scratch, the previous partial verified as a free draft.
 //! - [`normalize`] and [`wer`]: Whisper's English text normalizer and the word error rate.
-//!
-//! Multi-token prediction heads and SpecASR (adaptive drafts, draft recycling, sparse token
-//! trees) come next and run on the same decoder. The README of this crate has the details and
-//! the measurements.
+//! - `testing` (hidden): the tiny random-weight Whisper of the tests and of the example above.
 
 pub mod audio;
 mod error;
 pub mod mel;
 pub mod normalize;
 pub mod streaming;
+#[doc(hidden)]
+pub mod testing;
 pub mod wer;
 pub mod whisper;
 

@@ -2,11 +2,9 @@
 //! and tree forwards, rollback, beam search against a from-scratch reference, the logit rules
 //! and the errors of bad input.
 
-mod common;
-
 use candle_core::Device;
 use candle_core::{DType, Tensor};
-use common::*;
+use engine_asr::testing::*;
 use engine_asr::whisper::decode::{beam_window, run_prompt, sample_window};
 use engine_asr::whisper::model_fingerprint;
 use engine_asr::whisper::{LogitRules, WhisperTokenizer};
@@ -26,7 +24,7 @@ fn load(dir: &std::path::Path) -> Whisper {
 
 fn hf_model(seed: u64) -> (tempfile::TempDir, Whisper) {
     let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), seed);
+    write_hf(dir.path(), seed).unwrap();
     let model = load(dir.path());
     (dir, model)
 }
@@ -38,15 +36,15 @@ fn rows(logits: &Logits) -> Vec<Vec<f32>> {
 #[test]
 fn ctranslate2_and_hugging_face_layouts_give_identical_logits() {
     let hf = tempfile::tempdir().unwrap();
-    write_hf(hf.path(), 3);
+    write_hf(hf.path(), 3).unwrap();
     let mut a = load(hf.path());
-    let mel = mel(2 * SOURCE_POSITIONS, 9);
+    let mel = mel(2 * SOURCE_POSITIONS, 9).unwrap();
     a.encode(&mel).unwrap();
     let tokens = [START_OF_TRANSCRIPT, NO_TIMESTAMPS, 5, 9, 13];
     let expected = rows(&forward_tokens(&mut a, &tokens, LogitRows::All).unwrap());
     for dtype in [DType::F32, DType::F16] {
         let ct2 = tempfile::tempdir().unwrap();
-        write_ct2(ct2.path(), 3, dtype);
+        write_ct2(ct2.path(), 3, dtype).unwrap();
         let mut b = load(ct2.path());
         assert_eq!(b.config(), a.config());
         b.encode(&mel).unwrap();
@@ -73,7 +71,9 @@ fn ctranslate2_and_hugging_face_layouts_give_identical_logits() {
 #[test]
 fn batched_forwards_match_single_token_decoding_bit_for_bit() {
     let (_dir, mut model) = hf_model(5);
-    model.encode(&mel(2 * SOURCE_POSITIONS, 1)).unwrap();
+    model
+        .encode(&mel(2 * SOURCE_POSITIONS, 1).unwrap())
+        .unwrap();
     let tokens = [START_OF_TRANSCRIPT, NO_TIMESTAMPS, 7, 3, 30, 12, 1, 0, 22];
     let all = rows(&forward_tokens(&mut model, &tokens, LogitRows::All).unwrap());
     model.reset();
@@ -96,7 +96,7 @@ fn batched_forwards_match_single_token_decoding_bit_for_bit() {
 #[test]
 fn a_token_tree_forward_gives_each_branch_its_linear_logits() {
     let (_dir, mut model) = hf_model(6);
-    model.encode(&mel(120, 2)).unwrap();
+    model.encode(&mel(120, 2).unwrap()).unwrap();
     let prefix = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
     forward_tokens(&mut model, &prefix, LogitRows::All).unwrap();
     // Branches a→b and c, siblings at the same position.
@@ -134,16 +134,19 @@ fn the_encoded_window_survives_reset_and_bad_input_is_refused() {
         model.forward_step(&Forward::tokens(&tokens, &[0])),
         Err(Error::NotEncoded)
     ));
-    assert!(matches!(model.encode(&mel(201, 1)), Err(Error::Audio(_))));
     assert!(matches!(
-        model.encode(&mel(2 * SOURCE_POSITIONS + 2, 1)),
+        model.encode(&mel(201, 1).unwrap()),
         Err(Error::Audio(_))
     ));
-    let mut wrong_bins = mel(100, 1);
+    assert!(matches!(
+        model.encode(&mel(2 * SOURCE_POSITIONS + 2, 1).unwrap()),
+        Err(Error::Audio(_))
+    ));
+    let mut wrong_bins = mel(100, 1).unwrap();
     wrong_bins.n_mels = 40;
     wrong_bins.data.truncate(40 * 100);
     assert!(matches!(model.encode(&wrong_bins), Err(Error::Config(_))));
-    model.encode(&mel(100, 1)).unwrap();
+    model.encode(&mel(100, 1).unwrap()).unwrap();
     let first = forward_tokens(&mut model, &tokens, LogitRows::All).unwrap();
     model.reset();
     assert_eq!(model.cached_len(), 0);
@@ -168,7 +171,7 @@ fn damaged_and_mismatched_model_folders_are_typed_errors() {
         Whisper::load(dir.path(), &LoadOptions::default()),
         Err(Error::Config(_))
     ));
-    write_ct2(dir.path(), 1, DType::F16);
+    write_ct2(dir.path(), 1, DType::F16).unwrap();
     let path = dir.path().join("model.bin");
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
@@ -179,7 +182,7 @@ fn damaged_and_mismatched_model_folders_are_typed_errors() {
     );
     // A configuration that does not match the tensors.
     let hf = tempfile::tempdir().unwrap();
-    write_hf(hf.path(), 1);
+    write_hf(hf.path(), 1).unwrap();
     let mut config = hf_config();
     config["d_model"] = serde_json::json!(2 * HIDDEN);
     std::fs::write(hf.path().join("config.json"), config.to_string()).unwrap();
@@ -219,7 +222,7 @@ fn rules(dir: &std::path::Path, timestamps: bool) -> (WhisperTokenizer, LogitRul
 #[test]
 fn the_logit_rules_follow_whispers_grammar() {
     let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 1);
+    write_hf(dir.path(), 1).unwrap();
     let (tokenizer, no_ts) = rules(dir.path(), false);
     assert_eq!(tokenizer.timestamp_begin, NO_TIMESTAMPS + 1);
     let ts0 = tokenizer.timestamp_begin;
@@ -355,7 +358,7 @@ fn beam_search_in_one_token_tree_equals_beam_search_from_scratch() {
     let (_, rules) = rules(dir.path(), false);
     let prompt = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
     for seed in 0..3 {
-        model.encode(&mel(160, seed)).unwrap();
+        model.encode(&mel(160, seed).unwrap()).unwrap();
         for beam_size in [1, 3, 5] {
             let max_tokens = 12;
             let (_, next) = run_prompt(&mut model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
@@ -386,11 +389,11 @@ fn beam_search_in_one_token_tree_equals_beam_search_from_scratch() {
 #[test]
 fn ctranslate2_weights_export_under_hugging_face_names() {
     let ct2 = tempfile::tempdir().unwrap();
-    write_ct2(ct2.path(), 4, DType::F32);
+    write_ct2(ct2.path(), 4, DType::F32).unwrap();
     let (config, exported) =
         engine_asr::whisper::hugging_face_tensors(ct2.path(), &candle_core::Device::Cpu).unwrap();
     assert_eq!(config.vocab_size, VOCAB);
-    let original = hf_weights(4);
+    let original = hf_weights(4).unwrap();
     let mut names: Vec<&String> = exported.keys().collect();
     names.sort();
     let mut expected: Vec<&String> = original.keys().collect();
@@ -434,7 +437,7 @@ fn streaming_partials_equal_greedy_decoding_from_scratch() {
         (22, EncoderLength::Audio { margin_frames: 10 }),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        write_hf(dir.path(), seed);
+        write_hf(dir.path(), seed).unwrap();
         let options = TranscribeOptions {
             encoder_length,
             ..greedy_options()
@@ -477,7 +480,7 @@ fn streaming_partials_equal_greedy_decoding_from_scratch() {
 #[test]
 fn streaming_refuses_beam_search() {
     let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 1);
+    write_hf(dir.path(), 1).unwrap();
     let transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
     let options = TranscribeOptions {
         beam_size: 5,
@@ -492,7 +495,7 @@ fn streaming_refuses_beam_search() {
 #[test]
 fn an_improbable_window_is_decoded_again_at_each_higher_temperature() {
     let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 8);
+    write_hf(dir.path(), 8).unwrap();
     let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
     let audio = signal(1.0);
     // No decoding is probable enough: every temperature is tried, with best-of-2 sampling.
@@ -536,7 +539,7 @@ fn repetitive_text_compresses_well() {
 #[test]
 fn decoding_with_heads_equals_greedy_decoding() {
     let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 31);
+    write_hf(dir.path(), 31).unwrap();
     let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
     let recordings: Vec<Vec<f32>> = [0.6, 0.9, 1.2, 1.5, 1.9]
         .iter()
@@ -598,7 +601,7 @@ fn decoding_with_heads_equals_greedy_decoding() {
 #[test]
 fn heads_need_a_model_of_their_shape_and_decoding_with_them_needs_heads() {
     let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 32);
+    write_hf(dir.path(), 32).unwrap();
     let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
     let options = TranscribeOptions {
         heads: Some(AcceptanceRule::greedy()),

@@ -1,8 +1,8 @@
-//! Tiny random-weight Whisper models written in both supported layouts (Hugging Face
-//! safetensors and CTranslate2 `model.bin`), with a small byte-level tokenizer carrying
-//! Whisper's special tokens.
-
-#![allow(dead_code)]
+//! Tiny random-weight Whisper models for tests and examples: the same weights written in both
+//! supported layouts (Hugging Face safetensors and CTranslate2 `model.bin`), with a small
+//! byte-level tokenizer carrying Whisper's special tokens. The model has a 2-second window
+//! (100 encoder positions) and about 220,000 parameters; its transcripts are noise, but every
+//! decoding path runs on it exactly as on real weights.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,11 +11,19 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 use spec_nn::ctranslate2::{write_model_bin, Ct2Variable};
 
+use crate::{Error, LogMel, Result};
+
+/// Width of the model (`d_model`).
 pub const HIDDEN: usize = 64;
+/// Attention heads of the encoder and the decoder.
 pub const HEADS: usize = 4;
+/// Width of the feed-forward layers.
 pub const FFN: usize = 128;
+/// Mel bins of the input.
 pub const MELS: usize = 80;
+/// Encoder positions: a window of twice as many mel frames (2 seconds).
 pub const SOURCE_POSITIONS: usize = 100;
+/// Decoder positions.
 pub const TARGET_POSITIONS: usize = 160;
 /// Ordinary tokens of the tiny vocabulary.
 pub const TEXT_TOKENS: u32 = 40;
@@ -30,17 +38,22 @@ pub const SPECIALS: [&str; 8] = [
     "<|nocaptions|>",
     "<|notimestamps|>",
 ];
+/// Timestamp tokens after the specials.
 pub const TIMESTAMPS: u32 = 30;
+/// The whole vocabulary: text, specials and timestamps.
 pub const VOCAB: usize = (TEXT_TOKENS + SPECIALS.len() as u32 + TIMESTAMPS) as usize;
+/// `<|endoftext|>`.
 pub const END_OF_TEXT: u32 = TEXT_TOKENS;
+/// `<|startoftranscript|>`.
 pub const START_OF_TRANSCRIPT: u32 = TEXT_TOKENS + 1;
+/// `<|notimestamps|>`.
 pub const NO_TIMESTAMPS: u32 = TEXT_TOKENS + 7;
 
 /// Layer counts of the tiny model.
 pub const ENCODER_LAYERS: usize = 2;
 pub const DECODER_LAYERS: usize = 2;
 
-fn random(shape: &[usize], scale: f32, seed: &mut u64) -> Tensor {
+fn random(shape: &[usize], scale: f32, seed: &mut u64) -> Result<Tensor> {
     // A small deterministic generator, so both layouts get the same values.
     let n: usize = shape.iter().product();
     let values: Vec<f32> = (0..n)
@@ -51,49 +64,50 @@ fn random(shape: &[usize], scale: f32, seed: &mut u64) -> Tensor {
             ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
         })
         .collect();
-    Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    Ok(Tensor::from_vec(values, shape, &Device::Cpu)?)
 }
 
-/// The weights under Hugging Face names.
-pub fn hf_weights(seed: u64) -> HashMap<String, Tensor> {
+/// The weights under Hugging Face names; the same `seed` gives the same values.
+pub fn hf_weights(seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut s = seed.wrapping_add(17);
     let mut w = HashMap::new();
     let scale = 1.0 / (HIDDEN as f32).sqrt();
-    let mut put = |name: String, shape: &[usize], scale: f32, s: &mut u64| {
-        w.insert(name, random(shape, scale, s));
+    let mut put = |name: String, shape: &[usize], scale: f32, s: &mut u64| -> Result<()> {
+        w.insert(name, random(shape, scale, s)?);
+        Ok(())
     };
     put(
         "model.encoder.conv1.weight".into(),
         &[HIDDEN, MELS, 3],
         0.05,
         &mut s,
-    );
-    put("model.encoder.conv1.bias".into(), &[HIDDEN], 0.1, &mut s);
+    )?;
+    put("model.encoder.conv1.bias".into(), &[HIDDEN], 0.1, &mut s)?;
     put(
         "model.encoder.conv2.weight".into(),
         &[HIDDEN, HIDDEN, 3],
         0.05,
         &mut s,
-    );
-    put("model.encoder.conv2.bias".into(), &[HIDDEN], 0.1, &mut s);
+    )?;
+    put("model.encoder.conv2.bias".into(), &[HIDDEN], 0.1, &mut s)?;
     put(
         "model.encoder.embed_positions.weight".into(),
         &[SOURCE_POSITIONS, HIDDEN],
         0.5,
         &mut s,
-    );
+    )?;
     put(
         "model.decoder.embed_tokens.weight".into(),
         &[VOCAB, HIDDEN],
         1.0,
         &mut s,
-    );
+    )?;
     put(
         "model.decoder.embed_positions.weight".into(),
         &[TARGET_POSITIONS, HIDDEN],
         0.5,
         &mut s,
-    );
+    )?;
     for stack in ["encoder", "decoder"] {
         let layers = if stack == "encoder" {
             ENCODER_LAYERS
@@ -114,9 +128,9 @@ pub fn hf_weights(seed: u64) -> HashMap<String, Tensor> {
                         &[HIDDEN, HIDDEN],
                         scale,
                         &mut s,
-                    );
+                    )?;
                     if p != "k_proj" {
-                        put(format!("{base}.{block}.{p}.bias"), &[HIDDEN], 0.1, &mut s);
+                        put(format!("{base}.{block}.{p}.bias"), &[HIDDEN], 0.1, &mut s)?;
                     }
                 }
                 put(
@@ -124,58 +138,59 @@ pub fn hf_weights(seed: u64) -> HashMap<String, Tensor> {
                     &[HIDDEN],
                     0.2,
                     &mut s,
-                );
+                )?;
                 put(
                     format!("{base}.{block}_layer_norm.bias"),
                     &[HIDDEN],
                     0.1,
                     &mut s,
-                );
+                )?;
             }
-            put(format!("{base}.fc1.weight"), &[FFN, HIDDEN], scale, &mut s);
-            put(format!("{base}.fc1.bias"), &[FFN], 0.1, &mut s);
+            put(format!("{base}.fc1.weight"), &[FFN, HIDDEN], scale, &mut s)?;
+            put(format!("{base}.fc1.bias"), &[FFN], 0.1, &mut s)?;
             put(
                 format!("{base}.fc2.weight"),
                 &[HIDDEN, FFN],
                 1.0 / (FFN as f32).sqrt(),
                 &mut s,
-            );
-            put(format!("{base}.fc2.bias"), &[HIDDEN], 0.1, &mut s);
+            )?;
+            put(format!("{base}.fc2.bias"), &[HIDDEN], 0.1, &mut s)?;
             put(
                 format!("{base}.final_layer_norm.weight"),
                 &[HIDDEN],
                 0.2,
                 &mut s,
-            );
+            )?;
             put(
                 format!("{base}.final_layer_norm.bias"),
                 &[HIDDEN],
                 0.1,
                 &mut s,
-            );
+            )?;
         }
         put(
             format!("model.{stack}.layer_norm.weight"),
             &[HIDDEN],
             0.2,
             &mut s,
-        );
+        )?;
         put(
             format!("model.{stack}.layer_norm.bias"),
             &[HIDDEN],
             0.1,
             &mut s,
-        );
+        )?;
     }
     // LayerNorm gains near 1.
     for (name, t) in w.iter_mut() {
         if name.contains("layer_norm.weight") {
-            *t = (t.clone() + 1.0).unwrap();
+            *t = (t.clone() + 1.0)?;
         }
     }
-    w
+    Ok(w)
 }
 
+/// The Hugging Face `config.json` of the tiny model.
 pub fn hf_config() -> serde_json::Value {
     json!({
         "num_mel_bins": MELS,
@@ -224,31 +239,37 @@ pub fn tokenizer_json() -> serde_json::Value {
     })
 }
 
-fn write_json(path: &Path, value: &serde_json::Value) {
-    std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    std::fs::write(path, format!("{value:#}")).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// A Hugging Face folder: `model.safetensors`, `config.json`, `generation_config.json`,
 /// `tokenizer.json`.
-pub fn write_hf(dir: &Path, seed: u64) {
-    let weights = hf_weights(seed);
-    candle_core::safetensors::save(&weights, dir.join("model.safetensors")).unwrap();
-    write_json(&dir.join("config.json"), &hf_config());
+pub fn write_hf(dir: &Path, seed: u64) -> Result<()> {
+    let weights = hf_weights(seed)?;
+    candle_core::safetensors::save(&weights, dir.join("model.safetensors"))?;
+    write_json(&dir.join("config.json"), &hf_config())?;
     write_json(
         &dir.join("generation_config.json"),
         &json!({"suppress_tokens": [3, 4], "begin_suppress_tokens": [26, END_OF_TEXT]}),
-    );
-    write_json(&dir.join("tokenizer.json"), &tokenizer_json());
+    )?;
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json())
 }
 
 /// The same weights as a CTranslate2 folder (`model.bin` with fused projections,
 /// `config.json` with the suppression lists, `tokenizer.json`), stored as `dtype`.
-pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) {
-    let hf = hf_weights(seed);
-    let get = |name: &str| hf[name].to_dtype(dtype).unwrap();
-    let zeros = Tensor::zeros(HIDDEN, dtype, &Device::Cpu).unwrap();
+pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) -> Result<()> {
+    let hf = hf_weights(seed)?;
+    let get = |name: &str| hf[name].to_dtype(dtype);
+    let zeros = Tensor::zeros(HIDDEN, dtype, &Device::Cpu)?;
     let mut vars: Vec<(String, Ct2Variable)> = Vec::new();
-    let mut put = |name: String, t: Tensor| vars.push((name, Ct2Variable::Tensor(t)));
+    let mut put = |name: String, t: candle_core::Result<Tensor>| -> Result<()> {
+        vars.push((name, Ct2Variable::Tensor(t?)));
+        Ok(())
+    };
     for (ct2, hf_name) in [
         ("encoder/conv1/weight", "model.encoder.conv1.weight"),
         ("encoder/conv1/bias", "model.encoder.conv1.bias"),
@@ -277,11 +298,14 @@ pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) {
         ),
         ("decoder/layer_norm/beta", "model.decoder.layer_norm.bias"),
     ] {
-        put(ct2.into(), get(hf_name));
+        put(ct2.into(), get(hf_name))?;
     }
     let cat = |names: &[&str]| {
-        let parts: Vec<Tensor> = names.iter().map(|n| get(n)).collect();
-        Tensor::cat(&parts, 0).unwrap()
+        let parts = names
+            .iter()
+            .map(|n| get(n))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 0)
     };
     for stack in ["encoder", "decoder"] {
         let layers = if stack == "encoder" {
@@ -300,97 +324,96 @@ pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) {
                     &format!("{sa}.k_proj.weight"),
                     &format!("{sa}.v_proj.weight"),
                 ]),
-            );
+            )?;
             put(
                 format!("{c}/self_attention/linear_0/bias"),
                 Tensor::cat(
                     &[
-                        get(&format!("{sa}.q_proj.bias")),
+                        get(&format!("{sa}.q_proj.bias"))?,
                         zeros.clone(),
-                        get(&format!("{sa}.v_proj.bias")),
+                        get(&format!("{sa}.v_proj.bias"))?,
                     ],
                     0,
-                )
-                .unwrap(),
-            );
+                ),
+            )?;
             put(
                 format!("{c}/self_attention/linear_1/weight"),
                 get(&format!("{sa}.out_proj.weight")),
-            );
+            )?;
             put(
                 format!("{c}/self_attention/linear_1/bias"),
                 get(&format!("{sa}.out_proj.bias")),
-            );
+            )?;
             put(
                 format!("{c}/self_attention/layer_norm/gamma"),
                 get(&format!("{h}.self_attn_layer_norm.weight")),
-            );
+            )?;
             put(
                 format!("{c}/self_attention/layer_norm/beta"),
                 get(&format!("{h}.self_attn_layer_norm.bias")),
-            );
+            )?;
             if stack == "decoder" {
                 let ca = format!("{h}.encoder_attn");
                 put(
                     format!("{c}/attention/linear_0/weight"),
                     get(&format!("{ca}.q_proj.weight")),
-                );
+                )?;
                 put(
                     format!("{c}/attention/linear_0/bias"),
                     get(&format!("{ca}.q_proj.bias")),
-                );
+                )?;
                 put(
                     format!("{c}/attention/linear_1/weight"),
                     cat(&[
                         &format!("{ca}.k_proj.weight"),
                         &format!("{ca}.v_proj.weight"),
                     ]),
-                );
+                )?;
                 put(
                     format!("{c}/attention/linear_1/bias"),
-                    Tensor::cat(&[zeros.clone(), get(&format!("{ca}.v_proj.bias"))], 0).unwrap(),
-                );
+                    Tensor::cat(&[zeros.clone(), get(&format!("{ca}.v_proj.bias"))?], 0),
+                )?;
                 put(
                     format!("{c}/attention/linear_2/weight"),
                     get(&format!("{ca}.out_proj.weight")),
-                );
+                )?;
                 put(
                     format!("{c}/attention/linear_2/bias"),
                     get(&format!("{ca}.out_proj.bias")),
-                );
+                )?;
                 put(
                     format!("{c}/attention/layer_norm/gamma"),
                     get(&format!("{h}.encoder_attn_layer_norm.weight")),
-                );
+                )?;
                 put(
                     format!("{c}/attention/layer_norm/beta"),
                     get(&format!("{h}.encoder_attn_layer_norm.bias")),
-                );
+                )?;
             }
             put(
                 format!("{c}/ffn/linear_0/weight"),
                 get(&format!("{h}.fc1.weight")),
-            );
+            )?;
             put(
                 format!("{c}/ffn/linear_0/bias"),
                 get(&format!("{h}.fc1.bias")),
-            );
+            )?;
             put(
                 format!("{c}/ffn/linear_1/weight"),
                 get(&format!("{h}.fc2.weight")),
-            );
+            )?;
             put(
                 format!("{c}/ffn/linear_1/bias"),
                 get(&format!("{h}.fc2.bias")),
-            );
+            )?;
             put(
                 format!("{c}/ffn/layer_norm/gamma"),
                 get(&format!("{h}.final_layer_norm.weight")),
-            );
+            )?;
             put(
                 format!("{c}/ffn/layer_norm/beta"),
                 get(&format!("{h}.final_layer_norm.bias")),
-            );
+            )?;
         }
     }
     vars.push(("encoder/num_heads".into(), Ct2Variable::I16(HEADS as i16)));
@@ -404,24 +427,21 @@ pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) {
             "decoder/projection/weight".into(),
             "decoder/embeddings/weight".into(),
         )],
-    )
-    .unwrap();
+    )?;
     write_json(
         &dir.join("config.json"),
         &json!({"suppress_ids": [3, 4], "suppress_ids_begin": [26, END_OF_TEXT]}),
-    );
-    write_json(&dir.join("tokenizer.json"), &tokenizer_json());
+    )?;
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json())
 }
 
 /// A deterministic log-mel window of `frames` frames in Whisper's value range.
-pub fn mel(frames: usize, seed: u64) -> engine_asr::LogMel {
+pub fn mel(frames: usize, seed: u64) -> Result<LogMel> {
     let mut s = seed;
-    let data = random(&[MELS * frames], 1.0, &mut s)
-        .to_vec1::<f32>()
-        .unwrap();
-    engine_asr::LogMel {
+    let data = random(&[MELS * frames], 1.0, &mut s)?.to_vec1::<f32>()?;
+    Ok(LogMel {
         n_mels: MELS,
         frames,
         data,
-    }
+    })
 }
