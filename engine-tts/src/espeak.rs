@@ -70,8 +70,7 @@ impl EspeakSettings {
 pub enum EspeakError {
     /// The program is not installed, or not at the configured path.
     #[error(
-        "`{}` not found ({source}); install it with `apt-get install espeak-ng` \
-         or set the program path",
+        "`{}` not found; install it with `apt-get install espeak-ng` or set the program path",
         program.display()
     )]
     ProgramMissing {
@@ -81,7 +80,7 @@ pub enum EspeakError {
     },
 
     /// The program could not be started or fed its text.
-    #[error("cannot run `{}`: {source}", program.display())]
+    #[error("cannot run `{}`", program.display())]
     Run {
         program: PathBuf,
         #[source]
