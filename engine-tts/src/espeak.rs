@@ -130,6 +130,7 @@ impl EspeakSynthesizer {
         Ok(Self { settings, version })
     }
 
+    /// The settings it speaks with.
     pub fn settings(&self) -> &EspeakSettings {
         &self.settings
     }
@@ -139,6 +140,8 @@ impl EspeakSynthesizer {
         &self.version
     }
 
+    /// The whole of standard input as UTF-8 text (`--stdin -b 1`), a WAV on standard output,
+    /// then the voice, rate and pitch.
     fn arguments(&self) -> Vec<String> {
         let settings = &self.settings;
         vec![
