@@ -36,6 +36,17 @@ pub struct Partial {
     pub forwards: usize,
 }
 
+impl Partial {
+    /// This partial as every engine takes partial transcripts (`spec-voice`): heard once its
+    /// audio had arrived and been transcribed (`audio_seconds` + `latency` from the stream's
+    /// start, on a clock where transcription starts as audio arrives), `is_final` for the last
+    /// one of an utterance.
+    pub fn heard(&self, is_final: bool) -> spec_voice::Partial {
+        let at = Duration::from_secs_f64(self.audio_seconds.max(0.0)) + self.latency;
+        spec_voice::Partial::new(at, self.text.trim(), is_final)
+    }
+}
+
 /// Totals over a stream.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StreamStats {

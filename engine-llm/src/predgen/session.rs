@@ -866,8 +866,9 @@ impl<'m> PredGen<'m> {
         let before = turn.guess.tokens.len();
         let budget = self.config.max_answer_tokens - before;
         let (prompt, tail) = (turn.prompt.clone(), std::mem::take(&mut turn.rejected_tail));
+        let continuation = self.runnable(turn.continuation(&self.config), false);
         let gen = self.extend_with(
-            turn.continuation(&self.config),
+            continuation,
             &prompt,
             &mut turn.guess,
             &tail,
@@ -943,7 +944,7 @@ impl<'m> PredGen<'m> {
             let started = Instant::now();
             let budget = max - turn.guess.tokens.len();
             let prompt = turn.prompt.clone();
-            let continuation = turn.continuation(&self.config);
+            let continuation = self.runnable(turn.continuation(&self.config), false);
             self.extend_with(
                 continuation,
                 &prompt,
@@ -1233,14 +1234,8 @@ impl<'m> PredGen<'m> {
         budget: usize,
         until_sentences: Option<usize>,
     ) -> Result<Generation> {
-        self.extend_with(
-            self.config.continuation,
-            prompt,
-            answer,
-            guess,
-            budget,
-            until_sentences,
-        )
+        let continuation = self.runnable(self.config.continuation, true);
+        self.extend_with(continuation, prompt, answer, guess, budget, until_sentences)
     }
 
     /// Generates up to `budget` tokens onto `answer` (greedy, by `continuation`), stopping at
@@ -1283,12 +1278,6 @@ impl<'m> PredGen<'m> {
                 sentences.reported() >= wanted
             });
         }
-        let continuation = match continuation {
-            Continuation::Jacobi { window } if !self.jacobi_pays(window) => {
-                Continuation::Autoregressive
-            }
-            other => other,
-        };
         let draft_length = match (&self.draft_policy, continuation) {
             (Some(policy), _) => DraftLength::CostAware(policy.clone()),
             (None, Continuation::DraftModel { gamma }) => DraftLength::Fixed(gamma),
@@ -1351,15 +1340,27 @@ impl<'m> PredGen<'m> {
         Ok(gen)
     }
 
-    /// Whether Jacobi decoding with `window` guessed tokens produces tokens faster than one
-    /// forward per token, from the tokens per forward it achieved so far in this session and
-    /// the measured forward costs. It is tried until it has run a few forwards.
-    fn jacobi_pays(&self, window: usize) -> bool {
+    /// What runs of `continuation` now: Jacobi decoding only while it is on trial (its first
+    /// few forwards of the session, and only while the user speaks, where a slow step costs
+    /// idle time) or has shown that it produces tokens faster than one forward per token, from
+    /// the tokens per forward it achieved so far and the measured forward costs; plain decoding
+    /// otherwise.
+    fn runnable(&self, continuation: Continuation, listening: bool) -> Continuation {
+        let Continuation::Jacobi { window } = continuation else {
+            return continuation;
+        };
         let Some(costs) = &self.costs else {
-            return true;
+            return continuation;
         };
         let (tokens, forwards) = self.jacobi_rate;
-        forwards < 8.0 || tokens / forwards * costs.cost(1) >= costs.cost(window + 1)
+        let pays = match forwards < 8.0 {
+            true => listening,
+            false => tokens / forwards * costs.cost(1) >= costs.cost(window + 1),
+        };
+        match pays {
+            true => continuation,
+            false => Continuation::Autoregressive,
+        }
     }
 
     fn generated_event(&self, tokens: &[u32]) -> Result<EventKind> {
