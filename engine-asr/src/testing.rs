@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 use spec_nn::ctranslate2::{write_model_bin, Ct2Variable};
 
+use crate::whisper::load::CT2_DIRECT_TENSORS;
 use crate::{Error, LogMel, Result};
 
 /// Width of the model (`d_model`).
@@ -270,23 +271,7 @@ pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) -> Result<()> {
         vars.push((name, Ct2Variable::Tensor(t?)));
         Ok(())
     };
-    for (ct2, hf_name) in [
-        ("encoder/conv1/weight", "model.encoder.conv1.weight"),
-        ("encoder/conv1/bias", "model.encoder.conv1.bias"),
-        ("encoder/conv2/weight", "model.encoder.conv2.weight"),
-        ("encoder/conv2/bias", "model.encoder.conv2.bias"),
-        (
-            "encoder/position_encodings/encodings",
-            "model.encoder.embed_positions.weight",
-        ),
-        (
-            "decoder/embeddings/weight",
-            "model.decoder.embed_tokens.weight",
-        ),
-        (
-            "decoder/position_encodings/encodings",
-            "model.decoder.embed_positions.weight",
-        ),
+    for (ct2, hf_name) in CT2_DIRECT_TENSORS.into_iter().chain([
         (
             "encoder/layer_norm/gamma",
             "model.encoder.layer_norm.weight",
@@ -297,7 +282,7 @@ pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) -> Result<()> {
             "model.decoder.layer_norm.weight",
         ),
         ("decoder/layer_norm/beta", "model.decoder.layer_norm.bias"),
-    ] {
+    ]) {
         put(ct2.into(), get(hf_name))?;
     }
     let cat = |names: &[&str]| {

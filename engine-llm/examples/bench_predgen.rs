@@ -216,6 +216,15 @@ fn percentile(values: &[f64], p: f64) -> f64 {
     sorted.get(rank).copied().unwrap_or(f64::NAN)
 }
 
+/// An SVG document's opening: its size, a white page and the caption.
+fn svg_start(width: f64, height: f64, caption: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" \
+         fill=\"white\"/><text x=\"10\" y=\"22\" font-weight=\"bold\">{caption}</text>\n"
+    )
+}
+
 /// A strip plot of audio latencies: one row per setup, a dot per turn, the interquartile box
 /// and the median.
 fn latency_svg(rows: &[(&str, Vec<f64>)], caption: &str) -> String {
@@ -231,16 +240,7 @@ fn latency_svg(rows: &[(&str, Vec<f64>)], caption: &str) -> String {
     let scale_max = (max / step).ceil() * step;
     let x = |v: f64| left + v / scale_max * width;
     let height = top + rows.len() as f64 * row_height + 50.0;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" font-size="13">"#,
-        w = left + width + 30.0
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-weight="bold">{caption}</text>"#
-    );
+    let mut svg = svg_start(left + width + 30.0, height, caption);
     let mut tick = 0.0;
     while tick <= scale_max + 1e-9 {
         let _ = writeln!(
@@ -307,17 +307,7 @@ fn turns_svg(cascade: &[f64], methods: &[(&str, Vec<f64>)], caption: &str) -> St
     let scale_max = (max / step).ceil() * step;
     let x = |v: f64| left + v / scale_max * size;
     let y = |v: f64| top + size - v / scale_max * size;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="13">"#,
-        left + size + 230.0,
-        top + size + 50.0
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-weight="bold">{caption}</text>"#
-    );
+    let mut svg = svg_start(left + size + 230.0, top + size + 50.0, caption);
     let mut tick = 0.0;
     while tick <= scale_max + 1e-9 {
         let _ = writeln!(

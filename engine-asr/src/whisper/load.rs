@@ -104,6 +104,26 @@ pub(crate) fn load(folder: &Path, options: &LoadOptions) -> Result<Whisper> {
     }
 }
 
+/// Tensors stored whole under both names: CTranslate2's and Hugging Face's.
+pub(crate) const CT2_DIRECT_TENSORS: [(&str, &str); 7] = [
+    ("encoder/conv1/weight", "model.encoder.conv1.weight"),
+    ("encoder/conv1/bias", "model.encoder.conv1.bias"),
+    ("encoder/conv2/weight", "model.encoder.conv2.weight"),
+    ("encoder/conv2/bias", "model.encoder.conv2.bias"),
+    (
+        "encoder/position_encodings/encodings",
+        "model.encoder.embed_positions.weight",
+    ),
+    (
+        "decoder/embeddings/weight",
+        "model.decoder.embed_tokens.weight",
+    ),
+    (
+        "decoder/position_encodings/encodings",
+        "model.decoder.embed_positions.weight",
+    ),
+];
+
 /// Every tensor of a model folder in f32 under Hugging Face's names, CTranslate2's fused
 /// projections split (the key projections' zero biases dropped): for other implementations
 /// of Whisper (candle-transformers' in the benchmark) to run the very same weights.
@@ -132,25 +152,7 @@ pub fn hugging_face_tensors(
     let read = |file: &mut Ct2File, name: &str| -> Result<candle_core::Tensor> {
         Ok(file.tensor(name, device)?.into_f32(device)?)
     };
-    let direct = [
-        ("encoder/conv1/weight", "model.encoder.conv1.weight"),
-        ("encoder/conv1/bias", "model.encoder.conv1.bias"),
-        ("encoder/conv2/weight", "model.encoder.conv2.weight"),
-        ("encoder/conv2/bias", "model.encoder.conv2.bias"),
-        (
-            "encoder/position_encodings/encodings",
-            "model.encoder.embed_positions.weight",
-        ),
-        (
-            "decoder/embeddings/weight",
-            "model.decoder.embed_tokens.weight",
-        ),
-        (
-            "decoder/position_encodings/encodings",
-            "model.decoder.embed_positions.weight",
-        ),
-    ];
-    for (ct2, hf) in direct {
+    for (ct2, hf) in CT2_DIRECT_TENSORS {
         out.insert(hf.to_string(), read(&mut file, ct2)?);
     }
     for (stack, layers) in [
