@@ -216,7 +216,7 @@ fn main() -> Result<()> {
                 if after > 0.0 {
                     format!("{:.1}×", before / after)
                 } else {
-                    "—".into()
+                    "no wait".into()
                 },
                 if predgen.answer == baseline.answer {
                     "yes"
