@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use spec_nn::{
-    GgufFile, Linear, Norm, Requantize, SafetensorsFiles, SelfAttention, StoredTensor, SwiGlu,
+    GgufFile, InMemoryWeights, Linear, Norm, Requantize, SafetensorsFiles, SelfAttention, SwiGlu,
     WeightLoader, WeightSource,
 };
 
@@ -180,33 +180,6 @@ impl Transformer {
     }
 }
 
-/// Tensors held in memory under Hugging Face names.
-struct TensorMap(HashMap<String, Tensor>);
-
-impl WeightSource for TensorMap {
-    fn path(&self) -> &Path {
-        Path::new("(memory)")
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.0.contains_key(name)
-    }
-
-    fn dims(&self, name: &str) -> Option<Vec<usize>> {
-        self.0.get(name).map(|t| t.dims().to_vec())
-    }
-
-    fn tensor(&mut self, name: &str, _device: &Device) -> spec_nn::Result<StoredTensor> {
-        self.0
-            .remove(name)
-            .map(StoredTensor::Dense)
-            .ok_or_else(|| spec_nn::Error::MissingTensor {
-                path: self.path().to_path_buf(),
-                name: name.to_string(),
-            })
-    }
-}
-
 impl Transformer {
     /// A model from tensors under Hugging Face names (`model.embed_tokens.weight`, ...), as
     /// weights made or converted in memory come.
@@ -216,7 +189,11 @@ impl Transformer {
         options: &LoadOptions,
     ) -> Result<Self> {
         config.validate()?;
-        let loader = WeightLoader::new(TensorMap(tensors), &options.device, options.requantize);
+        let loader = WeightLoader::new(
+            InMemoryWeights::dense(tensors),
+            &options.device,
+            options.requantize,
+        );
         build(loader, config, Naming::HuggingFace, options)
     }
 }

@@ -40,7 +40,10 @@ pub use costs::forward_costs;
 pub use ctranslate2::Ct2File;
 pub use error::{Error, Result};
 pub use linear::{Linear, QLinear};
-pub use load::{GgufFile, Requantize, SafetensorsFiles, StoredTensor, WeightLoader, WeightSource};
+pub use load::{
+    GgufFile, InMemoryWeights, Requantize, SafetensorsFiles, StoredTensor, WeightLoader,
+    WeightSource,
+};
 pub use mlp::{GeluMlp, SwiGlu};
 pub use norm::Norm;
 pub use output::{decoder_output, unembed, DecoderOutput};

@@ -248,6 +248,43 @@ impl WeightSource for SafetensorsFiles {
     }
 }
 
+/// Tensors held in memory by name, as weights made or converted in memory come (any other
+/// container plugs in the same way, by implementing [`WeightSource`]). Each is handed over once.
+pub struct InMemoryWeights(pub HashMap<String, StoredTensor>);
+
+impl InMemoryWeights {
+    /// Dense tensors by name.
+    pub fn dense(tensors: HashMap<String, Tensor>) -> Self {
+        Self(
+            tensors
+                .into_iter()
+                .map(|(name, t)| (name, StoredTensor::Dense(t)))
+                .collect(),
+        )
+    }
+}
+
+impl WeightSource for InMemoryWeights {
+    fn path(&self) -> &Path {
+        Path::new("(memory)")
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.get(name).map(|t| t.dims().to_vec())
+    }
+
+    fn tensor(&mut self, name: &str, _device: &Device) -> Result<StoredTensor> {
+        self.0.remove(name).ok_or_else(|| Error::MissingTensor {
+            path: self.path().to_path_buf(),
+            name: name.to_string(),
+        })
+    }
+}
+
 /// Reads a model's parameters from a [`WeightSource`], checking each against the shape the
 /// configuration implies.
 pub struct WeightLoader<S> {
@@ -549,33 +586,11 @@ mod tests {
         ));
     }
 
-    /// A container of another format plugs in by implementing [`WeightSource`] (here: tensors
-    /// kept in memory, as a converter from CTranslate2's `model.bin` would hand them over).
-    struct InMemory(HashMap<String, StoredTensor>);
-
-    impl WeightSource for InMemory {
-        fn path(&self) -> &Path {
-            Path::new("(memory)")
-        }
-        fn contains(&self, name: &str) -> bool {
-            self.0.contains_key(name)
-        }
-        fn dims(&self, name: &str) -> Option<Vec<usize>> {
-            self.0.get(name).map(|t| t.dims().to_vec())
-        }
-        fn tensor(&mut self, name: &str, _device: &Device) -> Result<StoredTensor> {
-            self.0.remove(name).ok_or_else(|| Error::MissingTensor {
-                path: self.path().to_path_buf(),
-                name: name.to_string(),
-            })
-        }
-    }
-
     #[test]
     fn any_container_loads_through_the_weight_source_trait() {
         let cols = 256;
         let q = QTensor::quantize(&random((32, cols)), GgmlDType::Q6K).unwrap();
-        let source = InMemory(HashMap::from([
+        let source = InMemoryWeights(HashMap::from([
             ("proj".to_string(), StoredTensor::Quantized(q)),
             (
                 "bias".to_string(),
