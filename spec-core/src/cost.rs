@@ -115,22 +115,59 @@ impl ForwardCosts {
     }
 }
 
+/// A running estimate of α, the probability that a guessed token is accepted given that the
+/// ones before it were: decayed counts of accepted tokens and of rejections (at most one per
+/// check, where the accepted run breaks), from a prior.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AcceptanceRate {
+    accepted: f64,
+    rejected: f64,
+    /// Weight of the counts so far at each new check.
+    decay: f64,
+}
+
+impl AcceptanceRate {
+    /// The prior `accepted / (accepted + rejected)` with the weight of that many tokens.
+    pub fn new(accepted: f64, rejected: f64, decay: f64) -> Self {
+        Self {
+            accepted,
+            rejected,
+            decay,
+        }
+    }
+
+    /// The current estimate, below 1.
+    pub fn rate(&self) -> f64 {
+        (self.accepted / (self.accepted + self.rejected)).clamp(0.0, 0.999)
+    }
+
+    /// An α drawn from the Beta posterior of the counts (the estimate where they cannot form
+    /// one).
+    pub fn sample(&self, rng: &mut dyn RngCore) -> f64 {
+        Beta::new(self.accepted, self.rejected)
+            .map_or_else(|_| self.rate(), |beta| beta.sample(rng))
+            .clamp(0.0, 0.999)
+    }
+
+    /// `offered` tokens were checked and the first `accepted` of them accepted.
+    pub fn observe(&mut self, offered: usize, accepted: usize) {
+        if offered == 0 {
+            return;
+        }
+        let rejected = usize::from(accepted < offered);
+        self.accepted = self.decay * self.accepted + accepted as f64;
+        self.rejected = self.decay * self.rejected + rejected as f64;
+    }
+}
+
 /// Chooses draft lengths that maximise expected tokens per second.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostAwarePolicy {
     target: ForwardCosts,
     draft: ForwardCosts,
     max_draft: usize,
-    /// Decayed counts of accepted and rejected draft tokens, the prior included.
-    accepted: f64,
-    rejected: f64,
+    acceptance: AcceptanceRate,
 }
-
-/// Weight of past steps in the acceptance estimate (per step).
-const DECAY: f64 = 0.9;
-/// The prior: α = 0.6 with the weight of a few tokens.
-const PRIOR_ACCEPTED: f64 = 3.0;
-const PRIOR_REJECTED: f64 = 2.0;
 
 impl CostAwarePolicy {
     /// A policy for a target/draft pair with these costs, drafting at most `max_draft` tokens.
@@ -139,8 +176,8 @@ impl CostAwarePolicy {
             target,
             draft,
             max_draft,
-            accepted: PRIOR_ACCEPTED,
-            rejected: PRIOR_REJECTED,
+            // α = 0.6 with the weight of a few tokens; past steps weigh 0.9 per step.
+            acceptance: AcceptanceRate::new(3.0, 2.0, 0.9),
         }
     }
 
@@ -151,7 +188,7 @@ impl CostAwarePolicy {
 
     /// The current estimate of α, the probability that a draft token is accepted.
     pub fn acceptance(&self) -> f64 {
-        (self.accepted / (self.accepted + self.rejected)).clamp(0.0, 0.999)
+        self.acceptance.rate()
     }
 
     /// Expected tokens per second of one step with draft length `gamma` at acceptance `alpha`,
@@ -169,9 +206,7 @@ impl CostAwarePolicy {
     /// The draft length for the next step, at most `budget` (0 = decode without a draft), for
     /// a draft that lags `draft_lag` tokens behind.
     pub fn choose(&self, budget: usize, draft_lag: usize, rng: &mut dyn RngCore) -> usize {
-        let alpha = Beta::new(self.accepted, self.rejected)
-            .map_or_else(|_| self.acceptance(), |beta| beta.sample(rng))
-            .clamp(0.0, 0.999);
+        let alpha = self.acceptance.sample(rng);
         self.best_length(budget, alpha, draft_lag)
     }
 
@@ -185,12 +220,7 @@ impl CostAwarePolicy {
 
     /// Records a step's outcome.
     pub fn observe(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        let rejected = usize::from(accepted < drafted);
-        self.accepted = DECAY * self.accepted + accepted as f64;
-        self.rejected = DECAY * self.rejected + rejected as f64;
+        self.acceptance.observe(drafted, accepted);
     }
 }
 

@@ -35,7 +35,7 @@ pub mod tree;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
 pub use continuation::{forward_continuation, verify_continuation};
-pub use cost::{CostAwarePolicy, ForwardCosts};
+pub use cost::{AcceptanceRate, CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
 pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
 pub use error::{Error, Result};

@@ -17,9 +17,9 @@ use spec_core::acceptance::Acceptance;
 use spec_core::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, generate, jacobi_generate, speculative_generate, AcceptanceRule,
-    CostAwarePolicy, Decoder, DraftLength, FinishReason, ForwardCosts, Generation, LogitRows,
-    SamplingConfig, SpeculativeConfig, StopConditions,
+    forward_continuation, generate, jacobi_generate, speculative_generate, AcceptanceRate,
+    AcceptanceRule, CostAwarePolicy, Decoder, DraftLength, FinishReason, ForwardCosts, Generation,
+    LogitRows, SamplingConfig, SpeculativeConfig, StopConditions,
 };
 use spec_nn::forward_costs;
 
@@ -199,40 +199,6 @@ impl Answer {
     }
 }
 
-/// How often a guessed token holds when it is verified: decayed counts of tokens that held
-/// and of breaks, from a prior of 0.8.
-#[derive(Clone, Copy, Debug)]
-struct Survival {
-    held: f64,
-    broke: f64,
-}
-
-impl Default for Survival {
-    fn default() -> Self {
-        Self {
-            held: 4.0,
-            broke: 1.0,
-        }
-    }
-}
-
-impl Survival {
-    const DECAY: f64 = 0.95;
-
-    fn rate(&self) -> f64 {
-        (self.held / (self.held + self.broke)).clamp(0.0, 0.99)
-    }
-
-    /// `judged` guessed tokens were verified and the first `held` of them held.
-    fn observe(&mut self, judged: usize, held: usize) {
-        if judged == 0 {
-            return;
-        }
-        self.held = Self::DECAY * self.held + held as f64;
-        self.broke = Self::DECAY * self.broke + f64::from(u8::from(held < judged));
-    }
-}
-
 /// What verifying a guess gave.
 struct Check {
     /// Guessed tokens waiting for verification before this check.
@@ -260,8 +226,9 @@ pub struct PredGen<'m> {
     turn: Option<TurnState>,
     /// The target's measured forward costs, when the config is cost-aware.
     costs: Option<ForwardCosts>,
-    /// How often guessed tokens held so far in this session.
-    survival: Survival,
+    /// How often guessed tokens held so far in this session (from a prior of 0.8, past checks
+    /// weighing 0.95 each).
+    survival: AcceptanceRate,
     /// Decayed tokens and forwards of the Jacobi continuation, to tell whether it pays.
     jacobi_rate: (f64, f64),
     /// The draft-model continuation's draft lengths, chosen from both models' costs.
@@ -330,7 +297,7 @@ impl<'m> PredGen<'m> {
             history: Vec::new(),
             turn: None,
             costs,
-            survival: Survival::default(),
+            survival: AcceptanceRate::new(4.0, 1.0, 0.95),
             jacobi_rate: (0.0, 0.0),
             draft_policy: None,
             assistant_opening: None,
@@ -1175,7 +1142,7 @@ impl<'m> PredGen<'m> {
         let cached = common_prefix_len(self.model.model.cached_tokens(), context)
             .min(context.len().saturating_sub(1));
         let uncached = context.len() - cached;
-        let alpha = self.survival.rate();
+        let alpha = self.survival.rate().min(0.99);
         let (base, step) = (costs.cost(uncached), costs.cost(1));
         let (mut best, mut best_value, mut expected, mut chance) = (0, 0.0, 0.0, 1.0);
         for g in 1..=available {
