@@ -626,12 +626,10 @@ impl<'m> PredGen<'m> {
     fn verify_partial(&mut self, turn: &mut TurnState, partial: &Partial) -> Result<()> {
         turn.timeline.push(turn.event(heard_event(partial)));
         let started = Instant::now();
-        let question = match self.config.complete_questions {
-            true => turn
-                .question_for(&partial.text)
-                .unwrap_or_else(|| partial.text.clone()),
-            false => partial.text.clone(),
-        };
+        // Without question completion there is no completed question: the words themselves.
+        let question = turn
+            .question_for(&partial.text)
+            .unwrap_or_else(|| partial.text.clone());
         let prompt = self.prompt_for(&question)?;
         if turn.heard_prompt.as_ref() == Some(&prompt) {
             // The same prompt as before (the words heard so far fit the completed question):
@@ -1245,11 +1243,6 @@ impl<'m> PredGen<'m> {
                 sentences.reported() >= wanted
             });
         }
-        let draft_length = match (&self.draft_policy, continuation) {
-            (Some(policy), _) => DraftLength::CostAware(policy.clone()),
-            (None, Continuation::DraftModel { gamma }) => DraftLength::Fixed(gamma),
-            (None, _) => DraftLength::Fixed(1),
-        };
         let target = &mut self.model.model;
         let mut rng = StdRng::seed_from_u64(0);
         let gen = match continuation {
@@ -1270,7 +1263,11 @@ impl<'m> PredGen<'m> {
                 );
                 gen
             }
-            Continuation::DraftModel { .. } => {
+            Continuation::DraftModel { gamma } => {
+                let draft_length = match &self.draft_policy {
+                    Some(policy) => DraftLength::CostAware(policy.clone()),
+                    None => DraftLength::Fixed(gamma),
+                };
                 let draft = self.draft.as_deref_mut().ok_or_else(|| {
                     Error::Config("the draft-model continuation needs a draft model".into())
                 })?;
