@@ -9,7 +9,8 @@ pub mod synth;
 pub use clock::SimClock;
 pub use error::{Error, Result};
 pub use partial::{
-    lag_k, parse_partials, read_partials, spoken_at_rate, Partial, DEFAULT_CHARS_PER_MINUTE,
+    keeps_words, lag_k, parse_partials, read_partials, spoken_at_rate, Partial,
+    DEFAULT_CHARS_PER_MINUTE,
 };
 pub use sentence::{first_sentence_end, split_sentences, SentenceStream};
 pub use synth::{

@@ -37,17 +37,14 @@ impl Partial {
     /// Whether this partial changes words of `previous` rather than only adding to them (a
     /// recogniser correcting itself).
     pub fn revises(&self, previous: &Partial) -> bool {
-        let mut before = previous.text.split_whitespace();
-        let mut now = self.text.split_whitespace();
-        loop {
-            match (before.next(), now.next()) {
-                (None, _) => return false,
-                (Some(_), None) => return true,
-                (Some(a), Some(b)) if a != b => return true,
-                _ => {}
-            }
-        }
+        !keeps_words(&previous.text, &self.text)
     }
+}
+
+/// Whether `later` starts with every word of `earlier`, in order (whitespace aside).
+pub fn keeps_words(earlier: &str, later: &str) -> bool {
+    let mut later = later.split_whitespace();
+    earlier.split_whitespace().all(|w| later.next() == Some(w))
 }
 
 /// Default speaking rate: 600 characters per minute (≈120 words per minute).

@@ -24,7 +24,7 @@ use spec_core::{
 use spec_nn::forward_costs;
 
 use spec_voice::{
-    first_sentence_end, split_sentences, Partial, PreparedAudio, SentenceStream,
+    first_sentence_end, keeps_words, split_sentences, Partial, PreparedAudio, SentenceStream,
     SentenceSynthesizer, SimClock, Synthesis,
 };
 
@@ -1509,8 +1509,7 @@ impl TurnState {
     /// complete exactly these words and would not end them; `None` when it was not asked yet.
     fn question_for(&self, heard: &str) -> Option<String> {
         if let Some(completed) = &self.completed {
-            let mut words = completed.split_whitespace();
-            if heard.split_whitespace().all(|w| words.next() == Some(w)) {
+            if keeps_words(heard, completed) {
                 return Some(completed.clone());
             }
         }
