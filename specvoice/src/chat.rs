@@ -1,0 +1,452 @@
+//! Voice chat: audio in, streaming Whisper, PredGen (or the plain cascade), speech out.
+//!
+//! [`VoiceChat`] is driven step by step, so one loop serves a recording replayed on a simulated
+//! clock, a recording played in real time, and a microphone: [`VoiceChat::hear_audio`] when
+//! audio arrives (the endpoint detector and Whisper run on it), [`VoiceChat::step`] whenever
+//! the caller is free (one piece of the language model's work). On the simulated clock the
+//! recognizer's and the model's measured compute share one timeline, as they share the CPU.
+
+use std::time::{Duration, Instant};
+
+use engine_llm::predgen::{Event, EventKind, Status, Turn};
+use engine_llm::{PredGen, TurnClock};
+use spec_voice::{AudioChunk, Partial, SentenceSynthesizer, SimClock};
+
+use crate::endpoint::{duration_of, samples_in};
+use crate::listener::{Heard, Listener};
+use crate::{Error, Result};
+
+/// How the language model answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatMode {
+    /// PredGen: guess the answer while the user speaks, verify it on every partial transcript.
+    PredGen,
+    /// The plain cascade: wait for the final transcript, then generate the answer.
+    Cascade,
+}
+
+/// How time runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockKind {
+    /// Real time: audio arrives as it is spoken, and waiting is sleeping.
+    Wall,
+    /// Compute time: time advances by the measured compute of the recognizer and the model,
+    /// and jumps to the next audio when both are idle; every latency is real measured compute,
+    /// but a recording replays as fast as the machine allows.
+    Simulated,
+}
+
+/// Something that happened, at a time of the stream (from its first sample).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatEvent {
+    pub at: Duration,
+    pub kind: ChatEventKind,
+}
+
+/// The kinds of [`ChatEvent`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum ChatEventKind {
+    /// The endpoint detector heard speech start (at `at`, minus its confirmation time).
+    SpeechStarted { started_at: Duration },
+    /// A partial transcript.
+    Partial { text: String },
+    /// The end-of-speech silence passed: the user stopped speaking at `speech_end`.
+    SpeechEnded { speech_end: Duration },
+    /// The final transcript of the utterance.
+    Transcript { text: String },
+    /// An utterance without words (noise, a cough): ignored.
+    NoWords,
+    /// The user spoke while an answer was still being generated: it was dropped.
+    BargeIn,
+    /// The language model's side of the turn (PredGen's events, on the stream's clock).
+    Answer(EventKind),
+    /// A turn is complete.
+    TurnDone(Box<VoiceTurn>),
+}
+
+/// One question and its answer, with the times of the whole pipeline on the stream's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VoiceTurn {
+    /// The language model's turn (question, answer, audio, its own timeline).
+    pub turn: Turn,
+    pub speech_start: Duration,
+    /// The end of the last voiced audio.
+    pub speech_end: Duration,
+    /// When the endpoint detector's silence had passed.
+    pub endpoint_at: Duration,
+    /// When the final transcript was ready.
+    pub transcript_at: Duration,
+    /// When the first sentence of the answer was complete.
+    pub first_sentence_at: Duration,
+    /// When the first audio of the answer was ready to play.
+    pub first_audio_at: Duration,
+}
+
+/// Where the time from the end of speech to the first audio went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyBreakdown {
+    /// Waiting for the end-of-speech silence.
+    pub endpointing: Duration,
+    /// Whisper's final transcript after the silence.
+    pub asr: Duration,
+    /// The language model, from the final transcript to the first sentence.
+    pub llm: Duration,
+    /// Speech synthesis of the first sentence, beyond the language model's time.
+    pub tts: Duration,
+}
+
+impl VoiceTurn {
+    /// What the user waits for: from the end of speech to the first audio of the answer.
+    pub fn latency(&self) -> Duration {
+        self.first_audio_at.saturating_sub(self.speech_end)
+    }
+
+    pub fn breakdown(&self) -> LatencyBreakdown {
+        LatencyBreakdown {
+            endpointing: self.endpoint_at.saturating_sub(self.speech_end),
+            asr: self.transcript_at.saturating_sub(self.endpoint_at),
+            llm: self.first_sentence_at.saturating_sub(self.transcript_at),
+            tts: self
+                .first_audio_at
+                .saturating_sub(self.first_sentence_at.max(self.transcript_at)),
+        }
+    }
+
+    /// The answer's audio, sentence by sentence.
+    pub fn audio(&self) -> impl Iterator<Item = &AudioChunk> {
+        self.turn.audio.iter().flat_map(|s| s.chunks.iter())
+    }
+}
+
+/// The stream's clock.
+#[derive(Clone, Copy, Debug)]
+enum StreamClock {
+    Wall(Instant),
+    Simulated(SimClock),
+}
+
+impl StreamClock {
+    fn now(&self) -> Duration {
+        match self {
+            Self::Wall(start) => start.elapsed(),
+            Self::Simulated(clock) => clock.now(),
+        }
+    }
+}
+
+/// A turn in progress.
+#[derive(Clone, Debug)]
+struct TurnTimes {
+    /// Stream time of the turn clock's zero.
+    zero: Duration,
+    speech_start: Duration,
+    /// Set once the utterance has ended: speech end, endpoint, final transcript.
+    ended: Option<(Duration, Duration, Duration)>,
+}
+
+/// A voice conversation: a [`Listener`] (endpoint detector and streaming Whisper), a PredGen
+/// session and a sentence synthesizer on one clock.
+pub struct VoiceChat<'m> {
+    listener: Listener,
+    predgen: PredGen<'m>,
+    tts: Box<dyn SentenceSynthesizer + 'm>,
+    mode: ChatMode,
+    clock: StreamClock,
+    turn: Option<TurnTimes>,
+    events: Vec<ChatEvent>,
+}
+
+impl<'m> VoiceChat<'m> {
+    /// A conversation starting now (the wall clock starts here).
+    pub fn new(
+        listener: Listener,
+        predgen: PredGen<'m>,
+        tts: Box<dyn SentenceSynthesizer + 'm>,
+        mode: ChatMode,
+        clock: ClockKind,
+    ) -> Self {
+        Self {
+            listener,
+            predgen,
+            tts,
+            mode,
+            clock: match clock {
+                ClockKind::Wall => StreamClock::Wall(Instant::now()),
+                ClockKind::Simulated => StreamClock::Simulated(SimClock::new()),
+            },
+            turn: None,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn mode(&self) -> ChatMode {
+        self.mode
+    }
+
+    /// The time on the stream's clock.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Stream time of the audio heard so far.
+    pub fn audio_time(&self) -> Duration {
+        self.listener.audio_time()
+    }
+
+    /// Gives the listener and the PredGen session back.
+    pub fn into_parts(self) -> (Listener, PredGen<'m>) {
+        (self.listener, self.predgen)
+    }
+
+    /// Whether a turn is in progress (the user speaking, or an answer being made).
+    pub fn in_turn(&self) -> bool {
+        self.turn.is_some()
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Vec<ChatEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// On the simulated clock, lets time pass until `at` (nothing to do until then); the wall
+    /// clock passes by itself.
+    pub fn wait_until(&mut self, at: Duration) {
+        if let StreamClock::Simulated(clock) = &mut self.clock {
+            clock.wait_until(at);
+        }
+    }
+
+    /// Audio arrived (16 kHz mono): the endpoint detector and Whisper run on it now, and what
+    /// they hear goes to the language model.
+    pub fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
+        let heard = self.listener.push(samples)?;
+        self.on_heard(heard)
+    }
+
+    /// The audio stream ended: an utterance in progress ends with it.
+    pub fn end_of_audio(&mut self) -> Result<()> {
+        let heard = self.listener.finish()?;
+        self.on_heard(heard.into_iter().collect())
+    }
+
+    /// Does one piece of the language model's work. Returns whether there is more to do now
+    /// (`false`: idle until more audio arrives).
+    pub fn step(&mut self) -> Result<bool> {
+        let Some(times) = self.turn.clone() else {
+            return Ok(false);
+        };
+        self.sync_model_clock(&times);
+        let progress = self.predgen.step(self.tts.as_mut())?;
+        if let StreamClock::Simulated(clock) = &mut self.clock {
+            clock.wait_until(times.zero + self.predgen.now());
+        }
+        for event in progress.events {
+            self.push_answer_event(&times, event);
+        }
+        match progress.status {
+            Status::Working => Ok(true),
+            Status::Idle => Ok(false),
+            Status::Done(turn) => {
+                self.turn = None;
+                let (speech_end, endpoint_at, transcript_at) = times
+                    .ended
+                    .ok_or_else(|| Error::Input("a turn ended before its utterance did".into()))?;
+                let since_input = |after: Duration| times.zero + turn.input_end + after;
+                let voice_turn = VoiceTurn {
+                    speech_start: times.speech_start,
+                    speech_end,
+                    endpoint_at,
+                    transcript_at,
+                    first_sentence_at: since_input(turn.time_to_first_sentence),
+                    first_audio_at: since_input(turn.audio_latency),
+                    turn: *turn,
+                };
+                let at = self.now();
+                self.events.push(ChatEvent {
+                    at,
+                    kind: ChatEventKind::TurnDone(Box::new(voice_turn)),
+                });
+                Ok(false)
+            }
+        }
+    }
+
+    fn push_answer_event(&mut self, times: &TurnTimes, event: Event) {
+        self.events.push(ChatEvent {
+            at: times.zero + event.at,
+            kind: ChatEventKind::Answer(event.kind),
+        });
+    }
+
+    /// On the simulated clock, the model's turn clock catches up with the stream's (time the
+    /// recognizer spent, or waiting for audio).
+    fn sync_model_clock(&mut self, times: &TurnTimes) {
+        if matches!(self.clock, StreamClock::Simulated(_)) {
+            let now = self.now();
+            self.predgen.wait_until(now.saturating_sub(times.zero));
+        }
+    }
+
+    fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
+        for item in heard {
+            let compute = match &item {
+                Heard::Partial { compute, .. } | Heard::Final { compute, .. } => *compute,
+                Heard::Started { .. } => Duration::ZERO,
+            };
+            if let StreamClock::Simulated(clock) = &mut self.clock {
+                clock.advance(compute);
+            }
+            let at = self.now();
+            match item {
+                Heard::Started { at: started_at } => {
+                    if self.turn.take().is_some() {
+                        self.predgen.cancel_turn()?;
+                        self.events.push(ChatEvent {
+                            at,
+                            kind: ChatEventKind::BargeIn,
+                        });
+                    }
+                    let clock = match self.clock {
+                        StreamClock::Wall(_) => TurnClock::Wall,
+                        StreamClock::Simulated(_) => TurnClock::Simulated,
+                    };
+                    match self.mode {
+                        ChatMode::PredGen => self.predgen.begin_turn(clock)?,
+                        ChatMode::Cascade => self.predgen.begin_cascade_turn(clock)?,
+                    }
+                    self.turn = Some(TurnTimes {
+                        zero: at,
+                        speech_start: started_at,
+                        ended: None,
+                    });
+                    self.events.push(ChatEvent {
+                        at,
+                        kind: ChatEventKind::SpeechStarted { started_at },
+                    });
+                }
+                Heard::Partial { text, .. } => {
+                    if !text.trim().is_empty() {
+                        self.hear_text(&text, false)?;
+                        self.events.push(ChatEvent {
+                            at,
+                            kind: ChatEventKind::Partial { text },
+                        });
+                    }
+                }
+                Heard::Final {
+                    text,
+                    speech_end,
+                    detected_at,
+                    ..
+                } => {
+                    self.events.push(ChatEvent {
+                        at: detected_at,
+                        kind: ChatEventKind::SpeechEnded { speech_end },
+                    });
+                    if text.trim().is_empty() {
+                        self.turn = None;
+                        self.predgen.cancel_turn()?;
+                        self.events.push(ChatEvent {
+                            at,
+                            kind: ChatEventKind::NoWords,
+                        });
+                        continue;
+                    }
+                    if let Some(times) = &mut self.turn {
+                        times.ended = Some((speech_end, detected_at, at));
+                    }
+                    self.hear_text(&text, true)?;
+                    self.events.push(ChatEvent {
+                        at,
+                        kind: ChatEventKind::Transcript { text },
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands a transcript to the turn in progress, stamped with the turn clock's now.
+    fn hear_text(&mut self, text: &str, is_final: bool) -> Result<()> {
+        let times = self
+            .turn
+            .clone()
+            .ok_or_else(|| Error::Input("a transcript outside an utterance".into()))?;
+        self.sync_model_clock(&times);
+        let at = self.predgen.now();
+        self.predgen.hear(Partial::new(at, text, is_final))?;
+        Ok(())
+    }
+}
+
+/// Size of the packets audio arrives in from a recording: 20 ms, as from a microphone.
+pub const PACKET: Duration = Duration::from_millis(20);
+
+/// Plays a recording (16 kHz mono) into `chat` on its clock, followed by `trailing_silence`
+/// (the microphone stays open after the user stops), until every turn is answered. Audio
+/// arrives in [`PACKET`]s: on the simulated clock each when its time comes, the recognizer and
+/// the model computing in between; on the wall clock in real time. `on_event` sees every event
+/// as it happens.
+pub fn play_recording(
+    chat: &mut VoiceChat<'_>,
+    audio: &[f32],
+    trailing_silence: Duration,
+    on_event: &mut dyn FnMut(&ChatEvent),
+) -> Result<Vec<VoiceTurn>> {
+    if audio.is_empty() {
+        return Err(Error::Input("the recording has no samples".into()));
+    }
+    let silence = vec![0.0; samples_in(trailing_silence)];
+    let total = audio.len() + silence.len();
+    let sample = |range: std::ops::Range<usize>| -> Vec<f32> {
+        range
+            .map(|i| if i < audio.len() { audio[i] } else { 0.0 })
+            .collect()
+    };
+    let packet = samples_in(PACKET);
+    // The microphone was open and silent since the audio heard last.
+    let gap = samples_in(chat.now().saturating_sub(chat.audio_time())) / packet * packet;
+    if gap > 0 {
+        chat.hear_audio(&vec![0.0; gap])?;
+    }
+    let start = chat.audio_time();
+    let mut fed = 0;
+    let mut ended = false;
+    let mut turns = Vec::new();
+    loop {
+        let elapsed = chat.now().saturating_sub(start);
+        let arrived = (samples_in(elapsed) / packet * packet).min(total);
+        if arrived > fed {
+            chat.hear_audio(&sample(fed..arrived))?;
+            fed = arrived;
+        } else if fed == total && !ended {
+            chat.end_of_audio()?;
+            ended = true;
+        }
+        let working = chat.step()?;
+        for event in chat.take_events() {
+            on_event(&event);
+            if let ChatEventKind::TurnDone(turn) = event.kind {
+                turns.push(*turn);
+            }
+        }
+        if working {
+            continue;
+        }
+        if ended {
+            if chat.in_turn() {
+                return Err(Error::Input(
+                    "the audio ended and the turn in progress has nothing left to do".into(),
+                ));
+            }
+            return Ok(turns);
+        }
+        if fed < total {
+            let next = start + duration_of((fed / packet + 1) * packet);
+            match chat.clock {
+                StreamClock::Simulated(_) => chat.wait_until(next),
+                StreamClock::Wall(_) => std::thread::sleep(next.saturating_sub(chat.now())),
+            }
+        }
+    }
+}

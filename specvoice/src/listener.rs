@@ -1,0 +1,246 @@
+//! Hearing: the endpoint detector and streaming Whisper on one stream of 16 kHz audio. Each
+//! utterance the detector finds is transcribed as it arrives, a partial transcript every
+//! [`ListenerConfig::partial_every`] of audio (each equal to greedy decoding of the audio so
+//! far, `engine_asr::StreamingTranscriber`), and the last partial after the end-of-speech
+//! silence is the utterance's final transcript.
+
+use std::time::{Duration, Instant};
+
+use engine_asr::{StreamingTranscriber, TranscribeOptions, Transcriber};
+
+use crate::endpoint::{duration_of, samples_in, Boundary, EndpointConfig, EndpointDetector};
+use crate::{Error, Result};
+
+/// Settings of a [`Listener`].
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    pub endpoint: EndpointConfig,
+    /// Audio between partial transcripts. Default 500 ms. At most one partial is made per
+    /// [`Listener::push`], so a listener that falls behind transcribes less often.
+    pub partial_every: Duration,
+    /// Audio before the detected start of speech that is transcribed with it (the detector
+    /// misses soft onsets). Default 200 ms.
+    pub pre_roll: Duration,
+    /// Whisper's settings (greedy); English by default.
+    pub transcribe: TranscribeOptions,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: EndpointConfig::default(),
+            partial_every: Duration::from_millis(500),
+            pre_roll: Duration::from_millis(200),
+            transcribe: TranscribeOptions {
+                language: Some("en".to_string()),
+                ..TranscribeOptions::default()
+            },
+        }
+    }
+}
+
+/// What the listener heard, in stream time (from the first sample pushed).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Heard {
+    /// Speech started at `at`.
+    Started { at: Duration },
+    /// A partial transcript of the utterance so far, covering audio up to `audio_end`;
+    /// `compute` is the recognition time it took.
+    Partial {
+        text: String,
+        audio_end: Duration,
+        compute: Duration,
+    },
+    /// The utterance ended: speech stopped at `speech_end`, and the detector noticed at
+    /// `detected_at`. `text` (empty for an utterance without words: a cough, noise) is the
+    /// final transcript; `compute` the recognition time spent after the detection.
+    Final {
+        text: String,
+        speech_end: Duration,
+        detected_at: Duration,
+        compute: Duration,
+    },
+}
+
+/// Whisper either waiting for speech, or transcribing an utterance.
+#[derive(Debug)]
+enum Recognizer {
+    Idle(Transcriber),
+    Utterance {
+        stream: StreamingTranscriber,
+        /// The last partial's text.
+        text: String,
+    },
+    /// Only while switching between the two.
+    Switching,
+}
+
+/// Finds utterances in an audio stream and transcribes them as they arrive.
+#[derive(Debug)]
+pub struct Listener {
+    config: ListenerConfig,
+    detector: EndpointDetector,
+    recognizer: Recognizer,
+    /// Audio kept: the current utterance's audio not yet sent to Whisper, or recent audio for
+    /// a pre-roll.
+    audio: Vec<f32>,
+    /// Stream index of `audio[0]`, in samples.
+    audio_start: usize,
+}
+
+impl Listener {
+    pub fn new(transcriber: Transcriber, config: ListenerConfig) -> Result<Self> {
+        if config.partial_every.is_zero() {
+            return Err(Error::Config(
+                "partial_every must be longer than zero".into(),
+            ));
+        }
+        if config.transcribe.beam_size != 1 {
+            return Err(Error::Config(
+                "the listener decodes greedily: set beam_size to 1".into(),
+            ));
+        }
+        Ok(Self {
+            detector: EndpointDetector::new(config.endpoint.clone())?,
+            config,
+            recognizer: Recognizer::Idle(transcriber),
+            audio: Vec::new(),
+            audio_start: 0,
+        })
+    }
+
+    pub fn config(&self) -> &ListenerConfig {
+        &self.config
+    }
+
+    /// Whether an utterance is in progress.
+    pub fn in_speech(&self) -> bool {
+        self.detector.in_speech()
+    }
+
+    /// Stream time of the audio pushed so far.
+    pub fn audio_time(&self) -> Duration {
+        duration_of(self.audio_start + self.audio.len())
+    }
+
+    /// Gives Whisper back (an utterance in progress is dropped).
+    pub fn into_transcriber(self) -> Transcriber {
+        match self.recognizer {
+            Recognizer::Idle(transcriber) => transcriber,
+            Recognizer::Utterance { stream, .. } => stream.into_inner(),
+            Recognizer::Switching => unreachable!("the recognizer is only switching inside a call"),
+        }
+    }
+
+    /// Takes the next piece of 16 kHz mono audio and returns what it completes: the starts
+    /// and ends of utterances, and at most one partial transcript.
+    pub fn push(&mut self, samples: &[f32]) -> Result<Vec<Heard>> {
+        if let Some(bad) = samples.iter().find(|s| !s.is_finite()) {
+            return Err(Error::Input(format!("an audio sample is {bad}")));
+        }
+        self.audio.extend_from_slice(samples);
+        let mut heard = Vec::new();
+        for boundary in self.detector.push(samples) {
+            heard.push(self.on_boundary(boundary)?);
+        }
+        if self.in_speech() {
+            let end = self.audio_start + self.audio.len();
+            if self.audio.len() >= samples_in(self.config.partial_every) {
+                let (text, compute) = self.transcribe_until(end)?;
+                heard.push(Heard::Partial {
+                    text,
+                    audio_end: duration_of(end),
+                    compute,
+                });
+            }
+        } else {
+            self.keep_recent();
+        }
+        Ok(heard)
+    }
+
+    /// The stream ends: an utterance in progress ends with it.
+    pub fn finish(&mut self) -> Result<Option<Heard>> {
+        self.detector
+            .finish()
+            .map(|boundary| self.on_boundary(boundary))
+            .transpose()
+    }
+
+    fn on_boundary(&mut self, boundary: Boundary) -> Result<Heard> {
+        match boundary {
+            Boundary::Started { at } => {
+                let from = (samples_in(at).saturating_sub(samples_in(self.config.pre_roll)))
+                    .max(self.audio_start);
+                self.audio.drain(..from - self.audio_start);
+                self.audio_start = from;
+                let Recognizer::Idle(transcriber) =
+                    std::mem::replace(&mut self.recognizer, Recognizer::Switching)
+                else {
+                    unreachable!("the detector starts an utterance only after the last ended")
+                };
+                self.recognizer = Recognizer::Utterance {
+                    stream: StreamingTranscriber::new(transcriber, self.config.transcribe.clone())?,
+                    text: String::new(),
+                };
+                Ok(Heard::Started { at })
+            }
+            Boundary::Ended {
+                speech_end,
+                detected_at,
+            } => {
+                let end = samples_in(detected_at).min(self.audio_start + self.audio.len());
+                let (text, compute) = if end > self.audio_start {
+                    self.transcribe_until(end)?
+                } else {
+                    (self.current_text().to_string(), Duration::ZERO)
+                };
+                let Recognizer::Utterance { stream, .. } =
+                    std::mem::replace(&mut self.recognizer, Recognizer::Switching)
+                else {
+                    unreachable!("the detector ends only an utterance it started")
+                };
+                self.recognizer = Recognizer::Idle(stream.into_inner());
+                Ok(Heard::Final {
+                    text,
+                    speech_end,
+                    detected_at,
+                    compute,
+                })
+            }
+        }
+    }
+
+    fn current_text(&self) -> &str {
+        match &self.recognizer {
+            Recognizer::Utterance { text, .. } => text,
+            _ => "",
+        }
+    }
+
+    /// Sends the utterance's audio up to stream index `end` to Whisper: the partial transcript
+    /// of everything sent, and the time it took.
+    fn transcribe_until(&mut self, end: usize) -> Result<(String, Duration)> {
+        let Recognizer::Utterance { stream, text } = &mut self.recognizer else {
+            unreachable!("transcribing only inside an utterance")
+        };
+        let started = Instant::now();
+        let piece: Vec<f32> = self.audio.drain(..end - self.audio_start).collect();
+        self.audio_start = end;
+        if let Some(partial) = stream.push(&piece)? {
+            *text = partial.text;
+        }
+        Ok((text.clone(), started.elapsed()))
+    }
+
+    /// Outside an utterance, keeps only the audio a pre-roll may need.
+    fn keep_recent(&mut self) {
+        let endpoint = &self.config.endpoint;
+        let keep = samples_in(self.config.pre_roll + endpoint.min_speech + endpoint.frame * 2);
+        if self.audio.len() > keep {
+            let drop = self.audio.len() - keep;
+            self.audio.drain(..drop);
+            self.audio_start += drop;
+        }
+    }
+}
