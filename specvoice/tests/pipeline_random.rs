@@ -1,0 +1,269 @@
+//! The voice pipeline on tiny random-weight models: a random Whisper hears tone bursts as
+//! random words, a random chat model answers them. What is tested is the plumbing: endpoints,
+//! clocks, turns, and that PredGen answers exactly as the cascade does from the same audio.
+
+use std::time::Duration;
+
+use engine_asr::testing::write_hf;
+use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
+use engine_llm::testing::tiny_chat_model;
+use engine_llm::{LanguageModel, PredGen, PredGenConfig};
+use spec_voice::FixedLatencySynthesizer;
+use specvoice::{
+    play_recording, ChatEvent, ChatEventKind, ChatMode, ClockKind, Error, Listener, ListenerConfig,
+    VoiceChat, VoiceTurn,
+};
+
+const RATE: f32 = 16_000.0;
+
+fn silence(seconds: f32) -> Vec<f32> {
+    vec![0.0; (seconds * RATE) as usize]
+}
+
+/// Speech-like sound: two tones under a syllable-rate envelope.
+fn voice(seconds: f32) -> Vec<f32> {
+    (0..(seconds * RATE) as usize)
+        .map(|i| {
+            let t = i as f32 / RATE;
+            let envelope = 0.6 + 0.4 * (2.0 * std::f32::consts::PI * 4.0 * t).sin();
+            envelope
+                * (0.3 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
+                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
+        })
+        .collect()
+}
+
+fn transcriber(dir: &tempfile::TempDir) -> Transcriber {
+    Transcriber::load(dir.path(), &LoadOptions::default()).unwrap()
+}
+
+fn listener(transcriber: Transcriber) -> Listener {
+    let config = ListenerConfig {
+        transcribe: TranscribeOptions {
+            temperatures: vec![0.0],
+            compression_ratio_threshold: None,
+            log_prob_threshold: None,
+            no_speech_threshold: None,
+            ..ListenerConfig::default().transcribe
+        },
+        ..ListenerConfig::default()
+    };
+    Listener::new(transcriber, config).unwrap()
+}
+
+fn predgen(model: &mut LanguageModel) -> PredGen<'_> {
+    let config = PredGenConfig {
+        system_prompt: "Answer briefly.".to_string(),
+        max_guess_tokens: 12,
+        max_answer_tokens: 24,
+        ..PredGenConfig::default()
+    };
+    PredGen::new(model, config).unwrap()
+}
+
+/// Plays `audio` through a fresh conversation in `mode`: the turns and every event.
+fn converse(
+    whisper: Transcriber,
+    model: &mut LanguageModel,
+    mode: ChatMode,
+    clock: ClockKind,
+    audio: &[f32],
+) -> (Vec<VoiceTurn>, Vec<ChatEvent>, Transcriber) {
+    let mut chat = VoiceChat::new(
+        listener(whisper),
+        predgen(model),
+        Box::new(FixedLatencySynthesizer::default()),
+        mode,
+        clock,
+    );
+    let mut events = Vec::new();
+    let turns = play_recording(&mut chat, audio, Duration::from_secs(1), &mut |e| {
+        events.push(e.clone())
+    })
+    .unwrap();
+    let (listener, _) = chat.into_parts();
+    (turns, events, listener.into_transcriber())
+}
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+#[test]
+fn predgen_answers_as_the_cascade_does_from_the_same_audio() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31).unwrap();
+    let mut model = tiny_chat_model(5).unwrap();
+    let audio = [silence(0.5), voice(1.2)].concat();
+    let (cascade, _, whisper) = converse(
+        transcriber(&dir),
+        &mut model,
+        ChatMode::Cascade,
+        ClockKind::Simulated,
+        &audio,
+    );
+    let (predgen, events, _) = converse(
+        whisper,
+        &mut model,
+        ChatMode::PredGen,
+        ClockKind::Simulated,
+        &audio,
+    );
+    assert_eq!(cascade.len(), 1);
+    assert_eq!(predgen.len(), 1);
+    let (c, p) = (&cascade[0], &predgen[0]);
+    assert!(!c.turn.question.is_empty());
+    assert_eq!(p.turn.question, c.turn.question);
+    assert_eq!(p.turn.answer, c.turn.answer);
+    // Both heard the same audio: the same endpoints.
+    for turn in [c, p] {
+        assert_eq!(turn.speech_start, ms(500));
+        assert_eq!(turn.speech_end, ms(1700));
+        assert_eq!(turn.endpoint_at, ms(2200));
+        assert!(turn.transcript_at >= turn.endpoint_at);
+        assert!(turn.first_sentence_at >= turn.transcript_at);
+        assert!(turn.first_audio_at >= turn.transcript_at);
+        assert!(turn.audio().count() > 0);
+        let parts = turn.breakdown();
+        assert_eq!(parts.endpointing, ms(500));
+        assert_eq!(
+            parts.endpointing + parts.asr + parts.llm + parts.tts,
+            turn.latency(),
+            "{parts:?}"
+        );
+    }
+    // The cascade synthesizes after the first sentence: at least the synthesizer's latency.
+    assert!(c.breakdown().tts >= ms(200));
+    // The pipeline's events in order of time (the model's "audio starts" is stamped with when
+    // the audio plays), partials while the user speaks, the transcript after the end.
+    let pipeline: Vec<&ChatEvent> = events
+        .iter()
+        .filter(|e| !matches!(e.kind, ChatEventKind::Answer(_)))
+        .collect();
+    assert!(
+        pipeline.windows(2).all(|w| w[0].at <= w[1].at),
+        "{pipeline:#?}"
+    );
+    let position =
+        |wanted: fn(&ChatEventKind) -> bool| events.iter().position(|e| wanted(&e.kind)).unwrap();
+    let started = position(|k| matches!(k, ChatEventKind::SpeechStarted { .. }));
+    let partial = position(|k| matches!(k, ChatEventKind::Partial { .. }));
+    let ended = position(|k| matches!(k, ChatEventKind::SpeechEnded { .. }));
+    let transcript = position(|k| matches!(k, ChatEventKind::Transcript { .. }));
+    let done = position(|k| matches!(k, ChatEventKind::TurnDone(_)));
+    assert!(started < partial && partial < ended && ended < transcript && transcript < done);
+    assert!(events[partial].at < p.speech_end + ms(100));
+}
+
+#[test]
+fn two_questions_make_two_turns_of_one_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 32).unwrap();
+    let mut model = tiny_chat_model(6).unwrap();
+    let audio = [silence(0.3), voice(0.8), silence(3.0), voice(0.6)].concat();
+    let mut chat = VoiceChat::new(
+        listener(transcriber(&dir)),
+        predgen(&mut model),
+        Box::new(FixedLatencySynthesizer::default()),
+        ChatMode::PredGen,
+        ClockKind::Simulated,
+    );
+    let turns = play_recording(&mut chat, &audio, ms(800), &mut |_| {}).unwrap();
+    assert_eq!(turns.len(), 2);
+    assert_eq!(turns[0].speech_start, ms(300));
+    assert_eq!(turns[1].speech_start, ms(4100));
+    let (_, session) = chat.into_parts();
+    assert_eq!(session.history().len(), 4);
+    assert_eq!(session.history()[2].content, turns[1].turn.question);
+}
+
+#[test]
+fn silence_and_noise_make_no_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 33).unwrap();
+    let mut model = tiny_chat_model(7).unwrap();
+    // A steady hum from the start is the noise floor, and a click is too short to be speech.
+    let hum: Vec<f32> = (0..48_000)
+        .map(|i| 0.01 * (i as f32 * 0.05).sin())
+        .collect();
+    let click: Vec<f32> = voice(0.04).iter().map(|s| s * 2.0).collect();
+    let audio = [hum, click, silence(1.0)].concat();
+    let (turns, events, _) = converse(
+        transcriber(&dir),
+        &mut model,
+        ChatMode::PredGen,
+        ClockKind::Simulated,
+        &audio,
+    );
+    assert!(turns.is_empty());
+    assert!(events.is_empty(), "{events:?}");
+}
+
+#[test]
+fn a_recording_played_in_real_time_is_answered_as_on_the_simulated_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 34).unwrap();
+    let mut model = tiny_chat_model(8).unwrap();
+    let audio = [silence(0.3), voice(0.7)].concat();
+    let (simulated, _, whisper) = converse(
+        transcriber(&dir),
+        &mut model,
+        ChatMode::PredGen,
+        ClockKind::Simulated,
+        &audio,
+    );
+    let started = std::time::Instant::now();
+    let (live, events, _) = converse(
+        whisper,
+        &mut model,
+        ChatMode::PredGen,
+        ClockKind::Wall,
+        &audio,
+    );
+    // 1 s of audio and 1 s of trailing silence, played in real time.
+    assert!(started.elapsed() >= ms(1500));
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].turn.question, simulated[0].turn.question);
+    assert_eq!(live[0].turn.answer, simulated[0].turn.answer);
+    assert_eq!(live[0].speech_end, simulated[0].speech_end);
+    // Events are stamped with the wall clock as they happen.
+    let transcript = events
+        .iter()
+        .find(|e| matches!(e.kind, ChatEventKind::Transcript { .. }))
+        .unwrap();
+    assert!(transcript.at >= live[0].endpoint_at);
+}
+
+#[test]
+fn bad_audio_and_settings_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 35).unwrap();
+    let mut model = tiny_chat_model(9).unwrap();
+    let mut chat = VoiceChat::new(
+        listener(transcriber(&dir)),
+        predgen(&mut model),
+        Box::new(FixedLatencySynthesizer::default()),
+        ChatMode::PredGen,
+        ClockKind::Simulated,
+    );
+    assert!(matches!(
+        play_recording(&mut chat, &[], ms(500), &mut |_| {}),
+        Err(Error::Input(_))
+    ));
+    assert!(matches!(
+        chat.hear_audio(&[0.1, f32::NAN]),
+        Err(Error::Input(_))
+    ));
+    let (listener, _) = chat.into_parts();
+    let beam = ListenerConfig {
+        transcribe: TranscribeOptions {
+            beam_size: 5,
+            ..TranscribeOptions::default()
+        },
+        ..ListenerConfig::default()
+    };
+    assert!(matches!(
+        Listener::new(listener.into_transcriber(), beam),
+        Err(Error::Config(_))
+    ));
+}
