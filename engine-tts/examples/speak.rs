@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
-use spec_voice::{split_sentences, AudioChunk, SentenceSynthesizer};
+use spec_voice::{split_sentences, write_wav, AudioChunk, SentenceSynthesizer};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
@@ -83,20 +83,7 @@ fn main() -> Result<()> {
         bail!("espeak-ng produced no audio");
     };
 
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut writer = hound::WavWriter::create(&args.out, spec)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    for sample in chunks.iter().flat_map(|c| &c.samples) {
-        writer.write_sample((sample.clamp(-1.0, 1.0) * f32::from(i16::MAX)).round() as i16)?;
-    }
-    writer
-        .finalize()
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    write_wav(&args.out, &chunks).with_context(|| format!("writing {}", args.out.display()))?;
 
     let audio: Duration = chunks.iter().map(AudioChunk::duration).sum();
     let first = first_audio_after.unwrap_or_default();

@@ -14,5 +14,5 @@ pub use partial::{
 };
 pub use sentence::{first_sentence_end, split_sentences, SentenceStream};
 pub use synth::{
-    AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,
+    write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,
 };

@@ -4,6 +4,7 @@
 //! speaking and keeps it as [`PreparedAudio`]; when the final answer starts with that sentence,
 //! its audio plays at once instead of after the synthesizer's latency.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -116,6 +117,42 @@ impl SentenceSynthesizer for FixedLatencySynthesizer {
     }
 }
 
+/// Writes `chunks` (all at one sample rate) to `path` as a 16-bit mono WAV file.
+pub fn write_wav<'a>(path: &Path, chunks: impl IntoIterator<Item = &'a AudioChunk>) -> Result<()> {
+    let chunks: Vec<&AudioChunk> = chunks.into_iter().collect();
+    let sample_rate = chunks.first().map_or(0, |c| c.sample_rate);
+    if sample_rate == 0 {
+        return Err(Error::Input(
+            "no audio to write (or a 0 Hz sample rate)".into(),
+        ));
+    }
+    if let Some(other) = chunks.iter().find(|c| c.sample_rate != sample_rate) {
+        return Err(Error::Input(format!(
+            "audio chunks at {sample_rate} Hz and {} Hz cannot share one WAV file",
+            other.sample_rate
+        )));
+    }
+    let io_error = |e: hound::Error| Error::Io {
+        path: path.to_path_buf(),
+        source: match e {
+            hound::Error::IoError(e) => e,
+            other => std::io::Error::other(other.to_string()),
+        },
+    };
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut writer = hound::WavWriter::create(path, spec).map_err(io_error)?;
+    for sample in chunks.iter().flat_map(|c| &c.samples) {
+        let value = (sample.clamp(-1.0, 1.0) * f32::from(i16::MAX)).round() as i16;
+        writer.write_sample(value).map_err(io_error)?;
+    }
+    writer.finalize().map_err(io_error)
+}
+
 /// Audio prepared ahead of time, kept until the final answer is known.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PreparedAudio {
@@ -135,6 +172,30 @@ impl PreparedAudio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn audio_is_written_as_a_wav_file_and_bad_audio_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.wav");
+        let chunk = |samples: Vec<f32>, sample_rate| AudioChunk {
+            samples,
+            sample_rate,
+        };
+        let chunks = [chunk(vec![0.0, 0.5], 8000), chunk(vec![-1.0, 2.0], 8000)];
+        write_wav(&path, &chunks).unwrap();
+        let mut reader = hound::WavReader::open(&path).unwrap();
+        assert_eq!(reader.spec().sample_rate, 8000);
+        let samples: Vec<i16> = reader.samples::<i16>().map(|s| s.unwrap()).collect();
+        assert_eq!(samples, vec![0, 16384, -32767, 32767]);
+        let mixed = [chunk(vec![0.0], 8000), chunk(vec![0.0], 16000)];
+        assert!(matches!(write_wav(&path, &mixed), Err(Error::Input(_))));
+        assert!(matches!(write_wav(&path, &[]), Err(Error::Input(_))));
+        let missing = dir.path().join("no/such/dir/a.wav");
+        assert!(matches!(
+            write_wav(&missing, &chunks),
+            Err(Error::Io { .. })
+        ));
+    }
 
     fn total_samples(synthesis: &Synthesis) -> usize {
         synthesis.chunks.iter().map(|c| c.samples.len()).sum()

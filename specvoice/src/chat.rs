@@ -6,13 +6,13 @@
 //! the caller is free (one piece of the language model's work). On the simulated clock the
 //! recognizer's and the model's measured compute share one timeline, as they share the CPU.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use engine_llm::predgen::{Event, EventKind, Status, Turn};
 use engine_llm::{PredGen, TurnClock};
-use spec_voice::{AudioChunk, Partial, SentenceSynthesizer, SimClock};
+use spec_voice::{AudioChunk, Partial, SentenceSynthesizer};
 
-use crate::endpoint::{duration_of, samples_in};
+use crate::clock::{play_recording, ClockKind, Pipeline, PipelineClock};
 use crate::listener::{Heard, Listener};
 use crate::{Error, Result};
 
@@ -23,17 +23,6 @@ pub enum ChatMode {
     PredGen,
     /// The plain cascade: wait for the final transcript, then generate the answer.
     Cascade,
-}
-
-/// How time runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClockKind {
-    /// Real time: audio arrives as it is spoken, and waiting is sleeping.
-    Wall,
-    /// Compute time: time advances by the measured compute of the recognizer and the model,
-    /// and jumps to the next audio when both are idle; every latency is real measured compute,
-    /// but a recording replays as fast as the machine allows.
-    Simulated,
 }
 
 /// Something that happened, at a time of the stream (from its first sample).
@@ -118,22 +107,6 @@ impl VoiceTurn {
     }
 }
 
-/// The stream's clock.
-#[derive(Clone, Copy, Debug)]
-enum StreamClock {
-    Wall(Instant),
-    Simulated(SimClock),
-}
-
-impl StreamClock {
-    fn now(&self) -> Duration {
-        match self {
-            Self::Wall(start) => start.elapsed(),
-            Self::Simulated(clock) => clock.now(),
-        }
-    }
-}
-
 /// A turn in progress.
 #[derive(Clone, Debug)]
 struct TurnTimes {
@@ -151,7 +124,7 @@ pub struct VoiceChat<'m> {
     predgen: PredGen<'m>,
     tts: Box<dyn SentenceSynthesizer + 'm>,
     mode: ChatMode,
-    clock: StreamClock,
+    clock: PipelineClock,
     turn: Option<TurnTimes>,
     events: Vec<ChatEvent>,
 }
@@ -170,10 +143,7 @@ impl<'m> VoiceChat<'m> {
             predgen,
             tts,
             mode,
-            clock: match clock {
-                ClockKind::Wall => StreamClock::Wall(Instant::now()),
-                ClockKind::Simulated => StreamClock::Simulated(SimClock::new()),
-            },
+            clock: PipelineClock::start(clock),
             turn: None,
             events: Vec::new(),
         }
@@ -188,57 +158,38 @@ impl<'m> VoiceChat<'m> {
         self.clock.now()
     }
 
-    /// Stream time of the audio heard so far.
-    pub fn audio_time(&self) -> Duration {
-        self.listener.audio_time()
-    }
-
     /// Gives the listener and the PredGen session back.
     pub fn into_parts(self) -> (Listener, PredGen<'m>) {
         (self.listener, self.predgen)
     }
 
-    /// Whether a turn is in progress (the user speaking, or an answer being made).
-    pub fn in_turn(&self) -> bool {
-        self.turn.is_some()
-    }
-
-    /// Events since the last call.
-    pub fn take_events(&mut self) -> Vec<ChatEvent> {
-        std::mem::take(&mut self.events)
-    }
-
-    /// On the simulated clock, lets time pass until `at` (nothing to do until then); the wall
-    /// clock passes by itself.
-    pub fn wait_until(&mut self, at: Duration) {
-        if let StreamClock::Simulated(clock) = &mut self.clock {
-            clock.wait_until(at);
-        }
-    }
-
-    /// Audio arrived (16 kHz mono): the endpoint detector and Whisper run on it now, and what
-    /// they hear goes to the language model.
-    pub fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
-        let heard = self.listener.push(samples)?;
-        self.on_heard(heard)
-    }
-
-    /// The audio stream ended: an utterance in progress ends with it.
-    pub fn end_of_audio(&mut self) -> Result<()> {
-        let heard = self.listener.finish()?;
-        self.on_heard(heard.into_iter().collect())
+    /// Plays a recording into the conversation ([`play_recording`]): the turns it completes.
+    pub fn play(
+        &mut self,
+        audio: &[f32],
+        trailing_silence: Duration,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Vec<VoiceTurn>> {
+        let mut turns = Vec::new();
+        play_recording(self, audio, trailing_silence, &mut |event: ChatEvent| {
+            on_event(&event);
+            if let ChatEventKind::TurnDone(turn) = event.kind {
+                turns.push(*turn);
+            }
+        })?;
+        Ok(turns)
     }
 
     /// Does one piece of the language model's work. Returns whether there is more to do now
     /// (`false`: idle until more audio arrives).
-    pub fn step(&mut self) -> Result<bool> {
+    fn model_step(&mut self) -> Result<bool> {
         let Some(times) = self.turn.clone() else {
             return Ok(false);
         };
         self.sync_model_clock(&times);
         let progress = self.predgen.step(self.tts.as_mut())?;
-        if let StreamClock::Simulated(clock) = &mut self.clock {
-            clock.wait_until(times.zero + self.predgen.now());
+        if self.clock.kind() == ClockKind::Simulated {
+            self.clock.wait_until(times.zero + self.predgen.now());
         }
         for event in progress.events {
             self.push_answer_event(&times, event);
@@ -281,7 +232,7 @@ impl<'m> VoiceChat<'m> {
     /// On the simulated clock, the model's turn clock catches up with the stream's (time the
     /// recognizer spent, or waiting for audio).
     fn sync_model_clock(&mut self, times: &TurnTimes) {
-        if matches!(self.clock, StreamClock::Simulated(_)) {
+        if self.clock.kind() == ClockKind::Simulated {
             let now = self.now();
             self.predgen.wait_until(now.saturating_sub(times.zero));
         }
@@ -293,9 +244,7 @@ impl<'m> VoiceChat<'m> {
                 Heard::Partial { compute, .. } | Heard::Final { compute, .. } => *compute,
                 Heard::Started { .. } => Duration::ZERO,
             };
-            if let StreamClock::Simulated(clock) = &mut self.clock {
-                clock.advance(compute);
-            }
+            self.clock.charge(compute);
             let at = self.now();
             match item {
                 Heard::Started { at: started_at } => {
@@ -306,9 +255,9 @@ impl<'m> VoiceChat<'m> {
                             kind: ChatEventKind::BargeIn,
                         });
                     }
-                    let clock = match self.clock {
-                        StreamClock::Wall(_) => TurnClock::Wall,
-                        StreamClock::Simulated(_) => TurnClock::Simulated,
+                    let clock = match self.clock.kind() {
+                        ClockKind::Wall => TurnClock::Wall,
+                        ClockKind::Simulated => TurnClock::Simulated,
                     };
                     match self.mode {
                         ChatMode::PredGen => self.predgen.begin_turn(clock)?,
@@ -379,74 +328,41 @@ impl<'m> VoiceChat<'m> {
     }
 }
 
-/// Size of the packets audio arrives in from a recording: 20 ms, as from a microphone.
-pub const PACKET: Duration = Duration::from_millis(20);
+impl Pipeline for VoiceChat<'_> {
+    type Event = ChatEvent;
 
-/// Plays a recording (16 kHz mono) into `chat` on its clock, followed by `trailing_silence`
-/// (the microphone stays open after the user stops), until every turn is answered. Audio
-/// arrives in [`PACKET`]s: on the simulated clock each when its time comes, the recognizer and
-/// the model computing in between; on the wall clock in real time. `on_event` sees every event
-/// as it happens.
-pub fn play_recording(
-    chat: &mut VoiceChat<'_>,
-    audio: &[f32],
-    trailing_silence: Duration,
-    on_event: &mut dyn FnMut(&ChatEvent),
-) -> Result<Vec<VoiceTurn>> {
-    if audio.is_empty() {
-        return Err(Error::Input("the recording has no samples".into()));
+    fn clock(&mut self) -> &mut PipelineClock {
+        &mut self.clock
     }
-    let silence = vec![0.0; samples_in(trailing_silence)];
-    let total = audio.len() + silence.len();
-    let sample = |range: std::ops::Range<usize>| -> Vec<f32> {
-        range
-            .map(|i| if i < audio.len() { audio[i] } else { 0.0 })
-            .collect()
-    };
-    let packet = samples_in(PACKET);
-    // The microphone was open and silent since the audio heard last.
-    let gap = samples_in(chat.now().saturating_sub(chat.audio_time())) / packet * packet;
-    if gap > 0 {
-        chat.hear_audio(&vec![0.0; gap])?;
+
+    fn audio_time(&self) -> Duration {
+        self.listener.audio_time()
     }
-    let start = chat.audio_time();
-    let mut fed = 0;
-    let mut ended = false;
-    let mut turns = Vec::new();
-    loop {
-        let elapsed = chat.now().saturating_sub(start);
-        let arrived = (samples_in(elapsed) / packet * packet).min(total);
-        if arrived > fed {
-            chat.hear_audio(&sample(fed..arrived))?;
-            fed = arrived;
-        } else if fed == total && !ended {
-            chat.end_of_audio()?;
-            ended = true;
-        }
-        let working = chat.step()?;
-        for event in chat.take_events() {
-            on_event(&event);
-            if let ChatEventKind::TurnDone(turn) = event.kind {
-                turns.push(*turn);
-            }
-        }
-        if working {
-            continue;
-        }
-        if ended {
-            if chat.in_turn() {
-                return Err(Error::Input(
-                    "the audio ended and the turn in progress has nothing left to do".into(),
-                ));
-            }
-            return Ok(turns);
-        }
-        if fed < total {
-            let next = start + duration_of((fed / packet + 1) * packet);
-            match chat.clock {
-                StreamClock::Simulated(_) => chat.wait_until(next),
-                StreamClock::Wall(_) => std::thread::sleep(next.saturating_sub(chat.now())),
-            }
-        }
+
+    /// The endpoint detector and Whisper run on the audio now, and what they hear goes to the
+    /// language model.
+    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
+        let heard = self.listener.push(samples)?;
+        self.on_heard(heard)
+    }
+
+    /// An utterance in progress ends with the stream.
+    fn end_of_audio(&mut self) -> Result<()> {
+        let heard = self.listener.finish()?;
+        self.on_heard(heard.into_iter().collect())
+    }
+
+    /// One piece of the language model's work (`false`: idle until more audio arrives).
+    fn step(&mut self) -> Result<bool> {
+        self.model_step()
+    }
+
+    /// A turn is in progress: the user speaking, or an answer being made.
+    fn in_turn(&self) -> bool {
+        self.turn.is_some()
+    }
+
+    fn take_events(&mut self) -> Vec<ChatEvent> {
+        std::mem::take(&mut self.events)
     }
 }

@@ -1,14 +1,13 @@
 #![doc = include_str!("../README.md")]
 
 pub mod chat;
+pub mod clock;
 pub mod endpoint;
 mod error;
 pub mod listener;
 
-pub use chat::{
-    play_recording, ChatEvent, ChatEventKind, ChatMode, ClockKind, LatencyBreakdown, VoiceChat,
-    VoiceTurn,
-};
+pub use chat::{ChatEvent, ChatEventKind, ChatMode, LatencyBreakdown, VoiceChat, VoiceTurn};
+pub use clock::{play_recording, ClockKind, Pipeline, PipelineClock, PACKET};
 pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use listener::{Heard, Listener, ListenerConfig};

@@ -10,7 +10,7 @@ use engine_llm::testing::tiny_chat_model;
 use engine_llm::{LanguageModel, PredGen, PredGenConfig};
 use spec_voice::FixedLatencySynthesizer;
 use specvoice::{
-    play_recording, ChatEvent, ChatEventKind, ChatMode, ClockKind, Error, Listener, ListenerConfig,
+    ChatEvent, ChatEventKind, ChatMode, ClockKind, Error, Listener, ListenerConfig, Pipeline,
     VoiceChat, VoiceTurn,
 };
 
@@ -77,10 +77,11 @@ fn converse(
         clock,
     );
     let mut events = Vec::new();
-    let turns = play_recording(&mut chat, audio, Duration::from_secs(1), &mut |e| {
-        events.push(e.clone())
-    })
-    .unwrap();
+    let turns = chat
+        .play(audio, Duration::from_secs(1), &mut |e| {
+            events.push(e.clone())
+        })
+        .unwrap();
     let (listener, _) = chat.into_parts();
     (turns, events, listener.into_transcriber())
 }
@@ -168,7 +169,7 @@ fn two_questions_make_two_turns_of_one_conversation() {
         ChatMode::PredGen,
         ClockKind::Simulated,
     );
-    let turns = play_recording(&mut chat, &audio, ms(800), &mut |_| {}).unwrap();
+    let turns = chat.play(&audio, ms(800), &mut |_| {}).unwrap();
     assert_eq!(turns.len(), 2);
     assert_eq!(turns[0].speech_start, ms(300));
     assert_eq!(turns[1].speech_start, ms(4100));
@@ -247,7 +248,7 @@ fn bad_audio_and_settings_are_refused() {
         ClockKind::Simulated,
     );
     assert!(matches!(
-        play_recording(&mut chat, &[], ms(500), &mut |_| {}),
+        chat.play(&[], ms(500), &mut |_| {}),
         Err(Error::Input(_))
     ));
     assert!(matches!(
