@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use engine_asr::{StreamingTranscriber, TranscribeOptions, Transcriber};
 
+use crate::clock::{play_recording, ClockKind, Pipeline, PipelineClock};
 use crate::endpoint::{duration_of, samples_in, Boundary, EndpointConfig, EndpointDetector};
 use crate::{Error, Result};
 
@@ -242,5 +243,94 @@ impl Listener {
             self.audio.drain(..drop);
             self.audio_start += drop;
         }
+    }
+}
+
+/// The utterances of a recording with their partial transcripts, each stamped with when the
+/// listener has it on a simulated clock (its audio arrived in [`crate::PACKET`]s, then Whisper
+/// computed): what a live pipeline downstream of the listener would be given. Utterances
+/// without words are left out; the recording is followed by `trailing_silence`.
+pub fn utterances_of(
+    listener: &mut Listener,
+    audio: &[f32],
+    trailing_silence: Duration,
+) -> Result<Vec<Vec<spec_voice::Partial>>> {
+    let mut transcription = Transcription {
+        listener,
+        clock: PipelineClock::start(ClockKind::Simulated),
+        current: Vec::new(),
+        done: Vec::new(),
+    };
+    play_recording(&mut transcription, audio, trailing_silence, &mut |()| {})?;
+    Ok(transcription.done)
+}
+
+/// The listener alone as a pipeline, collecting utterances.
+struct Transcription<'l> {
+    listener: &'l mut Listener,
+    clock: PipelineClock,
+    current: Vec<spec_voice::Partial>,
+    done: Vec<Vec<spec_voice::Partial>>,
+}
+
+impl Transcription<'_> {
+    fn on_heard(&mut self, heard: Vec<Heard>) {
+        for item in heard {
+            match item {
+                Heard::Started { .. } => self.current.clear(),
+                Heard::Partial { text, compute, .. } => {
+                    self.clock.charge(compute);
+                    if !text.trim().is_empty() {
+                        let at = self.clock.now();
+                        self.current.push(spec_voice::Partial::new(at, text, false));
+                    }
+                }
+                Heard::Final { text, compute, .. } => {
+                    self.clock.charge(compute);
+                    let mut utterance = std::mem::take(&mut self.current);
+                    if !text.trim().is_empty() {
+                        let at = self.clock.now();
+                        utterance.push(spec_voice::Partial::new(at, text, true));
+                        self.done.push(utterance);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Pipeline for Transcription<'_> {
+    type Event = ();
+
+    fn clock(&mut self) -> &mut PipelineClock {
+        &mut self.clock
+    }
+
+    fn audio_time(&self) -> Duration {
+        self.listener.audio_time()
+    }
+
+    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
+        let heard = self.listener.push(samples)?;
+        self.on_heard(heard);
+        Ok(())
+    }
+
+    fn end_of_audio(&mut self) -> Result<()> {
+        let heard = self.listener.finish()?;
+        self.on_heard(heard.into_iter().collect());
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn in_turn(&self) -> bool {
+        false
+    }
+
+    fn take_events(&mut self) -> Vec<()> {
+        Vec::new()
     }
 }

@@ -1,6 +1,7 @@
 //! The voice pipeline on tiny random-weight models: a random Whisper hears tone bursts as
 //! random words, a random chat model answers them. What is tested is the plumbing: endpoints,
-//! clocks, turns, and that PredGen answers exactly as the cascade does from the same audio.
+//! clocks, turns, that PredGen answers exactly as the cascade does from the same audio, and
+//! that live captions commit the translation of the final transcript.
 
 use std::time::Duration;
 
@@ -8,10 +9,11 @@ use engine_asr::testing::write_hf;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use engine_llm::testing::tiny_chat_model;
 use engine_llm::{LanguageModel, PredGen, PredGenConfig};
+use engine_mt::{Decoding, LiveConfig, LiveTranslator, Masking};
 use spec_voice::FixedLatencySynthesizer;
 use specvoice::{
-    ChatEvent, ChatEventKind, ChatMode, ClockKind, Error, Listener, ListenerConfig, Pipeline,
-    VoiceChat, VoiceTurn,
+    play_recording, utterances_of, CaptionEventKind, ChatEvent, ChatEventKind, ChatMode, ClockKind,
+    Error, Listener, ListenerConfig, LiveCaptions, Pipeline, VoiceChat, VoiceTurn,
 };
 
 const RATE: f32 = 16_000.0;
@@ -267,4 +269,55 @@ fn bad_audio_and_settings_are_refused() {
         Listener::new(listener.into_transcriber(), beam),
         Err(Error::Config(_))
     ));
+}
+
+#[test]
+fn live_captions_commit_the_translation_of_the_final_transcript() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 36).unwrap();
+    let mut model = tiny_chat_model(10).unwrap();
+    let audio = [silence(0.4), voice(1.3), silence(1.0), voice(0.7)].concat();
+    let mut whisper = listener(transcriber(&dir));
+    let utterances = utterances_of(&mut whisper, &audio, ms(800)).unwrap();
+    assert_eq!(utterances.len(), 2);
+    for utterance in &utterances {
+        assert!(utterance.len() >= 2, "{utterance:?}");
+        assert!(utterance.last().unwrap().is_final);
+        assert!(utterance.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+    let config = LiveConfig {
+        max_tokens: 16,
+        ..LiveConfig::new("German")
+    };
+    let translator = LiveTranslator::new(&mut model, config.clone()).unwrap();
+    let mut captions = LiveCaptions::new(whisper, translator, ClockKind::Simulated);
+    let mut events = Vec::new();
+    play_recording(&mut captions, &audio, ms(800), &mut |e| events.push(e)).unwrap();
+    let finals: Vec<(String, String)> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            CaptionEventKind::Caption { source, caption } if caption.is_final => {
+                Some((source.clone(), caption.output.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finals.len(), 2);
+    assert_eq!(captions.summary().updates, events.len() - 2);
+    drop(captions);
+    // The committed caption is autoregressive translation of the final transcript (the
+    // library default verifies the final update without bias).
+    let ar = LiveConfig {
+        decoding: Decoding::Autoregressive,
+        masking: Masking::None,
+        ..config
+    };
+    let mut reference = LiveTranslator::new(&mut model, ar).unwrap();
+    for ((source, output), utterance) in finals.iter().zip(&utterances) {
+        assert_eq!(source, &utterance.last().unwrap().text);
+        let expected = reference
+            .update(&spec_voice::Partial::new(Duration::ZERO, source, true))
+            .unwrap();
+        assert_eq!(output, &expected.output);
+    }
 }

@@ -1,0 +1,164 @@
+//! Live captions: audio in, streaming Whisper, live re-translation (`engine-mt`: SSBD by
+//! default, the previous caption drafting the next), caption updates out. Each partial
+//! transcript is translated as it comes; the final one commits the utterance's caption.
+
+use std::time::Duration;
+
+use engine_mt::{Caption, LiveTranslator, StreamSummary};
+use spec_voice::Partial;
+
+use crate::clock::{ClockKind, Pipeline, PipelineClock};
+use crate::listener::{Heard, Listener};
+use crate::Result;
+
+/// Something that happened, at a time of the stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CaptionEvent {
+    pub at: Duration,
+    pub kind: CaptionEventKind,
+}
+
+/// The kinds of [`CaptionEvent`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum CaptionEventKind {
+    /// Speech started (at `started_at`).
+    SpeechStarted { started_at: Duration },
+    /// A caption for the transcript `source` (final: the utterance is complete).
+    Caption { source: String, caption: Caption },
+    /// An utterance without words.
+    NoWords,
+}
+
+/// Captions of an audio stream: a [`Listener`] and a [`LiveTranslator`] on one clock.
+pub struct LiveCaptions<'m> {
+    listener: Listener,
+    translator: LiveTranslator<'m>,
+    clock: PipelineClock,
+    /// The transcript translated last in the current utterance.
+    last_source: Option<String>,
+    /// The current utterance's captions.
+    utterance: Vec<Caption>,
+    summary: StreamSummary,
+    events: Vec<CaptionEvent>,
+}
+
+impl<'m> LiveCaptions<'m> {
+    pub fn new(listener: Listener, translator: LiveTranslator<'m>, clock: ClockKind) -> Self {
+        Self {
+            listener,
+            translator,
+            clock: PipelineClock::start(clock),
+            last_source: None,
+            utterance: Vec::new(),
+            summary: StreamSummary::default(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Totals over the completed utterances: output tokens, translation time, flicker
+    /// (normalized erasure of what was displayed).
+    pub fn summary(&self) -> &StreamSummary {
+        &self.summary
+    }
+
+    /// Gives the listener back.
+    pub fn into_listener(self) -> Listener {
+        self.listener
+    }
+
+    fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
+        for item in heard {
+            match item {
+                Heard::Started { at: started_at } => {
+                    self.translator.reset();
+                    self.last_source = None;
+                    self.utterance.clear();
+                    let at = self.clock.now();
+                    self.events.push(CaptionEvent {
+                        at,
+                        kind: CaptionEventKind::SpeechStarted { started_at },
+                    });
+                }
+                Heard::Partial { text, compute, .. } => {
+                    self.clock.charge(compute);
+                    if !text.trim().is_empty() && self.last_source.as_deref() != Some(&text) {
+                        self.translate(text, false)?;
+                    }
+                }
+                Heard::Final { text, compute, .. } => {
+                    self.clock.charge(compute);
+                    if text.trim().is_empty() {
+                        let at = self.clock.now();
+                        self.events.push(CaptionEvent {
+                            at,
+                            kind: CaptionEventKind::NoWords,
+                        });
+                    } else {
+                        self.translate(text, true)?;
+                    }
+                    let by_characters = self.translator.config().task.target_uses_characters();
+                    if !self.utterance.is_empty() {
+                        self.summary.add_sentence(&self.utterance, by_characters);
+                    }
+                    self.utterance.clear();
+                    self.last_source = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn translate(&mut self, source: String, is_final: bool) -> Result<()> {
+        let caption = self
+            .translator
+            .update(&Partial::new(self.clock.now(), &source, is_final))?;
+        self.clock.charge(caption.decode.time);
+        self.utterance.push(caption.clone());
+        let at = self.clock.now();
+        self.events.push(CaptionEvent {
+            at,
+            kind: CaptionEventKind::Caption {
+                source: source.clone(),
+                caption,
+            },
+        });
+        self.last_source = Some(source);
+        Ok(())
+    }
+}
+
+impl Pipeline for LiveCaptions<'_> {
+    type Event = CaptionEvent;
+
+    fn clock(&mut self) -> &mut PipelineClock {
+        &mut self.clock
+    }
+
+    fn audio_time(&self) -> Duration {
+        self.listener.audio_time()
+    }
+
+    /// Whisper runs on the audio, and each new transcript is translated at once.
+    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
+        let heard = self.listener.push(samples)?;
+        self.on_heard(heard)
+    }
+
+    fn end_of_audio(&mut self) -> Result<()> {
+        let heard = self.listener.finish()?;
+        self.on_heard(heard.into_iter().collect())
+    }
+
+    /// Captions are made as the audio is heard: nothing is left for steps.
+    fn step(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn in_turn(&self) -> bool {
+        false
+    }
+
+    fn take_events(&mut self) -> Vec<CaptionEvent> {
+        std::mem::take(&mut self.events)
+    }
+}
