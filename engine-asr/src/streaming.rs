@@ -6,6 +6,11 @@
 //! [`spec_nn::ROW_ATTENTION_MAX_ROWS`] rows give every row exactly its single-token logits, so
 //! each partial is the very transcript greedy decoding from scratch gives (tested) — at a
 //! fraction of the decoder forwards, since consecutive partials mostly agree.
+//!
+//! A partial holds at most [`MAX_TOKENS_PER_SECOND`] tokens per second of audio (plus a few):
+//! more than speech can carry, so the limit only stops a greedy repetition loop ("5 5 5 …"),
+//! which on a partial window would otherwise run to the decoder's length limit at every
+//! update (Whisper's remedy, the temperature fallback, is not used for partials).
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,13 @@ use crate::mel::{WhisperInput, HOP};
 use crate::whisper::decode::{extend_window, log_probability, Candidate};
 use crate::whisper::{TranscribeOptions, Transcriber};
 use crate::{Error, Result, SAMPLE_RATE};
+
+/// Most tokens a partial holds per second of its window's audio: fast speech is about 5 words,
+/// 7 tokens, per second. See [`StreamingTranscriber::with_token_limit`].
+pub const MAX_TOKENS_PER_SECOND: f64 = 12.0;
+
+/// Tokens a partial may hold beyond [`MAX_TOKENS_PER_SECOND`] (a short window's punctuation).
+const TOKEN_ALLOWANCE: usize = 8;
 
 /// A partial transcript of the audio received so far.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,6 +88,8 @@ pub struct StreamingTranscriber {
     window_text: String,
     language: Option<String>,
     stats: StreamStats,
+    /// Tokens per second of audio a partial may hold (`None`: the decoder's own limit).
+    tokens_per_second: Option<f64>,
 }
 
 impl StreamingTranscriber {
@@ -98,7 +112,21 @@ impl StreamingTranscriber {
             window_text: String::new(),
             language,
             stats: StreamStats::default(),
+            tokens_per_second: Some(MAX_TOKENS_PER_SECOND),
         })
+    }
+
+    /// Sets the most tokens a partial holds per second of audio (default
+    /// [`MAX_TOKENS_PER_SECOND`]); `None` decodes up to the decoder's own limit, so every
+    /// partial is exactly the greedy transcript of the audio so far, repetition loops included.
+    pub fn with_token_limit(mut self, tokens_per_second: Option<f64>) -> Result<Self> {
+        if tokens_per_second.is_some_and(|rate| !(rate > 0.0 && rate.is_finite())) {
+            return Err(Error::Config(format!(
+                "a partial's token limit must be a positive rate, got {tokens_per_second:?}"
+            )));
+        }
+        self.tokens_per_second = tokens_per_second;
+        Ok(self)
     }
 
     pub fn stats(&self) -> &StreamStats {
@@ -197,7 +225,11 @@ impl StreamingTranscriber {
         let rules = self.transcriber.rules(&self.options);
         let end = self.transcriber.tokenizer().end_of_text;
         let model = self.transcriber.model();
-        let max_tokens = model.config().max_target_positions / 2;
+        let mut max_tokens = model.config().max_target_positions / 2;
+        if let Some(rate) = self.tokens_per_second {
+            let seconds = self.samples.len() as f64 / f64::from(SAMPLE_RATE);
+            max_tokens = max_tokens.min(TOKEN_ALLOWANCE + (rate * seconds).ceil() as usize);
+        }
         let draft = &draft[..draft.len().min(max_tokens)];
         let greedy = |rules: &crate::whisper::LogitRules, raw: &[f32], sampled: &[u32]| {
             let mut row = raw.to_vec();

@@ -444,7 +444,11 @@ fn streaming_partials_equal_greedy_decoding_from_scratch() {
         };
         let mut reference = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
         let streaming = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
-        let mut stream = StreamingTranscriber::new(streaming, options.clone()).unwrap();
+        // The random model says far more than speech carries: no token limit.
+        let mut stream = StreamingTranscriber::new(streaming, options.clone())
+            .unwrap()
+            .with_token_limit(None)
+            .unwrap();
         let audio = signal(1.9);
         let mut longest_draft = 0;
         let mut drafts_used = 0;
@@ -480,6 +484,48 @@ fn streaming_partials_equal_greedy_decoding_from_scratch() {
         let expected = reference.transcribe(&audio, &options).unwrap();
         assert_eq!(text, expected.text);
     }
+}
+
+#[test]
+fn streaming_partials_stop_at_the_token_limit_with_the_greedy_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 23).unwrap();
+    let options = greedy_options();
+    let limited = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let unlimited = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let mut limited = StreamingTranscriber::new(limited, options.clone())
+        .unwrap()
+        .with_token_limit(Some(10.0))
+        .unwrap();
+    let mut unlimited = StreamingTranscriber::new(unlimited, options)
+        .unwrap()
+        .with_token_limit(None)
+        .unwrap();
+    let audio = signal(1.5);
+    let mut cut = 0;
+    for (i, chunk) in audio.chunks(4_000).enumerate() {
+        let (Some(short), Some(full)) =
+            (limited.push(chunk).unwrap(), unlimited.push(chunk).unwrap())
+        else {
+            continue;
+        };
+        let seconds = ((i + 1) * 4_000).min(audio.len()) as f64 / 16_000.0;
+        let limit = 8 + (10.0 * seconds).ceil() as usize;
+        assert_eq!(
+            short.tokens.len(),
+            full.tokens.len().min(limit),
+            "chunk {i}"
+        );
+        assert_eq!(short.tokens[..], full.tokens[..short.tokens.len()]);
+        cut += usize::from(short.tokens.len() < full.tokens.len());
+    }
+    assert!(cut > 0, "the random model never reached the limit");
+    let whisper = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let stream = StreamingTranscriber::new(whisper, greedy_options()).unwrap();
+    assert!(matches!(
+        stream.with_token_limit(Some(0.0)),
+        Err(Error::Config(_))
+    ));
 }
 
 #[test]

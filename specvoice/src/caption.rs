@@ -29,6 +29,22 @@ pub enum CaptionEventKind {
     NoWords,
 }
 
+impl std::fmt::Display for CaptionEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:>8.3} s  ", self.at.as_secs_f64())?;
+        match &self.kind {
+            CaptionEventKind::SpeechStarted { started_at } => {
+                write!(f, "{:<10} (at {:.3} s)", "speech", started_at.as_secs_f64())
+            }
+            CaptionEventKind::Caption { source, caption } => {
+                let what = if caption.is_final { "final" } else { "caption" };
+                write!(f, "{what:<10} {:?} ← {source:?}", caption.display)
+            }
+            CaptionEventKind::NoWords => write!(f, "{:<10} (no words: ignored)", "noise"),
+        }
+    }
+}
+
 /// Captions of an audio stream: a [`Listener`] and a [`LiveTranslator`] on one clock.
 pub struct LiveCaptions<'m> {
     listener: Listener,

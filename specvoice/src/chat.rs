@@ -53,6 +53,44 @@ pub enum ChatEventKind {
     TurnDone(Box<VoiceTurn>),
 }
 
+impl std::fmt::Display for ChatEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let ChatEventKind::Answer(kind) = &self.kind {
+            let event = Event {
+                at: self.at,
+                kind: kind.clone(),
+            };
+            return write!(f, "{event}");
+        }
+        write!(f, "{:>8.3} s  ", self.at.as_secs_f64())?;
+        match &self.kind {
+            ChatEventKind::SpeechStarted { started_at } => write!(
+                f,
+                "{:<14} (at {:.3} s)",
+                "speech starts",
+                started_at.as_secs_f64()
+            ),
+            ChatEventKind::Partial { text } => write!(f, "{:<14} \"{text}\"", "partial"),
+            ChatEventKind::SpeechEnded { speech_end } => write!(
+                f,
+                "{:<14} (speech ended at {:.3} s)",
+                "end of speech",
+                speech_end.as_secs_f64()
+            ),
+            ChatEventKind::Transcript { text } => write!(f, "{:<14} \"{text}\"", "transcript"),
+            ChatEventKind::NoWords => write!(f, "{:<14} (no words: ignored)", "noise"),
+            ChatEventKind::BargeIn => write!(f, "{:<14} (the answer was dropped)", "barge-in"),
+            ChatEventKind::TurnDone(turn) => write!(
+                f,
+                "{:<14} first audio {:.0} ms after the end of speech",
+                "turn done",
+                turn.latency().as_secs_f64() * 1e3
+            ),
+            ChatEventKind::Answer(_) => unreachable!("answer events are written above"),
+        }
+    }
+}
+
 /// One question and its answer, with the times of the whole pipeline on the stream's clock.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VoiceTurn {

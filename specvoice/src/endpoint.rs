@@ -147,6 +147,12 @@ impl EndpointDetector {
         self.utterance_start.is_some()
     }
 
+    /// In an utterance, the end of its last voiced frame.
+    pub fn last_voiced_end(&self) -> Option<Duration> {
+        self.utterance_start
+            .map(|_| self.frame_time(self.last_voiced_end))
+    }
+
     /// Stream time of the samples measured so far (whole frames).
     pub fn now(&self) -> Duration {
         self.frame_time(self.frames)

@@ -1,8 +1,11 @@
 //! Hearing: the endpoint detector and streaming Whisper on one stream of 16 kHz audio. Each
 //! utterance the detector finds is transcribed as it arrives, a partial transcript every
 //! [`ListenerConfig::partial_every`] of audio (each equal to greedy decoding of the audio so
-//! far, `engine_asr::StreamingTranscriber`), and the last partial after the end-of-speech
-//! silence is the utterance's final transcript.
+//! far, `engine_asr::StreamingTranscriber`), and one more as soon as the speaker pauses for
+//! [`ListenerConfig::final_margin`]. If the speaker does not resume before the end-of-speech
+//! silence, that pause's transcript is final: the final transcript is ready when the silence
+//! ends, with no recognition left to do, and everything downstream (PredGen) has had the
+//! rest of the silence to work on the whole question.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,10 @@ pub struct ListenerConfig {
     /// Audio before the detected start of speech that is transcribed with it (the detector
     /// misses soft onsets). Default 200 ms.
     pub pre_roll: Duration,
+    /// Silence after the last voiced audio that a transcript must include to be final (so the
+    /// last word is never cut), and the pause after which a partial is made at once. Default
+    /// 200 ms; at most the endpoint detector's silence.
+    pub final_margin: Duration,
     /// Whisper's settings (greedy); English by default.
     pub transcribe: TranscribeOptions,
 }
@@ -32,6 +39,7 @@ impl Default for ListenerConfig {
             endpoint: EndpointConfig::default(),
             partial_every: Duration::from_millis(500),
             pre_roll: Duration::from_millis(200),
+            final_margin: Duration::from_millis(200),
             transcribe: TranscribeOptions {
                 language: Some("en".to_string()),
                 ..TranscribeOptions::default()
@@ -71,6 +79,8 @@ enum Recognizer {
         stream: StreamingTranscriber,
         /// The last partial's text.
         text: String,
+        /// Stream time of the end of the audio the last partial covers.
+        covered: Duration,
     },
     /// Only while switching between the two.
     Switching,
@@ -95,6 +105,12 @@ impl Listener {
             return Err(Error::Config(
                 "partial_every must be longer than zero".into(),
             ));
+        }
+        if config.final_margin > config.endpoint.silence {
+            return Err(Error::Config(format!(
+                "the final margin ({:?}) is longer than the end-of-speech silence ({:?})",
+                config.final_margin, config.endpoint.silence
+            )));
         }
         if config.transcribe.beam_size != 1 {
             return Err(Error::Config(
@@ -144,9 +160,18 @@ impl Listener {
         for boundary in self.detector.push(samples) {
             heard.push(self.on_boundary(boundary)?);
         }
-        if self.in_speech() {
-            let end = self.audio_start + self.audio.len();
-            if self.audio.len() >= samples_in(self.config.partial_every) {
+        if let Some(voiced_end) = self.detector.last_voiced_end() {
+            // While the speaker pauses, one partial of the speech and the final margin (the
+            // same audio, however it arrived, so that it can be final); while they speak, one
+            // partial per `partial_every` of new audio.
+            let margin_end = voiced_end + self.config.final_margin;
+            let end = if self.detector.now() >= margin_end {
+                Some(samples_in(margin_end)).filter(|_| self.covered() < margin_end)
+            } else {
+                Some(self.audio_start + self.audio.len())
+                    .filter(|_| self.audio.len() >= samples_in(self.config.partial_every))
+            };
+            if let Some(end) = end {
                 let (text, compute) = self.transcribe_until(end)?;
                 heard.push(Heard::Partial {
                     text,
@@ -183,6 +208,7 @@ impl Listener {
                 self.recognizer = Recognizer::Utterance {
                     stream: StreamingTranscriber::new(transcriber, self.config.transcribe.clone())?,
                     text: String::new(),
+                    covered: Duration::ZERO,
                 };
                 Ok(Heard::Started { at })
             }
@@ -190,11 +216,14 @@ impl Listener {
                 speech_end,
                 detected_at,
             } => {
-                let end = samples_in(detected_at).min(self.audio_start + self.audio.len());
-                let (text, compute) = if end > self.audio_start {
-                    self.transcribe_until(end)?
-                } else {
+                // The final transcript hears the speech and the margin after it: usually the
+                // pause's partial, made already.
+                let end = samples_in(speech_end + self.config.final_margin)
+                    .min(self.audio_start + self.audio.len());
+                let (text, compute) = if self.covered() >= duration_of(end) {
                     (self.current_text().to_string(), Duration::ZERO)
+                } else {
+                    self.transcribe_until(end)?
                 };
                 let Recognizer::Utterance { stream, .. } =
                     std::mem::replace(&mut self.recognizer, Recognizer::Switching)
@@ -212,6 +241,14 @@ impl Listener {
         }
     }
 
+    /// Stream time of the end of the audio the utterance's last partial covers.
+    fn covered(&self) -> Duration {
+        match &self.recognizer {
+            Recognizer::Utterance { covered, .. } => *covered,
+            _ => Duration::ZERO,
+        }
+    }
+
     fn current_text(&self) -> &str {
         match &self.recognizer {
             Recognizer::Utterance { text, .. } => text,
@@ -222,7 +259,12 @@ impl Listener {
     /// Sends the utterance's audio up to stream index `end` to Whisper: the partial transcript
     /// of everything sent, and the time it took.
     fn transcribe_until(&mut self, end: usize) -> Result<(String, Duration)> {
-        let Recognizer::Utterance { stream, text } = &mut self.recognizer else {
+        let Recognizer::Utterance {
+            stream,
+            text,
+            covered,
+        } = &mut self.recognizer
+        else {
             unreachable!("transcribing only inside an utterance")
         };
         let started = Instant::now();
@@ -231,6 +273,7 @@ impl Listener {
         if let Some(partial) = stream.push(&piece)? {
             *text = partial.text;
         }
+        *covered = duration_of(end);
         Ok((text.clone(), started.elapsed()))
     }
 

@@ -1,1 +1,341 @@
-fn main() {}
+//! `specvoice`: the voice pipeline from the command line.
+//!
+//! ```sh
+//! specvoice chat --audio question.wav --out answer.wav     # Whisper → PredGen → espeak-ng
+//! specvoice caption --audio talk.wav --to German           # Whisper → SSBD live captions
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
+use engine_llm::cli::{init_logging, open_model, ModelArgs};
+use engine_llm::{Continuation, LoadOptions, PredGen, PredGenConfig, Verifier};
+use engine_mt::{Decoding, LiveConfig, LiveTranslator, Masking, StreamSummary};
+use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use spec_models::{Registry, Store};
+use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
+use specvoice::{
+    play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
+    VoiceChat, VoiceTurn,
+};
+
+/// The SpecVoice voice pipeline: speech in, streaming Whisper, then an answer spoken back
+/// (PredGen) or live captions in another language (SSBD).
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Answer spoken questions: Whisper → PredGen → speech. Runs the plain cascade on the same
+    /// audio too and prints both latencies.
+    Chat(ChatArgs),
+    /// Caption speech in another language: Whisper → live re-translation with SSBD.
+    Caption(CaptionArgs),
+}
+
+/// What hears the audio.
+#[derive(Args)]
+struct HearingArgs {
+    /// The recording (WAV, any rate; mixed down to mono and resampled to 16 kHz)
+    #[arg(long, value_name = "WAV")]
+    audio: PathBuf,
+
+    /// Whisper model: a name in the models folder or a model folder
+    #[arg(long, default_value = "whisper-tiny.en-ct2")]
+    asr: String,
+
+    /// Silence that ends an utterance, in milliseconds
+    #[arg(long, default_value_t = 500)]
+    silence_ms: u64,
+
+    /// Audio between partial transcripts, in milliseconds
+    #[arg(long, default_value_t = 500)]
+    partial_ms: u64,
+
+    /// Play the recording in real time (default: a simulated clock, as fast as the machine
+    /// allows, with every latency measured compute)
+    #[arg(long)]
+    realtime: bool,
+
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+impl HearingArgs {
+    fn clock(&self) -> ClockKind {
+        if self.realtime {
+            ClockKind::Wall
+        } else {
+            ClockKind::Simulated
+        }
+    }
+
+    fn listener_config(&self) -> ListenerConfig {
+        ListenerConfig {
+            endpoint: EndpointConfig {
+                silence: Duration::from_millis(self.silence_ms),
+                ..EndpointConfig::default()
+            },
+            partial_every: Duration::from_millis(self.partial_ms),
+            ..ListenerConfig::default()
+        }
+    }
+
+    /// The recording at 16 kHz.
+    fn read_audio(&self) -> Result<Vec<f32>> {
+        let audio = Audio::read_wav(&self.audio)?;
+        Ok(audio.to_16k()?)
+    }
+
+    fn open_whisper(&self) -> Result<Transcriber> {
+        let store = Store::new(spec_models::models_dir()?, Registry::builtin());
+        let files = store.resolve(&self.asr)?;
+        Transcriber::load(&files.dir, &AsrLoadOptions::default())
+            .with_context(|| format!("loading {}", files.dir.display()))
+    }
+
+    /// Silence after the recording: the endpoint detector's silence and a margin.
+    fn trailing_silence(&self) -> Duration {
+        Duration::from_millis(self.silence_ms) + Duration::from_millis(300)
+    }
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    hearing: HearingArgs,
+
+    /// How guesses are verified: greedy (lossless), topK, reflection
+    #[arg(long, default_value = "greedy")]
+    verifier: Verifier,
+
+    /// How the answer is continued: ar, jacobi[:WINDOW], draft[:GAMMA] (needs --draft)
+    #[arg(long, default_value = "ar")]
+    continuation: Continuation,
+
+    /// Draft model for `--continuation draft`
+    #[arg(long)]
+    draft: Option<String>,
+
+    /// Most tokens of an answer
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+
+    /// Speech synthesis: espeak (espeak-ng) or fixed (silence after a fixed 200 ms)
+    #[arg(long, default_value = "espeak")]
+    tts: String,
+
+    /// Write the answers' audio (PredGen's) to this WAV file
+    #[arg(long, value_name = "WAV")]
+    out: Option<PathBuf>,
+
+    /// Skip the cascade run
+    #[arg(long)]
+    no_cascade: bool,
+}
+
+#[derive(Args)]
+struct CaptionArgs {
+    #[command(flatten)]
+    hearing: HearingArgs,
+
+    /// The captions' language
+    #[arg(long, default_value = "German")]
+    to: String,
+
+    /// SSBD's bias β (0: exactly autoregressive re-translation on every update)
+    #[arg(long, default_value_t = 0.2)]
+    beta: f32,
+
+    /// Also caption the same audio with autoregressive re-translation, and compare
+    #[arg(long)]
+    compare: bool,
+}
+
+fn main() -> Result<()> {
+    init_logging();
+    match Cli::parse().command {
+        Command::Chat(args) => chat(args),
+        Command::Caption(args) => caption(args),
+    }
+}
+
+fn synthesizer(name: &str) -> Result<Box<dyn SentenceSynthesizer>> {
+    Ok(match name {
+        "espeak" => Box::new(EspeakSynthesizer::new(EspeakSettings::default())?),
+        "fixed" => Box::new(FixedLatencySynthesizer::default()),
+        other => bail!("unknown --tts `{other}` (espeak, fixed)"),
+    })
+}
+
+fn chat(args: ChatArgs) -> Result<()> {
+    let hearing = &args.hearing;
+    let audio = hearing.read_audio()?;
+    hearing.model.apply_threads()?;
+    let mut whisper = Some(hearing.open_whisper()?);
+    let mut model = open_model(&hearing.model.model, &LoadOptions::default())?;
+    let mut draft = args
+        .draft
+        .as_deref()
+        .map(|name| open_model(name, &LoadOptions::default()))
+        .transpose()?;
+    let config = PredGenConfig {
+        verifier: args.verifier,
+        continuation: args.continuation,
+        max_answer_tokens: args.max_tokens,
+        ..PredGenConfig::default()
+    };
+    let mut run = |mode: ChatMode, show: bool| -> Result<Vec<VoiceTurn>> {
+        let listener = Listener::new(
+            whisper.take().expect("Whisper is back"),
+            hearing.listener_config(),
+        )?;
+        let mut session = PredGen::new(&mut model, config.clone())?;
+        if let Some(draft) = draft.as_mut() {
+            session = session.with_draft(draft)?;
+        }
+        let mut chat = VoiceChat::new(
+            listener,
+            session,
+            synthesizer(&args.tts)?,
+            mode,
+            hearing.clock(),
+        );
+        let turns = chat.play(&audio, hearing.trailing_silence(), &mut |event| {
+            if show {
+                println!("{event}");
+            }
+        });
+        let (listener, _) = chat.into_parts();
+        whisper = Some(listener.into_transcriber());
+        Ok(turns?)
+    };
+    let cascade = if args.no_cascade {
+        None
+    } else {
+        eprintln!("cascade: Whisper, then the answer, then speech…");
+        Some(run(ChatMode::Cascade, false)?)
+    };
+    println!(
+        "PredGen ({:?}, {:?}):",
+        config.verifier, config.continuation
+    );
+    let predgen = run(ChatMode::PredGen, true)?;
+    if predgen.is_empty() {
+        bail!("no speech found in {}", hearing.audio.display());
+    }
+    println!();
+    print_turns(&predgen, cascade.as_deref());
+    if let Some(out) = &args.out {
+        write_answer_audio(out, &predgen)?;
+    }
+    Ok(())
+}
+
+fn print_turns(predgen: &[VoiceTurn], cascade: Option<&[VoiceTurn]>) {
+    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
+    println!("| turn | system | end of speech → first audio (ms) | endpointing | ASR | LLM | TTS | same answer |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (i, turn) in predgen.iter().enumerate() {
+        let other = cascade.and_then(|c| c.get(i));
+        let rows = other
+            .map(|c| ("cascade", c))
+            .into_iter()
+            .chain([("PredGen", turn)]);
+        for (name, t) in rows {
+            let parts = t.breakdown();
+            let same = match other {
+                Some(c) => (c.turn.answer == turn.turn.answer).to_string(),
+                None => "–".to_string(),
+            };
+            println!(
+                "| {} | {name} | {} | {} | {} | {} | {} | {same} |",
+                i + 1,
+                ms(t.latency()),
+                ms(parts.endpointing),
+                ms(parts.asr),
+                ms(parts.llm),
+                ms(parts.tts),
+            );
+        }
+        println!();
+        println!("  Q: {}", turn.turn.question);
+        println!("  A: {}", turn.turn.answer);
+        if let Some(c) = other {
+            println!(
+                "  PredGen: {:.2}× lower latency than the cascade",
+                c.latency().as_secs_f64() / turn.latency().as_secs_f64().max(1e-6)
+            );
+        }
+    }
+}
+
+fn write_answer_audio(out: &Path, turns: &[VoiceTurn]) -> Result<()> {
+    let chunks: Vec<_> = turns.iter().flat_map(VoiceTurn::audio).collect();
+    write_wav(out, chunks).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("answer audio written to {}", out.display());
+    Ok(())
+}
+
+fn caption(args: CaptionArgs) -> Result<()> {
+    let hearing = &args.hearing;
+    let audio = hearing.read_audio()?;
+    hearing.model.apply_threads()?;
+    let mut whisper = Some(hearing.open_whisper()?);
+    let mut model = open_model(&hearing.model.model, &LoadOptions::default())?;
+    let ssbd = LiveConfig {
+        decoding: Decoding::Ssbd { beta: args.beta },
+        ..LiveConfig::new(&args.to)
+    };
+    let mut run = |config: LiveConfig, show: bool| -> Result<StreamSummary> {
+        let listener = Listener::new(
+            whisper.take().expect("Whisper is back"),
+            hearing.listener_config(),
+        )?;
+        let translator = LiveTranslator::new(&mut model, config)?;
+        let mut captions = LiveCaptions::new(listener, translator, hearing.clock());
+        let played = play_recording(
+            &mut captions,
+            &audio,
+            hearing.trailing_silence(),
+            &mut |e| {
+                if show {
+                    println!("{e}");
+                }
+            },
+        );
+        let summary = captions.summary().clone();
+        whisper = Some(captions.into_listener().into_transcriber());
+        played?;
+        Ok(summary)
+    };
+    println!("SSBD β = {}:", args.beta);
+    let mut rows = vec![("SSBD", run(ssbd.clone(), true)?)];
+    if args.compare {
+        let ar = LiveConfig {
+            decoding: Decoding::Autoregressive,
+            masking: Masking::None,
+            ..ssbd
+        };
+        rows.insert(0, ("AR re-translation", run(ar, false)?));
+    }
+    println!();
+    println!("| system | updates | output tokens/s | normalized erasure |");
+    println!("|---|---|---|---|");
+    for (name, summary) in rows {
+        println!(
+            "| {name} | {} | {:.1} | {:.3} |",
+            summary.updates,
+            summary.tokens_per_second(),
+            summary.normalized_erasure()
+        );
+    }
+    Ok(())
+}

@@ -13,7 +13,7 @@ use engine_mt::{Decoding, LiveConfig, LiveTranslator, Masking};
 use spec_voice::FixedLatencySynthesizer;
 use specvoice::{
     play_recording, utterances_of, CaptionEventKind, ChatEvent, ChatEventKind, ChatMode, ClockKind,
-    Error, Listener, ListenerConfig, LiveCaptions, Pipeline, VoiceChat, VoiceTurn,
+    Error, Heard, Listener, ListenerConfig, LiveCaptions, Pipeline, VoiceChat, VoiceTurn,
 };
 
 const RATE: f32 = 16_000.0;
@@ -96,7 +96,7 @@ fn ms(millis: u64) -> Duration {
 fn predgen_answers_as_the_cascade_does_from_the_same_audio() {
     let dir = tempfile::tempdir().unwrap();
     write_hf(dir.path(), 31).unwrap();
-    let mut model = tiny_chat_model(5).unwrap();
+    let mut model = tiny_chat_model(11).unwrap();
     let audio = [silence(0.5), voice(1.2)].concat();
     let (cascade, _, whisper) = converse(
         transcriber(&dir),
@@ -126,7 +126,7 @@ fn predgen_answers_as_the_cascade_does_from_the_same_audio() {
         assert!(turn.transcript_at >= turn.endpoint_at);
         assert!(turn.first_sentence_at >= turn.transcript_at);
         assert!(turn.first_audio_at >= turn.transcript_at);
-        assert!(turn.audio().count() > 0);
+        assert!(turn.audio().count() > 0, "{:?}", turn.turn);
         let parts = turn.breakdown();
         assert_eq!(parts.endpointing, ms(500));
         assert_eq!(
@@ -320,4 +320,54 @@ fn live_captions_commit_the_translation_of_the_final_transcript() {
             .unwrap();
         assert_eq!(output, &expected.output);
     }
+}
+
+#[test]
+fn the_final_transcript_does_not_depend_on_how_the_audio_arrived() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 37).unwrap();
+    let audio = [
+        silence(0.5),
+        voice(0.9),
+        silence(0.2),
+        voice(0.4),
+        silence(1.0),
+    ]
+    .concat();
+    let mut whisper = Some(transcriber(&dir));
+    let mut finals = Vec::new();
+    for piece in [320, 1_000, 4_800, 16_000, audio.len()] {
+        let mut listener = listener(whisper.take().unwrap());
+        let mut heard: Vec<Heard> = Vec::new();
+        for chunk in audio.chunks(piece) {
+            heard.extend(listener.push(chunk).unwrap());
+        }
+        heard.extend(listener.finish().unwrap());
+        let last = heard.last().cloned().unwrap();
+        let Heard::Final {
+            text, speech_end, ..
+        } = last
+        else {
+            panic!("no final transcript: {heard:?}");
+        };
+        assert_eq!(speech_end, ms(2000), "piece {piece}");
+        finals.push(text);
+        whisper = Some(listener.into_transcriber());
+    }
+    assert!(!finals[0].is_empty());
+    assert!(finals.iter().all(|f| f == &finals[0]), "{finals:?}");
+    // It is the transcript of the utterance from the pre-roll to the final margin.
+    let config = ListenerConfig::default();
+    let from = (ms(500) - config.pre_roll).as_secs_f64() * 16_000.0;
+    let to = (ms(2000) + config.final_margin).as_secs_f64() * 16_000.0;
+    let mut stream = engine_asr::StreamingTranscriber::new(
+        whisper.take().unwrap(),
+        listener(transcriber(&dir)).config().transcribe.clone(),
+    )
+    .unwrap();
+    let expected = stream
+        .push(&audio[from as usize..to as usize])
+        .unwrap()
+        .unwrap();
+    assert_eq!(finals[0], expected.text);
 }
