@@ -65,6 +65,15 @@ struct Args {
     #[arg(long, default_value_t = 500)]
     silence_ms: u64,
 
+    /// Silence after speech a transcript must include to be final (and the pause that calls
+    /// for a partial at once), in milliseconds
+    #[arg(long, default_value_t = 150)]
+    margin_ms: u64,
+
+    /// Audio between partial transcripts while the user speaks, in milliseconds
+    #[arg(long, default_value_t = 500)]
+    partial_ms: u64,
+
     /// Captions' language
     #[arg(long, default_value = "German")]
     to: String,
@@ -131,6 +140,8 @@ fn main() -> Result<()> {
             silence: Duration::from_millis(args.silence_ms),
             ..specvoice::EndpointConfig::default()
         },
+        final_margin: Duration::from_millis(args.margin_ms),
+        partial_every: Duration::from_millis(args.partial_ms),
         ..ListenerConfig::default()
     };
     let config = PredGenConfig {

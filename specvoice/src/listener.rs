@@ -27,7 +27,7 @@ pub struct ListenerConfig {
     pub pre_roll: Duration,
     /// Silence after the last voiced audio that a transcript must include to be final (so the
     /// last word is never cut), and the pause after which a partial is made at once. Default
-    /// 200 ms; at most the endpoint detector's silence.
+    /// 150 ms; at most the endpoint detector's silence.
     pub final_margin: Duration,
     /// Whisper's settings (greedy); English by default.
     pub transcribe: TranscribeOptions,
@@ -39,7 +39,7 @@ impl Default for ListenerConfig {
             endpoint: EndpointConfig::default(),
             partial_every: Duration::from_millis(500),
             pre_roll: Duration::from_millis(200),
-            final_margin: Duration::from_millis(200),
+            final_margin: Duration::from_millis(150),
             transcribe: TranscribeOptions {
                 language: Some("en".to_string()),
                 ..TranscribeOptions::default()
