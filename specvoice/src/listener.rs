@@ -74,9 +74,9 @@ pub enum Heard {
 /// Whisper either waiting for speech, or transcribing an utterance.
 #[derive(Debug)]
 enum Recognizer {
-    Idle(Transcriber),
+    Idle(Box<Transcriber>),
     Utterance {
-        stream: StreamingTranscriber,
+        stream: Box<StreamingTranscriber>,
         /// The last partial's text.
         text: String,
         /// Stream time of the end of the audio the last partial covers.
@@ -120,7 +120,7 @@ impl Listener {
         Ok(Self {
             detector: EndpointDetector::new(config.endpoint.clone())?,
             config,
-            recognizer: Recognizer::Idle(transcriber),
+            recognizer: Recognizer::Idle(Box::new(transcriber)),
             audio: Vec::new(),
             audio_start: 0,
         })
@@ -143,7 +143,7 @@ impl Listener {
     /// Gives Whisper back (an utterance in progress is dropped).
     pub fn into_transcriber(self) -> Transcriber {
         match self.recognizer {
-            Recognizer::Idle(transcriber) => transcriber,
+            Recognizer::Idle(transcriber) => *transcriber,
             Recognizer::Utterance { stream, .. } => stream.into_inner(),
             Recognizer::Switching => unreachable!("the recognizer is only switching inside a call"),
         }
@@ -206,7 +206,10 @@ impl Listener {
                     unreachable!("the detector starts an utterance only after the last ended")
                 };
                 self.recognizer = Recognizer::Utterance {
-                    stream: StreamingTranscriber::new(transcriber, self.config.transcribe.clone())?,
+                    stream: Box::new(StreamingTranscriber::new(
+                        *transcriber,
+                        self.config.transcribe.clone(),
+                    )?),
                     text: String::new(),
                     covered: Duration::ZERO,
                 };
@@ -230,7 +233,7 @@ impl Listener {
                 else {
                     unreachable!("the detector ends only an utterance it started")
                 };
-                self.recognizer = Recognizer::Idle(stream.into_inner());
+                self.recognizer = Recognizer::Idle(Box::new(stream.into_inner()));
                 Ok(Heard::Final {
                     text,
                     speech_end,
