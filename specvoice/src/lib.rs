@@ -1,4 +1,13 @@
 #![doc = include_str!("../README.md")]
+//!
+//! ## Modules
+//!
+//! - [`endpoint`]: the end-of-speech detector; [`listener`]: the detector and streaming
+//!   Whisper on one stream, partial and final transcripts.
+//! - [`chat`]: [`VoiceChat`], Whisper → PredGen (or the cascade) → speech, with each turn's
+//!   latency breakdown; [`caption`]: [`LiveCaptions`], Whisper → live re-translation.
+//! - [`clock`]: the simulated and wall clocks, the [`Pipeline`] step API and
+//!   [`play_recording`].
 
 pub mod caption;
 pub mod chat;
