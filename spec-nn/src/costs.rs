@@ -51,8 +51,12 @@ fn cache_path(weights: &Path) -> PathBuf {
 
 /// The forward costs of `model` (loaded from `weights`): cached ones when they were measured
 /// on this machine, else measured now (leaving the model's cache empty) and cached if the
-/// folder is writable.
+/// folder is writable. A model not loaded from a file (built in memory) is measured every
+/// time and nothing is written.
 pub fn forward_costs<D: Decoder>(model: &mut D, weights: &Path) -> Result<ForwardCosts> {
+    if !weights.is_file() {
+        return Ok(ForwardCosts::measure(model, MEASURED_FORWARD, 3)?);
+    }
     let (cpu, kernels, threads) = machine();
     let path = cache_path(weights);
     let cached = std::fs::read_to_string(&path)
@@ -74,4 +78,28 @@ pub fn forward_costs<D: Decoder>(model: &mut D, weights: &Path) -> Result<Forwar
         let _ = std::fs::write(&path, text);
     }
     Ok(costs)
+}
+
+#[cfg(test)]
+mod tests {
+    use spec_core::mock::{MockConfig, MockDecoder};
+
+    use super::*;
+
+    #[test]
+    fn costs_are_cached_beside_a_weights_file_and_never_for_a_model_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut model = MockDecoder::new(MockConfig::target(50, 1));
+        let in_memory = dir.path().join("(random)");
+        forward_costs(&mut model, &in_memory).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+        let weights = dir.path().join("model.gguf");
+        std::fs::write(&weights, b"weights").unwrap();
+        let measured = forward_costs(&mut model, &weights).unwrap();
+        let cache = dir.path().join("model.gguf.forward-costs.json");
+        assert!(cache.is_file());
+        let again = forward_costs(&mut model, &weights).unwrap();
+        assert_eq!(again.table(), measured.table());
+    }
 }
