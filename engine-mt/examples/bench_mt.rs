@@ -48,6 +48,7 @@ const AR: &str = "AR re-translation";
 const BETA_0: &str = "SSBD β=0";
 const ASSISTED: &str = "SSBD β=0 + draft model";
 const UNBIASED: &str = "SSBD β=0.2, unbiased final";
+const ADAPTIVE: &str = "SSBD adaptive β, unbiased final";
 /// `LiveConfig::new`'s configuration, the recommended one.
 const DEFAULT: &str = "default (LiveConfig::new)";
 /// The previous default: β = 0.2, display-only mask-3, unbiased final.
@@ -95,31 +96,46 @@ fn runs() -> Vec<Run> {
         ..paper(ssbd(0.2), Masking::None)
     };
     all.push(run(UNBIASED, unbiased.clone(), false));
+    let adaptive = LiveConfig {
+        adaptive_bias: Some(AdaptiveBias::default()),
+        ..unbiased.clone()
+    };
+    all.push(run(ADAPTIVE, adaptive.clone(), false));
     all.push(run(
-        "SSBD β=0.2, unbiased final, lookup",
+        "SSBD adaptive β, unbiased final, lookup 4",
         LiveConfig {
-            lookup_draft: 8,
-            ..unbiased.clone()
+            lookup_draft: 4,
+            ..adaptive
         },
         false,
     ));
     all.push(run(
-        "SSBD adaptive β, unbiased final",
+        "SSBD β=0, lookup 4",
         LiveConfig {
-            adaptive_bias: Some(AdaptiveBias::default()),
-            ..unbiased.clone()
+            lookup_draft: 4,
+            ..paper(ssbd(0.0), Masking::None)
         },
         false,
     ));
-    all.push(run(
-        DEFAULT,
-        LiveConfig {
-            display: DisplayPolicy::full(),
-            ..base
-        },
-        false,
-    ));
+    // The default's decoding, unless a run above already decodes that way.
+    if default_run(&all).is_none() {
+        all.push(run(DEFAULT, default_decoding(), false));
+    }
     all
+}
+
+/// `LiveConfig::new`'s decoding: the default with every output shown (displays are replayed).
+fn default_decoding() -> LiveConfig {
+    LiveConfig {
+        display: DisplayPolicy::full(),
+        ..LiveConfig::new("")
+    }
+}
+
+/// The run that decodes as `LiveConfig::new` does.
+fn default_run(runs: &[Run]) -> Option<usize> {
+    let default = default_decoding();
+    runs.iter().position(|r| !r.assisted && r.config == default)
 }
 
 /// The main table's rows: every run with the whole output shown, the paper's display-only
@@ -151,7 +167,7 @@ fn rows(runs: &[Run]) -> Vec<Row> {
     let default = LiveConfig::new("");
     rows.push(Row {
         label: format!("{DEFAULT}: {}", describe(&default)),
-        run: index(DEFAULT),
+        run: default_run(runs).expect("runs() includes the default's decoding"),
         display: default.display,
     });
     rows
@@ -166,13 +182,19 @@ fn display_policies() -> Vec<DisplayPolicy> {
         D::mask_k(5),
         D::local_agreement(2),
         D::local_agreement(3),
+        D::stability(0.2),
+        D::stability(0.3),
         D::stability(0.6),
-        D::stability(0.9),
+        D::open_end(),
+        D::all_of([D::open_end(), D::stability(0.1)]),
+        D::all_of([D::open_end(), D::stability(0.15)]),
+        D::all_of([D::open_end(), D::stability(0.2)]),
+        D::all_of([D::open_end(), D::stability(0.3)]),
+        D::all_of([D::open_end(), D::stability(0.5)]),
         D::all_of([D::local_agreement(2), D::stability(0.6)]),
         D::all_of([D::mask_k(3), D::stability(0.6)]),
-        D::hold(D::mask_k(3)),
         D::hold(D::local_agreement(2)),
-        D::hold(D::all_of([D::local_agreement(2), D::stability(0.6)])),
+        D::hold(D::all_of([D::open_end(), D::stability(0.2)])),
     ]
 }
 
@@ -181,8 +203,8 @@ fn describe(config: &LiveConfig) -> String {
     let mut parts = vec![match (&config.decoding, &config.adaptive_bias) {
         (Decoding::Autoregressive, _) => "AR".to_string(),
         (Decoding::Ssbd { .. }, Some(a)) => format!(
-            "adaptive β (max {}, full at {} words)",
-            a.max, a.full_bias_words
+            "adaptive β (max {}, from {} to {} words)",
+            a.max, a.min_words, a.full_words
         ),
         (Decoding::Ssbd { beta }, None) => format!("β={beta}"),
     }];
@@ -390,10 +412,11 @@ fn measure(
     let runs = runs();
     let rows = rows(&runs);
     let policies = display_policies();
-    let policy_runs: Vec<usize> = [AR, UNBIASED, DEFAULT]
+    let mut policy_runs: Vec<usize> = [AR, BETA_0, UNBIASED]
         .iter()
         .map(|l| runs.iter().position(|r| r.label == *l).expect(l))
         .collect();
+    policy_runs.push(default_run(&runs).expect("runs() includes the default's decoding"));
     // Warm-up (weights are repacked on first use): one sentence, every run, untimed.
     for run in &runs {
         let updates = lag_k(&sentences[0].english, lag)?;

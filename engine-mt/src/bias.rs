@@ -22,7 +22,10 @@ pub struct BiasInputs {
 }
 
 /// β = `max` · coverage · steadiness · agreement, each factor in [0, 1]:
-/// - coverage = min(1, source words / `full_bias_words`): short sources get less bias;
+/// - coverage rises linearly from 0 at `min_words` source words to 1 at `full_words`: a
+///   short source gets no bias (on short sentences the bias only kept phrasings that the
+///   unbiased final update then took back, so captions settled later; `bench_mt`'s short
+///   set), a long one the full bias;
 /// - steadiness = 1 − changed words / source words: an update that changes much of the source
 ///   gets less bias;
 /// - agreement = 1 − forced / accepted over the earlier updates: a sentence whose drafts were
@@ -32,15 +35,18 @@ pub struct AdaptiveBias {
     /// The bias of an update that changes little of a long source whose drafts the model agreed
     /// with.
     pub max: f32,
+    /// Source words up to which there is no bias.
+    pub min_words: usize,
     /// Source words from which on the source's length no longer lowers the bias.
-    pub full_bias_words: usize,
+    pub full_words: usize,
 }
 
 impl Default for AdaptiveBias {
     fn default() -> Self {
         AdaptiveBias {
-            max: 0.4,
-            full_bias_words: 8,
+            max: 0.5,
+            min_words: 8,
+            full_words: 16,
         }
     }
 }
@@ -52,7 +58,8 @@ impl AdaptiveBias {
             return 0.0;
         }
         let source = inputs.source_words as f32;
-        let coverage = (source / self.full_bias_words.max(1) as f32).min(1.0);
+        let ramp = self.full_words.saturating_sub(self.min_words).max(1) as f32;
+        let coverage = ((source - self.min_words as f32) / ramp).clamp(0.0, 1.0);
         let steadiness = 1.0 - (inputs.changed_words as f32 / source).min(1.0);
         let agreement = if inputs.accepted_so_far == 0 {
             1.0
@@ -67,8 +74,11 @@ impl AdaptiveBias {
         if !(0.0..=1.0).contains(&self.max) {
             return Err(format!("adaptive β's maximum must be in [0, 1], got {}", self.max));
         }
-        if self.full_bias_words == 0 {
-            return Err("adaptive β's full_bias_words must be at least 1".into());
+        if self.full_words <= self.min_words {
+            return Err(format!(
+                "adaptive β's full_words ({}) must be above min_words ({})",
+                self.full_words, self.min_words
+            ));
         }
         Ok(())
     }
@@ -90,12 +100,15 @@ mod tests {
     fn bias_grows_with_the_source_and_shrinks_with_change_and_forcing() {
         let adaptive = AdaptiveBias {
             max: 0.4,
-            full_bias_words: 8,
+            min_words: 4,
+            full_words: 12,
         };
         // A first update changes everything: no bias.
         assert_eq!(adaptive.beta(&inputs(3, 3)), 0.0);
-        // 6 words, 3 new: 0.4 · 0.75 · 0.5.
-        assert!((adaptive.beta(&inputs(6, 3)) - 0.15).abs() < 1e-6);
+        // Up to 4 words, no bias at all.
+        assert_eq!(adaptive.beta(&inputs(4, 1)), 0.0);
+        // 8 words, 4 new: 0.4 · 0.5 · 0.5.
+        assert!((adaptive.beta(&inputs(8, 4)) - 0.1).abs() < 1e-6);
         // 12 words, 3 new: 0.4 · 1 · 0.75.
         assert!((adaptive.beta(&inputs(12, 3)) - 0.3).abs() < 1e-6);
         // Nothing changed on a long source: the full bias.
@@ -120,10 +133,11 @@ mod tests {
             ..AdaptiveBias::default()
         };
         assert!(over.validate().is_err());
-        let zero = AdaptiveBias {
-            full_bias_words: 0,
+        let empty_ramp = AdaptiveBias {
+            min_words: 10,
+            full_words: 10,
             ..AdaptiveBias::default()
         };
-        assert!(zero.validate().is_err());
+        assert!(empty_ramp.validate().is_err());
     }
 }

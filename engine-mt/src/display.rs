@@ -14,6 +14,8 @@ pub struct UpdateView<'a> {
     pub tokens: &'a [u32],
     /// Each token's biased probability ([`UpdateDecode::confidence`](crate::UpdateDecode)).
     pub confidence: &'a [f32],
+    /// Each token's text.
+    pub pieces: &'a [String],
     pub is_final: bool,
 }
 
@@ -126,6 +128,51 @@ impl DisplayStage for StabilityThreshold {
     fn reset(&mut self) {}
 }
 
+/// Hides the ending a partial output gives its sentence: trailing sentence punctuation and the
+/// word it closes. A translation of an unfinished source is still a finished sentence (the
+/// model closes it, in German often with the verb the sentence bracket sends to the end:
+/// "Können wir uns treffen?" for "Can we meet"), and the next update inserts the new words
+/// before that ending, erasing it; the rest of the output is kept as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpenEnd;
+
+/// Sentence-ending punctuation, Latin and CJK.
+const CLOSING: [char; 7] = ['.', '!', '?', '…', '。', '！', '？'];
+
+impl DisplayStage for OpenEnd {
+    fn shown(&mut self, update: &UpdateView) -> usize {
+        let n = update.tokens.len().min(update.pieces.len());
+        if update.is_final {
+            return update.tokens.len();
+        }
+        let pieces = &update.pieces[..n];
+        let is_closing = |p: &String| {
+            let p = p.trim();
+            !p.is_empty() && p.chars().all(|c| CLOSING.contains(&c) || c == '"')
+        };
+        let body = n - pieces.iter().rev().take_while(|p| is_closing(p)).count();
+        if body == n {
+            return n;
+        }
+        // The closed word: back to the token that starts it (a piece opening with a space), or
+        // one token for scripts without spaces.
+        let word_start = pieces[..body]
+            .iter()
+            .rposition(|p| p.starts_with(char::is_whitespace))
+            .unwrap_or(0);
+        let unspaced = pieces[..body]
+            .iter()
+            .all(|p| !p.starts_with(char::is_whitespace));
+        if unspaced {
+            body.saturating_sub(1)
+        } else {
+            word_start
+        }
+    }
+
+    fn reset(&mut self) {}
+}
+
 /// Shows what every stage allows (the shortest of their prefixes); every stage sees every
 /// update.
 #[derive(Clone, Debug, PartialEq)]
@@ -178,6 +225,7 @@ pub enum DisplayPolicy {
     MaskK(MaskK),
     LocalAgreement(LocalAgreement),
     StabilityThreshold(StabilityThreshold),
+    OpenEnd(OpenEnd),
     Sequence(Sequence),
     Hold(Hold),
 }
@@ -209,6 +257,11 @@ impl DisplayPolicy {
         DisplayPolicy::StabilityThreshold(StabilityThreshold { threshold })
     }
 
+    /// The output less the ending the model gave its unfinished sentence.
+    pub fn open_end() -> Self {
+        DisplayPolicy::OpenEnd(OpenEnd)
+    }
+
     /// What every one of `stages` allows.
     pub fn all_of(stages: impl IntoIterator<Item = DisplayPolicy>) -> Self {
         DisplayPolicy::Sequence(Sequence {
@@ -231,18 +284,21 @@ impl DisplayPolicy {
             DisplayPolicy::MaskK(m) => m.k == 0,
             DisplayPolicy::LocalAgreement(l) => l.n <= 1,
             DisplayPolicy::StabilityThreshold(s) => s.threshold <= 0.0,
+            DisplayPolicy::OpenEnd(_) => false,
             DisplayPolicy::Sequence(s) => s.stages.iter().all(Self::shows_everything),
             DisplayPolicy::Hold(h) => h.inner.shows_everything(),
         }
     }
 
-    /// A short name for tables: `full`, `mask-3`, `LA-2`, `p≥0.6`, `LA-2 + p≥0.6`, `hold(…)`.
+    /// A short name for tables: `full`, `mask-3`, `LA-2`, `p≥0.6`, `open end`, `LA-2 + p≥0.6`,
+    /// `hold(…)`.
     pub fn label(&self) -> String {
         match self {
             DisplayPolicy::Full(_) => "full".into(),
             DisplayPolicy::MaskK(m) => format!("mask-{}", m.k),
             DisplayPolicy::LocalAgreement(l) => format!("LA-{}", l.n),
             DisplayPolicy::StabilityThreshold(s) => format!("p≥{}", s.threshold),
+            DisplayPolicy::OpenEnd(_) => "open end".into(),
             DisplayPolicy::Sequence(s) => s
                 .stages
                 .iter()
@@ -259,6 +315,7 @@ impl DisplayPolicy {
             DisplayPolicy::MaskK(s) => s,
             DisplayPolicy::LocalAgreement(s) => s,
             DisplayPolicy::StabilityThreshold(s) => s,
+            DisplayPolicy::OpenEnd(s) => s,
             DisplayPolicy::Sequence(s) => s,
             DisplayPolicy::Hold(s) => s,
         }
@@ -290,13 +347,45 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, (tokens, confidence))| {
+                let pieces: Vec<String> = tokens.iter().map(|t| format!(" w{t}")).collect();
                 policy.shown(&UpdateView {
                     tokens,
                     confidence,
+                    pieces: &pieces,
                     is_final: i + 1 == outputs.len(),
                 })
             })
             .collect()
+    }
+
+    fn pieces(text: &[&str]) -> Vec<String> {
+        text.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn open_end_hides_the_ending_given_to_an_unfinished_sentence() {
+        let shown = |pieces: &[String], is_final| {
+            let tokens: Vec<u32> = (0..pieces.len() as u32).collect();
+            let confidence = vec![1.0; pieces.len()];
+            DisplayPolicy::open_end().shown(&UpdateView {
+                tokens: &tokens,
+                confidence: &confidence,
+                pieces,
+                is_final,
+            })
+        };
+        // "Können wir uns treffen?": the closing verb (two tokens) and "?" are hidden.
+        let closed = pieces(&["Können", " wir", " uns", " tre", "ffen", "?"]);
+        assert_eq!(shown(&closed, false), 3);
+        assert_eq!(shown(&closed, true), 6);
+        // An output without an ending shows whole.
+        let open = pieces(&["Die", " Bus", " zum"]);
+        assert_eq!(shown(&open, false), 3);
+        // Several closing pieces, and a closing word that is the first word.
+        assert_eq!(shown(&pieces(&["Ja", "!", "\""]), false), 0);
+        // Without spaces (Chinese), one token before the punctuation.
+        assert_eq!(shown(&pieces(&["我们", "明天", "见", "。"]), false), 2);
+        assert_eq!(shown(&pieces(&["?"]), false), 0);
     }
 
     const SURE: [f32; 8] = [1.0; 8];
@@ -375,6 +464,7 @@ mod tests {
             DisplayPolicy::mask_k(5),
             DisplayPolicy::local_agreement(4),
             DisplayPolicy::stability(0.99),
+            DisplayPolicy::open_end(),
             DisplayPolicy::hold(DisplayPolicy::all_of([
                 DisplayPolicy::local_agreement(2),
                 DisplayPolicy::stability(0.7),
@@ -384,6 +474,7 @@ mod tests {
             let shown = policy.shown(&UpdateView {
                 tokens: &[4, 5, 6],
                 confidence: &[0.0, 0.0, 0.0],
+                pieces: &pieces(&["a", " b", "."]),
                 is_final: true,
             });
             assert_eq!(shown, 3, "{}", policy.label());

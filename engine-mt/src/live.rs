@@ -101,10 +101,13 @@ impl LiveConfig {
     pub fn new(target_language: impl Into<String>) -> Self {
         LiveConfig {
             task: TranslationTask::new("English", target_language),
-            decoding: Decoding::Ssbd { beta: 0.2 },
+            decoding: Decoding::Ssbd { beta: 0.5 },
             masking: Masking::None,
-            display: DisplayPolicy::mask_k(3),
-            adaptive_bias: None,
+            display: DisplayPolicy::all_of([
+                DisplayPolicy::open_end(),
+                DisplayPolicy::stability(0.2),
+            ]),
+            adaptive_bias: Some(AdaptiveBias::default()),
             lookup_draft: 0,
             max_tokens: 128,
             assistant_gamma: 3,
@@ -235,9 +238,11 @@ impl<'m> LiveTranslator<'m> {
         )?;
         let tokenizer = &self.model.tokenizer;
         let output = tokenizer.decode_text(&decode.tokens)?;
+        let pieces = token_pieces(tokenizer, &decode.tokens)?;
         let shown = self.display.shown(&UpdateView {
             tokens: &decode.tokens,
             confidence: &decode.confidence,
+            pieces: &pieces,
             is_final: update.is_final,
         });
         let by_characters = self.config.task.target_uses_characters();
@@ -337,14 +342,24 @@ pub fn replay_display(
     captions
         .iter()
         .map(|c| {
+            let pieces = token_pieces(tokenizer, &c.decode.tokens)?;
             let shown = policy.shown(&UpdateView {
                 tokens: &c.decode.tokens,
                 confidence: &c.decode.confidence,
+                pieces: &pieces,
                 is_final: c.is_final,
             });
             display_text(tokenizer, &c.decode.tokens, shown, by_characters)
         })
         .collect()
+}
+
+/// Each token's text.
+fn token_pieces(tokenizer: &TextTokenizer, tokens: &[u32]) -> Result<Vec<String>> {
+    Ok(tokens
+        .iter()
+        .map(|&t| tokenizer.decode_text(&[t]))
+        .collect::<std::result::Result<_, _>>()?)
 }
 
 /// `shown`, a prefix of `output`, less a last word that `output` continues: a partial caption

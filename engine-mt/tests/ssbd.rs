@@ -248,7 +248,7 @@ proptest! {
         let ends = lag_3_ends(source.len());
         let config = LiveConfig {
             decoding: Decoding::Ssbd { beta },
-            adaptive_bias: adaptive.then_some(AdaptiveBias { max: beta, full_bias_words: 6 }),
+            adaptive_bias: adaptive.then_some(AdaptiveBias { max: beta, min_words: 0, full_words: 6 }),
             masking,
             lookup_draft,
             max_tokens: 12,
@@ -277,6 +277,7 @@ proptest! {
 #[test]
 fn only_the_final_update_of_ssbd_loses_its_bias() {
     let config = LiveConfig {
+        decoding: Decoding::Ssbd { beta: 0.2 },
         adaptive_bias: None,
         ..LiveConfig::new("German")
     };
@@ -305,7 +306,8 @@ fn only_the_final_update_of_ssbd_loses_its_bias() {
     // The adaptive rule replaces the fixed β of every biased update.
     let adaptive = AdaptiveBias {
         max: 0.4,
-        full_bias_words: 8,
+        min_words: 0,
+        full_words: 8,
     };
     let config = LiveConfig {
         adaptive_bias: Some(adaptive),
