@@ -17,8 +17,8 @@ use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, ModelArgs};
 use engine_llm::LoadOptions;
 use engine_mt::{
-    lag_k, read_partials, AdaptiveBias, BiasInputs, Decoding, DisplayPolicy, LiveConfig,
-    LiveTranslator, Masking, StreamSummary,
+    lag_k, read_partials, BiasInputs, Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking,
+    StreamSummary,
 };
 
 /// A live caption as the source grows: each update's display, with what SSBD kept.
@@ -54,7 +54,7 @@ struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     lag: u64,
 
-    /// SSBD's bias toward the previous output [default: 0.2]
+    /// SSBD's bias toward the previous output (with the adaptive rule, its most) [default: 0.5]
     #[arg(long)]
     beta: Option<f32>,
 
@@ -87,9 +87,10 @@ struct Args {
     #[arg(long)]
     no_mask: bool,
 
-    /// Choose β per update, at most MAX (engine_mt::AdaptiveBias)
-    #[arg(long, value_name = "MAX", conflicts_with = "autoregressive")]
-    adaptive_bias: Option<f32>,
+    /// Use --beta as it is on every update instead of scaling it per update
+    /// (engine_mt::AdaptiveBias)
+    #[arg(long)]
+    fixed_beta: bool,
 
     /// Let the previous output draft up to N tokens at a time after the divergence (0: off)
     #[arg(long, value_name = "N")]
@@ -140,11 +141,8 @@ impl Args {
         if let Some(k) = self.mask_draft {
             config.masking = Masking::Draft(k);
         }
-        if let Some(max) = self.adaptive_bias {
-            config.adaptive_bias = Some(AdaptiveBias {
-                max,
-                ..AdaptiveBias::default()
-            });
+        if self.fixed_beta {
+            config.adaptive_bias = None;
         }
         if let Some(n) = self.lookup {
             config.lookup_draft = n;

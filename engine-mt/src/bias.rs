@@ -21,7 +21,8 @@ pub struct BiasInputs {
     pub forced_so_far: usize,
 }
 
-/// β = `max` · coverage · steadiness · agreement, each factor in [0, 1]:
+/// β = β_max · coverage · steadiness · agreement, β_max the bias of [`Decoding::Ssbd`]
+/// (so β_max = 0 stays exactly autoregressive re-translation) and each factor in [0, 1]:
 /// - coverage rises linearly from 0 at `min_words` source words to 1 at `full_words`: a
 ///   short source gets no bias (on short sentences the bias only kept phrasings that the
 ///   unbiased final update then took back, so captions settled later; `bench_mt`'s short
@@ -30,11 +31,10 @@ pub struct BiasInputs {
 ///   gets less bias;
 /// - agreement = 1 − forced / accepted over the earlier updates: a sentence whose drafts were
 ///   kept against the model's own choice gets less bias, so a wrong early phrasing is let go.
+///
+/// [`Decoding::Ssbd`]: crate::Decoding::Ssbd
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdaptiveBias {
-    /// The bias of an update that changes little of a long source whose drafts the model agreed
-    /// with.
-    pub max: f32,
     /// Source words up to which there is no bias.
     pub min_words: usize,
     /// Source words from which on the source's length no longer lowers the bias.
@@ -44,7 +44,6 @@ pub struct AdaptiveBias {
 impl Default for AdaptiveBias {
     fn default() -> Self {
         AdaptiveBias {
-            max: 0.5,
             min_words: 8,
             full_words: 16,
         }
@@ -52,8 +51,8 @@ impl Default for AdaptiveBias {
 }
 
 impl AdaptiveBias {
-    /// β for an update with `inputs`.
-    pub fn beta(&self, inputs: &BiasInputs) -> f32 {
+    /// β for an update with `inputs`, at most `max`.
+    pub fn beta(&self, max: f32, inputs: &BiasInputs) -> f32 {
         if inputs.source_words == 0 {
             return 0.0;
         }
@@ -67,13 +66,10 @@ impl AdaptiveBias {
             1.0 - inputs.forced_so_far.min(inputs.accepted_so_far) as f32
                 / inputs.accepted_so_far as f32
         };
-        self.max * coverage * steadiness * agreement
+        max * coverage * steadiness * agreement
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if !(0.0..=1.0).contains(&self.max) {
-            return Err(format!("adaptive β's maximum must be in [0, 1], got {}", self.max));
-        }
         if self.full_words <= self.min_words {
             return Err(format!(
                 "adaptive β's full_words ({}) must be above min_words ({})",
@@ -99,44 +95,38 @@ mod tests {
     #[test]
     fn bias_grows_with_the_source_and_shrinks_with_change_and_forcing() {
         let adaptive = AdaptiveBias {
-            max: 0.4,
             min_words: 4,
             full_words: 12,
         };
+        let beta = |inputs: &BiasInputs| adaptive.beta(0.4, inputs);
         // A first update changes everything: no bias.
-        assert_eq!(adaptive.beta(&inputs(3, 3)), 0.0);
+        assert_eq!(beta(&inputs(3, 3)), 0.0);
         // Up to 4 words, no bias at all.
-        assert_eq!(adaptive.beta(&inputs(4, 1)), 0.0);
+        assert_eq!(beta(&inputs(4, 1)), 0.0);
         // 8 words, 4 new: 0.4 · 0.5 · 0.5.
-        assert!((adaptive.beta(&inputs(8, 4)) - 0.1).abs() < 1e-6);
+        assert!((beta(&inputs(8, 4)) - 0.1).abs() < 1e-6);
         // 12 words, 3 new: 0.4 · 1 · 0.75.
-        assert!((adaptive.beta(&inputs(12, 3)) - 0.3).abs() < 1e-6);
+        assert!((beta(&inputs(12, 3)) - 0.3).abs() < 1e-6);
         // Nothing changed on a long source: the full bias.
-        assert_eq!(adaptive.beta(&inputs(20, 0)), 0.4);
+        assert_eq!(beta(&inputs(20, 0)), 0.4);
         // Half the kept tokens were forced: half the bias.
         let forced = BiasInputs {
             accepted_so_far: 10,
             forced_so_far: 5,
             ..inputs(20, 0)
         };
-        assert!((adaptive.beta(&forced) - 0.2).abs() < 1e-6);
-        assert_eq!(adaptive.beta(&inputs(0, 0)), 0.0);
+        assert!((beta(&forced) - 0.2).abs() < 1e-6);
+        assert_eq!(beta(&inputs(0, 0)), 0.0);
         // Revisions may report more changed words than the source has.
-        assert_eq!(adaptive.beta(&inputs(4, 9)), 0.0);
+        assert_eq!(beta(&inputs(4, 9)), 0.0);
     }
 
     #[test]
     fn bad_settings_are_refused() {
         assert!(AdaptiveBias::default().validate().is_ok());
-        let over = AdaptiveBias {
-            max: 1.5,
-            ..AdaptiveBias::default()
-        };
-        assert!(over.validate().is_err());
         let empty_ramp = AdaptiveBias {
             min_words: 10,
             full_words: 10,
-            ..AdaptiveBias::default()
         };
         assert!(empty_ramp.validate().is_err());
     }

@@ -415,7 +415,10 @@ mod tests {
         assert_eq!(run(&mut three, &outputs[..3]), [0, 0, 4]);
         let mut three = DisplayPolicy::local_agreement(3);
         assert_eq!(
-            run(&mut three, &[outputs[0], outputs[1], outputs[2], (&[9], &SURE)]),
+            run(
+                &mut three,
+                &[outputs[0], outputs[1], outputs[2], (&[9], &SURE)]
+            ),
             [0, 0, 2, 1]
         );
         // A new sentence forgets the old one.
@@ -442,9 +445,8 @@ mod tests {
             (&[1, 8, 9], &[0.9, 0.9, 0.9]),
             (&[1, 8, 9, 10], &[0.9, 0.9, 0.9, 0.9]),
         ];
-        let combined = || {
-            DisplayPolicy::all_of([DisplayPolicy::mask_k(1), DisplayPolicy::stability(0.5)])
-        };
+        let combined =
+            || DisplayPolicy::all_of([DisplayPolicy::mask_k(1), DisplayPolicy::stability(0.5)]);
         let mut policy = combined();
         assert_eq!(run(&mut policy, &outputs), [3, 2, 2, 4]);
         assert_eq!(policy.label(), "mask-1 + p≥0.5");

@@ -7,9 +7,9 @@ pub mod live;
 pub mod metrics;
 pub mod ssbd;
 
-pub use error::{Error, Result};
 pub use bias::{AdaptiveBias, BiasInputs};
 pub use display::{DisplayPolicy, DisplayStage, UpdateView};
+pub use error::{Error, Result};
 pub use live::{
     display_text, replay_display, Caption, LiveConfig, LiveTranslator, Masking, StreamSummary,
     TranslationTask,

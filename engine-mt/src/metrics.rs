@@ -100,7 +100,9 @@ pub fn stable_caption_delays(
             // The first update from which on every display shows the final one up to unit j.
             let stable_from = agreed.iter().rposition(|&n| n <= j).map_or(0, |i| i + 1);
             let source_word = ((j + 1) * arrivals.len()).div_ceil(last.len()) - 1;
-            displays[stable_from].0.saturating_sub(arrivals[source_word])
+            displays[stable_from]
+                .0
+                .saturating_sub(arrivals[source_word])
         })
         .collect()
 }

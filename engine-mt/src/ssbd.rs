@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
+use spec_core::decoder::forward_tokens;
 use spec_core::decoder::rewind_to_prefix;
 use spec_core::draft::{advance, catch_up};
 use spec_core::sampling::{argmax, softmax};
-use spec_core::decoder::forward_tokens;
 use spec_core::{forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows};
 
 use crate::error::{Error, Result};

@@ -127,7 +127,6 @@ fn hiding_trades_flicker_for_time_to_a_stable_caption() {
 fn adaptive_bias_is_chosen_per_update() {
     let updates = lag_k(SENTENCE, 3).unwrap();
     let adaptive = AdaptiveBias {
-        max: 0.5,
         min_words: 0,
         full_words: 6,
     };
@@ -150,12 +149,15 @@ fn adaptive_bias_is_chosen_per_update() {
         let expected = if i == 0 || caption.is_final {
             0.0
         } else {
-            adaptive.beta(&BiasInputs {
-                source_words: words,
-                changed_words: words - before,
-                accepted_so_far: accepted,
-                forced_so_far: forced,
-            })
+            adaptive.beta(
+                0.5,
+                &BiasInputs {
+                    source_words: words,
+                    changed_words: words - before,
+                    accepted_so_far: accepted,
+                    forced_so_far: forced,
+                },
+            )
         };
         assert!(
             (caption.beta - expected).abs() < 1e-6,
@@ -191,4 +193,3 @@ fn beta_zero_with_lookup_is_autoregressive_retranslation() {
         }
     }
 }
-

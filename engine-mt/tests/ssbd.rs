@@ -248,7 +248,7 @@ proptest! {
         let ends = lag_3_ends(source.len());
         let config = LiveConfig {
             decoding: Decoding::Ssbd { beta },
-            adaptive_bias: adaptive.then_some(AdaptiveBias { max: beta, min_words: 0, full_words: 6 }),
+            adaptive_bias: adaptive.then_some(AdaptiveBias { min_words: 0, full_words: 6 }),
             masking,
             lookup_draft,
             max_tokens: 12,
@@ -303,9 +303,8 @@ fn only_the_final_update_of_ssbd_loses_its_bias() {
         paper.decoding_for(true, &inputs),
         Decoding::Ssbd { beta: 0.2 }
     );
-    // The adaptive rule replaces the fixed β of every biased update.
+    // The adaptive rule scales the β of every biased update.
     let adaptive = AdaptiveBias {
-        max: 0.4,
         min_words: 0,
         full_words: 8,
     };
@@ -313,8 +312,8 @@ fn only_the_final_update_of_ssbd_loses_its_bias() {
         adaptive_bias: Some(adaptive),
         ..config
     };
-    let beta = adaptive.beta(&inputs);
-    assert!((beta - 0.3).abs() < 1e-6);
+    let beta = adaptive.beta(0.2, &inputs);
+    assert!((beta - 0.15).abs() < 1e-6);
     assert_eq!(config.decoding_for(false, &inputs), Decoding::Ssbd { beta });
     assert_eq!(
         config.decoding_for(true, &inputs),
