@@ -231,9 +231,10 @@ struct Outcome {
 
 impl Outcome {
     fn add(&mut self, updates: &[Partial], captions: &[Caption], by_characters: bool) {
-        self.summary.add_sentence(updates, captions, by_characters);
+        self.summary
+            .add_timed_sentence(updates, captions, by_characters);
         let mut one = StreamSummary::default();
-        one.add_sentence(updates, captions, by_characters);
+        one.add_timed_sentence(updates, captions, by_characters);
         self.per_sentence.push(one);
         self.finals.push(
             captions

@@ -208,7 +208,7 @@ fn main() -> Result<()> {
             );
             captions.push(caption);
         }
-        summary.add_sentence(updates, &captions, by_characters);
+        summary.add_timed_sentence(updates, &captions, by_characters);
     }
     println!(
         "{} updates: NE {:.2}, A/D {:.2}, A/O {:.2}, {:.1} output tokens/s, {} target forwards, \

@@ -395,19 +395,22 @@ pub struct StreamSummary {
     /// Σ of erased display units over the sentences, and Σ of final display units.
     pub erased_units: f64,
     pub final_units: usize,
-    /// Σ over final display units of their time to a stable caption
+    /// Σ over the final display units of timed sentences of their time to a stable caption
     /// ([`stable_caption_delays`]), captions timed by [`caption_times`] from the updates'
-    /// arrivals and compute times.
+    /// arrivals and compute times, and the number of those units.
     pub stable_delay: Duration,
-    /// Σ over sentences of the time from the last update's arrival to the final caption.
+    pub stable_units: usize,
+    /// Σ over timed sentences of the time from the last update's arrival to the final caption,
+    /// and their number.
     pub final_delay: Duration,
-    pub sentences: usize,
+    pub timed_sentences: usize,
 }
 
 impl StreamSummary {
-    /// Adds one sentence's captions, `captions[i]` the translation of `updates[i]`; display
-    /// units are words, or characters when `by_characters`.
-    pub fn add_sentence(&mut self, updates: &[Partial], captions: &[Caption], by_characters: bool) {
+    /// Adds one sentence's captions; display units are words, or characters when
+    /// `by_characters`. Without the updates' arrival times the caption timing (time to a stable
+    /// caption, final caption delay) is not counted: see [`StreamSummary::add_timed_sentence`].
+    pub fn add_sentence(&mut self, captions: &[Caption], by_characters: bool) {
         let displays: Vec<Vec<String>> = captions
             .iter()
             .map(|c| display_units(&c.display, by_characters))
@@ -415,17 +418,6 @@ impl StreamSummary {
         let final_units = displays.last().map_or(0, Vec::len);
         self.erased_units += normalized_erasure(&displays) * final_units as f64;
         self.final_units += final_units;
-        let arrivals: Vec<Duration> = updates.iter().map(|u| u.at).collect();
-        let compute: Vec<Duration> = captions.iter().map(|c| c.decode.time).collect();
-        let shown = caption_times(&arrivals, &compute);
-        let timed: Vec<(Duration, Vec<String>)> = shown.iter().copied().zip(displays).collect();
-        self.stable_delay += stable_caption_delays(&timed, &word_arrivals(updates))
-            .iter()
-            .sum::<Duration>();
-        if let (Some(&last_shown), Some(&last_arrival)) = (shown.last(), arrivals.last()) {
-            self.final_delay += last_shown.saturating_sub(last_arrival);
-        }
-        self.sentences += 1;
         for caption in captions {
             let d = &caption.decode;
             self.updates += 1;
@@ -438,14 +430,41 @@ impl StreamSummary {
         }
     }
 
+    /// [`StreamSummary::add_sentence`], and the captions' timing: `captions[i]` translates
+    /// `updates[i]`, which arrived at `updates[i].at`.
+    pub fn add_timed_sentence(
+        &mut self,
+        updates: &[Partial],
+        captions: &[Caption],
+        by_characters: bool,
+    ) {
+        self.add_sentence(captions, by_characters);
+        let arrivals: Vec<Duration> = updates.iter().map(|u| u.at).collect();
+        let compute: Vec<Duration> = captions.iter().map(|c| c.decode.time).collect();
+        let shown = caption_times(&arrivals, &compute);
+        let timed: Vec<(Duration, Vec<String>)> = shown
+            .iter()
+            .zip(captions)
+            .map(|(&at, c)| (at, display_units(&c.display, by_characters)))
+            .collect();
+        self.stable_delay += stable_caption_delays(&timed, &word_arrivals(updates))
+            .iter()
+            .sum::<Duration>();
+        self.stable_units += timed.last().map_or(0, |(_, units)| units.len());
+        if let (Some(&last_shown), Some(&last_arrival)) = (shown.last(), arrivals.last()) {
+            self.final_delay += last_shown.saturating_sub(last_arrival);
+        }
+        self.timed_sentences += 1;
+    }
+
     /// Mean time to a stable caption over the final display units.
     pub fn time_to_stable(&self) -> Duration {
-        self.stable_delay / self.final_units.max(1) as u32
+        self.stable_delay / self.stable_units.max(1) as u32
     }
 
     /// Mean time from a sentence's last update to its final caption.
     pub fn final_caption_delay(&self) -> Duration {
-        self.final_delay / self.sentences.max(1) as u32
+        self.final_delay / self.timed_sentences.max(1) as u32
     }
 
     /// Normalized erasure over everything added (erased units over final display units).

@@ -101,7 +101,7 @@ fn hiding_trades_flicker_for_time_to_a_stable_caption() {
             })
             .collect();
         let mut summary = StreamSummary::default();
-        summary.add_sentence(&updates, &shown, true);
+        summary.add_timed_sentence(&updates, &shown, true);
         summary
     };
     let full = summary(&DisplayPolicy::full());
