@@ -77,8 +77,9 @@ pub struct LiveConfig {
     /// [`Decoding::Ssbd`]'s β (β = 0 stays exact). No effect on [`Decoding::Autoregressive`].
     pub adaptive_bias: Option<AdaptiveBias>,
     /// Most tokens the rest of the previous output drafts at once after the divergence
-    /// ([`Continuation::Lookup`]); 0 decodes one token per forward there. An attached assistant
-    /// model drafts instead.
+    /// ([`Continuation::Lookup`]); 0 decodes one token per forward there. SSBD only:
+    /// [`Decoding::Autoregressive`] stays plain re-translation. An attached assistant model
+    /// drafts instead.
     pub lookup_draft: usize,
     /// Most tokens in one output.
     pub max_tokens: usize,
@@ -228,9 +229,13 @@ impl<'m> LiveTranslator<'m> {
                 model: &mut assistant.model,
                 gamma: self.config.assistant_gamma,
             },
-            None if self.config.lookup_draft > 0 => Continuation::Lookup {
-                max_draft: self.config.lookup_draft,
-            },
+            None if self.config.lookup_draft > 0
+                && matches!(self.config.decoding, Decoding::Ssbd { .. }) =>
+            {
+                Continuation::Lookup {
+                    max_draft: self.config.lookup_draft,
+                }
+            }
             None => Continuation::Greedy,
         };
         let decode = decode_update(

@@ -178,6 +178,11 @@ fn beta_zero_with_lookup_is_autoregressive_retranslation() {
     let updates = lag_k(SENTENCE, 2).unwrap();
     for seed in [6, 7] {
         let ar = captions(seed, config(Decoding::Autoregressive), &updates);
+        // The default's lookup continuation leaves autoregressive re-translation plain.
+        assert!(config(Decoding::Autoregressive).lookup_draft > 0);
+        assert!(ar
+            .iter()
+            .all(|c| c.decode.continuation_drafted == 0 && c.decode.drafted == 0));
         for lookup_draft in [0, 4] {
             let ssbd = captions(
                 seed,
