@@ -6,6 +6,8 @@
 //!     --sentence "The meeting has been moved to Thursday afternoon because the manager is travelling."
 //! cargo run --release -p engine-mt --example live-translate -- --to Chinese \
 //!     --partials engine-mt/data/partials.txt --beta 0.3 --mask-draft 3
+//! cargo run --release -p engine-mt --example live-translate -- --to German \
+//!     --sentence "Can we meet at half past three tomorrow?" --local-agreement 2 --hold
 //! ```
 
 use std::path::PathBuf;
@@ -15,14 +17,15 @@ use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, ModelArgs};
 use engine_llm::LoadOptions;
 use engine_mt::{
-    lag_k, read_partials, Decoding, LiveConfig, LiveTranslator, Masking, StreamSummary,
+    lag_k, read_partials, BiasInputs, Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking,
+    StreamSummary,
 };
 
 /// A live caption as the source grows: each update's display, with what SSBD kept.
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["sentence", "partials"])))]
 #[command(group(clap::ArgGroup::new("decoding").args(["beta", "autoregressive"])))]
-#[command(group(clap::ArgGroup::new("masking").args(["mask_display", "mask_draft", "no_mask"])))]
+#[command(group(clap::ArgGroup::new("masking").multiple(true).args(["mask_display", "local_agreement", "stability", "hold"]).conflicts_with("no_mask")))]
 struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -51,7 +54,7 @@ struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     lag: u64,
 
-    /// SSBD's bias toward the previous output [default: 0.2]
+    /// SSBD's bias toward the previous output (with the adaptive rule, its most) [default: 0.5]
     #[arg(long)]
     beta: Option<f32>,
 
@@ -59,17 +62,39 @@ struct Args {
     #[arg(long)]
     autoregressive: bool,
 
-    /// Hide the last K tokens of each non-final caption (they still draft the next) [default: 3]
+    /// Display: hide the last K tokens of each non-final caption (they still draft the next);
+    /// with the other display options, a caption shows what all of them allow
     #[arg(long, value_name = "K")]
     mask_display: Option<usize>,
 
-    /// Drop the last K tokens of each output from the display and the next draft
+    /// Display: show only what the last N outputs agree on
+    #[arg(long, value_name = "N")]
+    local_agreement: Option<usize>,
+
+    /// Display: show only the prefix of tokens with a biased probability of at least P
+    #[arg(long, value_name = "P")]
+    stability: Option<f32>,
+
+    /// Display: never take back a shown prefix the new output still starts with
+    #[arg(long)]
+    hold: bool,
+
+    /// Drop the last K tokens of each output from the next draft (mask-k)
     #[arg(long, value_name = "K")]
     mask_draft: Option<usize>,
 
-    /// Show and draft every token
+    /// Show every token of every caption
     #[arg(long)]
     no_mask: bool,
+
+    /// Use --beta as it is on every update instead of scaling it per update
+    /// (engine_mt::AdaptiveBias)
+    #[arg(long)]
+    fixed_beta: bool,
+
+    /// Let the previous output draft up to N tokens at a time after the divergence (0: off)
+    #[arg(long, value_name = "N")]
+    lookup: Option<usize>,
 
     /// Verify the final update with β too (default: without bias)
     #[arg(long)]
@@ -90,14 +115,37 @@ impl Args {
         if self.autoregressive {
             config.decoding = Decoding::Autoregressive;
         }
+        let mut stages = Vec::new();
         if let Some(k) = self.mask_display {
-            config.masking = Masking::Display(k);
+            stages.push(DisplayPolicy::mask_k(k));
+        }
+        if let Some(n) = self.local_agreement {
+            stages.push(DisplayPolicy::local_agreement(n));
+        }
+        if let Some(p) = self.stability {
+            stages.push(DisplayPolicy::stability(p));
+        }
+        if !stages.is_empty() || self.hold {
+            config.display = match stages.len() {
+                0 => config.display.clone(),
+                1 => stages.remove(0),
+                _ => DisplayPolicy::all_of(stages),
+            };
+            if self.hold {
+                config.display = DisplayPolicy::hold(config.display.clone());
+            }
+        }
+        if self.no_mask {
+            config.display = DisplayPolicy::full();
         }
         if let Some(k) = self.mask_draft {
             config.masking = Masking::Draft(k);
         }
-        if self.no_mask {
-            config.masking = Masking::None;
+        if self.fixed_beta {
+            config.adaptive_bias = None;
+        }
+        if let Some(n) = self.lookup {
+            config.lookup_draft = n;
         }
         config.unbiased_final = !self.biased_final;
         config.max_tokens = self.max_tokens;
@@ -125,13 +173,16 @@ fn main() -> Result<()> {
         live = live.with_assistant(assistant)?;
     }
     println!(
-        "{}: {} → {}, {:?}, {:?}, final update {:?}\n",
+        "{}: {} → {}, {:?}, adaptive β {:?}, draft {:?}, display {}, lookup {}, final update {:?}\n",
         args.model.model,
         config.task.source_language,
         config.task.target_language,
         config.decoding,
+        config.adaptive_bias,
         config.masking,
-        config.decoding_for(true)
+        config.display.label(),
+        config.lookup_draft,
+        config.decoding_for(true, &BiasInputs::default())
     );
     let mut summary = StreamSummary::default();
     for updates in &sentences {
@@ -147,7 +198,8 @@ fn main() -> Result<()> {
             );
             println!("caption | {}", caption.display);
             println!(
-                "        | kept {}/{} draft tokens, {} new, {} forwards, {:.0} ms\n",
+                "        | β {:.2}, kept {}/{} draft tokens, {} new, {} forwards, {:.0} ms\n",
+                caption.beta,
                 d.accepted,
                 d.drafted,
                 d.tokens.len() - d.accepted,
@@ -156,16 +208,19 @@ fn main() -> Result<()> {
             );
             captions.push(caption);
         }
-        summary.add_sentence(&captions, by_characters);
+        summary.add_timed_sentence(updates, &captions, by_characters);
     }
     println!(
-        "{} updates: NE {:.2}, A/D {:.2}, A/O {:.2}, {:.1} output tokens/s, {} target forwards",
+        "{} updates: NE {:.2}, A/D {:.2}, A/O {:.2}, {:.1} output tokens/s, {} target forwards, \
+         {:.2} s to a stable caption, final caption {:.2} s after the last update",
         summary.updates,
         summary.normalized_erasure(),
         summary.accepted_per_drafted(),
         summary.accepted_per_output(),
         summary.tokens_per_second(),
-        summary.target_forwards
+        summary.target_forwards,
+        summary.time_to_stable().as_secs_f64(),
+        summary.final_caption_delay().as_secs_f64()
     );
     Ok(())
 }

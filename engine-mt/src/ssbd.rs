@@ -5,16 +5,16 @@
 //! each draft token is kept while it is the argmax of P' = (1 − β)·P + β·onehot(draft token)
 //! (the paper's biased verification; β = 0 is plain greedy verification), the first token where
 //! they differ is the target's own (already the correction), the cache is rolled back to the
-//! accepted prefix, and decoding goes on greedily, optionally with a draft model.
+//! accepted prefix, and decoding goes on greedily ([`Continuation`]): one token per forward, or
+//! with drafts checked greedily, from the rest of the previous output or from a small model.
 
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-use spec_core::{
-    generate, speculative_generate, verify_continuation, AcceptanceRule, Decoder, DraftLength,
-    Generation, SamplingConfig, SpeculativeConfig, StopConditions,
-};
+use spec_core::decoder::forward_tokens;
+use spec_core::decoder::rewind_to_prefix;
+use spec_core::draft::{advance, catch_up};
+use spec_core::sampling::{argmax, softmax};
+use spec_core::{forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows};
 
 use crate::error::{Error, Result};
 
@@ -28,15 +28,44 @@ pub enum Decoding {
     Ssbd { beta: f32 },
 }
 
+/// How the tokens after the divergence point are decoded. Every variant gives the target's
+/// greedy continuation (drafts are checked greedily); they differ in forwards and time.
+pub enum Continuation<'a> {
+    /// One target forward per token (the paper's setting).
+    Greedy,
+    /// The previous output keeps drafting after the divergence: where the last decoded tokens
+    /// occur in it, the tokens that followed them there (at most `max_draft`) are checked in
+    /// one forward. A translation of a grown source often rejoins the previous one after the
+    /// words the new source inserted (prompt-lookup decoding on the previous translation; the
+    /// paper discards the draft after the divergence).
+    Lookup { max_draft: usize },
+    /// A small model of the same vocabulary drafts `gamma` tokens per step (SSBD + draft-model
+    /// speculative decoding, the paper's future work).
+    Assistant {
+        model: &'a mut dyn Decoder,
+        gamma: usize,
+    },
+}
+
 /// One update's tokens and counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UpdateDecode {
     /// The new output (without the end-of-sequence token).
     pub tokens: Vec<u32>,
+    /// For each output token, its biased probability P' in the forward that chose it:
+    /// (1 − β)·P + β for a kept draft token, (1 − β)·P for the token replacing a rejected one,
+    /// P for a token decoded after the divergence.
+    pub confidence: Vec<f32>,
     /// Draft tokens offered for biased verification (the previous output, after mask-k).
     pub drafted: usize,
     /// Draft tokens kept.
     pub accepted: usize,
+    /// Kept draft tokens that were not the target's own argmax: kept only by the bias.
+    pub forced: usize,
+    /// Tokens after the divergence drafted by [`Continuation::Lookup`] or
+    /// [`Continuation::Assistant`], and how many of them the target kept.
+    pub continuation_drafted: usize,
+    pub continuation_accepted: usize,
     /// Target forward passes (the verification pass included).
     pub target_forwards: usize,
     /// Forward passes of the draft model, when one continues after the divergence.
@@ -45,13 +74,11 @@ pub struct UpdateDecode {
 }
 
 /// Decodes the output for `prompt`, using `draft` (the previous output, already trimmed) as
-/// described in the module documentation. `assistant` (a small model with the same vocabulary)
-/// speculates the tokens after the divergence point with draft length `gamma`; with β = 0 the
-/// result is still exactly the target's greedy output.
-#[allow(clippy::too_many_arguments)]
+/// described in the module documentation, and `continuation` after the divergence. With β = 0
+/// the result is exactly the target's greedy output, whatever the draft and continuation.
 pub fn decode_update<T: Decoder + ?Sized>(
     target: &mut T,
-    assistant: Option<(&mut dyn Decoder, usize)>,
+    mut continuation: Continuation<'_>,
     prompt: &[u32],
     draft: &[u32],
     decoding: &Decoding,
@@ -66,13 +93,14 @@ pub fn decode_update<T: Decoder + ?Sized>(
     let mut out = UpdateDecode::default();
 
     // The verification pass: the prompt's new tokens and the draft, in one forward.
-    let (mut tokens, finished) = match decoding {
+    let finished = match decoding {
         Decoding::Ssbd { beta } if !draft.is_empty() && max_tokens > 0 => {
             let rule = AcceptanceRule::biased(*beta);
             rule.validate()?;
             let room = target.max_len().saturating_sub(prompt.len());
             let draft = &draft[..draft.len().min(room).min(max_tokens)];
-            let verdict = verify_continuation(target, prompt, draft, &rule)?;
+            let logits = forward_continuation(target, prompt, draft)?;
+            let verdict = rule.verify_by_judging(draft, &logits)?;
             out.target_forwards += 1;
             out.drafted = draft.len();
             // An end token inside the draft ends the output there.
@@ -81,66 +109,170 @@ pub fn decode_update<T: Decoder + ?Sized>(
                 .position(is_end)
                 .unwrap_or(verdict.accepted);
             out.accepted = kept;
-            let mut tokens = draft[..kept].to_vec();
+            out.tokens = draft[..kept].to_vec();
+            for (i, &token) in out.tokens.iter().enumerate() {
+                let row = logits.row(i);
+                out.confidence
+                    .push((1.0 - beta) * softmax(row)[token as usize] + beta);
+                out.forced += usize::from(argmax(row) != token);
+            }
             // The model's next token is added only while the budget has room: a draft kept
             // whole may already fill it.
             let finished = if kept < verdict.accepted
-                || tokens.len() >= max_tokens
+                || out.tokens.len() >= max_tokens
                 || is_end(&verdict.next_token)
             {
                 true
             } else {
-                tokens.push(verdict.next_token);
-                tokens.len() >= max_tokens
+                let p = softmax(logits.row(kept))[verdict.next_token as usize];
+                let own = if kept < draft.len() { 1.0 - beta } else { 1.0 };
+                out.tokens.push(verdict.next_token);
+                out.confidence.push(own * p);
+                out.tokens.len() >= max_tokens
             };
             // Roll back past an end token inside the draft (the next token is not cached yet).
             target.truncate(prompt.len() + kept)?;
-            (tokens, finished)
+            finished
         }
-        _ => (Vec::new(), max_tokens == 0),
+        _ => max_tokens == 0,
     };
 
     if !finished {
-        let context: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
-        let stop =
-            StopConditions::new(max_tokens - tokens.len()).with_eos(end_tokens.iter().copied());
-        let rest = continue_greedy(target, assistant, &context, &stop)?;
-        out.target_forwards += rest.stats.target_forwards;
-        out.draft_forwards += rest.stats.draft_forwards;
-        tokens.extend(rest.tokens.iter().copied().take_while(|t| !is_end(t)));
+        continue_decoding(
+            target,
+            &mut continuation,
+            prompt,
+            draft,
+            end_tokens,
+            max_tokens,
+            &mut out,
+        )?;
     }
-    out.tokens = tokens;
     out.time = started.elapsed();
     Ok(out)
 }
 
-fn continue_greedy<T: Decoder + ?Sized>(
+/// Greedy decoding of `prompt + out.tokens` onward until an end token or `max_tokens`, each
+/// step one target forward over the uncached tokens and a draft from `continuation`, keeping
+/// the draft while it is the target's argmax. Stops early, as [`spec_core::generate`] does,
+/// when the cache is full.
+fn continue_decoding<T: Decoder + ?Sized>(
     target: &mut T,
-    assistant: Option<(&mut dyn Decoder, usize)>,
-    context: &[u32],
-    stop: &StopConditions,
-) -> Result<Generation> {
-    let mut rng = StdRng::seed_from_u64(0);
-    Ok(match assistant {
-        Some((draft_model, gamma)) => speculative_generate(
-            target,
-            draft_model,
-            context,
-            &SpeculativeConfig {
-                draft_length: DraftLength::Fixed(gamma.max(1)),
-                ..Default::default()
-            },
-            stop,
-            &mut rng,
-            &mut |_| {},
-        )?,
-        None => generate(
-            target,
-            context,
-            &SamplingConfig::greedy(),
-            stop,
-            &mut rng,
-            &mut |_| {},
-        )?,
-    })
+    continuation: &mut Continuation<'_>,
+    prompt: &[u32],
+    previous: &[u32],
+    end_tokens: &[u32],
+    max_tokens: usize,
+    out: &mut UpdateDecode,
+) -> Result<()> {
+    let mut context: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+    let mut first = true;
+    while out.tokens.len() < max_tokens {
+        if context.len() > target.max_len() {
+            if first {
+                return Err(spec_core::Error::ContextOverflow {
+                    requested: context.len(),
+                    max: target.max_len(),
+                }
+                .into());
+            }
+            break;
+        }
+        first = false;
+        let keep = rewind_to_prefix(target, &context)?;
+        // Draft tokens beyond the next one; the last of them is never followed by a bonus
+        // token past the budget or the cache.
+        let limit = (max_tokens - out.tokens.len() - 1).min(target.max_len() - context.len());
+        let draft = match continuation {
+            Continuation::Greedy => Vec::new(),
+            Continuation::Lookup { max_draft } => {
+                lookup_draft(previous, &out.tokens, (*max_draft).min(limit))
+            }
+            Continuation::Assistant { model, gamma } if limit > 0 => {
+                let draft = assistant_draft(&mut **model, &context, (*gamma).min(limit))?;
+                out.draft_forwards += draft.len();
+                draft
+            }
+            Continuation::Assistant { .. } => Vec::new(),
+        };
+        let input: Vec<u32> = context[keep..].iter().chain(&draft).copied().collect();
+        let logits = forward_tokens(target, &input, LogitRows::Last(draft.len() + 1))?;
+        out.target_forwards += 1;
+        out.continuation_drafted += draft.len();
+        let mut ended = false;
+        for (i, row) in logits.rows().enumerate() {
+            let token = argmax(row);
+            if end_tokens.contains(&token) {
+                ended = true;
+                break;
+            }
+            out.tokens.push(token);
+            out.confidence.push(softmax(row)[token as usize]);
+            context.push(token);
+            let matched = draft.get(i) == Some(&token);
+            out.continuation_accepted += usize::from(matched);
+            if !matched || out.tokens.len() >= max_tokens {
+                break;
+            }
+        }
+        // The cache keeps the context but its last token (not forwarded yet).
+        target.truncate(context.len() - usize::from(!ended))?;
+        if ended {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The tokens that followed the longest recent match of `decoded`'s tail in `previous` (the
+/// latest occurrence of the longest suffix of up to 3 tokens), at most `max` of them.
+fn lookup_draft(previous: &[u32], decoded: &[u32], max: usize) -> Vec<u32> {
+    if max == 0 {
+        return Vec::new();
+    }
+    for n in (1..=decoded.len().min(3)).rev() {
+        let tail = &decoded[decoded.len() - n..];
+        if let Some(start) = previous
+            .windows(n)
+            .rposition(|w| w == tail)
+            .map(|i| i + n)
+            .filter(|&start| start < previous.len())
+        {
+            return previous[start..(start + max).min(previous.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// `gamma` tokens greedily drafted by `model` after `context`.
+fn assistant_draft(model: &mut dyn Decoder, context: &[u32], gamma: usize) -> Result<Vec<u32>> {
+    let mut logits = catch_up(model, context)?;
+    let mut draft = Vec::with_capacity(gamma);
+    while draft.len() < gamma {
+        let token = argmax(&logits);
+        draft.push(token);
+        if draft.len() < gamma {
+            logits = advance(model, token)?;
+        }
+    }
+    Ok(draft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_follows_the_longest_latest_match() {
+        let previous = [10, 11, 12, 13, 11, 14, 15];
+        // The tail (11) occurs twice: the latest occurrence wins.
+        assert_eq!(lookup_draft(&previous, &[3, 11], 4), [14, 15]);
+        // (12, 11) does not occur but (11) does; (10, 11) picks the first occurrence.
+        assert_eq!(lookup_draft(&previous, &[10, 11], 2), [12, 13]);
+        // At the end of the previous output there is nothing to follow.
+        assert_eq!(lookup_draft(&previous, &[15], 4), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&previous, &[99], 4), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&previous, &[13], 0), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&[], &[1], 4), Vec::<u32>::new());
+    }
 }

@@ -1,6 +1,7 @@
-//! SSBD against the mock decoder: β = 0 is exactly greedy re-translation whatever the draft and
-//! cache state; β > 0 only ever keeps draft tokens the bias allows, then continues greedily; with
-//! an unbiased final update a sentence's committed output is exactly greedy re-translation's.
+//! SSBD against the mock decoder: β = 0 is exactly greedy re-translation whatever the draft,
+//! continuation and cache state; β > 0 only ever keeps draft tokens the bias allows, then
+//! continues greedily; with an unbiased final update (fixed or adaptive β) a sentence's committed
+//! output is exactly greedy re-translation's.
 
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -9,7 +10,9 @@ use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{generate, Decoder, SamplingConfig, StopConditions};
 
-use engine_mt::{decode_update, Decoding, Error, LiveConfig, Masking};
+use engine_mt::{
+    decode_update, AdaptiveBias, BiasInputs, Continuation, Decoding, Error, LiveConfig, Masking,
+};
 
 const END: u32 = 0;
 
@@ -34,9 +37,20 @@ fn ssbd(
     beta: f32,
     max_tokens: usize,
 ) -> engine_mt::UpdateDecode {
+    ssbd_with(model, Continuation::Greedy, prompt, draft, beta, max_tokens)
+}
+
+fn ssbd_with(
+    model: &mut MockDecoder,
+    continuation: Continuation,
+    prompt: &[u32],
+    draft: &[u32],
+    beta: f32,
+    max_tokens: usize,
+) -> engine_mt::UpdateDecode {
     decode_update(
         model,
-        None,
+        continuation,
         prompt,
         draft,
         &Decoding::Ssbd { beta },
@@ -47,8 +61,9 @@ fn ssbd(
 }
 
 /// One sentence's outputs the way `LiveTranslator` produces them, on one decoder: update `i`
-/// decodes `source[..ends[i]]` (the last update is final) with `config.decoding_for(is_final)`,
-/// drafted by the previous output less the mask-k tail.
+/// decodes `source[..ends[i]]` (the last update is final) with
+/// `config.decoding_for(is_final, …)` (source tokens standing for words), drafted by the
+/// previous output less the mask-k tail, continued as `config.lookup_draft` says.
 fn sentence(
     config: &LiveConfig,
     model: &mut MockDecoder,
@@ -57,22 +72,31 @@ fn sentence(
 ) -> Vec<Vec<u32>> {
     let mut previous: Vec<u32> = Vec::new();
     let mut outputs = Vec::new();
+    let mut inputs = BiasInputs::default();
     for (i, &end) in ends.iter().enumerate() {
         let is_final = i + 1 == ends.len();
         let keep = match config.masking {
             Masking::Draft(k) => previous.len().saturating_sub(k),
-            _ => previous.len(),
+            Masking::None => previous.len(),
+        };
+        inputs.changed_words = end - inputs.source_words;
+        inputs.source_words = end;
+        let continuation = match config.lookup_draft {
+            0 => Continuation::Greedy,
+            max_draft => Continuation::Lookup { max_draft },
         };
         let out = decode_update(
             model,
-            None,
+            continuation,
             &source[..end],
             &previous[..keep],
-            &config.decoding_for(is_final),
+            &config.decoding_for(is_final, &inputs),
             &[END],
             config.max_tokens,
         )
         .unwrap();
+        inputs.accepted_so_far += out.accepted;
+        inputs.forced_so_far += out.forced;
         previous = out.tokens.clone();
         outputs.push(out.tokens);
     }
@@ -111,7 +135,8 @@ fn a_kept_draft_that_fills_the_budget_is_the_whole_output() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// β = 0 gives the greedy output for any draft (related or not) and any stale cache.
+    /// β = 0 gives the greedy output for any draft (related or not), any stale cache and any
+    /// continuation.
     #[test]
     fn beta_zero_is_greedy_retranslation(
         seed in 0u64..1000,
@@ -119,6 +144,7 @@ proptest! {
         draft in prop::collection::vec(0u32..40, 0..16),
         stale in prop::collection::vec(1u32..40, 0..20),
         max_tokens in 1usize..24,
+        lookup in 0usize..6,
     ) {
         let config = MockConfig::target(40, seed);
         let mut model = MockDecoder::new(config.clone());
@@ -127,9 +153,17 @@ proptest! {
             generate(&mut model, &stale, &SamplingConfig::greedy(), &StopConditions::new(2),
                      &mut StdRng::seed_from_u64(0), &mut |_| {}).unwrap();
         }
-        let out = ssbd(&mut model, &prompt, &draft, 0.0, max_tokens);
+        let continuation = match lookup {
+            0 => Continuation::Greedy,
+            max_draft => Continuation::Lookup { max_draft },
+        };
+        let out = ssbd_with(&mut model, continuation, &prompt, &draft, 0.0, max_tokens);
         prop_assert_eq!(&out.tokens, &greedy(&config, &prompt, max_tokens));
         prop_assert!(out.accepted <= out.drafted);
+        prop_assert!(out.continuation_accepted <= out.continuation_drafted);
+        prop_assert_eq!(out.confidence.len(), out.tokens.len());
+        prop_assert!(out.confidence.iter().all(|p| (0.0..=1.0 + 1e-6).contains(p)));
+        prop_assert_eq!(out.forced, 0);
     }
 
     /// With a bias, the output is a prefix of the draft whose every token passed the biased
@@ -140,11 +174,16 @@ proptest! {
         prompt in tokens(30),
         draft in prop::collection::vec(1u32..30, 1..12),
         beta in 0.05f32..0.95,
+        lookup in 0usize..6,
     ) {
         let config = MockConfig { sharpness: 1.0, ..MockConfig::target(30, seed) };
         let mut model = MockDecoder::new(config.clone());
         let max_tokens = 20;
-        let out = ssbd(&mut model, &prompt, &draft, beta, max_tokens);
+        let continuation = match lookup {
+            0 => Continuation::Greedy,
+            max_draft => Continuation::Lookup { max_draft },
+        };
+        let out = ssbd_with(&mut model, continuation, &prompt, &draft, beta, max_tokens);
         let kept = out.accepted;
         prop_assert_eq!(&out.tokens[..kept], &draft[..kept]);
         let reference = MockDecoder::new(config.clone());
@@ -154,7 +193,16 @@ proptest! {
             let best = probs[argmax(&probs) as usize];
             let p = probs[draft[i] as usize];
             prop_assert!((1.0 - beta) * p + beta >= (1.0 - beta) * best - 1e-6);
+            // The confidence is that biased probability.
+            prop_assert!((out.confidence[i] - ((1.0 - beta) * p + beta)).abs() < 1e-5);
         }
+        let forced = (0..kept)
+            .filter(|&i| {
+                let visible: Vec<u32> = prompt.iter().chain(&draft[..i]).copied().collect();
+                argmax(&reference.logits_for(&visible, visible.len() - 1)) != draft[i]
+            })
+            .count();
+        prop_assert_eq!(out.forced, forced);
         let prefix: Vec<u32> = prompt.iter().chain(&draft[..kept]).copied().collect();
         let rest = greedy(&config, &prefix, max_tokens - kept);
         prop_assert_eq!(&out.tokens[kept..], &rest[..]);
@@ -184,20 +232,25 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// With an unbiased final update, whatever β, masking and source, a sentence's final output
-    /// is greedy re-translation's, and every partial output is what the biased setting gives.
+    /// With an unbiased final update, whatever β (fixed or adaptive), masking, continuation and
+    /// source, a sentence's final output is greedy re-translation's, and every partial output is
+    /// what the biased setting gives.
     #[test]
     fn an_unbiased_final_update_commits_autoregressive_retranslation(
         seed in 0u64..1000,
         source in prop::collection::vec(1u32..40, 1..20),
         beta in 0.0f32..=1.0,
-        masking in prop::sample::select(vec![Masking::None, Masking::Draft(3), Masking::Display(3)]),
+        adaptive in any::<bool>(),
+        masking in prop::sample::select(vec![Masking::None, Masking::Draft(3)]),
+        lookup_draft in prop::sample::select(vec![0usize, 4]),
     ) {
         let mock = MockConfig { sharpness: 1.0, ..MockConfig::target(40, seed) };
         let ends = lag_3_ends(source.len());
         let config = LiveConfig {
             decoding: Decoding::Ssbd { beta },
+            adaptive_bias: adaptive.then_some(AdaptiveBias { min_words: 0, full_words: 6 }),
             masking,
+            lookup_draft,
             max_tokens: 12,
             ..LiveConfig::new("German")
         };
@@ -223,21 +276,55 @@ proptest! {
 
 #[test]
 fn only_the_final_update_of_ssbd_loses_its_bias() {
-    let config = LiveConfig::new("German");
+    let config = LiveConfig {
+        decoding: Decoding::Ssbd { beta: 0.2 },
+        adaptive_bias: None,
+        ..LiveConfig::new("German")
+    };
+    let inputs = BiasInputs {
+        source_words: 12,
+        changed_words: 3,
+        ..BiasInputs::default()
+    };
     assert!(config.unbiased_final);
-    assert_eq!(config.decoding_for(false), Decoding::Ssbd { beta: 0.2 });
-    assert_eq!(config.decoding_for(true), Decoding::Ssbd { beta: 0.0 });
+    assert_eq!(
+        config.decoding_for(false, &inputs),
+        Decoding::Ssbd { beta: 0.2 }
+    );
+    assert_eq!(
+        config.decoding_for(true, &inputs),
+        Decoding::Ssbd { beta: 0.0 }
+    );
     let paper = LiveConfig {
         unbiased_final: false,
         ..config.clone()
     };
-    assert_eq!(paper.decoding_for(true), Decoding::Ssbd { beta: 0.2 });
+    assert_eq!(
+        paper.decoding_for(true, &inputs),
+        Decoding::Ssbd { beta: 0.2 }
+    );
+    // The adaptive rule scales the β of every biased update.
+    let adaptive = AdaptiveBias {
+        min_words: 0,
+        full_words: 8,
+    };
+    let config = LiveConfig {
+        adaptive_bias: Some(adaptive),
+        ..config
+    };
+    let beta = adaptive.beta(0.2, &inputs);
+    assert!((beta - 0.15).abs() < 1e-6);
+    assert_eq!(config.decoding_for(false, &inputs), Decoding::Ssbd { beta });
+    assert_eq!(
+        config.decoding_for(true, &inputs),
+        Decoding::Ssbd { beta: 0.0 }
+    );
     let ar = LiveConfig {
         decoding: Decoding::Autoregressive,
         ..config
     };
-    assert_eq!(ar.decoding_for(true), Decoding::Autoregressive);
-    assert_eq!(ar.decoding_for(false), Decoding::Autoregressive);
+    assert_eq!(ar.decoding_for(true, &inputs), Decoding::Autoregressive);
+    assert_eq!(ar.decoding_for(false, &inputs), Decoding::Autoregressive);
 }
 
 /// A strong bias keeps the draft in the final update unless that update is unbiased, and the
@@ -307,7 +394,10 @@ fn an_assistant_model_continues_losslessly() {
     let mut assistant = MockDecoder::new(config.draft(0.3, 11));
     let out = decode_update(
         &mut target,
-        Some((&mut assistant as &mut dyn Decoder, 4)),
+        Continuation::Assistant {
+            model: &mut assistant as &mut dyn Decoder,
+            gamma: 4,
+        },
         &prompt,
         &expected[..5],
         &Decoding::Ssbd { beta: 0.0 },
@@ -320,12 +410,51 @@ fn an_assistant_model_continues_losslessly() {
     assert!(out.target_forwards < 15, "{}", out.target_forwards);
 }
 
+/// After an insertion, the rest of the previous output drafts what follows it: fewer forwards
+/// than one per token, the same output.
+#[test]
+fn the_previous_output_drafts_again_after_the_divergence() {
+    let config = MockConfig::target(48, 9);
+    let prompt = [3, 1, 4, 1, 5];
+    let expected = greedy(&config, &prompt, 24);
+    assert!(expected.len() >= 16, "{}", expected.len());
+    // The previous output: the greedy one with two tokens inserted after the fourth.
+    let mut previous = expected[..4].to_vec();
+    previous.extend([47, 46]);
+    previous.extend(&expected[4..]);
+    let plain = ssbd(
+        &mut MockDecoder::new(config.clone()),
+        &prompt,
+        &previous,
+        0.0,
+        24,
+    );
+    let lookup = ssbd_with(
+        &mut MockDecoder::new(config.clone()),
+        Continuation::Lookup { max_draft: 8 },
+        &prompt,
+        &previous,
+        0.0,
+        24,
+    );
+    assert_eq!(plain.tokens, expected);
+    assert_eq!(lookup.tokens, expected);
+    assert_eq!(lookup.accepted, 4);
+    assert!(lookup.continuation_accepted >= 8, "{lookup:?}");
+    assert!(
+        lookup.target_forwards + 8 <= plain.target_forwards,
+        "{} against {}",
+        lookup.target_forwards,
+        plain.target_forwards
+    );
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let mut model = MockDecoder::new(MockConfig::target(16, 1));
     let err = decode_update(
         &mut model,
-        None,
+        Continuation::Greedy,
         &[],
         &[],
         &Decoding::Autoregressive,
@@ -335,7 +464,7 @@ fn bad_input_is_a_clear_error() {
     assert!(matches!(err, Err(Error::Input(_))));
     let err = decode_update(
         &mut model,
-        None,
+        Continuation::Greedy,
         &[1, 2],
         &[3],
         &Decoding::Ssbd { beta: 1.5 },
@@ -351,7 +480,7 @@ fn bad_input_is_a_clear_error() {
         .collect();
     let err = decode_update(
         &mut model,
-        None,
+        Continuation::Greedy,
         &long,
         &[3],
         &Decoding::Ssbd { beta: 0.2 },
