@@ -26,7 +26,9 @@ use clap::Parser;
 use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::cli::{init_logging, open_model, progress_bar};
 use engine_llm::{LoadOptions, PredGen, PredGenConfig};
-use engine_mt::{Caption, Decoding, LiveConfig, LiveTranslator, Masking, StreamSummary};
+use engine_mt::{
+    Caption, Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking, StreamSummary,
+};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_core::report::{Report, Table};
 use spec_models::{Registry, Store};
@@ -230,6 +232,7 @@ fn main() -> Result<()> {
     let ar = LiveConfig {
         decoding: Decoding::Autoregressive,
         masking: Masking::None,
+        display: DisplayPolicy::full(),
         ..ssbd.clone()
     };
     let bar = progress_bar(updates.len() * 2, "captions");

@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::cli::{init_logging, open_model, ModelArgs};
 use engine_llm::{Continuation, LoadOptions, PredGen, PredGenConfig, Verifier};
-use engine_mt::{Decoding, LiveConfig, LiveTranslator, Masking, StreamSummary};
+use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_models::{Registry, Store};
 use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
@@ -322,6 +322,7 @@ fn caption(args: CaptionArgs) -> Result<()> {
         let ar = LiveConfig {
             decoding: Decoding::Autoregressive,
             masking: Masking::None,
+            display: DisplayPolicy::full(),
             ..ssbd
         };
         rows.insert(0, ("AR re-translation", run(ar, false)?));

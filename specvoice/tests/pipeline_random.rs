@@ -9,7 +9,7 @@ use engine_asr::testing::write_hf;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use engine_llm::testing::tiny_chat_model;
 use engine_llm::{LanguageModel, PredGen, PredGenConfig};
-use engine_mt::{Decoding, LiveConfig, LiveTranslator, Masking};
+use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking};
 use spec_voice::FixedLatencySynthesizer;
 use specvoice::{
     play_recording, utterances_of, CaptionEventKind, ChatEvent, ChatEventKind, ChatMode, ClockKind,
@@ -310,6 +310,7 @@ fn live_captions_commit_the_translation_of_the_final_transcript() {
     let ar = LiveConfig {
         decoding: Decoding::Autoregressive,
         masking: Masking::None,
+        display: DisplayPolicy::full(),
         ..config
     };
     let mut reference = LiveTranslator::new(&mut model, ar).unwrap();

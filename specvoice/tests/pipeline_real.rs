@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::{LanguageModel, LoadOptions, PredGen, PredGenConfig};
-use engine_mt::{Decoding, LiveConfig, LiveTranslator, Masking};
+use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_models::{Registry, Store};
 use spec_voice::SentenceSynthesizer;
@@ -180,6 +180,7 @@ fn live_captions_of_a_real_clip_commit_the_translation_of_its_transcript() {
     let ar = LiveConfig {
         decoding: Decoding::Autoregressive,
         masking: Masking::None,
+        display: DisplayPolicy::full(),
         ..config
     };
     let expected = LiveTranslator::new(&mut model, ar)
