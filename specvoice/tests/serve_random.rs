@@ -16,7 +16,9 @@ use engine_llm::PredGenConfig;
 use futures_util::{SinkExt, StreamExt};
 use spec_voice::{FixedLatencySynthesizer, SentenceSynthesizer, Synthesis};
 use specvoice::serve::protocol::{encode_pcm, ErrorCode, ServerMessage, SessionMode};
-use specvoice::serve::{Engine, EngineFactory, ServeConfig, Server, SynthesizerFactory};
+use specvoice::serve::{
+    copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory,
+};
 use specvoice::ListenerConfig;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -78,16 +80,14 @@ fn config(engines: usize, queue: usize) -> ServeConfig {
 /// Engines of a random Whisper (written once into `dir`) and a random chat model.
 fn engines(dir: &tempfile::TempDir) -> EngineFactory {
     let path = dir.path().to_path_buf();
-    Arc::new(move || {
-        Ok(Engine {
-            whisper: Transcriber::load(&path, &LoadOptions::default())?,
-            model: tiny_chat_model(11)?,
-        })
-    })
+    engines_from(
+        move || Transcriber::load(&path, &LoadOptions::default()),
+        || tiny_chat_model(11),
+    )
 }
 
 fn fixed_tts() -> SynthesizerFactory {
-    Arc::new(|| Ok(Box::new(FixedLatencySynthesizer::default()) as Box<dyn SentenceSynthesizer>))
+    copies_of(FixedLatencySynthesizer::default())
 }
 
 async fn start_with(config: ServeConfig, tts: SynthesizerFactory) -> (Server, tempfile::TempDir) {
@@ -449,6 +449,7 @@ async fn sessions_beyond_the_queue_are_refused_and_queued_ones_complete() {
 }
 
 /// A synthesizer that panics once, while `armed`.
+#[derive(Clone)]
 struct Booby {
     armed: Arc<AtomicBool>,
     inner: FixedLatencySynthesizer,
@@ -466,12 +467,9 @@ impl SentenceSynthesizer for Booby {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_panics_reports_it_and_the_engine_is_rebuilt() {
     let armed = Arc::new(AtomicBool::new(true));
-    let trap = Arc::clone(&armed);
-    let tts: SynthesizerFactory = Arc::new(move || {
-        Ok(Box::new(Booby {
-            armed: Arc::clone(&trap),
-            inner: FixedLatencySynthesizer::default(),
-        }) as Box<dyn SentenceSynthesizer>)
+    let tts = copies_of(Booby {
+        armed: Arc::clone(&armed),
+        inner: FixedLatencySynthesizer::default(),
     });
     let (server, _dir) = start_with(config(1, 8), tts).await;
     let mut client = Client::connect(&server).await;

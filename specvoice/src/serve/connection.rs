@@ -180,7 +180,7 @@ impl Connection {
     /// moves); `None` when refused or the connection ends first.
     async fn queue(&mut self) -> Option<Engine> {
         let mut waiter = match self.shared.pool.acquire() {
-            Ok(Acquired::Now(engine)) => return Some(engine),
+            Ok(Acquired::Now(engine)) => return Some(*engine),
             Ok(Acquired::Queued(waiter)) => waiter,
             Err(refusal) => {
                 self.refused(refusal).await;

@@ -22,6 +22,7 @@ pub mod protocol;
 mod session;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,8 +31,8 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use engine_asr::Transcriber;
-use engine_llm::{LanguageModel, PredGen, PredGenConfig};
+use engine_asr::{LoadOptions as AsrLoadOptions, Transcriber};
+use engine_llm::{LanguageModel, LoadOptions, PredGen, PredGenConfig};
 use spec_voice::SentenceSynthesizer;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -58,6 +59,37 @@ pub type EngineFactory = Arc<dyn Fn() -> Result<Engine> + Send + Sync>;
 
 /// Makes a speech synthesizer for each chat session.
 pub type SynthesizerFactory = Arc<dyn Fn() -> Result<Box<dyn SentenceSynthesizer>> + Send + Sync>;
+
+/// An [`EngineFactory`] from a loader of each model.
+pub fn engines_from<W, M>(whisper: W, model: M) -> EngineFactory
+where
+    W: Fn() -> engine_asr::Result<Transcriber> + Send + Sync + 'static,
+    M: Fn() -> engine_llm::Result<LanguageModel> + Send + Sync + 'static,
+{
+    Arc::new(move || {
+        Ok(Engine {
+            whisper: whisper()?,
+            model: model()?,
+        })
+    })
+}
+
+/// An [`EngineFactory`] loading Whisper from the model folder `whisper` and the chat model
+/// `model` (a name in the models folder or a path, as [`LanguageModel::open`] takes).
+pub fn load_engines_from(whisper: PathBuf, model: String) -> EngineFactory {
+    engines_from(
+        move || Transcriber::load(&whisper, &AsrLoadOptions::default()),
+        move || LanguageModel::open(&model, &LoadOptions::default()),
+    )
+}
+
+/// A [`SynthesizerFactory`] giving each session a copy of `synthesizer`.
+pub fn copies_of<S>(synthesizer: S) -> SynthesizerFactory
+where
+    S: SentenceSynthesizer + Clone + Send + Sync + 'static,
+{
+    Arc::new(move || Ok(Box::new(synthesizer.clone())))
+}
 
 /// Settings of a [`Server`].
 #[derive(Clone, Debug)]

@@ -42,7 +42,7 @@ pub(crate) struct Pool {
 
 /// An engine now, or a place in the queue.
 pub(crate) enum Acquired {
-    Now(Engine),
+    Now(Box<Engine>),
     Queued(Waiter),
 }
 
@@ -78,7 +78,7 @@ impl Pool {
         }
         if state.waiting.is_empty() {
             if let Some(engine) = state.free.pop() {
-                return Ok(Acquired::Now(engine));
+                return Ok(Acquired::Now(Box::new(engine)));
             }
         }
         if state.waiting.len() >= self.queue_bound {

@@ -268,7 +268,7 @@ pub fn decode_frame(bytes: &[u8], max_samples: usize) -> Result<Vec<f32>, Protoc
     if bytes.is_empty() {
         return Err(ProtocolError::new(ErrorCode::BadFrame, "empty audio frame"));
     }
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(ProtocolError::new(
             ErrorCode::BadFrame,
             format!(
