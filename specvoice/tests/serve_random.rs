@@ -313,6 +313,30 @@ async fn a_chat_session_streams_transcripts_answer_and_audio() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_served_at_the_root() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, _dir) = start(config(1, 8)).await;
+    let mut http = TcpStream::connect(server.local_addr()).await.unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    http.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    assert!(response.contains("content-type: text/html"), "{response}");
+    for needle in [
+        "audioWorklet",
+        "/ws",
+        r#"type: "stop""#,
+        "\"turn_done\"",
+        "\"caption\"",
+    ] {
+        assert!(response.contains(needle), "{needle}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caption_session_commits_a_final_caption() {
     let (server, _dir) = start(config(1, 8)).await;
     let mut client = Client::connect(&server).await;

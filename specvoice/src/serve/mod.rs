@@ -5,7 +5,9 @@
 //! and `{"type":"stop"}` when its audio ends; the server sends back JSON events (speech
 //! started, partial and final transcripts, the answer's sentences, captions, each turn's
 //! latency) and the answer's audio. `PROTOCOL.md` in this crate is the protocol for client
-//! authors; [`protocol`] has its messages as types.
+//! authors; [`protocol`] has its messages as types. `/` serves a page that is such a client
+//! in a browser: the microphone through an AudioWorklet, downsampled to 16 kHz, the events
+//! shown and the answer's audio played.
 //!
 //! The models are loaded once, into a pool of [`Engine`]s (Whisper and the language model;
 //! they hold KV caches, so each serves one session at a time). A session takes a free engine
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{Html, Response};
 use axum::routing::get;
 use axum::Router;
 use engine_asr::{LoadOptions as AsrLoadOptions, Transcriber};
@@ -202,7 +204,10 @@ impl Server {
             shutdown: shutdown_seen.clone(),
             connections: connections.clone(),
         });
-        let router = Router::new().route("/ws", get(upgrade)).with_state(shared);
+        let router = Router::new()
+            .route("/", get(page))
+            .route("/ws", get(upgrade))
+            .with_state(shared);
         let mut stop = shutdown_seen;
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
@@ -261,6 +266,11 @@ fn load_engines(factory: &EngineFactory, config: &ServeConfig) -> Result<Vec<Eng
     }
     tracing::info!("{} engine(s) loaded", engines.len());
     Ok(engines)
+}
+
+/// The browser client: microphone in, transcripts, answers (spoken) and captions out.
+async fn page() -> Html<&'static str> {
+    Html(include_str!("page.html"))
 }
 
 async fn upgrade(socket: WebSocketUpgrade, State(shared): State<Arc<Shared>>) -> Response {
