@@ -293,10 +293,8 @@ fn serve(args: ServeArgs) -> Result<()> {
             config.engines, args.recognizer.asr, args.model.model
         );
         let server = Server::start(args.addr, config, engines, tts).await?;
-        eprintln!(
-            "listening on ws://{}/ws (Ctrl-C to stop)",
-            server.local_addr()
-        );
+        let addr = server.local_addr();
+        eprintln!("listening: the page at http://{addr}/, the protocol at ws://{addr}/ws (Ctrl-C to stop)");
         shutdown_signal().await?;
         eprintln!("shutting down: letting the sessions finish their turns…");
         let grace = Duration::from_secs(args.grace_secs);
