@@ -189,7 +189,7 @@ struct CaptionArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Address to listen on (WebSocket at /ws)
+    /// Address to listen on (the page at /, the WebSocket at /ws)
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
 
