@@ -31,6 +31,18 @@ pub enum Error {
     #[error(transparent)]
     Voice(#[from] spec_voice::Error),
 
+    /// The server could not listen on its address.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The server stopped with an error (accepting connections, a task that died).
+    #[error("the server failed: {0}")]
+    Serve(String),
+
     /// An audio file could not be written.
     #[error("cannot write {}: {source}", path.display())]
     WriteAudio {

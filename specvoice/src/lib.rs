@@ -15,6 +15,7 @@ pub mod clock;
 pub mod endpoint;
 mod error;
 pub mod listener;
+pub mod serve;
 
 pub use caption::{CaptionEvent, CaptionEventKind, LiveCaptions};
 pub use chat::{ChatEvent, ChatEventKind, ChatMode, LatencyBreakdown, VoiceChat, VoiceTurn};

@@ -3,8 +3,10 @@
 //! ```sh
 //! specvoice chat --audio question.wav --out answer.wav     # Whisper → PredGen → espeak-ng
 //! specvoice caption --audio talk.wav --to German           # Whisper → SSBD live captions
+//! specvoice serve --addr 127.0.0.1:8080                     # both over WebSockets (PROTOCOL.md)
 //! ```
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking, St
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_models::{Registry, Store};
 use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
+use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, SynthesizerFactory};
 use specvoice::{
     play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
     VoiceChat, VoiceTurn,
@@ -38,15 +41,14 @@ enum Command {
     Chat(ChatArgs),
     /// Caption speech in another language: Whisper → live re-translation with SSBD.
     Caption(CaptionArgs),
+    /// Serve voice chat and live captions over WebSockets (`/ws`, the protocol in
+    /// PROTOCOL.md), the models loaded once.
+    Serve(ServeArgs),
 }
 
-/// What hears the audio.
+/// The recognizer and the endpoint detector.
 #[derive(Args)]
-struct HearingArgs {
-    /// The recording (WAV, any rate; mixed down to mono and resampled to 16 kHz)
-    #[arg(long, value_name = "WAV")]
-    audio: PathBuf,
-
+struct RecognizerArgs {
     /// Whisper model: a name in the models folder or a model folder
     #[arg(long, default_value = "whisper-tiny.en-ct2")]
     asr: String,
@@ -58,6 +60,42 @@ struct HearingArgs {
     /// Audio between partial transcripts, in milliseconds
     #[arg(long, default_value_t = 500)]
     partial_ms: u64,
+}
+
+impl RecognizerArgs {
+    fn listener_config(&self) -> ListenerConfig {
+        ListenerConfig {
+            endpoint: EndpointConfig {
+                silence: Duration::from_millis(self.silence_ms),
+                ..EndpointConfig::default()
+            },
+            partial_every: Duration::from_millis(self.partial_ms),
+            ..ListenerConfig::default()
+        }
+    }
+
+    /// The Whisper model's folder.
+    fn whisper_dir(&self) -> Result<PathBuf> {
+        let store = Store::new(spec_models::models_dir()?, Registry::builtin());
+        Ok(store.resolve(&self.asr)?.dir)
+    }
+
+    fn open_whisper(&self) -> Result<Transcriber> {
+        let dir = self.whisper_dir()?;
+        Transcriber::load(&dir, &AsrLoadOptions::default())
+            .with_context(|| format!("loading {}", dir.display()))
+    }
+}
+
+/// What hears the audio.
+#[derive(Args)]
+struct HearingArgs {
+    /// The recording (WAV, any rate; mixed down to mono and resampled to 16 kHz)
+    #[arg(long, value_name = "WAV")]
+    audio: PathBuf,
+
+    #[command(flatten)]
+    recognizer: RecognizerArgs,
 
     /// Play the recording in real time (default: a simulated clock, as fast as the machine
     /// allows, with every latency measured compute)
@@ -78,14 +116,7 @@ impl HearingArgs {
     }
 
     fn listener_config(&self) -> ListenerConfig {
-        ListenerConfig {
-            endpoint: EndpointConfig {
-                silence: Duration::from_millis(self.silence_ms),
-                ..EndpointConfig::default()
-            },
-            partial_every: Duration::from_millis(self.partial_ms),
-            ..ListenerConfig::default()
-        }
+        self.recognizer.listener_config()
     }
 
     /// The recording at 16 kHz.
@@ -95,15 +126,12 @@ impl HearingArgs {
     }
 
     fn open_whisper(&self) -> Result<Transcriber> {
-        let store = Store::new(spec_models::models_dir()?, Registry::builtin());
-        let files = store.resolve(&self.asr)?;
-        Transcriber::load(&files.dir, &AsrLoadOptions::default())
-            .with_context(|| format!("loading {}", files.dir.display()))
+        self.recognizer.open_whisper()
     }
 
     /// Silence after the recording: the endpoint detector's silence and a margin.
     fn trailing_silence(&self) -> Duration {
-        Duration::from_millis(self.silence_ms) + Duration::from_millis(300)
+        Duration::from_millis(self.recognizer.silence_ms) + Duration::from_millis(300)
     }
 }
 
@@ -159,11 +187,61 @@ struct CaptionArgs {
     compare: bool,
 }
 
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on (the page at /, the WebSocket at /ws)
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+
+    /// Engines: copies of the models in memory, each serving one session at a time
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    engines: u64,
+
+    /// Sessions that may wait for an engine; more are refused
+    #[arg(long, default_value_t = 8)]
+    queue: usize,
+
+    #[command(flatten)]
+    recognizer: RecognizerArgs,
+
+    #[command(flatten)]
+    model: ModelArgs,
+
+    /// How guesses are verified: greedy (lossless), topK, reflection
+    #[arg(long, default_value = "greedy")]
+    verifier: Verifier,
+
+    /// Most tokens of an answer
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+
+    /// Most tokens of a caption
+    #[arg(long, default_value_t = 64)]
+    caption_tokens: usize,
+
+    /// Answer with the plain cascade instead of PredGen
+    #[arg(long)]
+    cascade: bool,
+
+    /// Speech synthesis: espeak (espeak-ng) or fixed (silence after a fixed 200 ms)
+    #[arg(long, default_value = "espeak")]
+    tts: String,
+
+    /// Seconds the server waits for a client's `start`, or for audio in a session
+    #[arg(long, default_value_t = 30)]
+    idle_secs: u64,
+
+    /// Seconds the sessions get to finish on shutdown (Ctrl-C, SIGTERM)
+    #[arg(long, default_value_t = 30)]
+    grace_secs: u64,
+}
+
 fn main() -> Result<()> {
     init_logging();
     match Cli::parse().command {
         Command::Chat(args) => chat(args),
         Command::Caption(args) => caption(args),
+        Command::Serve(args) => serve(args),
     }
 }
 
@@ -173,6 +251,74 @@ fn synthesizer(name: &str) -> Result<Box<dyn SentenceSynthesizer>> {
         "fixed" => Box::new(FixedLatencySynthesizer::default()),
         other => bail!("unknown --tts `{other}` (espeak, fixed)"),
     })
+}
+
+/// A synthesizer per session: espeak-ng (checked once here) or the fixed-latency one.
+fn synthesizer_factory(name: &str) -> Result<SynthesizerFactory> {
+    Ok(match name {
+        "espeak" => copies_of(EspeakSynthesizer::new(EspeakSettings::default())?),
+        "fixed" => copies_of(FixedLatencySynthesizer::default()),
+        other => bail!("unknown --tts `{other}` (espeak, fixed)"),
+    })
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    args.model.apply_threads()?;
+    let engines = load_engines_from(args.recognizer.whisper_dir()?, args.model.model.clone());
+    let config = ServeConfig {
+        engines: args.engines as usize,
+        queue: args.queue,
+        listener: args.recognizer.listener_config(),
+        predgen: PredGenConfig {
+            verifier: args.verifier,
+            max_answer_tokens: args.max_tokens,
+            ..PredGenConfig::default()
+        },
+        chat_mode: match args.cascade {
+            true => ChatMode::Cascade,
+            false => ChatMode::PredGen,
+        },
+        caption_max_tokens: args.caption_tokens,
+        idle_timeout: Duration::from_secs(args.idle_secs),
+        ..ServeConfig::default()
+    };
+    let tts = synthesizer_factory(&args.tts)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        eprintln!(
+            "loading {} engine(s): {} and {}…",
+            config.engines, args.recognizer.asr, args.model.model
+        );
+        let server = Server::start(args.addr, config, engines, tts).await?;
+        let addr = server.local_addr();
+        eprintln!("listening: the page at http://{addr}/, the protocol at ws://{addr}/ws (Ctrl-C to stop)");
+        shutdown_signal().await?;
+        eprintln!("shutting down: letting the sessions finish their turns…");
+        let grace = Duration::from_secs(args.grace_secs);
+        match tokio::time::timeout(grace, server.shutdown()).await {
+            Ok(done) => done?,
+            Err(_) => eprintln!("sessions still open after {grace:?}: stopping anyway"),
+        }
+        Ok(())
+    })
+}
+
+/// Waits for Ctrl-C or, on Unix, SIGTERM.
+async fn shutdown_signal() -> Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            interrupted = tokio::signal::ctrl_c() => interrupted?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await?;
+    Ok(())
 }
 
 fn chat(args: ChatArgs) -> Result<()> {

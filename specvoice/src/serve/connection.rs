@@ -1,0 +1,343 @@
+//! One WebSocket connection: the `start` message, the queue, then the session's audio in and
+//! events out. Whatever a client sends, the answer is at worst an `error` message: a message
+//! the client can recover from (bad JSON, an unknown type, a bad frame) is refused and the
+//! connection goes on; the connection closes only when the session cannot go on (the server
+//! is busy or shutting down, the pipeline failed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::pool::{Acquired, Refusal};
+use super::protocol::{
+    decode_frame, parse_client, ClientMessage, ErrorCode, Outgoing, ProtocolError, ServerMessage,
+    SessionMode,
+};
+use super::session::{self, Ended, Input, SessionContext};
+use super::{Engine, Shared};
+use crate::endpoint::SAMPLE_RATE;
+use crate::{Error, Result};
+
+/// Messages waiting for the socket, per connection.
+const OUTGOING_MESSAGES: usize = 256;
+
+/// Audio frames waiting for the session's thread, per connection.
+const INCOMING_FRAMES: usize = 64;
+
+/// WebSocket close code of a normal closure.
+const CLOSE_NORMAL: u16 = 1000;
+
+/// What the client sent, read.
+enum Incoming {
+    Client(Result<ClientMessage, ProtocolError>),
+    Audio(axum::body::Bytes),
+    /// The client closed the connection, or it broke.
+    Closed,
+    /// Nothing arrived for the idle timeout.
+    Idle,
+}
+
+/// The next message of the client, waiting at most `idle` (ping and pong are the transport's).
+async fn receive(stream: &mut SplitStream<WebSocket>, idle: Option<Duration>) -> Incoming {
+    loop {
+        let next = match idle {
+            Some(idle) => match tokio::time::timeout(idle, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => return Incoming::Idle,
+            },
+            None => stream.next().await,
+        };
+        match next {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Incoming::Closed,
+            Some(Ok(Message::Text(text))) => return Incoming::Client(parse_client(&text)),
+            Some(Ok(Message::Binary(bytes))) => return Incoming::Audio(bytes),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+        }
+    }
+}
+
+/// Waits until the server shuts down.
+async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|down| *down).await.is_err() {
+        // The server is gone without a shutdown: it never comes.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Sends what the session says until every sender is gone, then closes the connection.
+async fn write(mut sink: SplitSink<WebSocket, Message>, mut outgoing: mpsc::Receiver<Outgoing>) {
+    while let Some(out) = outgoing.recv().await {
+        let message = match out {
+            Outgoing::Message(message) => match serde_json::to_string(&message) {
+                Ok(text) => Message::Text(text.into()),
+                Err(e) => {
+                    tracing::error!("cannot write {message:?} as JSON: {e}");
+                    continue;
+                }
+            },
+            Outgoing::Binary(bytes) => Message::Binary(bytes.into()),
+        };
+        if sink.send(message).await.is_err() {
+            return;
+        }
+    }
+    let close = CloseFrame {
+        code: CLOSE_NORMAL,
+        reason: Utf8Bytes::from_static(""),
+    };
+    let _ = sink.send(Message::Close(Some(close))).await;
+    let _ = sink.close().await;
+}
+
+/// Serves one WebSocket connection to its end.
+pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
+    let (sink, stream) = socket.split();
+    let (out, outgoing) = mpsc::channel(OUTGOING_MESSAGES);
+    let writer = tokio::spawn(write(sink, outgoing));
+    let mut connection = Connection {
+        stream,
+        out,
+        shutdown: shared.shutdown.clone(),
+        shared: Arc::clone(&shared),
+    };
+    connection.run().await;
+    drop(connection);
+    let _ = writer.await;
+}
+
+struct Connection {
+    stream: SplitStream<WebSocket>,
+    out: mpsc::Sender<Outgoing>,
+    shutdown: watch::Receiver<bool>,
+    shared: Arc<Shared>,
+}
+
+impl Connection {
+    async fn send(&self, message: ServerMessage) {
+        // The writer only stops when the client is gone; the reader will see that next.
+        let _ = self.out.send(message.into()).await;
+    }
+
+    async fn error(&self, code: ErrorCode, message: impl Into<String>) {
+        self.send(ServerMessage::error(code, message)).await;
+    }
+
+    async fn run(&mut self) {
+        if *self.shutdown.borrow() {
+            self.error(ErrorCode::ShuttingDown, "the server is shutting down")
+                .await;
+            return;
+        }
+        let Some(mode) = self.await_start().await else {
+            return;
+        };
+        let Some(engine) = self.queue().await else {
+            return;
+        };
+        self.session(mode, engine).await;
+    }
+
+    /// Waits for `start`; `None` when the connection ends first.
+    async fn await_start(&mut self) -> Option<SessionMode> {
+        let idle = self.shared.config.idle_timeout;
+        loop {
+            let incoming = tokio::select! {
+                incoming = receive(&mut self.stream, Some(idle)) => incoming,
+                _ = shutting_down(&mut self.shutdown) => {
+                    self.error(ErrorCode::ShuttingDown, "the server is shutting down").await;
+                    return None;
+                }
+            };
+            match incoming {
+                Incoming::Client(Ok(ClientMessage::Start { mode })) => return Some(mode),
+                Incoming::Client(Ok(ClientMessage::Stop)) => {
+                    self.error(ErrorCode::NotStarted, "`stop` before `start`")
+                        .await;
+                }
+                Incoming::Client(Err(e)) => self.send(e.into()).await,
+                Incoming::Audio(_) => {
+                    self.error(ErrorCode::NotStarted, "audio before `start`")
+                        .await;
+                }
+                Incoming::Closed => return None,
+                Incoming::Idle => {
+                    self.error(
+                        ErrorCode::Timeout,
+                        format!("no `start` within {} s", idle.as_secs_f64()),
+                    )
+                    .await;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Takes an engine, waiting in the queue if need be (reporting the position as it
+    /// moves); `None` when refused or the connection ends first.
+    async fn queue(&mut self) -> Option<Engine> {
+        let mut waiter = match self.shared.pool.acquire() {
+            Ok(Acquired::Now(engine)) => return Some(*engine),
+            Ok(Acquired::Queued(waiter)) => waiter,
+            Err(refusal) => {
+                self.refused(refusal).await;
+                return None;
+            }
+        };
+        let mut shown = 0;
+        loop {
+            let position = waiter.position();
+            if position != shown && position > 0 {
+                self.send(ServerMessage::Queued { position }).await;
+                shown = position;
+            }
+            tokio::select! {
+                waited = waiter.wait() => match waited {
+                    Some(Ok(engine)) => return Some(engine),
+                    Some(Err(refusal)) => {
+                        self.refused(refusal).await;
+                        return None;
+                    }
+                    None => {}
+                },
+                incoming = receive(&mut self.stream, None) => match incoming {
+                    Incoming::Client(Ok(ClientMessage::Stop)) => {
+                        self.send(ServerMessage::Done).await;
+                        return None;
+                    }
+                    Incoming::Client(Ok(ClientMessage::Start { .. })) => {
+                        self.error(ErrorCode::AlreadyStarted, "the session has started").await;
+                    }
+                    Incoming::Client(Err(e)) => self.send(e.into()).await,
+                    Incoming::Audio(_) => {
+                        self.error(ErrorCode::NotReady, "audio before `ready`: the session is queued")
+                            .await;
+                    }
+                    Incoming::Closed | Incoming::Idle => return None,
+                },
+                _ = shutting_down(&mut self.shutdown) => {
+                    self.error(ErrorCode::ShuttingDown, "the server is shutting down").await;
+                    return None;
+                }
+            }
+        }
+    }
+
+    async fn refused(&self, refusal: Refusal) {
+        let config = &self.shared.config;
+        let message = match refusal {
+            Refusal::Full => format!(
+                "the server is busy: {} engine(s) in use and {} session(s) waiting",
+                config.engines, config.queue
+            ),
+            Refusal::NoEngines => "the server has no engine left".to_string(),
+        };
+        self.error(ErrorCode::Busy, message).await;
+    }
+
+    /// Runs the session on `engine`: audio to its thread, until the thread is done.
+    async fn session(&mut self, mode: SessionMode, engine: Engine) {
+        let config = Arc::clone(&self.shared.config);
+        self.send(ServerMessage::Ready {
+            mode: mode.clone(),
+            sample_rate: SAMPLE_RATE,
+            max_frame_samples: config.max_frame_samples,
+        })
+        .await;
+        let (inputs, received) = mpsc::channel(INCOMING_FRAMES);
+        let (finished, mut done) = oneshot::channel();
+        let context = SessionContext {
+            mode,
+            config: Arc::clone(&config),
+            synthesizer: Arc::clone(&self.shared.synthesizer),
+            pool: Arc::clone(&self.shared.pool),
+            inputs: received,
+            outputs: self.out.clone(),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("specvoice-session".into())
+            .spawn(move || {
+                let _ = finished.send(session::run(engine, context));
+            });
+        if let Err(e) = spawned {
+            // The thread and the engine it was given are gone.
+            let pool = Arc::clone(&self.shared.pool);
+            let _ = tokio::task::spawn_blocking(move || pool.rebuild()).await;
+            self.error(
+                ErrorCode::SessionFailed,
+                format!("cannot start the session: {e}"),
+            )
+            .await;
+            return;
+        }
+        let mut ended = false;
+        let mut notified = false;
+        let outcome = loop {
+            let idle = (!ended).then_some(config.idle_timeout);
+            tokio::select! {
+                outcome = &mut done => break Some(outcome),
+                incoming = receive(&mut self.stream, idle) => match incoming {
+                    Incoming::Audio(_) if ended => {
+                        self.error(ErrorCode::StreamEnded, "audio after `stop`").await;
+                    }
+                    Incoming::Audio(bytes) => match decode_frame(&bytes, config.max_frame_samples) {
+                        // A session thread that is gone reports why through `done`.
+                        Ok(samples) => drop(inputs.send(Input::Audio(samples)).await),
+                        Err(e) => self.send(e.into()).await,
+                    },
+                    Incoming::Client(Ok(ClientMessage::Stop)) => {
+                        if !ended {
+                            ended = true;
+                            drop(inputs.send(Input::End).await);
+                        }
+                    }
+                    Incoming::Client(Ok(ClientMessage::Start { .. })) => {
+                        self.error(ErrorCode::AlreadyStarted, "the session has started").await;
+                    }
+                    Incoming::Client(Err(e)) => self.send(e.into()).await,
+                    Incoming::Idle => {
+                        let seconds = config.idle_timeout.as_secs_f64();
+                        self.error(ErrorCode::Timeout, format!("no audio for {seconds} s: the stream ends"))
+                            .await;
+                        ended = true;
+                        drop(inputs.send(Input::End).await);
+                    }
+                    Incoming::Closed => break None,
+                },
+                _ = shutting_down(&mut self.shutdown), if !notified => {
+                    notified = true;
+                    self.send(ServerMessage::ShuttingDown).await;
+                    if !ended {
+                        ended = true;
+                        drop(inputs.send(Input::End).await);
+                    }
+                }
+            }
+        };
+        let outcome = match outcome {
+            Some(outcome) => outcome,
+            None => {
+                // The client is gone: the session thread sees its input end, and stops.
+                drop(inputs);
+                done.await
+            }
+        };
+        let outcome =
+            outcome.unwrap_or_else(|_| Err(Error::Serve("the session thread is gone".into())));
+        self.finish(outcome).await;
+    }
+
+    async fn finish(&self, outcome: Result<Ended>) {
+        match outcome {
+            Ok(Ended::Finished) => self.send(ServerMessage::Done).await,
+            Ok(Ended::Disconnected) => {}
+            Err(e) => {
+                tracing::warn!("session failed: {e}");
+                self.error(ErrorCode::SessionFailed, e.to_string()).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! A session on its engine, on a thread of its own: a [`VoiceChat`] or [`LiveCaptions`] on the
+//! wall clock, fed by the audio the connection receives, its events sent back as they happen.
+//!
+//! The loop: hear every audio frame that has arrived (Whisper and the endpoint detector run on
+//! it), step the pipeline (one piece of the language model's work), send the events; when the
+//! pipeline is idle, sleep until the next frame. The session ends when the client's audio ends
+//! and the turn in progress is complete, or at once when the client is gone.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use engine_llm::PredGen;
+use engine_mt::{LiveConfig, LiveTranslator};
+use tokio::sync::mpsc;
+
+use super::pool::Pool;
+use super::protocol::{caption_messages, chat_messages, Outgoing, SessionMode};
+use super::{Engine, ServeConfig, SynthesizerFactory};
+use crate::clock::{ClockKind, Pipeline};
+use crate::listener::Listener;
+use crate::{Error, LiveCaptions, Result, VoiceChat};
+
+/// What the connection hands the session.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// 16 kHz mono samples.
+    Audio(Vec<f32>),
+    /// The audio stream ended.
+    End,
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// The audio ended and every turn is complete.
+    Finished,
+    /// The client is gone (its audio or its events have nowhere to go).
+    Disconnected,
+}
+
+/// Everything a session thread needs besides its engine.
+pub(crate) struct SessionContext {
+    pub mode: SessionMode,
+    pub config: Arc<ServeConfig>,
+    pub synthesizer: SynthesizerFactory,
+    pub pool: Arc<Pool>,
+    pub inputs: mpsc::Receiver<Input>,
+    pub outputs: mpsc::Sender<Outgoing>,
+}
+
+/// Runs a session on `engine` and gives the engine back to the pool (or, if the session
+/// panicked and took the engine with it, has the pool rebuild one). Blocking: call on a thread
+/// of its own.
+pub(crate) fn run(engine: Engine, mut context: SessionContext) -> Result<Ended> {
+    let pool = Arc::clone(&context.pool);
+    let mut slot = Some(engine);
+    let outcome = catch_unwind(AssertUnwindSafe(|| session(&mut slot, &mut context)));
+    match (slot, outcome) {
+        (Some(engine), Ok(result)) => {
+            pool.release(engine);
+            result
+        }
+        (lost, outcome) => {
+            // A panic may leave the models' caches half updated: they are rebuilt either way.
+            drop(lost);
+            pool.rebuild();
+            match outcome {
+                Ok(result) => result,
+                Err(panic) => Err(Error::Serve(format!(
+                    "the session panicked: {}",
+                    panic_message(panic.as_ref())
+                ))),
+            }
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        text.to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
+
+/// The session proper. The engine is taken out of `slot` while the pipeline owns its parts and
+/// put back when the pipeline gives them back; an error that consumes a part leaves the slot
+/// empty, and the pool rebuilds the engine.
+fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<Ended> {
+    let Engine { whisper, mut model } = slot
+        .take()
+        .ok_or_else(|| Error::Serve("a session started without an engine".into()))?;
+    let config = Arc::clone(&context.config);
+    let (listener, result) = match context.mode.clone() {
+        SessionMode::Chat => {
+            let parts = PredGen::new(&mut model, config.predgen.clone())
+                .map_err(Error::from)
+                .and_then(|predgen| Ok((predgen, (context.synthesizer)()?)));
+            let (predgen, tts) = match parts {
+                Ok(parts) => parts,
+                Err(e) => {
+                    *slot = Some(Engine { whisper, model });
+                    return Err(e);
+                }
+            };
+            let mut chat = VoiceChat::new(
+                Listener::new(whisper, config.listener.clone())?,
+                predgen,
+                tts,
+                config.chat_mode,
+                ClockKind::Wall,
+            );
+            let result = drive(&mut chat, context, chat_messages);
+            (chat.into_parts().0, result)
+        }
+        SessionMode::Caption { to } => {
+            let live = LiveConfig {
+                max_tokens: config.caption_max_tokens,
+                ..LiveConfig::new(to)
+            };
+            let translator = match LiveTranslator::new(&mut model, live) {
+                Ok(translator) => translator,
+                Err(e) => {
+                    *slot = Some(Engine { whisper, model });
+                    return Err(e.into());
+                }
+            };
+            let mut captions = LiveCaptions::new(
+                Listener::new(whisper, config.listener.clone())?,
+                translator,
+                ClockKind::Wall,
+            );
+            let result = drive(&mut captions, context, caption_messages);
+            (captions.into_listener(), result)
+        }
+    };
+    *slot = Some(Engine {
+        whisper: listener.into_transcriber(),
+        model,
+    });
+    result
+}
+
+/// The session's loop (see the module's documentation).
+fn drive<P: Pipeline>(
+    pipeline: &mut P,
+    context: &mut SessionContext,
+    messages: fn(P::Event) -> Vec<Outgoing>,
+) -> Result<Ended> {
+    let mut ended = false;
+    loop {
+        loop {
+            let input = match context.inputs.try_recv() {
+                Ok(input) => input,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return Ok(Ended::Disconnected),
+            };
+            hear(pipeline, input, &mut ended)?;
+            if !send_events(pipeline, context, messages) {
+                return Ok(Ended::Disconnected);
+            }
+        }
+        let working = pipeline.step()?;
+        if !send_events(pipeline, context, messages) {
+            return Ok(Ended::Disconnected);
+        }
+        if working {
+            continue;
+        }
+        if ended {
+            if pipeline.in_turn() {
+                return Err(Error::Input(
+                    "the audio ended and the turn in progress has nothing left to do".into(),
+                ));
+            }
+            return Ok(Ended::Finished);
+        }
+        match context.inputs.blocking_recv() {
+            Some(input) => {
+                hear(pipeline, input, &mut ended)?;
+                if !send_events(pipeline, context, messages) {
+                    return Ok(Ended::Disconnected);
+                }
+            }
+            None => return Ok(Ended::Disconnected),
+        }
+    }
+}
+
+fn hear<P: Pipeline>(pipeline: &mut P, input: Input, ended: &mut bool) -> Result<()> {
+    match input {
+        Input::Audio(samples) if !*ended => pipeline.hear_audio(&samples),
+        Input::Audio(_) => Err(Error::Input("audio after the end of the stream".into())),
+        Input::End if !*ended => {
+            *ended = true;
+            pipeline.end_of_audio()
+        }
+        Input::End => Ok(()),
+    }
+}
+
+/// Sends the pipeline's new events; `false` when the client is gone.
+fn send_events<P: Pipeline>(
+    pipeline: &mut P,
+    context: &SessionContext,
+    messages: fn(P::Event) -> Vec<Outgoing>,
+) -> bool {
+    pipeline
+        .take_events()
+        .into_iter()
+        .flat_map(messages)
+        .all(|out| context.outputs.blocking_send(out).is_ok())
+}

@@ -1,0 +1,585 @@
+//! The voice server over loopback, driven by a real WebSocket client (`tokio-tungstenite`), on
+//! tiny random-weight models: a random Whisper hears tone bursts as random words, a random chat
+//! model answers. What is tested is the server: the protocol's order of events, refusals of bad
+//! input that leave the connection (and the server) working, the bounded queue, a session that
+//! panics, graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine_asr::testing::write_hf;
+use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
+use engine_llm::testing::tiny_chat_model;
+use engine_llm::PredGenConfig;
+use futures_util::{SinkExt, StreamExt};
+use spec_voice::{FixedLatencySynthesizer, SentenceSynthesizer, Synthesis};
+use specvoice::serve::protocol::{encode_pcm, ErrorCode, ServerMessage, SessionMode};
+use specvoice::serve::{
+    copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory,
+};
+use specvoice::ListenerConfig;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+const RATE: f32 = 16_000.0;
+
+/// Longest wait for any one message.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn silence(seconds: f32) -> Vec<f32> {
+    vec![0.0; (seconds * RATE) as usize]
+}
+
+/// Speech-like sound: two tones under a syllable-rate envelope.
+fn voice(seconds: f32) -> Vec<f32> {
+    (0..(seconds * RATE) as usize)
+        .map(|i| {
+            let t = i as f32 / RATE;
+            let envelope = 0.6 + 0.4 * (2.0 * std::f32::consts::PI * 4.0 * t).sin();
+            envelope
+                * (0.3 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
+                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
+        })
+        .collect()
+}
+
+/// A question: silence, a tone burst, and the end-of-speech silence.
+fn question() -> Vec<f32> {
+    [silence(0.4), voice(1.0), silence(0.8)].concat()
+}
+
+fn config(engines: usize, queue: usize) -> ServeConfig {
+    let listener = ListenerConfig {
+        transcribe: TranscribeOptions {
+            temperatures: vec![0.0],
+            compression_ratio_threshold: None,
+            log_prob_threshold: None,
+            no_speech_threshold: None,
+            ..ListenerConfig::default().transcribe
+        },
+        ..ListenerConfig::default()
+    };
+    ServeConfig {
+        engines,
+        queue,
+        listener,
+        predgen: PredGenConfig {
+            system_prompt: "Answer briefly.".to_string(),
+            max_guess_tokens: 12,
+            max_answer_tokens: 24,
+            ..PredGenConfig::default()
+        },
+        caption_max_tokens: 16,
+        ..ServeConfig::default()
+    }
+}
+
+/// Engines of a random Whisper (written once into `dir`) and a random chat model.
+fn engines(dir: &tempfile::TempDir) -> EngineFactory {
+    let path = dir.path().to_path_buf();
+    engines_from(
+        move || Transcriber::load(&path, &LoadOptions::default()),
+        || tiny_chat_model(11),
+    )
+}
+
+fn fixed_tts() -> SynthesizerFactory {
+    copies_of(FixedLatencySynthesizer::default())
+}
+
+async fn start_with(config: ServeConfig, tts: SynthesizerFactory) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31).unwrap();
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let server = Server::start(addr, config, engines(&dir), tts)
+        .await
+        .unwrap();
+    (server, dir)
+}
+
+async fn start(config: ServeConfig) -> (Server, tempfile::TempDir) {
+    start_with(config, fixed_tts()).await
+}
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// What the client received.
+#[derive(Debug)]
+enum Received {
+    Json(ServerMessage),
+    Audio(Vec<u8>),
+    Closed,
+}
+
+struct Client {
+    socket: Socket,
+}
+
+impl Client {
+    async fn connect(server: &Server) -> Self {
+        let url = format!("ws://{}/ws", server.local_addr());
+        let (socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        Self { socket }
+    }
+
+    async fn text(&mut self, text: &str) {
+        self.socket
+            .send(Message::Text(text.to_string().into()))
+            .await
+            .unwrap();
+    }
+
+    async fn binary(&mut self, bytes: Vec<u8>) {
+        self.socket
+            .send(Message::Binary(bytes.into()))
+            .await
+            .unwrap();
+    }
+
+    async fn start_chat(&mut self) {
+        self.text(r#"{"type":"start","mode":"chat"}"#).await;
+    }
+
+    /// Sends audio in 20 ms frames, then `stop`.
+    async fn speak(&mut self, audio: &[f32]) {
+        for frame in audio.chunks(320) {
+            self.binary(encode_pcm(frame)).await;
+        }
+        self.text(r#"{"type":"stop"}"#).await;
+    }
+
+    async fn receive(&mut self) -> Received {
+        loop {
+            let next = tokio::time::timeout(PATIENCE, self.socket.next())
+                .await
+                .expect("the server answers in time");
+            return match next {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => Received::Closed,
+                Some(Ok(Message::Text(text))) => Received::Json(
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}")),
+                ),
+                Some(Ok(Message::Binary(bytes))) => Received::Audio(bytes.to_vec()),
+                Some(Ok(_)) => continue,
+            };
+        }
+    }
+
+    async fn message(&mut self) -> ServerMessage {
+        match self.receive().await {
+            Received::Json(message) => message,
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    async fn expect_error(&mut self, code: ErrorCode) {
+        match self.message().await {
+            ServerMessage::Error { code: got, .. } if got == code => {}
+            other => panic!("expected a {code:?} error, got {other:?}"),
+        }
+    }
+
+    async fn expect_ready(&mut self) {
+        let message = self.message().await;
+        assert!(
+            matches!(message, ServerMessage::Ready { .. }),
+            "{message:?}"
+        );
+    }
+
+    /// Everything until the connection closes.
+    async fn rest(&mut self) -> Vec<Received> {
+        let mut all = Vec::new();
+        loop {
+            match self.receive().await {
+                Received::Closed => return all,
+                other => all.push(other),
+            }
+        }
+    }
+
+    async fn expect_closed(&mut self) {
+        let rest = self.rest().await;
+        assert!(rest.is_empty(), "{rest:?}");
+    }
+}
+
+fn messages(received: &[Received]) -> Vec<&ServerMessage> {
+    received
+        .iter()
+        .filter_map(|r| match r {
+            Received::Json(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Checks a chat session's messages: the protocol's order, each audio header followed by its
+/// samples, and one answered turn; the question and the answer.
+fn check_chat(received: &[Received]) -> (String, String) {
+    let position = |wanted: &dyn Fn(&ServerMessage) -> bool| {
+        received
+            .iter()
+            .position(|r| matches!(r, Received::Json(m) if wanted(m)))
+            .unwrap_or_else(|| panic!("missing a message: {:#?}", messages(received)))
+    };
+    let started = position(&|m| matches!(m, ServerMessage::SpeechStarted { .. }));
+    let partial = position(&|m| matches!(m, ServerMessage::Partial { .. }));
+    let ended = position(&|m| matches!(m, ServerMessage::SpeechEnded { .. }));
+    let transcript = position(&|m| matches!(m, ServerMessage::Transcript { .. }));
+    let audio = position(&|m| matches!(m, ServerMessage::Audio { .. }));
+    let answered = position(&|m| matches!(m, ServerMessage::AnswerDone { .. }));
+    let turn = position(&|m| matches!(m, ServerMessage::TurnDone { .. }));
+    assert!(
+        started < partial && partial < ended && ended < transcript,
+        "{received:#?}"
+    );
+    assert!(
+        transcript < audio && audio < turn && answered < turn,
+        "{received:#?}"
+    );
+    assert!(matches!(
+        received.last(),
+        Some(Received::Json(ServerMessage::Done))
+    ));
+    for (i, r) in received.iter().enumerate() {
+        if let Received::Json(ServerMessage::Audio {
+            samples,
+            sample_rate,
+            ..
+        }) = r
+        {
+            assert!(*sample_rate > 0);
+            match &received[i + 1] {
+                Received::Audio(bytes) => assert_eq!(bytes.len(), 2 * samples),
+                other => panic!("an audio header followed by {other:?}"),
+            }
+        }
+    }
+    let Received::Json(ServerMessage::Transcript { text, .. }) = &received[transcript] else {
+        unreachable!()
+    };
+    let Received::Json(ServerMessage::TurnDone {
+        question, answer, ..
+    }) = &received[turn]
+    else {
+        unreachable!()
+    };
+    assert_eq!(question, text);
+    assert!(!question.is_empty());
+    assert!(!answer.is_empty());
+    let turns = messages(received)
+        .iter()
+        .filter(|m| matches!(m, ServerMessage::TurnDone { .. }))
+        .count();
+    assert_eq!(turns, 1);
+    (question.clone(), answer.clone())
+}
+
+/// A whole chat session on a new connection: its question and answer.
+async fn chat(server: &Server, audio: &[f32]) -> (String, String) {
+    let mut client = Client::connect(server).await;
+    client.start_chat().await;
+    client.expect_ready().await;
+    client.speak(audio).await;
+    check_chat(&client.rest().await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_session_streams_transcripts_answer_and_audio() {
+    let (server, _dir) = start(config(1, 8)).await;
+    let mut client = Client::connect(&server).await;
+    client.start_chat().await;
+    match client.message().await {
+        ServerMessage::Ready {
+            mode,
+            sample_rate,
+            max_frame_samples,
+        } => {
+            assert_eq!(mode, SessionMode::Chat);
+            assert_eq!(sample_rate, 16_000);
+            assert_eq!(max_frame_samples, 16_000);
+        }
+        other => panic!("{other:?}"),
+    }
+    client.speak(&question()).await;
+    let first = check_chat(&client.rest().await);
+    // The engine went back to the pool: the same question, the same answer, as the model
+    // answers greedily and each session starts a new conversation.
+    assert_eq!(chat(&server, &question()).await, first);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_served_at_the_root() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, _dir) = start(config(1, 8)).await;
+    let mut http = TcpStream::connect(server.local_addr()).await.unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    http.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    assert!(response.contains("content-type: text/html"), "{response}");
+    for needle in [
+        "audioWorklet",
+        "/ws",
+        r#"type: "stop""#,
+        "\"turn_done\"",
+        "\"caption\"",
+    ] {
+        assert!(response.contains(needle), "{needle}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caption_session_commits_a_final_caption() {
+    let (server, _dir) = start(config(1, 8)).await;
+    let mut client = Client::connect(&server).await;
+    client
+        .text(r#"{"type":"start","mode":"caption","to":"French"}"#)
+        .await;
+    match client.message().await {
+        ServerMessage::Ready { mode, .. } => assert_eq!(
+            mode,
+            SessionMode::Caption {
+                to: "French".into()
+            }
+        ),
+        other => panic!("{other:?}"),
+    }
+    client.speak(&question()).await;
+    let received = client.rest().await;
+    let all = messages(&received);
+    assert!(
+        matches!(all[0], ServerMessage::SpeechStarted { .. }),
+        "{all:#?}"
+    );
+    let captions: Vec<_> = all
+        .iter()
+        .filter_map(|m| match m {
+            ServerMessage::Caption {
+                source,
+                output,
+                is_final,
+                ..
+            } => Some((source, output, *is_final)),
+            _ => None,
+        })
+        .collect();
+    assert!(captions.len() >= 2, "{all:#?}");
+    let (source, _, is_final) = captions.last().unwrap();
+    assert!(*is_final && !source.is_empty());
+    assert!(captions[..captions.len() - 1].iter().all(|c| !c.2));
+    assert!(matches!(all.last(), Some(ServerMessage::Done)));
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_get_errors_and_the_connection_goes_on() {
+    let (server, _dir) = start(config(1, 8)).await;
+    let mut client = Client::connect(&server).await;
+    client.binary(encode_pcm(&silence(0.02))).await;
+    client.expect_error(ErrorCode::NotStarted).await;
+    client.text(r#"{"type":"stop"}"#).await;
+    client.expect_error(ErrorCode::NotStarted).await;
+    client.text("{not json").await;
+    client.expect_error(ErrorCode::BadJson).await;
+    client.text(r#"{"kind":"start"}"#).await;
+    client.expect_error(ErrorCode::BadJson).await;
+    client.text(r#"{"type":"dance"}"#).await;
+    client.expect_error(ErrorCode::UnknownType).await;
+    client.text(r#"{"type":"start","mode":"sing"}"#).await;
+    client.expect_error(ErrorCode::BadMessage).await;
+    client.start_chat().await;
+    client.expect_ready().await;
+    client.text(r#"{"type":"start","mode":"chat"}"#).await;
+    client.expect_error(ErrorCode::AlreadyStarted).await;
+    client.binary(vec![1, 2, 3]).await;
+    client.expect_error(ErrorCode::BadFrame).await;
+    client.binary(Vec::new()).await;
+    client.expect_error(ErrorCode::BadFrame).await;
+    client.binary(encode_pcm(&silence(1.01))).await;
+    client.expect_error(ErrorCode::FrameTooLarge).await;
+    client.text(r#"{"type":"hello"}"#).await;
+    client.expect_error(ErrorCode::UnknownType).await;
+    // After all that, the session still answers.
+    client.speak(&question()).await;
+    let received = client.rest().await;
+    check_chat(&received);
+
+    // A message beyond the transport's bound closes that connection only.
+    let mut flood = Client::connect(&server).await;
+    flood.start_chat().await;
+    flood.expect_ready().await;
+    let _ = flood
+        .socket
+        .send(Message::Binary(vec![0; 2 << 20].into()))
+        .await;
+    let rest = flood.rest().await;
+    assert!(
+        rest.iter().all(|r| !matches!(r, Received::Audio(_))),
+        "{rest:?}"
+    );
+    chat(&server, &question()).await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_beyond_the_queue_are_refused_and_queued_ones_complete() {
+    let (server, _dir) = start(config(1, 2)).await;
+    let mut first = Client::connect(&server).await;
+    first.start_chat().await;
+    first.expect_ready().await;
+    let mut second = Client::connect(&server).await;
+    second.start_chat().await;
+    assert_eq!(
+        second.message().await,
+        ServerMessage::Queued { position: 1 }
+    );
+    let mut third = Client::connect(&server).await;
+    third.start_chat().await;
+    assert_eq!(third.message().await, ServerMessage::Queued { position: 2 });
+    // Audio while queued is refused; the place is kept.
+    third.binary(encode_pcm(&silence(0.02))).await;
+    third.expect_error(ErrorCode::NotReady).await;
+    let mut fourth = Client::connect(&server).await;
+    fourth.start_chat().await;
+    fourth.expect_error(ErrorCode::Busy).await;
+    fourth.expect_closed().await;
+
+    // The first ends without speaking: the engine goes to the second, the third moves up.
+    first.text(r#"{"type":"stop"}"#).await;
+    assert_eq!(first.rest().await.len(), 1);
+    second.expect_ready().await;
+    assert_eq!(third.message().await, ServerMessage::Queued { position: 1 });
+    let (second_done, third_done) = tokio::join!(
+        async {
+            second.speak(&question()).await;
+            check_chat(&second.rest().await)
+        },
+        async {
+            third.expect_ready().await;
+            third.speak(&question()).await;
+            check_chat(&third.rest().await)
+        }
+    );
+    assert_eq!(second_done, third_done);
+    server.shutdown().await.unwrap();
+}
+
+/// A synthesizer that panics once, while `armed`.
+#[derive(Clone)]
+struct Booby {
+    armed: Arc<AtomicBool>,
+    inner: FixedLatencySynthesizer,
+}
+
+impl SentenceSynthesizer for Booby {
+    fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            panic!("the synthesizer broke");
+        }
+        self.inner.synthesize(sentence)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_panics_reports_it_and_the_engine_is_rebuilt() {
+    let armed = Arc::new(AtomicBool::new(true));
+    let tts = copies_of(Booby {
+        armed: Arc::clone(&armed),
+        inner: FixedLatencySynthesizer::default(),
+    });
+    let (server, _dir) = start_with(config(1, 8), tts).await;
+    let mut client = Client::connect(&server).await;
+    client.start_chat().await;
+    client.expect_ready().await;
+    client.speak(&question()).await;
+    let received = client.rest().await;
+    match messages(&received).last() {
+        Some(ServerMessage::Error {
+            code: ErrorCode::SessionFailed,
+            message,
+        }) => assert!(message.contains("the synthesizer broke"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!armed.load(Ordering::SeqCst));
+    chat(&server, &question()).await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_send_nothing_are_timed_out() {
+    let config = ServeConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..config(1, 8)
+    };
+    let (server, _dir) = start(config).await;
+    let mut idle = Client::connect(&server).await;
+    idle.expect_error(ErrorCode::Timeout).await;
+    idle.expect_closed().await;
+    // In a session, silence from the client ends the audio; the session ends as after `stop`.
+    let mut quiet = Client::connect(&server).await;
+    quiet.start_chat().await;
+    quiet.expect_ready().await;
+    quiet.expect_error(ErrorCode::Timeout).await;
+    assert_eq!(quiet.message().await, ServerMessage::Done);
+    quiet.expect_closed().await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_tells_every_client_and_lets_the_turn_in_progress_finish() {
+    let (server, _dir) = start(config(1, 8)).await;
+    let addr = server.local_addr();
+    let mut speaking = Client::connect(&server).await;
+    speaking.start_chat().await;
+    speaking.expect_ready().await;
+    // The question without its end: the server ends the audio itself.
+    for frame in [silence(0.4), voice(1.0)].concat().chunks(320) {
+        speaking.binary(encode_pcm(frame)).await;
+    }
+    let mut queued = Client::connect(&server).await;
+    queued.start_chat().await;
+    assert_eq!(
+        queued.message().await,
+        ServerMessage::Queued { position: 1 }
+    );
+    let mut idle = Client::connect(&server).await;
+    // Every connection has been taken up.
+    for _ in 0..100 {
+        if server.connections() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.connections(), 3);
+    let shutdown = tokio::spawn(server.shutdown());
+    queued.expect_error(ErrorCode::ShuttingDown).await;
+    queued.expect_closed().await;
+    idle.expect_error(ErrorCode::ShuttingDown).await;
+    idle.expect_closed().await;
+    let received = speaking.rest().await;
+    let all = messages(&received);
+    let notice = all
+        .iter()
+        .position(|m| matches!(m, ServerMessage::ShuttingDown))
+        .unwrap_or_else(|| panic!("{all:#?}"));
+    assert!(all[notice..]
+        .iter()
+        .any(|m| matches!(m, ServerMessage::TurnDone { .. })));
+    assert!(matches!(all.last(), Some(ServerMessage::Done)));
+    tokio::time::timeout(PATIENCE, shutdown)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
+        .await
+        .is_err());
+}
