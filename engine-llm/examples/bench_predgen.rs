@@ -141,30 +141,6 @@ struct Options {
     plots: PathBuf,
 }
 
-/// Conversations of the voice set: blocks separated by blank lines, a question per line, `#`
-/// comment lines.
-fn voice_conversations(path: &Path) -> Result<Vec<Vec<String>>> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let mut conversations = vec![Vec::new()];
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('#') {
-            continue;
-        }
-        if line.is_empty() {
-            conversations.push(Vec::new());
-        } else {
-            conversations.last_mut().unwrap().push(line.to_string());
-        }
-    }
-    conversations.retain(|c| !c.is_empty());
-    anyhow::ensure!(
-        !conversations.is_empty(),
-        "{}: no questions",
-        path.display()
-    );
-    Ok(conversations)
-}
-
 /// Both turns of one question with one setup, in a fresh conversation.
 fn run_question(
     model: &mut LanguageModel,
@@ -599,7 +575,8 @@ fn main() -> Result<()> {
         sets.push(("mt-bench", title, questions));
     }
     if options.set != Sets::MtBench {
-        let mut conversations = voice_conversations(&options.voice_questions)?;
+        let mut conversations =
+            engine_llm::spec_voice::read_conversations(&options.voice_questions)?;
         conversations.truncate(options.conversations.unwrap_or(usize::MAX));
         let turns: usize = conversations.iter().map(Vec::len).sum();
         let title = format!(

@@ -122,6 +122,19 @@ impl LiveConfig {
         }
     }
 
+    /// English → `target_language` by plain autoregressive re-translation, the baseline SSBD
+    /// is measured against: every update decoded greedily from scratch and shown whole.
+    pub fn autoregressive(target_language: impl Into<String>) -> Self {
+        LiveConfig {
+            decoding: Decoding::Autoregressive,
+            masking: Masking::None,
+            display: DisplayPolicy::full(),
+            adaptive_bias: None,
+            lookup_draft: 0,
+            ..Self::new(target_language)
+        }
+    }
+
     /// How an update is decoded: [`LiveConfig::decoding`] with β scaled by
     /// [`LiveConfig::adaptive_bias`] when set, except that a final update under SSBD is
     /// verified with β = 0 when [`LiveConfig::unbiased_final`] is set.

@@ -3,6 +3,7 @@
 pub mod clock;
 mod error;
 pub mod partial;
+pub mod script;
 pub mod sentence;
 pub mod synth;
 
@@ -12,6 +13,7 @@ pub use partial::{
     keeps_words, lag_k, parse_partials, read_partials, spoken_at_rate, Partial,
     DEFAULT_CHARS_PER_MINUTE,
 };
+pub use script::{parse_conversations, read_conversations};
 pub use sentence::{first_sentence_end, split_sentences, SentenceStream};
 pub use synth::{
     write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,

@@ -26,9 +26,7 @@ use clap::Parser;
 use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::cli::{init_logging, open_model, progress_bar};
 use engine_llm::{LoadOptions, PredGen, PredGenConfig};
-use engine_mt::{
-    Caption, Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking, StreamSummary,
-};
+use engine_mt::{Caption, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_core::report::{Report, Table};
 use spec_models::{Registry, Store};
@@ -122,8 +120,9 @@ fn main() -> Result<()> {
     let speech = spec_models::models_dir()?.join("data/speech");
 
     let mut questions = Vec::new();
-    for (i, text) in first_questions(&args.voice_questions)?
+    for (i, text) in spec_voice::read_conversations(&args.voice_questions)?
         .into_iter()
+        .map(|conversation| conversation[0].clone())
         .take(args.questions)
         .enumerate()
     {
@@ -229,12 +228,7 @@ fn main() -> Result<()> {
         )?);
     }
     let ssbd = LiveConfig::new(&args.to);
-    let ar = LiveConfig {
-        decoding: Decoding::Autoregressive,
-        masking: Masking::None,
-        display: DisplayPolicy::full(),
-        ..ssbd.clone()
-    };
+    let ar = LiveConfig::autoregressive(&args.to);
     let bar = progress_bar(updates.len() * 2, "captions");
     let mut captioned: Vec<(&str, StreamSummary, Vec<String>)> = Vec::new();
     for (name, config) in [("AR re-translation", ar), ("SSBD (library default)", ssbd)] {
@@ -345,26 +339,6 @@ fn clips(speech: &Path) -> Result<Vec<Recording>> {
         }
     }
     Ok(clips)
-}
-
-/// The first question of each conversation of the voice set.
-fn first_questions(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let mut questions = Vec::new();
-    let mut in_block = false;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('#') {
-            continue;
-        }
-        if line.is_empty() {
-            in_block = false;
-        } else if !in_block {
-            questions.push(line.to_string());
-            in_block = true;
-        }
-    }
-    ensure!(!questions.is_empty(), "{}: no questions", path.display());
-    Ok(questions)
 }
 
 /// English sentences of the translation set.

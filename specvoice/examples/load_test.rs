@@ -20,7 +20,7 @@
 //! `cargo xtask bench serve` runs it and files the results with the machine and date.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -469,7 +469,10 @@ fn rss_kib() -> Result<u64> {
 /// silence before and after.
 fn spoken_questions(args: &Args) -> Result<Vec<Arc<Question>>> {
     let mut espeak = EspeakSynthesizer::new(EspeakSettings::default())?;
-    let texts = first_questions(&args.voice_questions)?;
+    let texts = spec_voice::read_conversations(&args.voice_questions)?
+        .into_iter()
+        .map(|conversation| conversation[0].clone())
+        .collect::<Vec<_>>();
     let rate = f64::from(SAMPLE_RATE);
     let lead = (LEAD_IN.as_secs_f64() * rate) as usize;
     let trailing = (TRAILING.as_secs_f64() * rate) as usize;
@@ -501,24 +504,4 @@ fn spoken_questions(args: &Args) -> Result<Vec<Arc<Question>>> {
             }))
         })
         .collect()
-}
-
-/// The first question of each conversation of the voice set.
-fn first_questions(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let mut questions = Vec::new();
-    let mut in_block = false;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('#') {
-            continue;
-        }
-        if line.is_empty() {
-            in_block = false;
-        } else if !in_block {
-            questions.push(line.to_string());
-            in_block = true;
-        }
-    }
-    ensure!(!questions.is_empty(), "{}: no questions", path.display());
-    Ok(questions)
 }

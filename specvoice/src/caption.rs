@@ -82,6 +82,41 @@ impl<'m> LiveCaptions<'m> {
         self.listener
     }
 
+    fn translate(&mut self, source: String, is_final: bool) -> Result<()> {
+        let caption = self
+            .translator
+            .update(&Partial::new(self.clock.now(), &source, is_final))?;
+        self.clock.charge(caption.decode.time);
+        self.utterance.push(caption.clone());
+        let at = self.clock.now();
+        self.events.push(CaptionEvent {
+            at,
+            kind: CaptionEventKind::Caption {
+                source: source.clone(),
+                caption,
+            },
+        });
+        self.last_source = Some(source);
+        Ok(())
+    }
+}
+
+impl Pipeline for LiveCaptions<'_> {
+    type Event = CaptionEvent;
+
+    fn clock(&mut self) -> &mut PipelineClock {
+        &mut self.clock
+    }
+
+    fn listener(&self) -> &Listener {
+        &self.listener
+    }
+
+    fn listener_mut(&mut self) -> &mut Listener {
+        &mut self.listener
+    }
+
+    /// Each new transcript is translated at once (nothing is left for steps).
     fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
         for item in heard {
             match item {
@@ -122,56 +157,6 @@ impl<'m> LiveCaptions<'m> {
             }
         }
         Ok(())
-    }
-
-    fn translate(&mut self, source: String, is_final: bool) -> Result<()> {
-        let caption = self
-            .translator
-            .update(&Partial::new(self.clock.now(), &source, is_final))?;
-        self.clock.charge(caption.decode.time);
-        self.utterance.push(caption.clone());
-        let at = self.clock.now();
-        self.events.push(CaptionEvent {
-            at,
-            kind: CaptionEventKind::Caption {
-                source: source.clone(),
-                caption,
-            },
-        });
-        self.last_source = Some(source);
-        Ok(())
-    }
-}
-
-impl Pipeline for LiveCaptions<'_> {
-    type Event = CaptionEvent;
-
-    fn clock(&mut self) -> &mut PipelineClock {
-        &mut self.clock
-    }
-
-    fn audio_time(&self) -> Duration {
-        self.listener.audio_time()
-    }
-
-    /// Whisper runs on the audio, and each new transcript is translated at once.
-    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
-        let heard = self.listener.push(samples)?;
-        self.on_heard(heard)
-    }
-
-    fn end_of_audio(&mut self) -> Result<()> {
-        let heard = self.listener.finish()?;
-        self.on_heard(heard.into_iter().collect())
-    }
-
-    /// Captions are made as the audio is heard: nothing is left for steps.
-    fn step(&mut self) -> Result<bool> {
-        Ok(false)
-    }
-
-    fn in_turn(&self) -> bool {
-        false
     }
 
     fn take_events(&mut self) -> Vec<CaptionEvent> {

@@ -276,6 +276,35 @@ impl<'m> VoiceChat<'m> {
         }
     }
 
+    /// Hands a transcript to the turn in progress, stamped with the turn clock's now.
+    fn hear_text(&mut self, text: &str, is_final: bool) -> Result<()> {
+        let times = self
+            .turn
+            .clone()
+            .ok_or_else(|| Error::Input("a transcript outside an utterance".into()))?;
+        self.sync_model_clock(&times);
+        let at = self.predgen.now();
+        self.predgen.hear(Partial::new(at, text, is_final))?;
+        Ok(())
+    }
+}
+
+impl Pipeline for VoiceChat<'_> {
+    type Event = ChatEvent;
+
+    fn clock(&mut self) -> &mut PipelineClock {
+        &mut self.clock
+    }
+
+    fn listener(&self) -> &Listener {
+        &self.listener
+    }
+
+    fn listener_mut(&mut self) -> &mut Listener {
+        &mut self.listener
+    }
+
+    /// Starts and ends turns, and hands the transcripts to the language model.
     fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
         for item in heard {
             let compute = match &item {
@@ -351,43 +380,6 @@ impl<'m> VoiceChat<'m> {
             }
         }
         Ok(())
-    }
-
-    /// Hands a transcript to the turn in progress, stamped with the turn clock's now.
-    fn hear_text(&mut self, text: &str, is_final: bool) -> Result<()> {
-        let times = self
-            .turn
-            .clone()
-            .ok_or_else(|| Error::Input("a transcript outside an utterance".into()))?;
-        self.sync_model_clock(&times);
-        let at = self.predgen.now();
-        self.predgen.hear(Partial::new(at, text, is_final))?;
-        Ok(())
-    }
-}
-
-impl Pipeline for VoiceChat<'_> {
-    type Event = ChatEvent;
-
-    fn clock(&mut self) -> &mut PipelineClock {
-        &mut self.clock
-    }
-
-    fn audio_time(&self) -> Duration {
-        self.listener.audio_time()
-    }
-
-    /// The endpoint detector and Whisper run on the audio now, and what they hear goes to the
-    /// language model.
-    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
-        let heard = self.listener.push(samples)?;
-        self.on_heard(heard)
-    }
-
-    /// An utterance in progress ends with the stream.
-    fn end_of_audio(&mut self) -> Result<()> {
-        let heard = self.listener.finish()?;
-        self.on_heard(heard.into_iter().collect())
     }
 
     /// One piece of the language model's work (`false`: idle until more audio arrives).

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use spec_voice::SimClock;
 
 use crate::endpoint::{duration_of, samples_in};
+use crate::listener::{Heard, Listener};
 use crate::{Error, Result};
 
 /// How time runs.
@@ -64,30 +65,53 @@ impl PipelineClock {
     }
 }
 
-/// Something audio flows into, driven step by step: a voice chat, live captions.
+/// Something audio flows into through a [`Listener`], driven step by step: a voice chat, live
+/// captions. Audio goes to the listener ([`Pipeline::hear_audio`]) and what it hears to
+/// [`Pipeline::on_heard`]; work that can wait for a free moment is done in
+/// [`Pipeline::step`].
 pub trait Pipeline {
     /// What it reports.
     type Event;
 
     fn clock(&mut self) -> &mut PipelineClock;
 
-    /// Stream time of the audio heard so far.
-    fn audio_time(&self) -> Duration;
+    fn listener(&self) -> &Listener;
 
-    /// Audio arrived (16 kHz mono).
-    fn hear_audio(&mut self, samples: &[f32]) -> Result<()>;
+    fn listener_mut(&mut self) -> &mut Listener;
 
-    /// The audio stream ended.
-    fn end_of_audio(&mut self) -> Result<()>;
+    /// Acts on what the listener heard (called by [`Pipeline::hear_audio`] and
+    /// [`Pipeline::end_of_audio`]).
+    fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()>;
 
-    /// One piece of work besides hearing; whether there is more to do now.
-    fn step(&mut self) -> Result<bool>;
+    /// One piece of work besides hearing; whether there is more to do now. Nothing by default.
+    fn step(&mut self) -> Result<bool> {
+        Ok(false)
+    }
 
     /// Whether work remains that only more steps complete (an answer being made).
-    fn in_turn(&self) -> bool;
+    fn in_turn(&self) -> bool {
+        false
+    }
 
     /// Events since the last call.
     fn take_events(&mut self) -> Vec<Self::Event>;
+
+    /// Stream time of the audio heard so far.
+    fn audio_time(&self) -> Duration {
+        self.listener().audio_time()
+    }
+
+    /// Audio arrived (16 kHz mono): the listener runs on it now.
+    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
+        let heard = self.listener_mut().push(samples)?;
+        self.on_heard(heard)
+    }
+
+    /// The audio stream ended: an utterance in progress ends with it.
+    fn end_of_audio(&mut self) -> Result<()> {
+        let heard = self.listener_mut().finish()?;
+        self.on_heard(heard.into_iter().collect())
+    }
 }
 
 /// Size of the packets audio arrives in from a recording: 20 ms, as from a microphone.

@@ -319,8 +319,22 @@ struct Transcription<'l> {
     done: Vec<Vec<spec_voice::Partial>>,
 }
 
-impl Transcription<'_> {
-    fn on_heard(&mut self, heard: Vec<Heard>) {
+impl Pipeline for Transcription<'_> {
+    type Event = ();
+
+    fn clock(&mut self) -> &mut PipelineClock {
+        &mut self.clock
+    }
+
+    fn listener(&self) -> &Listener {
+        self.listener
+    }
+
+    fn listener_mut(&mut self) -> &mut Listener {
+        self.listener
+    }
+
+    fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
         for item in heard {
             match item {
                 Heard::Started { .. } => self.current.clear(),
@@ -342,38 +356,7 @@ impl Transcription<'_> {
                 }
             }
         }
-    }
-}
-
-impl Pipeline for Transcription<'_> {
-    type Event = ();
-
-    fn clock(&mut self) -> &mut PipelineClock {
-        &mut self.clock
-    }
-
-    fn audio_time(&self) -> Duration {
-        self.listener.audio_time()
-    }
-
-    fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
-        let heard = self.listener.push(samples)?;
-        self.on_heard(heard);
         Ok(())
-    }
-
-    fn end_of_audio(&mut self) -> Result<()> {
-        let heard = self.listener.finish()?;
-        self.on_heard(heard.into_iter().collect());
-        Ok(())
-    }
-
-    fn step(&mut self) -> Result<bool> {
-        Ok(false)
-    }
-
-    fn in_turn(&self) -> bool {
-        false
     }
 
     fn take_events(&mut self) -> Vec<()> {

@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::cli::{init_logging, open_model, ModelArgs};
 use engine_llm::{Continuation, LoadOptions, PredGen, PredGenConfig, Verifier};
-use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking, StreamSummary};
+use engine_mt::{Decoding, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_models::{Registry, Store};
 use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
@@ -178,9 +178,10 @@ struct CaptionArgs {
     #[arg(long, default_value = "German")]
     to: String,
 
-    /// SSBD's bias β (0: exactly autoregressive re-translation on every update)
-    #[arg(long, default_value_t = 0.2)]
-    beta: f32,
+    /// SSBD's largest bias β (0: exactly autoregressive re-translation on every update)
+    /// [default: the library's, which grows β with the sentence up to 0.5]
+    #[arg(long)]
+    beta: Option<f32>,
 
     /// Also caption the same audio with autoregressive re-translation, and compare
     #[arg(long)]
@@ -436,10 +437,10 @@ fn caption(args: CaptionArgs) -> Result<()> {
     hearing.model.apply_threads()?;
     let mut whisper = Some(hearing.open_whisper()?);
     let mut model = open_model(&hearing.model.model, &LoadOptions::default())?;
-    let ssbd = LiveConfig {
-        decoding: Decoding::Ssbd { beta: args.beta },
-        ..LiveConfig::new(&args.to)
-    };
+    let mut ssbd = LiveConfig::new(&args.to);
+    if let Some(beta) = args.beta {
+        ssbd.decoding = Decoding::Ssbd { beta };
+    }
     let mut run = |config: LiveConfig, show: bool| -> Result<StreamSummary> {
         let listener = Listener::new(
             whisper.take().expect("Whisper is back"),
@@ -462,15 +463,10 @@ fn caption(args: CaptionArgs) -> Result<()> {
         played?;
         Ok(summary)
     };
-    println!("SSBD β = {}:", args.beta);
+    println!("SSBD ({:?}, adaptive bias):", ssbd.decoding);
     let mut rows = vec![("SSBD", run(ssbd.clone(), true)?)];
     if args.compare {
-        let ar = LiveConfig {
-            decoding: Decoding::Autoregressive,
-            masking: Masking::None,
-            display: DisplayPolicy::full(),
-            ..ssbd
-        };
+        let ar = LiveConfig::autoregressive(&args.to);
         rows.insert(0, ("AR re-translation", run(ar, false)?));
     }
     println!();

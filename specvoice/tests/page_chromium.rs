@@ -10,17 +10,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_asr::resample;
 use engine_llm::PredGenConfig;
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use spec_models::{Registry, Store};
-use spec_voice::SentenceSynthesizer;
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+mod common;
 
 /// A DevTools protocol connection to the browser, with commands sent to attached pages by
 /// session (flat mode).
@@ -147,20 +147,9 @@ impl Drop for Chromium {
 
 /// A WAV file of `text` spoken by espeak-ng at 16 kHz, with a second of silence either side.
 fn spoken_wav(text: &str, path: &Path) {
-    let synthesis = EspeakSynthesizer::new(EspeakSettings::default())
-        .expect("espeak-ng (apt-get install espeak-ng)")
-        .synthesize(text)
-        .unwrap();
-    let rate = synthesis.chunks[0].sample_rate;
-    let samples: Vec<f32> = synthesis
-        .chunks
-        .iter()
-        .flat_map(|c| c.samples.clone())
-        .collect();
-    let samples = resample(&samples, rate, 16_000).unwrap();
-    let padded = [vec![0.0; 16_000], samples, vec![0.0; 16_000]].concat();
+    let (speech, _) = common::spoken(text, Duration::from_secs(1));
     let chunk = spec_voice::AudioChunk {
-        samples: padded,
+        samples: [speech, common::silence(1.0)].concat(),
         sample_rate: 16_000,
     };
     spec_voice::write_wav(path, [&chunk]).unwrap();

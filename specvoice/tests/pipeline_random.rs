@@ -8,59 +8,28 @@ use std::time::Duration;
 use engine_asr::testing::write_hf;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use engine_llm::testing::tiny_chat_model;
-use engine_llm::{LanguageModel, PredGen, PredGenConfig};
-use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking};
+use engine_llm::{LanguageModel, PredGen};
+use engine_mt::{LiveConfig, LiveTranslator};
 use spec_voice::FixedLatencySynthesizer;
 use specvoice::{
     play_recording, utterances_of, CaptionEventKind, ChatEvent, ChatEventKind, ChatMode, ClockKind,
     Error, Heard, Listener, ListenerConfig, LiveCaptions, Pipeline, VoiceChat, VoiceTurn,
 };
 
-const RATE: f32 = 16_000.0;
+mod common;
 
-fn silence(seconds: f32) -> Vec<f32> {
-    vec![0.0; (seconds * RATE) as usize]
-}
-
-/// Speech-like sound: two tones under a syllable-rate envelope.
-fn voice(seconds: f32) -> Vec<f32> {
-    (0..(seconds * RATE) as usize)
-        .map(|i| {
-            let t = i as f32 / RATE;
-            let envelope = 0.6 + 0.4 * (2.0 * std::f32::consts::PI * 4.0 * t).sin();
-            envelope
-                * (0.3 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
-                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
-        })
-        .collect()
-}
+use common::{random_listener_config, random_predgen_config, silence, voice};
 
 fn transcriber(dir: &tempfile::TempDir) -> Transcriber {
     Transcriber::load(dir.path(), &LoadOptions::default()).unwrap()
 }
 
 fn listener(transcriber: Transcriber) -> Listener {
-    let config = ListenerConfig {
-        transcribe: TranscribeOptions {
-            temperatures: vec![0.0],
-            compression_ratio_threshold: None,
-            log_prob_threshold: None,
-            no_speech_threshold: None,
-            ..ListenerConfig::default().transcribe
-        },
-        ..ListenerConfig::default()
-    };
-    Listener::new(transcriber, config).unwrap()
+    Listener::new(transcriber, random_listener_config()).unwrap()
 }
 
 fn predgen(model: &mut LanguageModel) -> PredGen<'_> {
-    let config = PredGenConfig {
-        system_prompt: "Answer briefly.".to_string(),
-        max_guess_tokens: 12,
-        max_answer_tokens: 24,
-        ..PredGenConfig::default()
-    };
-    PredGen::new(model, config).unwrap()
+    PredGen::new(model, random_predgen_config()).unwrap()
 }
 
 /// Plays `audio` through a fresh conversation in `mode`: the turns and every event.
@@ -308,10 +277,8 @@ fn live_captions_commit_the_translation_of_the_final_transcript() {
     // The committed caption is autoregressive translation of the final transcript (the
     // library default verifies the final update without bias).
     let ar = LiveConfig {
-        decoding: Decoding::Autoregressive,
-        masking: Masking::None,
-        display: DisplayPolicy::full(),
-        ..config
+        max_tokens: config.max_tokens,
+        ..LiveConfig::autoregressive("German")
     };
     let mut reference = LiveTranslator::new(&mut model, ar).unwrap();
     for ((source, output), utterance) in finals.iter().zip(&utterances) {

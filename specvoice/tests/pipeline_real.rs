@@ -7,16 +7,17 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, Transcriber};
+use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::{LanguageModel, LoadOptions, PredGen, PredGenConfig};
-use engine_mt::{Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking};
+use engine_mt::{LiveConfig, LiveTranslator};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_models::{Registry, Store};
-use spec_voice::SentenceSynthesizer;
 use specvoice::{
     play_recording, CaptionEventKind, ChatEventKind, ChatMode, ClockKind, Listener, ListenerConfig,
     LiveCaptions, VoiceChat, VoiceTurn,
 };
+
+mod common;
 
 const WHISPER: &str = "whisper-tiny.en-ct2";
 const CHAT: &str = "qwen2.5-coder-0.5b-instruct";
@@ -45,20 +46,9 @@ fn espeak() -> EspeakSynthesizer {
         .expect("espeak-ng (apt-get install espeak-ng)")
 }
 
-/// `text` spoken by espeak-ng at 16 kHz after 300 ms of silence, and where its speech ends.
+/// `text` spoken by espeak-ng after 300 ms of silence, and where its speech ends.
 fn spoken(text: &str) -> (Vec<f32>, Duration) {
-    let synthesis = espeak().synthesize(text).unwrap();
-    let rate = synthesis.chunks[0].sample_rate;
-    let samples: Vec<f32> = synthesis
-        .chunks
-        .iter()
-        .flat_map(|c| c.samples.clone())
-        .collect();
-    let samples = resample(&samples, rate, 16_000).unwrap();
-    let last_loud = samples.iter().rposition(|s| s.abs() > 0.01).unwrap();
-    let audio = [vec![0.0; 4_800], samples].concat();
-    let speech_end = Duration::from_secs_f64((4_800 + last_loud) as f64 / 16_000.0);
-    (audio, speech_end)
+    common::spoken(text, Duration::from_millis(300))
 }
 
 fn converse(
@@ -178,10 +168,8 @@ fn live_captions_of_a_real_clip_commit_the_translation_of_its_transcript() {
     assert!(source.to_lowercase().contains("young man"), "{source}");
     drop(captions);
     let ar = LiveConfig {
-        decoding: Decoding::Autoregressive,
-        masking: Masking::None,
-        display: DisplayPolicy::full(),
-        ..config
+        max_tokens: config.max_tokens,
+        ..LiveConfig::autoregressive("German")
     };
     let expected = LiveTranslator::new(&mut model, ar)
         .unwrap()

@@ -10,41 +10,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_asr::testing::write_hf;
-use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
+use engine_asr::{LoadOptions, Transcriber};
 use engine_llm::testing::tiny_chat_model;
-use engine_llm::PredGenConfig;
 use futures_util::{SinkExt, StreamExt};
 use spec_voice::{FixedLatencySynthesizer, SentenceSynthesizer, Synthesis};
 use specvoice::serve::protocol::{encode_pcm, ErrorCode, ServerMessage, SessionMode};
 use specvoice::serve::{
     copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory,
 };
-use specvoice::ListenerConfig;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-const RATE: f32 = 16_000.0;
+mod common;
+
+use common::{random_listener_config, random_predgen_config, silence, voice};
 
 /// Longest wait for any one message.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn silence(seconds: f32) -> Vec<f32> {
-    vec![0.0; (seconds * RATE) as usize]
-}
-
-/// Speech-like sound: two tones under a syllable-rate envelope.
-fn voice(seconds: f32) -> Vec<f32> {
-    (0..(seconds * RATE) as usize)
-        .map(|i| {
-            let t = i as f32 / RATE;
-            let envelope = 0.6 + 0.4 * (2.0 * std::f32::consts::PI * 4.0 * t).sin();
-            envelope
-                * (0.3 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
-                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
-        })
-        .collect()
-}
 
 /// A question: silence, a tone burst, and the end-of-speech silence.
 fn question() -> Vec<f32> {
@@ -52,26 +35,11 @@ fn question() -> Vec<f32> {
 }
 
 fn config(engines: usize, queue: usize) -> ServeConfig {
-    let listener = ListenerConfig {
-        transcribe: TranscribeOptions {
-            temperatures: vec![0.0],
-            compression_ratio_threshold: None,
-            log_prob_threshold: None,
-            no_speech_threshold: None,
-            ..ListenerConfig::default().transcribe
-        },
-        ..ListenerConfig::default()
-    };
     ServeConfig {
         engines,
         queue,
-        listener,
-        predgen: PredGenConfig {
-            system_prompt: "Answer briefly.".to_string(),
-            max_guess_tokens: 12,
-            max_answer_tokens: 24,
-            ..PredGenConfig::default()
-        },
+        listener: random_listener_config(),
+        predgen: random_predgen_config(),
         caption_max_tokens: 16,
         ..ServeConfig::default()
     }
