@@ -40,6 +40,31 @@ pub struct Synthesis {
     pub first_audio_after: Duration,
 }
 
+impl Synthesis {
+    /// All of the sentence's audio as one chunk; an error when there is none or the chunks'
+    /// sample rates differ.
+    pub fn joined(&self) -> Result<AudioChunk> {
+        let sample_rate = self.chunks.first().map_or(0, |c| c.sample_rate);
+        if sample_rate == 0 {
+            return Err(Error::Input(format!("no audio for {:?}", self.sentence)));
+        }
+        if self.chunks.iter().any(|c| c.sample_rate != sample_rate) {
+            return Err(Error::Input(format!(
+                "the audio of {:?} changes its sample rate",
+                self.sentence
+            )));
+        }
+        Ok(AudioChunk {
+            samples: self
+                .chunks
+                .iter()
+                .flat_map(|c| c.samples.iter().copied())
+                .collect(),
+            sample_rate,
+        })
+    }
+}
+
 /// Synthesizes speech sentence by sentence. PredGen calls it ahead of time with the first
 /// sentence of its guessed answer and keeps the Synthesis, so that if the final answer starts
 /// with the same sentence its audio plays at once.
@@ -172,6 +197,27 @@ impl PreparedAudio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_synthesis_joins_its_chunks_at_one_rate() {
+        let chunk = |samples: Vec<f32>, sample_rate| AudioChunk {
+            samples,
+            sample_rate,
+        };
+        let mut synthesis = Synthesis {
+            sentence: "Hi.".to_string(),
+            chunks: vec![chunk(vec![0.1, 0.2], 8000), chunk(vec![0.3], 8000)],
+            first_audio_after: Duration::ZERO,
+        };
+        assert_eq!(
+            synthesis.joined().unwrap(),
+            chunk(vec![0.1, 0.2, 0.3], 8000)
+        );
+        synthesis.chunks.push(chunk(vec![0.4], 16000));
+        assert!(matches!(synthesis.joined(), Err(Error::Input(_))));
+        synthesis.chunks.clear();
+        assert!(matches!(synthesis.joined(), Err(Error::Input(_))));
+    }
 
     #[test]
     fn audio_is_written_as_a_wav_file_and_bad_audio_refused() {

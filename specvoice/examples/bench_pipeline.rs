@@ -286,20 +286,10 @@ fn trailing(config: &ListenerConfig) -> Duration {
 
 /// `text` spoken by espeak-ng at 16 kHz, after [`LEAD_IN`].
 fn spoken(espeak: &mut EspeakSynthesizer, text: &str) -> Result<Vec<f32>> {
-    let synthesis = espeak.synthesize(text)?;
-    let rate = synthesis
-        .chunks
-        .first()
-        .context("espeak-ng gave no audio")?
-        .sample_rate;
-    let samples: Vec<f32> = synthesis
-        .chunks
-        .iter()
-        .flat_map(|c| c.samples.clone())
-        .collect();
+    let audio = espeak.synthesize(text)?.joined()?;
     Ok(with_lead_in(resample(
-        &samples,
-        rate,
+        &audio.samples,
+        audio.sample_rate,
         specvoice::SAMPLE_RATE,
     )?))
 }

@@ -480,18 +480,8 @@ fn spoken_questions(args: &Args) -> Result<Vec<Arc<Question>>> {
         .into_iter()
         .take(args.sessions)
         .map(|text| {
-            let synthesis = espeak.synthesize(&text)?;
-            let source_rate = synthesis
-                .chunks
-                .first()
-                .context("espeak-ng gave no audio")?
-                .sample_rate;
-            let samples: Vec<f32> = synthesis
-                .chunks
-                .iter()
-                .flat_map(|c| c.samples.iter().copied())
-                .collect();
-            let speech = resample(&samples, source_rate, SAMPLE_RATE)?;
+            let audio = espeak.synthesize(&text)?.joined()?;
+            let speech = resample(&audio.samples, audio.sample_rate, SAMPLE_RATE)?;
             let voiced_end = speech
                 .iter()
                 .rposition(|s| s.abs() > 0.01)

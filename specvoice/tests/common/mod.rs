@@ -57,17 +57,13 @@ pub fn random_predgen_config() -> PredGenConfig {
 
 /// `text` spoken by espeak-ng at 16 kHz after `lead_in` of silence, and where its speech ends.
 pub fn spoken(text: &str, lead_in: Duration) -> (Vec<f32>, Duration) {
-    let synthesis = EspeakSynthesizer::new(EspeakSettings::default())
+    let audio = EspeakSynthesizer::new(EspeakSettings::default())
         .expect("espeak-ng (apt-get install espeak-ng)")
         .synthesize(text)
+        .unwrap()
+        .joined()
         .unwrap();
-    let rate = synthesis.chunks[0].sample_rate;
-    let samples: Vec<f32> = synthesis
-        .chunks
-        .iter()
-        .flat_map(|c| c.samples.clone())
-        .collect();
-    let samples = resample(&samples, rate, 16_000).unwrap();
+    let samples = resample(&audio.samples, audio.sample_rate, 16_000).unwrap();
     let last_loud = samples.iter().rposition(|s| s.abs() > 0.01).unwrap();
     let lead = (lead_in.as_secs_f32() * RATE) as usize;
     let speech_end = Duration::from_secs_f64((lead + last_loud) as f64 / 16_000.0);
