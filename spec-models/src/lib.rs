@@ -8,7 +8,8 @@
 //!   one sub-folder per model) and the resolver every engine and example uses: a name or a path
 //!   → [`ModelFiles`]. Names resolve in the models folder, without any network, so models placed
 //!   there by hand are found as they are.
-//! - [`mt_bench`]: the MT-Bench questions kept in the models folder's `data/`.
+//! - [`mt_bench`]: the MT-Bench questions kept in the models folder's `data/`; [`speech`]: the
+//!   speech clips there with their reference transcripts.
 //! - `download` (feature `download`): resumable, verified downloads from the Hugging Face Hub
 //!   (`download::Downloader`).
 //!
@@ -24,6 +25,7 @@ pub mod download;
 mod error;
 pub mod mt_bench;
 mod registry;
+pub mod speech;
 mod store;
 
 pub use error::{Error, Result};

@@ -44,16 +44,8 @@ impl Synthesis {
     /// All of the sentence's audio as one chunk; an error when there is none or the chunks'
     /// sample rates differ.
     pub fn joined(&self) -> Result<AudioChunk> {
-        let sample_rate = self.chunks.first().map_or(0, |c| c.sample_rate);
-        if sample_rate == 0 {
-            return Err(Error::Input(format!("no audio for {:?}", self.sentence)));
-        }
-        if self.chunks.iter().any(|c| c.sample_rate != sample_rate) {
-            return Err(Error::Input(format!(
-                "the audio of {:?} changes its sample rate",
-                self.sentence
-            )));
-        }
+        let sample_rate = shared_sample_rate(&self.chunks)
+            .map_err(|why| Error::Input(format!("the audio of {:?}: {why}", self.sentence)))?;
         Ok(AudioChunk {
             samples: self
                 .chunks
@@ -142,21 +134,27 @@ impl SentenceSynthesizer for FixedLatencySynthesizer {
     }
 }
 
+/// The one sample rate of `chunks`, or why there is none: no chunk, a 0 Hz rate, or two rates.
+fn shared_sample_rate<'a>(chunks: impl IntoIterator<Item = &'a AudioChunk>) -> Result<u32, String> {
+    let mut chunks = chunks.into_iter();
+    let sample_rate = chunks.next().map_or(0, |c| c.sample_rate);
+    if sample_rate == 0 {
+        return Err("no audio (or a 0 Hz sample rate)".into());
+    }
+    match chunks.find(|c| c.sample_rate != sample_rate) {
+        Some(other) => Err(format!(
+            "chunks at {sample_rate} Hz and {} Hz",
+            other.sample_rate
+        )),
+        None => Ok(sample_rate),
+    }
+}
+
 /// Writes `chunks` (all at one sample rate) to `path` as a 16-bit mono WAV file.
 pub fn write_wav<'a>(path: &Path, chunks: impl IntoIterator<Item = &'a AudioChunk>) -> Result<()> {
     let chunks: Vec<&AudioChunk> = chunks.into_iter().collect();
-    let sample_rate = chunks.first().map_or(0, |c| c.sample_rate);
-    if sample_rate == 0 {
-        return Err(Error::Input(
-            "no audio to write (or a 0 Hz sample rate)".into(),
-        ));
-    }
-    if let Some(other) = chunks.iter().find(|c| c.sample_rate != sample_rate) {
-        return Err(Error::Input(format!(
-            "audio chunks at {sample_rate} Hz and {} Hz cannot share one WAV file",
-            other.sample_rate
-        )));
-    }
+    let sample_rate = shared_sample_rate(chunks.iter().copied())
+        .map_err(|why| Error::Input(format!("cannot write one WAV file: {why}")))?;
     let io_error = |e: hound::Error| Error::Io {
         path: path.to_path_buf(),
         source: match e {

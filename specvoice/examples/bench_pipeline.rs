@@ -117,7 +117,6 @@ fn main() -> Result<()> {
     );
     let mut model = open_model(&args.model, &LoadOptions::default())?;
     let mut espeak = EspeakSynthesizer::new(EspeakSettings::default())?;
-    let speech = spec_models::models_dir()?.join("data/speech");
 
     let mut questions = Vec::new();
     for (i, text) in spec_voice::read_conversations(&args.voice_questions)?
@@ -134,7 +133,7 @@ fn main() -> Result<()> {
         });
     }
     if !args.no_clips {
-        questions.extend(clips(&speech)?);
+        questions.extend(clips(&store)?);
     }
     let listener_config = ListenerConfig {
         endpoint: specvoice::EndpointConfig {
@@ -213,7 +212,7 @@ fn main() -> Result<()> {
     }
     if !args.no_clips {
         sources.extend(
-            clips(&speech)?
+            clips(&store)?
                 .into_iter()
                 .filter(|c| c.set.contains("LibriVox")),
         );
@@ -299,32 +298,21 @@ fn with_lead_in(samples: Vec<f32>) -> Vec<f32> {
     [vec![0.0; lead], samples].concat()
 }
 
-/// The real clips: LibriVox sentences and the cards set, with their transcripts.
-fn clips(speech: &Path) -> Result<Vec<Recording>> {
+/// The real clips ([`spec_models::speech::clips`]): LibriVox sentences, then the cards set.
+fn clips(store: &Store) -> Result<Vec<Recording>> {
+    let all = spec_models::speech::clips(store)?;
     let mut clips = Vec::new();
-    for (folder, transcripts, set) in [
-        ("librivox", "transcription", "real clips (LibriVox)"),
-        ("cards", "cards.transcription", "real clips (cards)"),
+    for (folder, set) in [
+        ("librivox", "real clips (LibriVox)"),
+        ("cards", "real clips (cards)"),
     ] {
-        let dir = speech.join(folder);
-        let listing = std::fs::read_to_string(dir.join(transcripts))
-            .with_context(|| format!("{}: run ../shared/models/fetch", dir.display()))?;
-        for line in listing.lines().filter(|l| !l.trim().is_empty()) {
-            let (text, id) = line
-                .rsplit_once('(')
-                .with_context(|| format!("{}: {line}", dir.display()))?;
-            let id = id.trim_end_matches(')').trim();
-            let text = text
-                .replace("<s>", "")
-                .replace("</s>", "")
-                .trim()
-                .to_string();
-            let audio = Audio::read_wav(&dir.join(format!("{id}.wav")))?;
+        for clip in all.iter().filter(|c| c.set == folder) {
+            let audio = Audio::read_wav(&clip.wav)?;
             clips.push(Recording {
-                name: id.to_string(),
+                name: clip.id.clone(),
                 set,
                 samples: with_lead_in(audio.to_16k()?),
-                text,
+                text: clip.transcript.clone(),
             });
         }
     }

@@ -79,8 +79,6 @@ enum Recognizer {
         stream: Box<StreamingTranscriber>,
         /// The last partial's text.
         text: String,
-        /// Stream time of the end of the audio the last partial covers.
-        covered: Duration,
     },
     /// Only while switching between the two.
     Switching,
@@ -211,7 +209,6 @@ impl Listener {
                         self.config.transcribe.clone(),
                     )?),
                     text: String::new(),
-                    covered: Duration::ZERO,
                 };
                 Ok(Heard::Started { at })
             }
@@ -244,12 +241,11 @@ impl Listener {
         }
     }
 
-    /// Stream time of the end of the audio the utterance's last partial covers.
+    /// In an utterance, stream time of the end of the audio sent to Whisper: the audio kept
+    /// starts there (before the first partial, at the utterance's start, which no final
+    /// margin reaches back to).
     fn covered(&self) -> Duration {
-        match &self.recognizer {
-            Recognizer::Utterance { covered, .. } => *covered,
-            _ => Duration::ZERO,
-        }
+        duration_of(self.audio_start)
     }
 
     fn current_text(&self) -> &str {
@@ -262,12 +258,7 @@ impl Listener {
     /// Sends the utterance's audio up to stream index `end` to Whisper: the partial transcript
     /// of everything sent, and the time it took.
     fn transcribe_until(&mut self, end: usize) -> Result<(String, Duration)> {
-        let Recognizer::Utterance {
-            stream,
-            text,
-            covered,
-        } = &mut self.recognizer
-        else {
+        let Recognizer::Utterance { stream, text } = &mut self.recognizer else {
             unreachable!("transcribing only inside an utterance")
         };
         let started = Instant::now();
@@ -276,7 +267,6 @@ impl Listener {
         if let Some(partial) = stream.push(&piece)? {
             *text = partial.text;
         }
-        *covered = duration_of(end);
         Ok((text.clone(), started.elapsed()))
     }
 

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use engine_asr::Audio;
 use spec_models::Store;
 
@@ -16,48 +16,20 @@ pub struct Clip {
     pub seconds: f64,
 }
 
-/// Reads every `*transcription` file under `data/speech` (`<s> text </s> (id)` per line, the
-/// WAV file `id.wav` beside it).
+/// Every clip of `data/speech` ([`spec_models::speech::clips`]) with its audio at 16 kHz.
 pub fn clips(store: &Store) -> Result<Vec<Clip>> {
-    let root = store.root().join("data/speech");
-    let mut clips = Vec::new();
-    let mut folders: Vec<PathBuf> = std::fs::read_dir(&root)
-        .with_context(|| format!("{} (run ../shared/models/fetch)", root.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    folders.sort();
-    for folder in folders {
-        let mut lists: Vec<PathBuf> = std::fs::read_dir(&folder)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().ends_with("transcription"))
+    spec_models::speech::clips(store)?
+        .into_iter()
+        .map(|clip| {
+            let audio = Audio::read_wav(&clip.wav)?;
+            Ok(Clip {
+                samples: audio.to_16k()?,
+                seconds: audio.duration_seconds(),
+                path: clip.wav,
+                reference: clip.transcript,
             })
-            .collect();
-        lists.sort();
-        for list in lists {
-            for line in std::fs::read_to_string(&list)?.lines() {
-                let Some((text, id)) = line.rsplit_once('(') else {
-                    continue;
-                };
-                let id = id.trim().trim_end_matches(')');
-                let text = text.replace("<s>", "").replace("</s>", "");
-                let path = folder.join(format!("{id}.wav"));
-                let audio = Audio::read_wav(&path)?;
-                clips.push(Clip {
-                    samples: audio.to_16k()?,
-                    seconds: audio.duration_seconds(),
-                    path,
-                    reference: text.split_whitespace().collect::<Vec<_>>().join(" "),
-                });
-            }
-        }
-    }
-    if clips.is_empty() {
-        bail!("no clips with transcripts under {}", root.display());
-    }
-    Ok(clips)
+        })
+        .collect()
 }
 
 /// The first sentence (at most 25 words) of the first MT-Bench questions, spoken by
