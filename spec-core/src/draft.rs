@@ -62,8 +62,9 @@ impl Default for SparseTreeConfig {
     }
 }
 
-/// Drafts a sparse tree with a small model (SpecASR's sparse token tree, in one pass): a greedy
-/// trunk, plus the draft's runner-up tokens as alternatives wherever its confidence was low.
+/// Drafts a sparse tree with a small model in one pass: a greedy trunk of fixed depth, plus the
+/// draft's runner-up tokens as alternatives wherever its confidence was low (SpecASR's two-pass
+/// tree with recycling is [`SpecAsrDrafter`](crate::SpecAsrDrafter)).
 #[derive(Debug)]
 pub struct SparseTreeDrafter<D> {
     model: D,

@@ -13,6 +13,8 @@
 //!   [`jacobi_generate`]) and their [`DecodeStats`];
 //! - [`verify_continuation`]: one forward that prefills a changed prompt and verifies a previous
 //!   output after it (live re-translation, input-time speculation);
+//! - [`specasr`]: SpecASR's drafting for speech recognition (adaptive length, draft recycling,
+//!   two-pass sparse trees) as a [`TreeDrafter`];
 //! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
 //!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]).
 
@@ -30,6 +32,7 @@ pub mod logits;
 pub mod mock;
 pub mod report;
 pub mod sampling;
+pub mod specasr;
 pub mod stats;
 pub mod tree;
 
@@ -51,5 +54,6 @@ pub use jacobi::jacobi_generate;
 pub use kv_cache::{KvCache, LayerKvCache};
 pub use logits::Logits;
 pub use sampling::SamplingConfig;
+pub use specasr::{SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter};
 pub use stats::{DecodeStats, StepRecord};
 pub use tree::TokenTree;

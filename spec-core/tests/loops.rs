@@ -12,7 +12,7 @@ use spec_core::sampling::{in_top_k, softmax};
 use spec_core::{
     generate, jacobi_generate, speculative_generate, tree_speculative_generate, AcceptanceRule,
     Decoder, DraftLength, Error, FinishReason, Generation, SamplingConfig, SparseTreeConfig,
-    SparseTreeDrafter, SpeculativeConfig, StopConditions,
+    SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter, SpeculativeConfig, StopConditions,
 };
 
 fn rng() -> StdRng {
@@ -155,6 +155,38 @@ proptest! {
         prop_assert_eq!(&tree.tokens, &reference.tokens);
         prop_assert_eq!(tree.finish, reference.finish);
         assert_cache_holds_output(&t, &prompt, &tree.tokens);
+    }
+
+    #[test]
+    fn specasr_greedy_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        noise in 0.0f32..4.0,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        max_new in 1usize..48,
+        threshold in 0.0f32..1.0,
+        max_len in 1usize..25,
+        branches in 0usize..5,
+        adaptive in any::<bool>(),
+        recycle in any::<bool>(),
+        eos in prop::option::of(0u32..1000),
+    ) {
+        let (target, draft) = models(seed, vocab, noise);
+        let prompt: Vec<u32> = prompt.iter().map(|t| t % vocab as u32).collect();
+        let eos = eos.map(|e| e % vocab as u32);
+        let stop = stop_for(max_new, eos);
+        let reference = greedy_reference(&target, &prompt, &stop);
+        let config = SpecAsrConfig { threshold, max_len, adaptive, recycle, branches };
+        let mut drafter = SpecAsrDrafter::new(MockDecoder::new(draft), config).unwrap();
+        if let Some(eos) = eos {
+            drafter = drafter.with_end_token(eos);
+        }
+        let mut t = MockDecoder::new(target);
+        let spec = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+        prop_assert_eq!(&spec.tokens, &reference.tokens);
+        prop_assert_eq!(spec.finish, reference.finish);
+        prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
+        assert_cache_holds_output(&t, &prompt, &spec.tokens);
     }
 
     #[test]

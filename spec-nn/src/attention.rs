@@ -105,6 +105,27 @@ fn attend_rows(
     values: &Tensor,
     attend_row: &RowFn<'_>,
 ) -> Result<Tensor> {
+    attend_row_blocks(
+        queries,
+        keys,
+        key_row,
+        values,
+        1,
+        &|q, k, v, head, row, out_row| attend_row(q, k, v, head, row, out_row),
+    )
+}
+
+/// Runs `attend_block` for every block of up to `block_rows` consecutive stacked query rows of
+/// each key/value head (`(q, k, v, head, first_row, out)`, `out` holding the block's rows) on the
+/// kernels' threads; otherwise as [`attend_rows`].
+fn attend_row_blocks(
+    queries: &Tensor,
+    keys: &Tensor,
+    key_row: usize,
+    values: &Tensor,
+    block_rows: usize,
+    attend_block: &RowFn<'_>,
+) -> Result<Tensor> {
     let (_, kv_heads, stacked, dim) = queries.dims4()?;
     let queries = queries.contiguous()?;
     let (q_storage, q_layout) = queries.storage_and_layout();
@@ -118,16 +139,23 @@ fn attend_rows(
     let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
     let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, key_row)?;
     let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
-    let mut out = vec![0f32; kv_heads * stacked * dim];
-    spec_kernels::parallel_chunks_mut(&mut out, dim, &|index, out_row| {
-        attend_row(&q, &k, &v, index / stacked, index % stacked, out_row)
+    let block_rows = block_rows.clamp(1, stacked.max(1));
+    let blocks = stacked.div_ceil(block_rows);
+    // Each head's rows padded to whole blocks, so that every task owns one equal chunk.
+    let padded = blocks * block_rows;
+    let mut out = vec![0f32; kv_heads * padded * dim];
+    spec_kernels::parallel_chunks_mut(&mut out, block_rows * dim, &|index, out_block| {
+        let (head, first) = (index / blocks, (index % blocks) * block_rows);
+        let rows = block_rows.min(stacked - first);
+        attend_block(&q, &k, &v, head, first, &mut out_block[..rows * dim])
     });
     drop((q_storage, k_storage, v_storage));
-    Ok(Tensor::from_vec(
-        out,
-        (1, kv_heads, stacked, dim),
-        &Device::Cpu,
-    )?)
+    let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
+    Ok(if padded == stacked {
+        out
+    } else {
+        out.narrow(2, 0, stacked)?.contiguous()?
+    })
 }
 
 /// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
@@ -180,35 +208,90 @@ fn row_attention(
     )
 }
 
+/// Query rows of a cross-attention handled together: each key and value is read once for all
+/// of them (a verification's rows would otherwise stream the encoder's keys and values, about
+/// 3.5 MB per layer for base over 855 frames, once per row).
+const CROSS_ROW_BLOCK: usize = 4;
+
+/// Keys (scores) or value columns accumulated in registers at once, per row of a block.
+const LANES: usize = 16;
+
 /// Attention of a few query rows over every key of a cross-attention (no mask), with the keys
-/// transposed (`keys_t` `[1, kv_heads, dim, L]`, as [`CrossKv`] keeps them): each row's scores
-/// are accumulated dimension by dimension across all keys at once (vectorised over keys, no
-/// per-key horizontal sum), then softmax and the weighted sum of values, all in a fixed order,
-/// so a row's result does not depend on the rows beside it. Shapes otherwise as in
-/// [`row_attention`].
+/// transposed (`keys_t` `[1, kv_heads, dim, L]`, as [`CrossKv`] keeps them). Blocks of up to
+/// [`CROSS_ROW_BLOCK`] rows share each read of the keys and values, but every row's scores are
+/// accumulated dimension by dimension from zero, then softmax, then the weighted sum of values
+/// key by key, all in a fixed order: a row's result is bit-identical whatever rows are beside
+/// it. Shapes otherwise as in [`row_attention`].
 fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Result<Tensor> {
     let dim = queries.dim(3)?;
     let total = keys_t.dim(3)?;
-    attend_rows(
+    attend_row_blocks(
         queries,
         keys_t,
         total,
         values,
-        &|q, k, v, head, row, out_row| {
-            let mut scores = vec![0f32; total];
-            for (d, &qd) in q.row(head, row, dim).iter().enumerate() {
-                for (s, &kd) in scores.iter_mut().zip(k.row(head, d, total)) {
-                    *s += qd * kd;
+        CROSS_ROW_BLOCK,
+        &|q, k, v, head, first, out| {
+            let rows = out.len() / dim;
+            let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
+            let mut scores = vec![vec![0f32; total]; rows];
+            for d in 0..dim {
+                let kd = k.row(head, d, total);
+                for (row, query) in scores.iter_mut().zip(&queries) {
+                    let qd = query[d];
+                    for (s, &x) in row.iter_mut().zip(kd) {
+                        *s += qd * x;
+                    }
                 }
             }
-            softmax_in_place(&mut scores);
-            for (key, &w) in scores.iter().enumerate() {
-                for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
-                    *o += w * x;
-                }
+            for row in &mut scores {
+                softmax_in_place(row);
+            }
+            match rows {
+                1 => weighted_values::<1>(&scores, v, head, dim, out),
+                2 => weighted_values::<2>(&scores, v, head, dim, out),
+                3 => weighted_values::<3>(&scores, v, head, dim, out),
+                _ => weighted_values::<CROSS_ROW_BLOCK>(&scores, v, head, dim, out),
             }
         },
     )
+}
+
+/// `out` (`ROWS` rows of `dim`) = each row of `weights` times the values of `head`: `LANES`
+/// output columns of every row accumulate in registers over all keys in order (one read of the
+/// values for the block), the columns past the last whole lane group one by one.
+fn weighted_values<const ROWS: usize>(
+    weights: &[Vec<f32>],
+    v: &HeadRows,
+    head: usize,
+    dim: usize,
+    out: &mut [f32],
+) {
+    let keys = weights[0].len();
+    let whole = dim - dim % LANES;
+    for start in (0..whole).step_by(LANES) {
+        let mut acc = [[0f32; LANES]; ROWS];
+        for key in 0..keys {
+            let value = &v.row(head, key, dim)[start..start + LANES];
+            for (acc, row) in acc.iter_mut().zip(weights) {
+                let w = row[key];
+                for l in 0..LANES {
+                    acc[l] += w * value[l];
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            out[r * dim + start..r * dim + start + LANES].copy_from_slice(acc);
+        }
+    }
+    for (r, row) in weights.iter().enumerate().take(ROWS) {
+        for i in whole..dim {
+            let o = &mut out[r * dim + i];
+            for (key, &w) in row.iter().enumerate() {
+                *o += w * v.row(head, key, dim)[i];
+            }
+        }
+    }
 }
 
 /// Query rows per block of [`blocked_attention`]: their scores over 1500 keys (384 KB) stay
@@ -675,36 +758,49 @@ mod tests {
 
     #[test]
     fn cross_attention_is_softmax_over_every_frame_and_row_invariant() {
+        // Head size 32: whole lane groups; 24: a remainder of columns past them.
+        for (n_heads, head_dim) in [(2, 32), (4, 24)] {
+            check_cross_attention(n_heads, head_dim);
+        }
+    }
+
+    fn check_cross_attention(n_heads: usize, head_dim: usize) {
         let device = Device::Cpu;
-        let heads = Heads::new(2, 2, 32).unwrap();
+        let heads = Heads::new(n_heads, n_heads, head_dim).unwrap();
         let SelfAttention { q, k, v, .. } = self_attention(heads);
         // A dense output projection: Q8_0's activation quantization would turn the paths'
         // last-bit differences into a rounding step now and then.
-        let o = linear_in(GgmlDType::F32, HIDDEN, 64, true);
+        let o = linear_in(GgmlDType::F32, HIDDEN, n_heads * head_dim, true);
         let cross = CrossAttention { q, k, v, o, heads };
-        let encoded = Tensor::randn(0f32, 1.0, (1, 80, HIDDEN), &device).unwrap();
+        let encoded = Tensor::randn(0f32, 1.0, (1, 83, HIDDEN), &device).unwrap();
         let kv = cross.keys_values(&encoded).unwrap();
-        assert_eq!(kv.frames(), 80);
+        assert_eq!(kv.frames(), 83);
         let x = Tensor::randn(0f32, 1.0, (1, 70, HIDDEN), &device).unwrap();
         // A direct computation per head.
-        let queries = cross.q.forward(&x).unwrap().reshape((70, 2, 32)).unwrap();
+        let queries = cross
+            .q
+            .forward(&x)
+            .unwrap()
+            .reshape((70, n_heads, head_dim))
+            .unwrap();
         let keys = cross
             .k
             .forward(&encoded)
             .unwrap()
-            .reshape((80, 2, 32))
+            .reshape((83, n_heads, head_dim))
             .unwrap();
         let vals = cross
             .v
             .forward(&encoded)
             .unwrap()
-            .reshape((80, 2, 32))
+            .reshape((83, n_heads, head_dim))
             .unwrap();
         let mut merged = Vec::new();
-        for head in 0..2 {
+        for head in 0..n_heads {
             let pick = |t: &Tensor| t.narrow(1, head, 1).unwrap().squeeze(1).unwrap();
-            let scores =
-                (pick(&queries).matmul(&pick(&keys).t().unwrap()).unwrap() / 32f64.sqrt()).unwrap();
+            let scores = (pick(&queries).matmul(&pick(&keys).t().unwrap()).unwrap()
+                / (head_dim as f64).sqrt())
+            .unwrap();
             let weights = candle_nn::ops::softmax_last_dim(&scores).unwrap();
             merged.push(weights.matmul(&pick(&vals)).unwrap());
         }
@@ -712,21 +808,27 @@ mod tests {
             .o
             .forward(&Tensor::cat(&merged, 1).unwrap().unsqueeze(0).unwrap())
             .unwrap();
-        // 70 rows take the blocked path (a full block and a partial one), 3 rows the row path;
-        // both match the direct product.
+        // 70 rows take the blocked path (a full block and a partial one), 7 rows the row path
+        // (a block of 4 rows and one of 3); both match the direct product.
         let long = cross.forward(&x, &kv).unwrap();
-        let short = cross.forward(&x.narrow(1, 0, 3).unwrap(), &kv).unwrap();
+        let short = cross.forward(&x.narrow(1, 0, 7).unwrap(), &kv).unwrap();
         for (got, want) in [
             (&long, &expected),
-            (&short, &expected.narrow(1, 0, 3).unwrap()),
+            (&short, &expected.narrow(1, 0, 7).unwrap()),
         ] {
             for (a, b) in values(got).iter().zip(values(want)) {
                 assert!((a - b).abs() < 1e-4, "{a} vs {b}");
             }
         }
-        // Row path: a row's output does not depend on the rows beside it.
-        let alone = cross.forward(&x.narrow(1, 1, 1).unwrap(), &kv).unwrap();
-        assert_eq!(values(&short.narrow(1, 1, 1).unwrap()), values(&alone));
+        // Row path: a row's attention does not depend on the rows beside it (before the
+        // output projection, whose dense product here is candle's).
+        let queries = Tensor::randn(0f32, 1.0, (1, n_heads, 7, head_dim), &device).unwrap();
+        let together = cross_row_attention(&queries, &kv.keys_t, &kv.values).unwrap();
+        for row in 0..7 {
+            let one = queries.narrow(2, row, 1).unwrap();
+            let alone = cross_row_attention(&one, &kv.keys_t, &kv.values).unwrap();
+            assert_eq!(values(&together.narrow(2, row, 1).unwrap()), values(&alone));
+        }
     }
 
     #[test]
