@@ -16,11 +16,12 @@ use spec_core::heads::{verify_tree_hidden, HeadsDrafter, HiddenStates, OutputRow
 use spec_core::sampling::{argmax, sample, softmax, top_k_tokens};
 use spec_core::{
     Acceptance, AcceptanceRule, DecodeStats, Decoder, Forward, LogitRows, Logits, StepRecord,
+    TokenTree,
 };
 
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
-use crate::Result;
+use crate::{Error, Result};
 
 /// What one decoding of a window produced.
 #[derive(Clone, Debug, PartialEq)]
@@ -146,16 +147,67 @@ pub fn extend_window(
     Ok(candidate)
 }
 
+/// What a drafter of [`speculative_window`] is given each step.
+pub struct DraftRequest<'a> {
+    /// The decoder's final hidden state after the last committed token's predecessor (the
+    /// state that predicted `committed.last()`), for heads.
+    pub hidden: &'a Tensor,
+    /// The prompt and every token committed after it; the last is the tree's root.
+    pub committed: &'a [u32],
+    /// Length of the prompt in `committed`.
+    pub prompt_len: usize,
+    /// Deepest node the tree may have.
+    pub max_depth: usize,
+}
+
+/// Proposes a tree for a [`DraftRequest`], returning it with the draft forwards it cost.
+pub type WindowDrafter<'a> = dyn FnMut(DraftRequest<'_>) -> Result<(TokenTree, usize)> + 'a;
+
 /// Greedy decoding with multi-token prediction heads after the prompt (whose logits are
-/// `next`; the model's last hidden state is the prompt's). Each step forwards the chosen token
-/// with the heads' tree of guesses after it and keeps the longest path `rule` accepts, each
-/// node judged on its logits after Whisper's rules for its own path. With greedy acceptance
-/// the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s at
-/// temperature 0. Returns the candidate and the steps' statistics (heads time as draft time).
+/// `next`; the model's last hidden state is the prompt's): [`speculative_window`] with the
+/// heads' trees, each row of a path adjusted by Whisper's rules for that path. With greedy
+/// acceptance the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s
+/// at temperature 0. Returns the candidate and the steps' statistics (heads time as draft
+/// time).
 pub fn heads_window<H: TokenHeads>(
     model: &mut Whisper,
     rules: &LogitRules,
     drafter: &HeadsDrafter<H>,
+    rule: &AcceptanceRule,
+    next: Vec<f32>,
+    end_of_text: u32,
+    max_tokens: usize,
+) -> Result<(Candidate, DecodeStats)> {
+    let mut draft = |request: DraftRequest<'_>| {
+        let sampled = &request.committed[request.prompt_len..];
+        let root = *request.committed.last().expect("a root token");
+        let tree = drafter.draft(request.hidden, root, request.max_depth, &mut |_, row| {
+            rules.apply(row, sampled)
+        })?;
+        Ok((tree, 1))
+    };
+    speculative_window(
+        model,
+        rules,
+        &mut draft,
+        rule,
+        next,
+        end_of_text,
+        max_tokens,
+    )
+}
+
+/// Greedy decoding after the prompt (whose logits are `next`) where each step `draft` proposes
+/// a token tree after the committed tokens and the target verifies it in one forward, keeping
+/// the longest path `rule` accepts, each node judged on its logits after Whisper's rules for
+/// its own path (output rows computed only where the judging reaches). With greedy acceptance
+/// the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s at
+/// temperature 0. Returns the candidate and the steps' statistics (drafting time as draft
+/// time, verification as target time).
+pub fn speculative_window(
+    model: &mut Whisper,
+    rules: &LogitRules,
+    draft: &mut WindowDrafter<'_>,
     rule: &AcceptanceRule,
     mut next: Vec<f32>,
     end_of_text: u32,
@@ -168,6 +220,8 @@ pub fn heads_window<H: TokenHeads>(
         finished: false,
         forwards: 1,
     };
+    let mut committed = model.cached_tokens().to_vec();
+    let prompt_len = committed.len();
     let prompt_states = model.last_hidden()?;
     let mut hidden = prompt_states.narrow(0, prompt_states.dim(0)? - 1, 1)?;
     // Greedy decoding stops once the cache is full: after token n it holds the prompt and
@@ -182,21 +236,30 @@ pub fn heads_window<H: TokenHeads>(
             break;
         }
         candidate.tokens.push(token);
+        committed.push(token);
         if candidate.tokens.len() >= limit {
             break;
         }
         // Drafts may reach the limit, and the deepest sits at a decoder position.
         let max_depth =
             (limit - candidate.tokens.len()).min(model.max_len() - 1 - model.cached_len());
-        let t_heads = std::time::Instant::now();
-        let committed = &candidate.tokens;
-        let tree = drafter.draft(&hidden, token, max_depth, &mut |_, row| {
-            rules.apply(row, committed)
+        let t_draft = std::time::Instant::now();
+        let (tree, forwards) = draft(DraftRequest {
+            hidden: &hidden,
+            committed: &committed,
+            prompt_len,
+            max_depth,
         })?;
-        stats.draft_time += t_heads.elapsed();
-        stats.draft_forwards += 1;
+        stats.draft_time += t_draft.elapsed();
+        stats.draft_forwards += forwards;
+        if tree.token(0) != token || tree.max_depth() > max_depth {
+            return Err(Error::Config(
+                "a draft tree must start at the last token and fit the window".into(),
+            ));
+        }
 
         let t_verify = std::time::Instant::now();
+        let sampled = &candidate.tokens;
         let (verdict, rows, state) = verify_tree_hidden(
             model,
             &tree,
@@ -207,7 +270,7 @@ pub fn heads_window<H: TokenHeads>(
                     .iter()
                     .map(|&n| tree.token(n))
                     .collect();
-                let sampled: Vec<u32> = committed.iter().chain(&path).copied().collect();
+                let sampled: Vec<u32> = sampled.iter().chain(&path).copied().collect();
                 rules.apply(row, &sampled)
             },
         )?;
@@ -229,6 +292,7 @@ pub fn heads_window<H: TokenHeads>(
                 break;
             }
             candidate.tokens.push(drafted);
+            committed.push(drafted);
             if candidate.tokens.len() >= limit {
                 stopped = true;
                 break;

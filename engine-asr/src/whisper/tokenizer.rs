@@ -26,7 +26,7 @@ pub const LANGUAGES: [&str; 100] = [
 #[derive(Clone)]
 pub struct WhisperTokenizer {
     inner: Tokenizer,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     pub end_of_text: u32,
     pub start_of_transcript: u32,
     pub translate: u32,
@@ -143,6 +143,27 @@ impl WhisperTokenizer {
                 path: self.path.clone(),
                 reason: e.to_string(),
             })
+    }
+
+    /// Whether `other` has exactly this vocabulary and these special tokens (a draft model's
+    /// tokens can then be verified as they are).
+    pub fn same_vocabulary(&self, other: &WhisperTokenizer) -> bool {
+        let specials = |t: &WhisperTokenizer| {
+            [
+                t.end_of_text,
+                t.start_of_transcript,
+                t.translate,
+                t.transcribe,
+                t.start_of_lm,
+                t.start_of_previous,
+                t.no_speech,
+                t.no_timestamps,
+                t.timestamp_begin,
+            ]
+        };
+        specials(self) == specials(other)
+            && self.languages == other.languages
+            && self.inner.get_vocab(true) == other.inner.get_vocab(true)
     }
 
     /// A token's text as the vocabulary spells it (byte-level), if it has one.

@@ -10,13 +10,17 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
+use spec_core::draft::TreeDrafter;
 use spec_core::heads::{check_heads, HeadsDrafter, HeadsTree, HiddenStates};
-use spec_core::{AcceptanceRule, DecodeStats, Decoder, LogitRows};
+use spec_core::{
+    AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter,
+};
 use spec_nn::heads::MultiTokenHeads;
 
 use crate::mel::{LogMel, MelFilters, WhisperInput};
 use crate::whisper::decode::{
-    beam_window, compression_ratio, heads_window, run_prompt, sample_window, Candidate,
+    beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
+    Candidate,
 };
 use crate::whisper::load::LoadOptions;
 use crate::whisper::model::Whisper;
@@ -92,6 +96,10 @@ pub struct TranscribeOptions {
     /// [`Transcriber::set_heads`], keeping what this rule accepts: greedy acceptance gives
     /// exactly the greedy transcript in fewer decoder forwards; top-k and threshold accept more.
     pub heads: Option<AcceptanceRule>,
+    /// Decode greedy windows (temperature 0, one beam) by SpecASR with the draft model given
+    /// to [`Transcriber::set_draft`], drafting as this says; verification is greedy, so the
+    /// transcript is exactly the greedy one.
+    pub draft: Option<SpecAsrConfig>,
 }
 
 impl Default for TranscribeOptions {
@@ -111,6 +119,7 @@ impl Default for TranscribeOptions {
             encoder_length: EncoderLength::default(),
             seed: 0,
             heads: None,
+            draft: None,
         }
     }
 }
@@ -134,6 +143,8 @@ pub struct TranscriptStats {
     /// The log-mel spectrogram.
     pub front_end_time: Duration,
     pub encoder_time: Duration,
+    /// The draft model's encoder (SpecASR).
+    pub draft_encoder_time: Duration,
     pub decoder_time: Duration,
     /// Decoder forwards (prompt, each token, each beam step).
     pub forwards: usize,
@@ -145,12 +156,15 @@ pub struct TranscriptStats {
     /// Windows decoded with prediction heads: their steps (tree nodes offered, accepted), the
     /// heads' time (`draft_time`) and the verifying forwards' time (`target_time`).
     pub heads: DecodeStats,
+    /// Windows decoded by SpecASR: their steps, the draft's time and forwards (`draft_time`,
+    /// `draft_forwards`) and the verifying forwards' (`target_time`).
+    pub draft: DecodeStats,
 }
 
 impl TranscriptStats {
-    /// Front end, encoder and decoder together.
+    /// Front end, encoders and decoder together.
     pub fn total_time(&self) -> Duration {
-        self.front_end_time + self.encoder_time + self.decoder_time
+        self.front_end_time + self.encoder_time + self.draft_encoder_time + self.decoder_time
     }
 }
 
@@ -199,6 +213,14 @@ pub struct Transcriber {
     filters: MelFilters,
     suppression: Suppression,
     heads: Option<HeadsDrafter<MultiTokenHeads>>,
+    draft: Option<WhisperDraft>,
+}
+
+/// A smaller Whisper with the same vocabulary drafting for SpecASR, with its own mel filters.
+#[derive(Debug)]
+struct WhisperDraft {
+    drafter: SpecAsrDrafter<Whisper>,
+    filters: MelFilters,
 }
 
 impl Transcriber {
@@ -241,6 +263,7 @@ impl Transcriber {
                 suppress_ids_begin: suppress_at_start,
             },
             heads: None,
+            draft: None,
         })
     }
 
@@ -257,6 +280,36 @@ impl Transcriber {
         }
         self.heads = Some(HeadsDrafter::new(heads, tree)?);
         Ok(())
+    }
+
+    /// A smaller Whisper with the same vocabulary (tiny.en for small.en or medium.en) as the
+    /// draft model of [`TranscribeOptions::draft`]; refused when its vocabulary or special
+    /// tokens differ from this model's.
+    pub fn set_draft(&mut self, draft: Transcriber) -> Result<()> {
+        if !self.tokenizer.same_vocabulary(&draft.tokenizer)
+            || draft.model.config().vocab_size != self.model.config().vocab_size
+        {
+            return Err(Error::Config(format!(
+                "the draft's vocabulary ({} tokens, {}) differs from the model's ({} tokens, {}): \
+                 a SpecASR draft needs the same tokenizer",
+                draft.model.config().vocab_size,
+                draft.tokenizer.path.display(),
+                self.model.config().vocab_size,
+                self.tokenizer.path.display(),
+            )));
+        }
+        let drafter = SpecAsrDrafter::new(draft.model, SpecAsrConfig::default())?
+            .with_end_token(self.tokenizer.end_of_text);
+        self.draft = Some(WhisperDraft {
+            drafter,
+            filters: draft.filters,
+        });
+        Ok(())
+    }
+
+    /// What the SpecASR drafter has done so far (tokens drafted, recycled, branch nodes).
+    pub fn draft_counts(&self) -> Option<SpecAsrCounts> {
+        self.draft.as_ref().map(|d| d.drafter.counts())
     }
 
     pub fn model(&mut self) -> &mut Whisper {
@@ -319,6 +372,34 @@ impl Transcriber {
         Ok(start.elapsed())
     }
 
+    /// Encodes a window with the draft model and returns the time it took: `mel` (the
+    /// target's input) when the draft has as many mel bins, else the same span of
+    /// `own_input` (the recording through the draft's filters).
+    fn encode_draft(
+        &mut self,
+        mel: &LogMel,
+        own_input: Option<&WhisperInput>,
+        seek: usize,
+        audio_frames: usize,
+        length: EncoderLength,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        let own_mel = match own_input {
+            Some(input) => Some(self.encoder_input(input.window(seek)?, audio_frames, length)),
+            None => None,
+        };
+        let draft = self.draft.as_mut().ok_or_else(|| {
+            Error::Config(
+                "a draft model was asked for, but none was set (Transcriber::set_draft)".into(),
+            )
+        })?;
+        draft
+            .drafter
+            .model_mut()
+            .encode(own_mel.as_ref().unwrap_or(mel))?;
+        Ok(start.elapsed())
+    }
+
     /// The most likely language of the encoded window.
     pub fn detect_language(&mut self) -> Result<String> {
         if !self.model.config().is_multilingual() {
@@ -375,7 +456,7 @@ impl Transcriber {
     /// Decodes the encoded window after `prompt`, falling back to higher temperatures while
     /// the result looks like a repetition loop or is improbable. Returns the accepted
     /// candidate, its temperature, the no-speech probability and the fallbacks taken.
-    /// Heads-decoded windows add their steps to `heads`.
+    /// Heads-decoded windows add their steps to `heads`, draft-decoded ones to `draft_stats`.
     pub fn decode_window(
         &mut self,
         options: &TranscribeOptions,
@@ -383,7 +464,13 @@ impl Transcriber {
         start_of_transcript_index: usize,
         rng: &mut StdRng,
         heads: &mut DecodeStats,
+        draft_stats: &mut DecodeStats,
     ) -> Result<(Candidate, f32, f32, usize)> {
+        if options.heads.is_some() && options.draft.is_some() {
+            return Err(Error::Config(
+                "decode with heads or with a draft model, not both".into(),
+            ));
+        }
         let rules = self.rules(options);
         let end = self.tokenizer.end_of_text;
         let max_tokens = self.model.config().max_target_positions / 2;
@@ -428,6 +515,39 @@ impl Transcriber {
                     max_tokens,
                     options.beam_size,
                 )?
+            } else if let Some(config) = options.draft {
+                let draft = self.draft.as_mut().ok_or_else(|| {
+                    Error::Config(
+                        "decoding with a draft model was asked for, but none was set \
+                         (Transcriber::set_draft)"
+                            .into(),
+                    )
+                })?;
+                let drafter = &mut draft.drafter;
+                if *drafter.config() != config {
+                    drafter.set_config(config)?;
+                }
+                drafter.forget();
+                let prompt_len = prompt.len();
+                let draft_rules = rules.clone();
+                drafter.set_adjust(Some(Box::new(move |sequence, row| {
+                    draft_rules.apply(row, &sequence[prompt_len..])
+                })));
+                let (candidate, steps) = speculative_window(
+                    &mut self.model,
+                    &rules,
+                    &mut |request| {
+                        let d = drafter.draft_tree(request.committed, request.max_depth)?;
+                        Ok((d.tree, d.forwards))
+                    },
+                    &AcceptanceRule::greedy(),
+                    next,
+                    end,
+                    max_tokens,
+                )?;
+                drafter.set_adjust(None);
+                draft_stats.merge(&steps);
+                candidate
             } else if let Some(rule) = &options.heads {
                 let drafter = self.heads.as_ref().ok_or_else(|| {
                     Error::Config(
@@ -492,6 +612,15 @@ impl Transcriber {
         } else {
             options
         };
+        // A draft with other mel bins (large-v3's 128) gets the recording through its filters.
+        let draft_input = match &self.draft {
+            Some(draft)
+                if options.draft.is_some() && draft.filters.n_mels() != self.filters.n_mels() =>
+            {
+                Some(WhisperInput::new(samples, &draft.filters)?)
+            }
+            _ => None,
+        };
         let mut rng = StdRng::seed_from_u64(options.seed);
         let mut stats = TranscriptStats {
             front_end_time,
@@ -505,6 +634,15 @@ impl Transcriber {
             let audio_frames = (content - seek).min(window_frames);
             let window = input.window(seek)?;
             let mel = self.encoder_input(window, audio_frames, options.encoder_length);
+            if options.draft.is_some() {
+                stats.draft_encoder_time += self.encode_draft(
+                    &mel,
+                    draft_input.as_ref(),
+                    seek,
+                    audio_frames,
+                    options.encoder_length,
+                )?;
+            }
             stats.encoder_time += self.encode(&mel)?;
             stats.windows += 1;
             let decode_start = Instant::now();
@@ -518,8 +656,14 @@ impl Transcriber {
                 &[]
             };
             let (prompt, sot) = self.prompt(options, language.as_deref(), context)?;
-            let (candidate, temperature, no_speech, fallbacks) =
-                self.decode_window(options, &prompt, sot, &mut rng, &mut stats.heads)?;
+            let (candidate, temperature, no_speech, fallbacks) = self.decode_window(
+                options,
+                &prompt,
+                sot,
+                &mut rng,
+                &mut stats.heads,
+                &mut stats.draft,
+            )?;
             stats.decoder_time += decode_start.elapsed();
             stats.forwards += candidate.forwards;
             stats.fallbacks += fallbacks;
