@@ -10,7 +10,7 @@ use engine_asr::{
     WhisperInput,
 };
 use spec_core::decoder::forward_tokens;
-use spec_core::{Decoder, LogitRows};
+use spec_core::{Decoder, LogitRows, SpecAsrConfig};
 use spec_models::{Registry, Store};
 
 const TINY_EN: &str = "whisper-tiny.en-ct2";
@@ -254,4 +254,38 @@ fn a_recording_longer_than_a_window_is_transcribed_whole() {
     // Every clip is there: a skipped one would cost at least three words.
     assert!(errors.deletions <= 2, "{errors:?}: {}", transcript.text);
     assert!(errors.rate() < 0.15, "{errors:?}: {}", transcript.text);
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn specasr_with_a_text_draft_transcribes_exactly_as_greedy_decoding() {
+    let greedy = TranscribeOptions {
+        language: Some("en".into()),
+        temperatures: vec![0.0],
+        ..TranscribeOptions::default()
+    };
+    let mut target = transcriber(BASE);
+    let mut fast = transcriber(BASE);
+    // tiny.en's tokenizer is not base's: a same-vocabulary draft is refused, a text draft
+    // is taken.
+    assert!(fast.set_draft(transcriber(TINY_EN)).is_err());
+    fast.set_text_draft(transcriber(TINY_EN)).unwrap();
+    let mut forwards = (0, 0);
+    for (key, samples) in clips() {
+        let reference = target.transcribe(&samples, &greedy).unwrap();
+        for config in [SpecAsrConfig::plain(4), SpecAsrConfig::recycling()] {
+            let options = TranscribeOptions {
+                draft: Some(config),
+                ..greedy.clone()
+            };
+            let t = fast.transcribe(&samples, &options).unwrap();
+            assert_eq!(t.segments, reference.segments, "{key}, {config:?}");
+            forwards.0 += reference.stats.forwards;
+            forwards.1 += t.stats.forwards;
+        }
+    }
+    assert!(
+        2 * forwards.1 < forwards.0,
+        "tiny.en's drafts should halve base's forwards at least: {forwards:?}"
+    );
 }

@@ -14,13 +14,14 @@ use spec_core::draft::TreeDrafter;
 use spec_core::heads::{check_heads, HeadsDrafter, HeadsTree, HiddenStates};
 use spec_core::{
     AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter,
+    TokenTree,
 };
 use spec_nn::heads::MultiTokenHeads;
 
 use crate::mel::{LogMel, MelFilters, WhisperInput};
 use crate::whisper::decode::{
     beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
-    Candidate,
+    Candidate, DraftRequest,
 };
 use crate::whisper::load::LoadOptions;
 use crate::whisper::model::Whisper;
@@ -216,11 +217,97 @@ pub struct Transcriber {
     draft: Option<WhisperDraft>,
 }
 
-/// A smaller Whisper with the same vocabulary drafting for SpecASR, with its own mel filters.
+/// A draft with another vocabulary drafting text for one window (see
+/// [`Transcriber::set_text_draft`]).
+struct TextDrafter<'a> {
+    drafter: &'a mut SpecAsrDrafter<Whisper>,
+    tokenizer: &'a WhisperTokenizer,
+    target_tokenizer: &'a WhisperTokenizer,
+    /// The draft's own prompt: start of transcript, language and task if multilingual, no
+    /// timestamps.
+    prompt: Vec<u32>,
+}
+
+impl<'a> TextDrafter<'a> {
+    fn new(
+        drafter: &'a mut SpecAsrDrafter<Whisper>,
+        tokenizer: &'a WhisperTokenizer,
+        suppression: &Suppression,
+        target_tokenizer: &'a WhisperTokenizer,
+        language: Option<&str>,
+    ) -> Result<Self> {
+        let mut prompt = vec![tokenizer.start_of_transcript];
+        if drafter.model().config().is_multilingual() {
+            prompt.push(tokenizer.language(language.unwrap_or("en"))?);
+            prompt.push(tokenizer.transcribe);
+        }
+        prompt.push(tokenizer.no_timestamps);
+        let rules = LogitRules::new(
+            tokenizer,
+            &suppression.suppress_ids,
+            &suppression.suppress_ids_begin,
+            false,
+            None,
+        );
+        let prompt_len = prompt.len();
+        drafter.set_adjust(Some(Box::new(move |sequence, row| {
+            rules.apply(row, &sequence[prompt_len..])
+        })));
+        Ok(Self {
+            drafter,
+            tokenizer,
+            target_tokenizer,
+            prompt,
+        })
+    }
+
+    /// The committed text tokenized for the draft, continued by the draft, and the new words
+    /// tokenized for the target as a chain after the last committed token.
+    fn draft(&mut self, request: DraftRequest<'_>) -> Result<(TokenTree, usize)> {
+        let root = *request.committed.last().expect("a root token");
+        let target = self.target_tokenizer;
+        let sampled = &request.committed[request.prompt_len..];
+        let text = target.decode(sampled)?;
+        let mut sequence = self.prompt.clone();
+        sequence.extend(self.tokenizer.encode(&text)?);
+        let draft = self.drafter.draft_tree(&sequence, request.max_depth)?;
+        let mut drafted: Vec<u32> = draft.tree.tokens()[1..].to_vec();
+        let ended = drafted.last() == Some(&self.tokenizer.end_of_text);
+        if ended {
+            drafted.pop();
+        }
+        let mut own: Vec<u32> = sequence[self.prompt.len()..].to_vec();
+        own.extend_from_slice(&drafted);
+        let whole = self.tokenizer.decode(&own)?;
+        let Some(new_text) = whole.strip_prefix(text.as_str()) else {
+            return Ok((TokenTree::new(root), draft.forwards));
+        };
+        let committed_text: Vec<u32> = sampled
+            .iter()
+            .copied()
+            .filter(|&t| t < target.end_of_text)
+            .collect();
+        let mut proposal = target.encode(&format!("{text}{new_text}"))?;
+        proposal = if proposal.starts_with(&committed_text) {
+            proposal.split_off(committed_text.len())
+        } else {
+            target.encode(new_text)?
+        };
+        if ended {
+            proposal.push(target.end_of_text);
+        }
+        proposal.truncate(request.max_depth);
+        Ok((TokenTree::linear(root, &proposal), draft.forwards))
+    }
+}
+
+/// A smaller Whisper drafting for SpecASR, with its own mel filters.
 #[derive(Debug)]
 struct WhisperDraft {
     drafter: SpecAsrDrafter<Whisper>,
     filters: MelFilters,
+    /// `Some` when the draft has another vocabulary: its tokenizer and suppression lists.
+    text: Option<(WhisperTokenizer, Suppression)>,
 }
 
 impl Transcriber {
@@ -291,7 +378,7 @@ impl Transcriber {
         {
             return Err(Error::Config(format!(
                 "the draft's vocabulary ({} tokens, {}) differs from the model's ({} tokens, {}): \
-                 a SpecASR draft needs the same tokenizer",
+                 a draft with another tokenizer drafts text (Transcriber::set_text_draft)",
                 draft.model.config().vocab_size,
                 draft.tokenizer.path.display(),
                 self.model.config().vocab_size,
@@ -303,6 +390,29 @@ impl Transcriber {
         self.draft = Some(WhisperDraft {
             drafter,
             filters: draft.filters,
+            text: None,
+        });
+        Ok(())
+    }
+
+    /// A smaller Whisper with another vocabulary (tiny.en for base) as the draft model of
+    /// [`TranscribeOptions::draft`], drafting text (beyond the paper): each step the committed
+    /// text is tokenized for the draft, the draft continues it in its own vocabulary, and its
+    /// words are tokenized for this model and verified, so the transcript is still exactly
+    /// this model's greedy one. Drafts are single sequences (the sparse tree's branches are
+    /// not translated) and carry no timestamps.
+    pub fn set_text_draft(&mut self, draft: Transcriber) -> Result<()> {
+        if draft.model.config().is_multilingual() && !self.model.config().is_multilingual() {
+            return Err(Error::Config(
+                "a multilingual draft for an English-only model: use an English-only draft".into(),
+            ));
+        }
+        let drafter = SpecAsrDrafter::new(draft.model, SpecAsrConfig::default())?
+            .with_end_token(draft.tokenizer.end_of_text);
+        self.draft = Some(WhisperDraft {
+            drafter,
+            filters: draft.filters,
+            text: Some((draft.tokenizer, draft.suppression)),
         });
         Ok(())
     }
@@ -524,28 +634,60 @@ impl Transcriber {
                     )
                 })?;
                 let drafter = &mut draft.drafter;
+                let config = if draft.text.is_some() {
+                    SpecAsrConfig {
+                        branches: 0,
+                        ..config
+                    }
+                } else {
+                    config
+                };
                 if *drafter.config() != config {
                     drafter.set_config(config)?;
                 }
                 drafter.forget();
-                let prompt_len = prompt.len();
-                let draft_rules = rules.clone();
-                drafter.set_adjust(Some(Box::new(move |sequence, row| {
-                    draft_rules.apply(row, &sequence[prompt_len..])
-                })));
-                let (candidate, steps) = speculative_window(
-                    &mut self.model,
-                    &rules,
-                    &mut |request| {
-                        let d = drafter.draft_tree(request.committed, request.max_depth)?;
-                        Ok((d.tree, d.forwards))
-                    },
-                    &AcceptanceRule::greedy(),
-                    next,
-                    end,
-                    max_tokens,
-                )?;
-                drafter.set_adjust(None);
+                let (steps, candidate) = match &draft.text {
+                    None => {
+                        let prompt_len = prompt.len();
+                        let draft_rules = rules.clone();
+                        drafter.set_adjust(Some(Box::new(move |sequence, row| {
+                            draft_rules.apply(row, &sequence[prompt_len..])
+                        })));
+                        let (candidate, steps) = speculative_window(
+                            &mut self.model,
+                            &rules,
+                            &mut |request| {
+                                let d = drafter.draft_tree(request.committed, request.max_depth)?;
+                                Ok((d.tree, d.forwards))
+                            },
+                            &AcceptanceRule::greedy(),
+                            next,
+                            end,
+                            max_tokens,
+                        )?;
+                        (steps, candidate)
+                    }
+                    Some((draft_tokenizer, suppression)) => {
+                        let mut text_drafter = TextDrafter::new(
+                            drafter,
+                            draft_tokenizer,
+                            suppression,
+                            &self.tokenizer,
+                            options.language.as_deref(),
+                        )?;
+                        let (candidate, steps) = speculative_window(
+                            &mut self.model,
+                            &rules,
+                            &mut |request| text_drafter.draft(request),
+                            &AcceptanceRule::greedy(),
+                            next,
+                            end,
+                            max_tokens,
+                        )?;
+                        (steps, candidate)
+                    }
+                };
+                draft.drafter.set_adjust(None);
                 draft_stats.merge(&steps);
                 candidate
             } else if let Some(rule) = &options.heads {
