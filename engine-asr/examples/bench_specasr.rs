@@ -55,10 +55,13 @@ struct Outcome {
     decoder_time: Duration,
     draft_encoder_time: Duration,
     draft: DecodeStats,
+    drafted_windows: usize,
+    windows: usize,
 }
 
-const COLUMNS: [&str; 10] = [
+const COLUMNS: [&str; 11] = [
     "decoding",
+    "windows drafted",
     "decoder time",
     "speed-up",
     "draft encoder",
@@ -82,6 +85,7 @@ fn run(
         draft,
         ..TranscribeOptions::default()
     };
+    transcriber.reset_draft_policy();
     let mut outcome = Outcome::default();
     for clip in clips {
         let mut best: Option<engine_asr::Transcript> = None;
@@ -98,6 +102,8 @@ fn run(
         outcome.forwards += t.stats.forwards;
         outcome.decoder_time += t.stats.decoder_time;
         outcome.draft_encoder_time += t.stats.draft_encoder_time;
+        outcome.drafted_windows += t.stats.drafted_windows;
+        outcome.windows += t.stats.windows;
         outcome.draft.merge(&t.stats.draft);
         outcome.texts.push(t.text);
     }
@@ -139,6 +145,10 @@ fn main() -> Result<()> {
             Some(SpecAsrConfig::sparse_tree()),
         ));
     }
+    systems.push((
+        "SpecASR, cost-aware (the default)".into(),
+        Some(SpecAsrConfig::default()),
+    ));
     let mut tables = Vec::new();
     for (set, clips) in [
         ("the real clips of data/speech", &real),
@@ -188,6 +198,7 @@ fn main() -> Result<()> {
             let dash = || "–".to_string();
             table.push(vec![
                 name.clone(),
+                format!("{}/{}", o.drafted_windows, o.windows),
                 format!("{:.0} ms", o.decoder_time.as_secs_f64() * 1e3),
                 format!(
                     "{:.2}×",
@@ -228,7 +239,7 @@ fn main() -> Result<()> {
         tables.push(table);
     }
     let notes = vec![
-        "Decoder time covers the target's prompt and verifying forwards and the draft's decoding; the target's encoder is the same for every row, the draft's encoder is listed apart (\"speed-up with it\" includes it). Target forwards/word counts the prompt. Draft step ÷ target step compares one draft forward with one greedy target step (the greedy row's decoder time per forward): a draft costing c of a step bounds the speed-up below 1/c. Greedy verification: every transcript must equal greedy decoding's.".into(),
+        "Decoder time covers the target's prompt and verifying forwards and the draft's decoding; the target's encoder is the same for every row, the draft's encoder is listed apart (\"speed-up with it\" includes it). Target forwards/word counts the prompt. Draft step ÷ target step compares one draft forward with one greedy target step (the greedy row's decoder time per forward): a draft costing c of a step bounds the speed-up below 1/c. The cost-aware row measures the target's one-token step once and drafts a window only while drafted windows cost less per token (draft encoder included) than that step; each row starts with the policy's memory cleared. Greedy verification: every transcript must equal greedy decoding's.".into(),
     ];
     let report = Report {
         command: format!(

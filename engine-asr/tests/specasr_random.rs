@@ -167,6 +167,7 @@ proptest! {
         branches in 0usize..5,
         adaptive in any::<bool>(),
         recycle in any::<bool>(),
+        cost_aware in any::<bool>(),
         draft in 0usize..3,
         seconds in 0.4f32..1.9,
         timestamps in any::<bool>(),
@@ -180,7 +181,7 @@ proptest! {
             let samples = signal(seconds, 250.0);
             let plain = greedy_options(timestamps);
             let greedy = m.target.transcribe(&samples, &plain).unwrap();
-            let config = SpecAsrConfig { threshold, max_len, adaptive, recycle, branches };
+            let config = SpecAsrConfig { threshold, max_len, adaptive, recycle, branches, cost_aware };
             let options = TranscribeOptions { draft: Some(config), ..plain };
             let fast = m.with_draft[draft].1.transcribe(&samples, &options).unwrap();
             prop_assert_eq!(fast.segments, greedy.segments);

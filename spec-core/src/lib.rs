@@ -29,6 +29,7 @@ pub mod heads;
 pub mod jacobi;
 pub mod kv_cache;
 pub mod logits;
+pub mod math;
 pub mod mock;
 pub mod report;
 pub mod sampling;

@@ -27,7 +27,7 @@ use candle_core::Tensor;
 use crate::decoder::{rewind_to_prefix, Decoder, Forward, LogitRows};
 use crate::draft::{TreeDraft, TreeDrafter};
 use crate::logits::Logits;
-use crate::sampling::{argmax, max_probability, top_k_tokens};
+use crate::sampling::top_two_confidence;
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
@@ -47,6 +47,10 @@ pub struct SpecAsrConfig {
     /// Two-pass sparse tree: branch at up to this many uncertain positions (the least
     /// confident first); 0 drafts a single sequence.
     pub branches: usize,
+    /// Draft only where it pays: an engine measures what a round costs per token against
+    /// plain decoding's step and decodes without the draft when drafting loses (engine-asr
+    /// decides per window). The drafter itself ignores it.
+    pub cost_aware: bool,
 }
 
 impl SpecAsrConfig {
@@ -58,6 +62,7 @@ impl SpecAsrConfig {
             adaptive: false,
             recycle: false,
             branches: 0,
+            cost_aware: false,
         }
     }
 
@@ -69,6 +74,7 @@ impl SpecAsrConfig {
             adaptive: true,
             recycle: false,
             branches: 0,
+            cost_aware: false,
         }
     }
 
@@ -90,6 +96,14 @@ impl SpecAsrConfig {
         }
     }
 
+    /// These settings, drafting only where it pays.
+    pub fn cost_aware(self) -> Self {
+        Self {
+            cost_aware: true,
+            ..self
+        }
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<()> {
         if self.max_len == 0 {
@@ -106,9 +120,9 @@ impl SpecAsrConfig {
 }
 
 impl Default for SpecAsrConfig {
-    /// The full method: [`SpecAsrConfig::sparse_tree`].
+    /// The full method, [`SpecAsrConfig::sparse_tree`], drafting only where it pays.
     fn default() -> Self {
-        Self::sparse_tree()
+        Self::sparse_tree().cost_aware()
     }
 }
 
@@ -207,11 +221,11 @@ impl<D: Decoder> SpecAsrDrafter<D> {
         if let Some(adjust) = self.adjust.as_mut() {
             adjust(sequence, &mut row);
         }
-        let top = top_k_tokens(&row, 2);
+        let (token, runner_up, confidence) = top_two_confidence(&row);
         Drafted {
-            token: argmax(&row),
-            confidence: max_probability(&row),
-            runner_up: top.get(1).copied(),
+            token,
+            confidence,
+            runner_up,
         }
     }
 
@@ -426,6 +440,7 @@ impl<D: std::fmt::Debug> std::fmt::Debug for SpecAsrDrafter<D> {
 mod tests {
     use super::*;
     use crate::mock::{MockConfig, MockDecoder};
+    use crate::sampling::{argmax, max_probability, top_k_tokens};
 
     const PROMPT: [u32; 3] = [5, 9, 2];
 
@@ -535,6 +550,7 @@ mod tests {
             adaptive: false,
             recycle: false,
             branches: 2,
+            cost_aware: false,
         };
         let (model, mut d) = drafter(config);
         let draft = d.draft_tree(&PROMPT, 30).unwrap();

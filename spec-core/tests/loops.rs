@@ -176,7 +176,7 @@ proptest! {
         let eos = eos.map(|e| e % vocab as u32);
         let stop = stop_for(max_new, eos);
         let reference = greedy_reference(&target, &prompt, &stop);
-        let config = SpecAsrConfig { threshold, max_len, adaptive, recycle, branches };
+        let config = SpecAsrConfig { threshold, max_len, adaptive, recycle, branches, cost_aware: false };
         let mut drafter = SpecAsrDrafter::new(MockDecoder::new(draft), config).unwrap();
         if let Some(eos) = eos {
             drafter = drafter.with_end_token(eos);

@@ -12,9 +12,9 @@ use candle_core::{DType, Device, Layout, Module, Storage, Tensor};
 use spec_core::kv_cache::LayerKvCache;
 
 use crate::linear::{with_cpu_values, Linear};
-use crate::math::{exp, softmax_in_place};
 use crate::rotary::RotaryTables;
 use crate::{Error, Result};
+use spec_core::math::{exp, softmax_in_place};
 
 /// Largest forward whose attention runs row by row, so that decoding and verification agree
 /// bit for bit. Longer forwards (prompts) use candle's batched matmuls.

@@ -26,7 +26,6 @@ mod error;
 pub mod heads;
 pub mod linear;
 pub mod load;
-pub mod math;
 pub mod mlp;
 pub mod norm;
 pub mod output;

@@ -8,8 +8,8 @@
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::linear::{with_cpu_values, Linear};
-use crate::math::exp;
 use crate::Result;
+use spec_core::math::exp;
 
 /// `down(silu(gate(x)) · up(x))`.
 #[derive(Debug, Clone)]

@@ -13,8 +13,8 @@ use spec_core::decoder::forward_tokens;
 use spec_core::draft::TreeDrafter;
 use spec_core::heads::{check_heads, HeadsDrafter, HeadsTree, HiddenStates};
 use spec_core::{
-    AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter,
-    TokenTree,
+    AcceptanceRule, DecodeStats, Decoder, ForwardCosts, LogitRows, SpecAsrConfig, SpecAsrCounts,
+    SpecAsrDrafter, TokenTree,
 };
 use spec_nn::heads::MultiTokenHeads;
 
@@ -146,6 +146,9 @@ pub struct TranscriptStats {
     pub encoder_time: Duration,
     /// The draft model's encoder (SpecASR).
     pub draft_encoder_time: Duration,
+    /// Windows decoded with the draft (fewer than asked when the cost-aware policy found that
+    /// drafting does not pay).
+    pub drafted_windows: usize,
     pub decoder_time: Duration,
     /// Decoder forwards (prompt, each token, each beam step).
     pub forwards: usize,
@@ -301,6 +304,37 @@ impl<'a> TextDrafter<'a> {
     }
 }
 
+/// Whether SpecASR pays on this machine, for [`SpecAsrConfig::cost_aware`]: the target's
+/// one-token step, measured once on the first drafted window, against the drafted windows'
+/// time per token (drafting, verifying and the draft's encoder), decayed over windows.
+#[derive(Debug, Default)]
+struct DraftEconomics {
+    greedy_step: Option<f64>,
+    seconds: f64,
+    tokens: f64,
+}
+
+impl DraftEconomics {
+    /// Weight of the previous windows against the newest.
+    const DECAY: f64 = 0.8;
+
+    /// True until a drafted window has been seen, then while drafting costs less per token
+    /// than greedy decoding's one forward per token.
+    fn pays(&self) -> bool {
+        match self.greedy_step {
+            Some(step) if self.tokens > 0.0 => self.seconds / self.tokens < step,
+            _ => true,
+        }
+    }
+
+    fn observe(&mut self, window: &DecodeStats, draft_encoder_time: Duration) {
+        let tokens: usize = window.steps.iter().map(|s| s.accepted + 1).sum();
+        let seconds = (window.draft_time + window.target_time + draft_encoder_time).as_secs_f64();
+        self.seconds = self.seconds * Self::DECAY + seconds;
+        self.tokens = self.tokens * Self::DECAY + tokens as f64;
+    }
+}
+
 /// A smaller Whisper drafting for SpecASR, with its own mel filters.
 #[derive(Debug)]
 struct WhisperDraft {
@@ -308,6 +342,7 @@ struct WhisperDraft {
     filters: MelFilters,
     /// `Some` when the draft has another vocabulary: its tokenizer and suppression lists.
     text: Option<(WhisperTokenizer, Suppression)>,
+    economics: DraftEconomics,
 }
 
 impl Transcriber {
@@ -391,6 +426,7 @@ impl Transcriber {
             drafter,
             filters: draft.filters,
             text: None,
+            economics: DraftEconomics::default(),
         });
         Ok(())
     }
@@ -413,8 +449,17 @@ impl Transcriber {
             drafter,
             filters: draft.filters,
             text: Some((draft.tokenizer, draft.suppression)),
+            economics: DraftEconomics::default(),
         });
         Ok(())
+    }
+
+    /// Forgets what the cost-aware policy has measured and seen (a new machine load, a new
+    /// kind of audio).
+    pub fn reset_draft_policy(&mut self) {
+        if let Some(draft) = self.draft.as_mut() {
+            draft.economics = DraftEconomics::default();
+        }
     }
 
     /// What the SpecASR drafter has done so far (tokens drafted, recycled, branch nodes).
@@ -508,6 +553,19 @@ impl Transcriber {
             .model_mut()
             .encode(own_mel.as_ref().unwrap_or(mel))?;
         Ok(start.elapsed())
+    }
+
+    /// Measures the target's one-token step on the encoded window once per draft, for the
+    /// cost-aware policy (a few forwards, leaving the cache empty).
+    fn measure_greedy_step(&mut self) -> Result<()> {
+        let Some(draft) = self.draft.as_mut() else {
+            return Ok(());
+        };
+        if draft.economics.greedy_step.is_none() {
+            let costs = ForwardCosts::measure(&mut self.model, 1, 3)?;
+            draft.economics.greedy_step = Some(costs.cost(1));
+        }
+        Ok(())
     }
 
     /// The most likely language of the encoded window.
@@ -776,18 +834,40 @@ impl Transcriber {
             let audio_frames = (content - seek).min(window_frames);
             let window = input.window(seek)?;
             let mel = self.encoder_input(window, audio_frames, options.encoder_length);
-            if options.draft.is_some() {
-                stats.draft_encoder_time += self.encode_draft(
+            // SpecASR only where it pays (the draft's encoder included), if so configured.
+            let drafting = match (options.draft, &self.draft) {
+                (Some(config), Some(draft)) => !config.cost_aware || draft.economics.pays(),
+                (draft, _) => draft.is_some(),
+            };
+            let draft_encoder_time = if drafting {
+                stats.drafted_windows += 1;
+                self.encode_draft(
                     &mel,
                     draft_input.as_ref(),
                     seek,
                     audio_frames,
                     options.encoder_length,
-                )?;
-            }
+                )?
+            } else {
+                Duration::ZERO
+            };
+            stats.draft_encoder_time += draft_encoder_time;
             stats.encoder_time += self.encode(&mel)?;
             stats.windows += 1;
             let decode_start = Instant::now();
+            if drafting && options.draft.is_some_and(|c| c.cost_aware) {
+                self.measure_greedy_step()?;
+            }
+            let greedy_window;
+            let window_options = if drafting || options.draft.is_none() {
+                options
+            } else {
+                greedy_window = TranscribeOptions {
+                    draft: None,
+                    ..options.clone()
+                };
+                &greedy_window
+            };
             if language.is_none() {
                 language = Some(self.detect_language()?);
                 stats.forwards += 1;
@@ -797,15 +877,20 @@ impl Transcriber {
             } else {
                 &[]
             };
-            let (prompt, sot) = self.prompt(options, language.as_deref(), context)?;
+            let (prompt, sot) = self.prompt(window_options, language.as_deref(), context)?;
+            let mut window_draft = DecodeStats::default();
             let (candidate, temperature, no_speech, fallbacks) = self.decode_window(
-                options,
+                window_options,
                 &prompt,
                 sot,
                 &mut rng,
                 &mut stats.heads,
-                &mut stats.draft,
+                &mut window_draft,
             )?;
+            if let (true, Some(draft)) = (drafting, self.draft.as_mut()) {
+                draft.economics.observe(&window_draft, draft_encoder_time);
+            }
+            stats.draft.merge(&window_draft);
             stats.decoder_time += decode_start.elapsed();
             stats.forwards += candidate.forwards;
             stats.fallbacks += fallbacks;
@@ -989,5 +1074,51 @@ impl Transcriber {
             let last_timestamp = tokens[last - 1];
             Ok((t.timestamp_seconds(last_timestamp) * FRAMES_PER_SECOND).round() as usize)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spec_core::StepRecord;
+
+    use super::*;
+
+    /// A drafted window: `rounds` verifications of `accepted` tokens each, in `millis`.
+    fn window(rounds: usize, accepted: usize, millis: u64) -> DecodeStats {
+        DecodeStats {
+            steps: vec![
+                StepRecord {
+                    drafted: accepted + 1,
+                    accepted
+                };
+                rounds
+            ],
+            draft_time: Duration::from_millis(millis / 2),
+            target_time: Duration::from_millis(millis - millis / 2),
+            ..DecodeStats::default()
+        }
+    }
+
+    #[test]
+    fn drafting_stops_where_it_costs_more_per_token_than_a_greedy_step() {
+        let mut economics = DraftEconomics::default();
+        assert!(economics.pays(), "nothing measured: try drafting");
+        economics.greedy_step = Some(0.0015);
+        assert!(economics.pays(), "no drafted window seen yet");
+        // 10 rounds of 4 tokens in 40 ms: 1 ms per token, cheaper than a 1.5 ms step.
+        economics.observe(&window(10, 3, 40), Duration::ZERO);
+        assert!(economics.pays());
+        // The draft's encoder counts: 40 more ms make it 2 ms per token.
+        let mut with_encoder = DraftEconomics {
+            greedy_step: Some(0.0015),
+            ..DraftEconomics::default()
+        };
+        with_encoder.observe(&window(10, 3, 40), Duration::from_millis(40));
+        assert!(!with_encoder.pays());
+        // Slow windows outweigh an old fast one as they keep coming.
+        for _ in 0..5 {
+            economics.observe(&window(10, 1, 60), Duration::ZERO);
+        }
+        assert!(!economics.pays());
     }
 }
