@@ -57,11 +57,13 @@ struct Outcome {
     draft: DecodeStats,
     drafted_windows: usize,
     windows: usize,
+    drafted_tokens: usize,
+    recycled_tokens: usize,
 }
 
-const COLUMNS: [&str; 11] = [
+const COLUMNS: [&str; 12] = [
     "decoding",
-    "windows drafted",
+    "windows drafted (all runs)",
     "decoder time",
     "speed-up",
     "draft encoder",
@@ -69,6 +71,7 @@ const COLUMNS: [&str; 11] = [
     "target forwards/word",
     "draft share",
     "tokens/verification",
+    "recycled draft tokens",
     "draft step ÷ target step",
     "same text as greedy",
 ];
@@ -86,11 +89,14 @@ fn run(
         ..TranscribeOptions::default()
     };
     transcriber.reset_draft_policy();
+    let counts_before = transcriber.draft_counts().unwrap_or_default();
     let mut outcome = Outcome::default();
     for clip in clips {
         let mut best: Option<engine_asr::Transcript> = None;
         for _ in 0..repeats.max(1) {
             let t = transcriber.transcribe(&clip.samples, &options)?;
+            outcome.drafted_windows += t.stats.drafted_windows;
+            outcome.windows += t.stats.windows;
             if best
                 .as_ref()
                 .is_none_or(|b| t.stats.decoder_time < b.stats.decoder_time)
@@ -102,11 +108,12 @@ fn run(
         outcome.forwards += t.stats.forwards;
         outcome.decoder_time += t.stats.decoder_time;
         outcome.draft_encoder_time += t.stats.draft_encoder_time;
-        outcome.drafted_windows += t.stats.drafted_windows;
-        outcome.windows += t.stats.windows;
         outcome.draft.merge(&t.stats.draft);
         outcome.texts.push(t.text);
     }
+    let counts = transcriber.draft_counts().unwrap_or_default();
+    outcome.drafted_tokens = counts.drafted - counts_before.drafted;
+    outcome.recycled_tokens = counts.recycled - counts_before.recycled;
     Ok(outcome)
 }
 
@@ -194,7 +201,7 @@ fn main() -> Result<()> {
             let tokens: usize = o.draft.steps.iter().map(|s| s.accepted + 1).sum();
             let draft_step =
                 o.draft.draft_time.as_secs_f64() / o.draft.draft_forwards.max(1) as f64;
-            let speculative = config.is_some();
+            let speculative = config.is_some() && !o.draft.steps.is_empty();
             let dash = || "–".to_string();
             table.push(vec![
                 name.clone(),
@@ -227,6 +234,14 @@ fn main() -> Result<()> {
                     format!("{:.2}", tokens as f64 / steps)
                 } else {
                     "1".into()
+                },
+                if speculative {
+                    format!(
+                        "{:.0} %",
+                        100.0 * o.recycled_tokens as f64 / o.drafted_tokens.max(1) as f64
+                    )
+                } else {
+                    dash()
                 },
                 if speculative {
                     format!("{:.2}", draft_step / target_step)
