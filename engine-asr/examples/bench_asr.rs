@@ -23,14 +23,16 @@ use clap::Parser;
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::wer::{word_errors, WordErrors};
 use engine_asr::whisper::{hugging_face_tensors, LogitRules};
-use engine_asr::{EncoderLength, LoadOptions, TranscribeOptions, Transcriber, WhisperInput};
+use engine_asr::{
+    EncoderLength, LoadOptions, TranscribeOptions, Transcriber, TranscriptStats, WhisperInput,
+};
 use spec_core::report::{Report, Table};
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
 
 #[path = "common/speech_sets.rs"]
 mod speech_sets;
-use speech_sets::{clips, spoken_set, Clip};
+use speech_sets::{clips, fastest_transcript, spoken_set, Clip};
 
 #[derive(Parser, Debug)]
 #[command(about = "Whisper transcription benchmark")]
@@ -98,17 +100,14 @@ fn ours(
 ) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     for clip in clips {
-        let mut best: Option<engine_asr::Transcript> = None;
-        for _ in 0..repeats.max(1) {
-            let t = transcriber.transcribe(&clip.samples, options)?;
-            if best
-                .as_ref()
-                .is_none_or(|b| t.stats.total_time() < b.stats.total_time())
-            {
-                best = Some(t);
-            }
-        }
-        let t = best.expect("one run");
+        let t = fastest_transcript(
+            transcriber,
+            &clip.samples,
+            options,
+            repeats,
+            TranscriptStats::total_time,
+            &mut |_| {},
+        )?;
         outcome.add(
             t.text,
             t.stats.total_time(),

@@ -32,7 +32,7 @@ use spec_nn::heads::MultiTokenHeads;
 #[allow(dead_code)]
 #[path = "common/speech_sets.rs"]
 mod speech_sets;
-use speech_sets::{clips, spoken_set, Clip};
+use speech_sets::{clips, fastest_transcript, spoken_set, Clip};
 
 #[derive(Parser, Debug)]
 #[command(about = "Whisper with multi-token prediction heads against greedy decoding")]
@@ -146,17 +146,14 @@ fn run(
     };
     let mut outcome = Outcome::default();
     for clip in clips {
-        let mut best: Option<engine_asr::Transcript> = None;
-        for _ in 0..repeats.max(1) {
-            let t = transcriber.transcribe(&clip.samples, &options)?;
-            if best
-                .as_ref()
-                .is_none_or(|b| t.stats.decoder_time < b.stats.decoder_time)
-            {
-                best = Some(t);
-            }
-        }
-        let t = best.expect("at least one run");
+        let t = fastest_transcript(
+            transcriber,
+            &clip.samples,
+            &options,
+            repeats,
+            |s| s.decoder_time,
+            &mut |_| {},
+        )?;
         outcome.forwards += t.stats.forwards;
         outcome.decoder_time += t.stats.decoder_time;
         outcome.heads.merge(&t.stats.heads);

@@ -26,7 +26,7 @@ use spec_models::{Registry, Store};
 #[allow(dead_code)]
 #[path = "common/speech_sets.rs"]
 mod speech_sets;
-use speech_sets::{clips, spoken_set, Clip};
+use speech_sets::{clips, fastest_transcript, spoken_set, Clip};
 
 #[derive(Parser, Debug)]
 #[command(about = "Whisper with SpecASR against greedy decoding and plain speculation")]
@@ -92,19 +92,17 @@ fn run(
     let counts_before = transcriber.draft_counts().unwrap_or_default();
     let mut outcome = Outcome::default();
     for clip in clips {
-        let mut best: Option<engine_asr::Transcript> = None;
-        for _ in 0..repeats.max(1) {
-            let t = transcriber.transcribe(&clip.samples, &options)?;
-            outcome.drafted_windows += t.stats.drafted_windows;
-            outcome.windows += t.stats.windows;
-            if best
-                .as_ref()
-                .is_none_or(|b| t.stats.decoder_time < b.stats.decoder_time)
-            {
-                best = Some(t);
-            }
-        }
-        let t = best.expect("at least one run");
+        let t = fastest_transcript(
+            transcriber,
+            &clip.samples,
+            &options,
+            repeats,
+            |s| s.decoder_time,
+            &mut |t| {
+                outcome.drafted_windows += t.stats.drafted_windows;
+                outcome.windows += t.stats.windows;
+            },
+        )?;
         outcome.forwards += t.stats.forwards;
         outcome.decoder_time += t.stats.decoder_time;
         outcome.draft_encoder_time += t.stats.draft_encoder_time;

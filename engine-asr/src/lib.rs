@@ -31,6 +31,6 @@ pub use error::{Error, Result};
 pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};
 pub use streaming::{Partial, StreamStats, StreamingTranscriber};
 pub use whisper::{
-    EncoderLength, LoadOptions, Task, TranscribeOptions, Transcriber, Transcript, Whisper,
-    WhisperTokenizer,
+    EncoderLength, LoadOptions, Task, TranscribeOptions, Transcriber, Transcript, TranscriptStats,
+    Whisper, WhisperTokenizer,
 };

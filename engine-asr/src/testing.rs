@@ -14,6 +14,33 @@ use spec_nn::ctranslate2::{write_model_bin, Ct2Variable};
 use crate::whisper::load::CT2_DIRECT_TENSORS;
 use crate::{Error, LogMel, Result};
 
+/// Greedy decoding without the temperature fallback or its thresholds: what the speculative
+/// methods and streaming partials compute.
+pub fn greedy_options() -> crate::TranscribeOptions {
+    crate::TranscribeOptions {
+        temperatures: vec![0.0],
+        compression_ratio_threshold: None,
+        log_prob_threshold: None,
+        no_speech_threshold: None,
+        ..crate::TranscribeOptions::default()
+    }
+}
+
+/// A deterministic test recording of `seconds` at 16 kHz: a tone at `pitch` Hz and one at
+/// 1375 Hz under a slow amplitude envelope.
+pub fn tones(seconds: f32, pitch: f32) -> Vec<f32> {
+    let n = (seconds * 16_000.0) as usize;
+    (0..n)
+        .map(|i| {
+            let t = i as f32 / 16_000.0;
+            let envelope = 0.5 + 0.5 * (2.0 * std::f32::consts::PI * 1.3 * t).sin();
+            envelope
+                * (0.3 * (2.0 * std::f32::consts::PI * pitch * t).sin()
+                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
+        })
+        .collect()
+}
+
 /// Width of the model (`d_model`).
 pub const HIDDEN: usize = 64;
 /// Attention heads of the encoder and the decoder.

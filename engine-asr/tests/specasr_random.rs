@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use candle_core::Tensor;
-use engine_asr::testing::{hf_weights, write_hf};
+use engine_asr::testing::{self, hf_weights, tones, write_hf};
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use proptest::prelude::*;
 use spec_core::SpecAsrConfig;
@@ -15,27 +15,9 @@ const TARGET_SEED: u64 = 31;
 
 fn greedy_options(timestamps: bool) -> TranscribeOptions {
     TranscribeOptions {
-        temperatures: vec![0.0],
-        compression_ratio_threshold: None,
-        log_prob_threshold: None,
-        no_speech_threshold: None,
         timestamps,
-        ..TranscribeOptions::default()
+        ..testing::greedy_options()
     }
-}
-
-/// A few tones with a slow amplitude envelope.
-fn signal(seconds: f32, pitch: f32) -> Vec<f32> {
-    let n = (seconds * 16_000.0) as usize;
-    (0..n)
-        .map(|i| {
-            let t = i as f32 / 16_000.0;
-            let envelope = 0.5 + 0.5 * (2.0 * std::f32::consts::PI * 1.3 * t).sin();
-            envelope
-                * (0.3 * (2.0 * std::f32::consts::PI * pitch * t).sin()
-                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
-        })
-        .collect()
 }
 
 /// The target's weights with the decoder's position embeddings pushed far off at a few
@@ -103,7 +85,7 @@ fn every_ablation_step_transcribes_exactly_as_greedy_decoding() {
     let mut m = models();
     let recordings: Vec<Vec<f32>> = [(0.7, 220.0), (1.3, 330.0), (1.9, 180.0)]
         .iter()
-        .map(|&(s, p)| signal(s, p))
+        .map(|&(s, p)| tones(s, p))
         .collect();
     let mut rejections = 0;
     for timestamps in [false, true] {
@@ -178,7 +160,7 @@ proptest! {
         MODELS.with(|cell| {
             let mut cell = cell.borrow_mut();
             let m = cell.get_or_insert_with(models);
-            let samples = signal(seconds, 250.0);
+            let samples = tones(seconds, 250.0);
             let plain = greedy_options(timestamps);
             let greedy = m.target.transcribe(&samples, &plain).unwrap();
             let config = SpecAsrConfig { threshold, max_len, adaptive, recycle, branches, cost_aware };
@@ -208,8 +190,6 @@ fn a_draft_with_another_vocabulary_is_refused_and_drafting_needs_a_draft() {
         draft: Some(SpecAsrConfig::default()),
         ..greedy_options(false)
     };
-    let err = target
-        .transcribe(&signal(0.5, 220.0), &options)
-        .unwrap_err();
+    let err = target.transcribe(&tones(0.5, 220.0), &options).unwrap_err();
     assert!(err.to_string().contains("none was set"), "{err}");
 }

@@ -406,30 +406,6 @@ fn ctranslate2_weights_export_under_hugging_face_names() {
     }
 }
 
-fn greedy_options() -> TranscribeOptions {
-    TranscribeOptions {
-        temperatures: vec![0.0],
-        compression_ratio_threshold: None,
-        log_prob_threshold: None,
-        no_speech_threshold: None,
-        ..TranscribeOptions::default()
-    }
-}
-
-/// A deterministic test signal: a few tones with a slow amplitude envelope.
-fn signal(seconds: f32) -> Vec<f32> {
-    let n = (seconds * 16_000.0) as usize;
-    (0..n)
-        .map(|i| {
-            let t = i as f32 / 16_000.0;
-            let envelope = 0.5 + 0.5 * (2.0 * std::f32::consts::PI * 1.3 * t).sin();
-            envelope
-                * (0.3 * (2.0 * std::f32::consts::PI * 220.0 * t).sin()
-                    + 0.2 * (2.0 * std::f32::consts::PI * 1375.0 * t).sin())
-        })
-        .collect()
-}
-
 #[test]
 fn streaming_partials_equal_greedy_decoding_from_scratch() {
     for (seed, encoder_length) in [
@@ -449,7 +425,7 @@ fn streaming_partials_equal_greedy_decoding_from_scratch() {
             .unwrap()
             .with_token_limit(None)
             .unwrap();
-        let audio = signal(1.9);
+        let audio = tones(1.9, 220.0);
         let mut longest_draft = 0;
         let mut drafts_used = 0;
         for (i, chunk) in audio.chunks(2_000).enumerate() {
@@ -501,7 +477,7 @@ fn streaming_partials_stop_at_the_token_limit_with_the_greedy_tokens() {
         .unwrap()
         .with_token_limit(None)
         .unwrap();
-    let audio = signal(1.5);
+    let audio = tones(1.5, 220.0);
     let mut cut = 0;
     for (i, chunk) in audio.chunks(4_000).enumerate() {
         let (Some(short), Some(full)) =
@@ -548,7 +524,7 @@ fn an_improbable_window_is_decoded_again_at_each_higher_temperature() {
     let dir = tempfile::tempdir().unwrap();
     write_hf(dir.path(), 8).unwrap();
     let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
-    let audio = signal(1.0);
+    let audio = tones(1.0, 220.0);
     // No decoding is probable enough: every temperature is tried, with best-of-2 sampling.
     let options = TranscribeOptions {
         log_prob_threshold: Some(0.0),
@@ -594,7 +570,7 @@ fn decoding_with_heads_equals_greedy_decoding() {
     let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
     let recordings: Vec<Vec<f32>> = [0.6, 0.9, 1.2, 1.5, 1.9]
         .iter()
-        .map(|&s| signal(s))
+        .map(|&s| tones(s, 220.0))
         .collect();
     // Heads trained on the model's own greedy outputs for these recordings.
     let mut data = TrainingSet::new(HIDDEN);
@@ -658,6 +634,8 @@ fn heads_need_a_model_of_their_shape_and_decoding_with_them_needs_heads() {
         heads: Some(AcceptanceRule::greedy()),
         ..greedy_options()
     };
-    let err = transcriber.transcribe(&signal(0.5), &options).unwrap_err();
+    let err = transcriber
+        .transcribe(&tones(0.5, 220.0), &options)
+        .unwrap_err();
     assert!(err.to_string().contains("no heads were set"), "{err}");
 }

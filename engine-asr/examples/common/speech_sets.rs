@@ -3,9 +3,10 @@
 //! anything).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
-use engine_asr::Audio;
+use engine_asr::{Audio, TranscribeOptions, Transcriber, Transcript, TranscriptStats};
 use spec_models::Store;
 
 /// A recording with its reference transcript.
@@ -79,4 +80,25 @@ pub fn spoken_set(store: &Store, count: usize, dir: &Path) -> Result<Option<Vec<
         });
     }
     Ok(Some(clips))
+}
+
+/// Transcribes `samples` `repeats` times (at least once), shows each run to `each`, and keeps
+/// the run whose time `by` measures (decoder time, total time) is least.
+pub fn fastest_transcript(
+    transcriber: &mut Transcriber,
+    samples: &[f32],
+    options: &TranscribeOptions,
+    repeats: usize,
+    by: fn(&TranscriptStats) -> Duration,
+    each: &mut dyn FnMut(&Transcript),
+) -> Result<Transcript> {
+    let mut best: Option<Transcript> = None;
+    for _ in 0..repeats.max(1) {
+        let t = transcriber.transcribe(samples, options)?;
+        each(&t);
+        if best.as_ref().is_none_or(|b| by(&t.stats) < by(&b.stats)) {
+            best = Some(t);
+        }
+    }
+    Ok(best.expect("at least one run"))
 }

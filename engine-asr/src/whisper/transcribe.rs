@@ -223,7 +223,6 @@ pub struct Transcriber {
 /// A draft with another vocabulary drafting text for one window (see
 /// [`Transcriber::set_text_draft`]).
 struct TextDrafter<'a> {
-    drafter: &'a mut SpecAsrDrafter<Whisper>,
     tokenizer: &'a WhisperTokenizer,
     target_tokenizer: &'a WhisperTokenizer,
     /// The draft's own prompt: start of transcript, language and task if multilingual, no
@@ -232,8 +231,9 @@ struct TextDrafter<'a> {
 }
 
 impl<'a> TextDrafter<'a> {
+    /// Prepares `drafter` (its prompt's rules) for text drafts in `language`.
     fn new(
-        drafter: &'a mut SpecAsrDrafter<Whisper>,
+        drafter: &mut SpecAsrDrafter<Whisper>,
         tokenizer: &'a WhisperTokenizer,
         suppression: &Suppression,
         target_tokenizer: &'a WhisperTokenizer,
@@ -257,7 +257,6 @@ impl<'a> TextDrafter<'a> {
             rules.apply(row, &sequence[prompt_len..])
         })));
         Ok(Self {
-            drafter,
             tokenizer,
             target_tokenizer,
             prompt,
@@ -266,14 +265,18 @@ impl<'a> TextDrafter<'a> {
 
     /// The committed text tokenized for the draft, continued by the draft, and the new words
     /// tokenized for the target as a chain after the last committed token.
-    fn draft(&mut self, request: DraftRequest<'_>) -> Result<(TokenTree, usize)> {
+    fn draft(
+        &self,
+        drafter: &mut SpecAsrDrafter<Whisper>,
+        request: DraftRequest<'_>,
+    ) -> Result<(TokenTree, usize)> {
         let root = *request.committed.last().expect("a root token");
         let target = self.target_tokenizer;
         let sampled = &request.committed[request.prompt_len..];
         let text = target.decode(sampled)?;
         let mut sequence = self.prompt.clone();
         sequence.extend(self.tokenizer.encode(&text)?);
-        let draft = self.drafter.draft_tree(&sequence, request.max_depth)?;
+        let draft = drafter.draft_tree(&sequence, request.max_depth)?;
         let mut drafted: Vec<u32> = draft.tree.tokens()[1..].to_vec();
         let ended = drafted.last() == Some(&self.tokenizer.end_of_text);
         if ended {
@@ -704,47 +707,38 @@ impl Transcriber {
                     drafter.set_config(config)?;
                 }
                 drafter.forget();
-                let (steps, candidate) = match &draft.text {
+                let text = match &draft.text {
+                    Some((draft_tokenizer, suppression)) => Some(TextDrafter::new(
+                        drafter,
+                        draft_tokenizer,
+                        suppression,
+                        &self.tokenizer,
+                        options.language.as_deref(),
+                    )?),
                     None => {
                         let prompt_len = prompt.len();
                         let draft_rules = rules.clone();
                         drafter.set_adjust(Some(Box::new(move |sequence, row| {
                             draft_rules.apply(row, &sequence[prompt_len..])
                         })));
-                        let (candidate, steps) = speculative_window(
-                            &mut self.model,
-                            &rules,
-                            &mut |request| {
-                                let d = drafter.draft_tree(request.committed, request.max_depth)?;
-                                Ok((d.tree, d.forwards))
-                            },
-                            &AcceptanceRule::greedy(),
-                            next,
-                            end,
-                            max_tokens,
-                        )?;
-                        (steps, candidate)
-                    }
-                    Some((draft_tokenizer, suppression)) => {
-                        let mut text_drafter = TextDrafter::new(
-                            drafter,
-                            draft_tokenizer,
-                            suppression,
-                            &self.tokenizer,
-                            options.language.as_deref(),
-                        )?;
-                        let (candidate, steps) = speculative_window(
-                            &mut self.model,
-                            &rules,
-                            &mut |request| text_drafter.draft(request),
-                            &AcceptanceRule::greedy(),
-                            next,
-                            end,
-                            max_tokens,
-                        )?;
-                        (steps, candidate)
+                        None
                     }
                 };
+                let (candidate, steps) = speculative_window(
+                    &mut self.model,
+                    &rules,
+                    &mut |request| match &text {
+                        Some(text) => text.draft(drafter, request),
+                        None => {
+                            let d = drafter.draft_tree(request.committed, request.max_depth)?;
+                            Ok((d.tree, d.forwards))
+                        }
+                    },
+                    &AcceptanceRule::greedy(),
+                    next,
+                    end,
+                    max_tokens,
+                )?;
                 draft.drafter.set_adjust(None);
                 draft_stats.merge(&steps);
                 candidate
