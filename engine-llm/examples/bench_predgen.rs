@@ -12,7 +12,7 @@
 //! ```sh
 //! cargo run --release -p engine-llm --example bench_predgen -- [--questions 4 | --all] \
 //!     [--conversations N] [--set both|mt-bench|voice] [--model M] [--draft D] \
-//!     [--max-tokens N] [--rate CPM] [--json PATH] [--plots DIR]
+//!     [--max-tokens N] [--rate CPM] [--repeats N] [--json PATH] [--plots DIR]
 //! ```
 //!
 //! Writes the paper's Table 1 (TTFS, NFETFS, audio latency, agreement, speed-up) per set, every
@@ -127,6 +127,11 @@ struct Options {
     /// Most tokens per answer
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+
+    /// Runs of every conversation per setup (interleaved with the other setups); each turn
+    /// keeps its median run, so one noisy forward does not decide a turn's comparison
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    repeats: u64,
 
     /// Speaking rate in characters per minute
     #[arg(long, default_value_t = DEFAULT_CHARS_PER_MINUTE)]
@@ -357,7 +362,8 @@ struct SetRun {
     results: Vec<Vec<Turn>>,
 }
 
-/// Runs every setup on every conversation of a set, back to back per conversation.
+/// Runs every setup on every conversation of a set, back to back per conversation,
+/// `options.repeats` times over (the setups interleaved), keeping each turn's median run.
 fn run_set(
     model: &mut LanguageModel,
     draft: &mut LanguageModel,
@@ -369,8 +375,15 @@ fn run_set(
     let mut results: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
     let bar = progress_bar(conversations.len(), name);
     for (i, turns) in conversations.iter().enumerate() {
-        for (setup, result) in setups.iter().zip(results.iter_mut()) {
-            result.extend(run_question(model, draft, setup, turns, options)?);
+        // Per setup, per repeat, the conversation's turns.
+        let mut runs: Vec<Vec<Vec<Turn>>> = setups.iter().map(|_| Vec::new()).collect();
+        for _ in 0..options.repeats {
+            for (setup, setup_runs) in setups.iter().zip(runs.iter_mut()) {
+                setup_runs.push(run_question(model, draft, setup, turns, options)?);
+            }
+        }
+        for (setup_runs, result) in runs.into_iter().zip(results.iter_mut()) {
+            result.extend(median_turns(setup_runs));
         }
         bar.inc(1);
         let latest = |s: usize| seconds(results[s].last().unwrap().audio_latency);
@@ -388,6 +401,18 @@ fn run_set(
     }
     bar.finish_and_clear();
     Ok(results)
+}
+
+/// Turn by turn, the run with the median audio latency (the lower middle of an even count).
+fn median_turns(runs: Vec<Vec<Turn>>) -> Vec<Turn> {
+    let turns = runs.first().map_or(0, Vec::len);
+    (0..turns)
+        .map(|t| {
+            let mut candidates: Vec<&Turn> = runs.iter().map(|run| &run[t]).collect();
+            candidates.sort_by_key(|turn| turn.audio_latency);
+            candidates[(candidates.len() - 1) / 2].clone()
+        })
+        .collect()
 }
 
 /// The paper's Table 1 for one set.
@@ -596,12 +621,13 @@ fn main() -> Result<()> {
     }
     let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {}",
+            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}",
             match count {
                 Some(n) => format!("--questions {n}"),
                 None => "--all".into(),
             },
-            options.max_tokens
+            options.max_tokens,
+            options.repeats
         ),
         ..Report::default()
     };
@@ -617,8 +643,8 @@ fn main() -> Result<()> {
         let run = SetRun {
             name,
             title: format!(
-                "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms",
-                options.rate, options.model.model, options.draft, options.max_tokens
+                "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms, median of {} run(s) per turn",
+                options.rate, options.model.model, options.draft, options.max_tokens, options.repeats
             ),
             results,
         };
