@@ -140,26 +140,27 @@ impl Transformer {
         Ok(out.logits)
     }
 
+    /// The input embeddings of token ids, `[n, hidden]` f32: what a forward of the ids feeds
+    /// the first layer, for models that mix token embeddings with other vectors (a TTS
+    /// language model's text, then speech-token embeddings).
+    pub fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(spec_core::Error::TokenOutOfRange {
+                token: bad,
+                vocab: self.config.vocab_size,
+            }
+            .into());
+        }
+        Ok(self.weights.embeddings.embedding(tokens, &self.device)?)
+    }
+
     /// Token ids or given embeddings → `[1, n, hidden]` f32.
     fn embed(&self, input: &DecoderInput<'_>) -> Result<Tensor> {
         match input {
-            DecoderInput::Tokens(tokens) => {
-                if let Some(&bad) = tokens
-                    .iter()
-                    .find(|&&t| t as usize >= self.config.vocab_size)
-                {
-                    return Err(spec_core::Error::TokenOutOfRange {
-                        token: bad,
-                        vocab: self.config.vocab_size,
-                    }
-                    .into());
-                }
-                Ok(self
-                    .weights
-                    .embeddings
-                    .embedding(tokens, &self.device)?
-                    .unsqueeze(0)?)
-            }
+            DecoderInput::Tokens(tokens) => Ok(self.embed_tokens(tokens)?.unsqueeze(0)?),
             DecoderInput::Embeddings(e) => {
                 let hidden = e.dim(D::Minus1)?;
                 if hidden != self.config.hidden_size {

@@ -1,0 +1,254 @@
+//! CosyVoice 2's speech-token language model (the reference's `Qwen2LM`): a Qwen2 backbone
+//! (Qwen2.5-0.5B in the release; `engine-llm`'s [`Transformer`]) fed embeddings —
+//! `[sos, text token embeddings, task id, prompt speech token embeddings]` — that predicts
+//! speech tokens (6561 + end, an unused id and the fill token of bistreaming) through its own
+//! output layer `llm_decoder`, drawn by repetition-aware sampling, at least 2 and at most 20
+//! speech tokens per text token.
+//!
+//! What differs from the reference: the backbone's output layer (`lm_head`, tied to the text
+//! embeddings) is never computed — only `llm_decoder` reads the final hidden state; the
+//! sampler's uniform numbers come from a [`Uniforms`] source (replayable in tests).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, D};
+use engine_llm::{LoadOptions, Transformer, TransformerConfig};
+use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
+
+use crate::cosyvoice::sampling::{ras_sample, RasConfig, Uniforms};
+use crate::cosyvoice::{CosyVoiceError, Result};
+
+/// Prefix of the backbone's tensors in `llm.pt`.
+const BACKBONE_PREFIX: &str = "llm.model.";
+
+/// Settings of a [`SpeechLm`]; the defaults are CosyVoice 2's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpeechLmConfig {
+    /// Speech tokens (6561); the end token, an unused id and the fill token follow them.
+    pub speech_token_size: usize,
+    /// Least speech tokens per text token before the end token may be drawn.
+    pub min_token_text_ratio: usize,
+    /// Most speech tokens per text token.
+    pub max_token_text_ratio: usize,
+    pub sampling: RasConfig,
+}
+
+impl Default for SpeechLmConfig {
+    fn default() -> Self {
+        Self {
+            speech_token_size: 6561,
+            min_token_text_ratio: 2,
+            max_token_text_ratio: 20,
+            sampling: RasConfig::default(),
+        }
+    }
+}
+
+/// The speech-token language model. See the module docs.
+#[derive(Debug)]
+pub struct SpeechLm {
+    backbone: Transformer,
+    /// `[speech_token_size + 3, hidden]`.
+    speech_embedding: Tensor,
+    /// `[1, 1, hidden]` each.
+    start: Tensor,
+    task: Tensor,
+    /// `llm_decoder`: `[speech_token_size + 3, hidden]` and its bias.
+    decoder_weight: Tensor,
+    decoder_bias: Tensor,
+    config: SpeechLmConfig,
+}
+
+/// Removes `name` from `tensors`, checking its shape.
+fn take(tensors: &mut HashMap<String, Tensor>, name: &str, shape: &[usize]) -> Result<Tensor> {
+    let tensor = tensors
+        .remove(name)
+        .ok_or_else(|| CosyVoiceError::Weights {
+            name: name.into(),
+            reason: "missing".into(),
+        })?;
+    if tensor.dims() != shape {
+        return Err(CosyVoiceError::Weights {
+            name: name.into(),
+            reason: format!("shape {:?}, expected {shape:?}", tensor.dims()),
+        });
+    }
+    Ok(tensor.to_dtype(DType::F32)?)
+}
+
+impl SpeechLm {
+    /// The model from the tensors of `llm.pt` (names as its state dict has them) and the
+    /// backbone's configuration.
+    pub fn from_tensors(
+        mut tensors: HashMap<String, Tensor>,
+        backbone: TransformerConfig,
+        config: SpeechLmConfig,
+        options: &LoadOptions,
+    ) -> Result<Self> {
+        config.sampling.validate()?;
+        let hidden = backbone.hidden_size;
+        let rows = config.speech_token_size + 3;
+        let device = &options.device;
+        let embedding = take(&mut tensors, "llm_embedding.weight", &[2, hidden])?;
+        let speech_embedding = take(&mut tensors, "speech_embedding.weight", &[rows, hidden])?;
+        let decoder_weight = take(&mut tensors, "llm_decoder.weight", &[rows, hidden])?;
+        let decoder_bias = take(&mut tensors, "llm_decoder.bias", &[rows])?;
+        let backbone_tensors: HashMap<String, Tensor> = tensors
+            .into_iter()
+            .filter_map(|(name, t)| {
+                name.strip_prefix(BACKBONE_PREFIX)
+                    .map(|rest| (rest.to_string(), t))
+            })
+            .collect();
+        let backbone = Transformer::from_tensors(backbone, backbone_tensors, options)?;
+        let row = |i: usize| -> Result<Tensor> {
+            Ok(embedding.narrow(0, i, 1)?.unsqueeze(0)?.to_device(device)?)
+        };
+        Ok(Self {
+            backbone,
+            start: row(0)?,
+            task: row(1)?,
+            speech_embedding: speech_embedding.to_device(device)?,
+            decoder_weight: decoder_weight.to_device(device)?,
+            decoder_bias: decoder_bias.to_device(device)?,
+            config,
+        })
+    }
+
+    /// Loads `llm.pt` (a PyTorch state dict) or its safetensors conversion, with the
+    /// backbone's Hugging Face `config.json` (`CosyVoice-BlankEN/config.json`).
+    pub fn load(
+        weights: &Path,
+        backbone_config: &Path,
+        config: SpeechLmConfig,
+        options: &LoadOptions,
+    ) -> Result<Self> {
+        let bad = |reason: String| CosyVoiceError::File {
+            path: weights.to_path_buf(),
+            reason,
+        };
+        let tensors: HashMap<String, Tensor> =
+            if weights.extension().is_some_and(|e| e == "safetensors") {
+                candle_core::safetensors::load(weights, &Device::Cpu)
+                    .map_err(|e| bad(e.to_string()))?
+            } else {
+                candle_core::pickle::read_all(weights)
+                    .map_err(|e| bad(e.to_string()))?
+                    .into_iter()
+                    .collect()
+            };
+        let text = std::fs::read_to_string(backbone_config).map_err(|e| CosyVoiceError::File {
+            path: backbone_config.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let backbone = TransformerConfig::from_hf_json(&text)?;
+        Self::from_tensors(tensors, backbone, config, options)
+    }
+
+    pub fn config(&self) -> &SpeechLmConfig {
+        &self.config
+    }
+
+    /// The end-of-speech token.
+    pub fn end_token(&self) -> u32 {
+        self.config.speech_token_size as u32
+    }
+
+    /// `[sos, text embeddings, task id, prompt speech embeddings]` `[1, n, hidden]`.
+    pub fn prompt_embeddings(&self, text: &[u32], prompt_speech: &[u32]) -> Result<Tensor> {
+        let text = self.backbone.embed_tokens(text)?.unsqueeze(0)?;
+        let mut parts = vec![self.start.clone(), text, self.task.clone()];
+        if !prompt_speech.is_empty() {
+            parts.push(self.speech_embeddings(prompt_speech)?);
+        }
+        Ok(Tensor::cat(&parts, 1)?)
+    }
+
+    /// Embeddings of speech tokens, `[1, n, hidden]`.
+    pub fn speech_embeddings(&self, tokens: &[u32]) -> Result<Tensor> {
+        let rows = self.config.speech_token_size + 3;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= rows) {
+            return Err(CosyVoiceError::Input(format!(
+                "speech token {bad} is outside the model's {rows} speech tokens"
+            )));
+        }
+        let ids = Tensor::new(tokens, self.speech_embedding.device())?;
+        Ok(self.speech_embedding.index_select(&ids, 0)?.unsqueeze(0)?)
+    }
+
+    /// Forwards `input` `[1, n, hidden]` after the cache and returns the log-probabilities
+    /// of the next speech token after each of its last `rows` positions, `[rows, tokens]`.
+    fn forward(&mut self, input: &Tensor, rows: usize) -> Result<Tensor> {
+        let n = input.dim(1)?;
+        let start = self.backbone.cached_len();
+        let positions: Vec<usize> = (start..start + n).collect();
+        let step = Forward {
+            input: DecoderInput::Embeddings(input),
+            positions: &positions,
+            mask: None,
+            logits: LogitRows::None,
+        };
+        self.backbone.forward(&step)?;
+        let hidden = self.backbone.last_hidden()?;
+        let last = hidden.narrow(0, n - rows, rows)?;
+        let logits = last
+            .matmul(&self.decoder_weight.t()?)?
+            .broadcast_add(&self.decoder_bias)?;
+        Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?)
+    }
+
+    /// Teacher forcing: the log-probabilities of the next speech token at every position of
+    /// `[sos, text, task id, prompt speech, speech]`, `[positions, tokens]`, from one forward.
+    pub fn log_probabilities(
+        &mut self,
+        text: &[u32],
+        prompt_speech: &[u32],
+        speech: &[u32],
+    ) -> Result<Tensor> {
+        let mut input = self.prompt_embeddings(text, prompt_speech)?;
+        if !speech.is_empty() {
+            input = Tensor::cat(&[input, self.speech_embeddings(speech)?], 1)?;
+        }
+        self.backbone.reset();
+        let rows = input.dim(1)?;
+        self.forward(&input, rows)
+    }
+
+    /// Speech tokens for `text` (token ids of the backbone's tokenizer) in the voice of the
+    /// prompt (`prompt_text` and the speech tokens `prompt_speech` of its recording; both may
+    /// be empty), drawn with the uniform numbers of `uniforms`. Stops at the end token (not
+    /// returned; allowed after `min_token_text_ratio` tokens per text token) or after
+    /// `max_token_text_ratio` tokens per text token.
+    pub fn generate(
+        &mut self,
+        text: &[u32],
+        prompt_text: &[u32],
+        prompt_speech: &[u32],
+        uniforms: &mut dyn Uniforms,
+    ) -> Result<Vec<u32>> {
+        if text.is_empty() {
+            return Err(CosyVoiceError::Input("no text to speak".into()));
+        }
+        let all_text: Vec<u32> = prompt_text.iter().chain(text).copied().collect();
+        let mut input = self.prompt_embeddings(&all_text, prompt_speech)?;
+        let min_len = text.len() * self.config.min_token_text_ratio;
+        let max_len = text.len() * self.config.max_token_text_ratio;
+        let end = self.end_token();
+        self.backbone.reset();
+        let mut out: Vec<u32> = Vec::new();
+        for i in 0..max_len {
+            let mut scores: Vec<f32> = self.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
+            if i < min_len {
+                scores[end as usize] = f32::NEG_INFINITY;
+            }
+            let token = ras_sample(&mut scores, &out, &self.config.sampling, uniforms);
+            if token >= end {
+                break;
+            }
+            out.push(token);
+            input = self.speech_embeddings(&[token])?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,42 @@
+//! CosyVoice 2 (Du et al., 2024): a speech-token language model on a Qwen2.5-0.5B backbone
+//! ([`lm`]); the flow-matching decoder and the HiFT vocoder follow. Each part is proven by
+//! parity with the reference PyTorch code on tiny random configurations
+//! (`engine-tts/reference/make_cosyvoice2_fixtures.py`, fixtures in `tests/data/cosyvoice2`).
+
+pub mod lm;
+pub mod sampling;
+
+use std::path::PathBuf;
+
+/// What can go wrong building or running CosyVoice 2.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CosyVoiceError {
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// The Qwen2 backbone (`engine-llm`): its configuration, weights or a forward.
+    #[error(transparent)]
+    Backbone(#[from] engine_llm::Error),
+
+    /// A decoding step of the backbone (`spec-core`).
+    #[error(transparent)]
+    Core(#[from] spec_core::Error),
+
+    /// A weight the model needs is missing or has the wrong shape.
+    #[error("{name}: {reason}")]
+    Weights { name: String, reason: String },
+
+    #[error("{path}: {reason}")]
+    File { path: PathBuf, reason: String },
+
+    /// Input the model cannot take: empty text, a token outside its vocabulary.
+    #[error("invalid input: {0}")]
+    Input(String),
+
+    /// A setting out of range.
+    #[error("invalid setting: {0}")]
+    Config(String),
+}
+
+pub type Result<T> = std::result::Result<T, CosyVoiceError>;

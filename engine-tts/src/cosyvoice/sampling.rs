@@ -1,0 +1,194 @@
+//! CosyVoice 2's repetition-aware sampling (VALL-E 2's RAS, the reference's `ras_sampling`):
+//! nucleus sampling (top-p 0.8 within the top 25), and when the drawn token already appears
+//! in the last 10 tokens (a share ≥ τ_r = 0.1 of the window), a draw from the whole
+//! distribution with that token excluded.
+//!
+//! Draws take their uniform numbers from a [`Uniforms`] source, so a test can replay the
+//! numbers the reference drew: a categorical draw over weights `P` with uniform `u` is the
+//! first `i` with `u < Σ_{j ≤ i} P_j / ΣP` (cumulated in f64), the last index if none.
+
+use rand::Rng;
+
+use crate::cosyvoice::{CosyVoiceError, Result};
+
+/// Uniform numbers in [0, 1) for the sampler's draws.
+pub trait Uniforms {
+    fn next_uniform(&mut self) -> f64;
+}
+
+impl<R: Rng> Uniforms for R {
+    fn next_uniform(&mut self) -> f64 {
+        self.random::<f64>()
+    }
+}
+
+/// Settings of [`ras_sample`]; the defaults are CosyVoice 2's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RasConfig {
+    pub top_p: f32,
+    pub top_k: usize,
+    /// Tokens looked back at for repetitions.
+    pub window: usize,
+    /// Share of the window a token may fill before it is drawn again from the whole
+    /// distribution.
+    pub tau_r: f32,
+}
+
+impl Default for RasConfig {
+    fn default() -> Self {
+        Self {
+            top_p: 0.8,
+            top_k: 25,
+            window: 10,
+            tau_r: 0.1,
+        }
+    }
+}
+
+impl RasConfig {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) || self.top_k == 0 || self.window == 0 {
+            return Err(CosyVoiceError::Config(format!(
+                "repetition-aware sampling needs 0 < top_p ≤ 1, top_k ≥ 1 and a window ≥ 1, got {self:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Softmax in f32.
+fn softmax(scores: &[f32]) -> Vec<f32> {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+/// The categorical draw over unnormalized `weights` with uniform `u` (see the module docs).
+pub fn draw(weights: &[f32], u: f64) -> usize {
+    let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+    let mut cumulative = 0.0;
+    for (i, &w) in weights.iter().enumerate() {
+        cumulative += f64::from(w) / total;
+        if u < cumulative {
+            return i;
+        }
+    }
+    weights.len().saturating_sub(1)
+}
+
+/// Nucleus sampling over log-probabilities `scores`: tokens by decreasing probability (ties in
+/// index order) are taken while their cumulated probability is below `top_p` and fewer than
+/// `top_k` are taken (so the token crossing `top_p` is included), then one is drawn in
+/// proportion to its probability.
+pub fn nucleus_sample(
+    scores: &[f32],
+    top_p: f32,
+    top_k: usize,
+    uniforms: &mut dyn Uniforms,
+) -> u32 {
+    let probabilities = softmax(scores);
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
+    let mut cumulative = 0f32;
+    let mut kept = Vec::new();
+    for &index in &order {
+        if cumulative < top_p && kept.len() < top_k {
+            cumulative += probabilities[index];
+            kept.push(index);
+        } else {
+            break;
+        }
+    }
+    let weights: Vec<f32> = kept.iter().map(|&i| probabilities[i]).collect();
+    kept[draw(&weights, uniforms.next_uniform())] as u32
+}
+
+/// Repetition-aware sampling of the next token after `decoded` from log-probabilities
+/// `scores` (modified in place when the fallback excludes a token).
+pub fn ras_sample(
+    scores: &mut [f32],
+    decoded: &[u32],
+    config: &RasConfig,
+    uniforms: &mut dyn Uniforms,
+) -> u32 {
+    let token = nucleus_sample(scores, config.top_p, config.top_k, uniforms);
+    let recent = &decoded[decoded.len().saturating_sub(config.window)..];
+    let repeats = recent.iter().filter(|&&t| t == token).count();
+    if repeats as f32 >= config.window as f32 * config.tau_r {
+        scores[token as usize] = f32::NEG_INFINITY;
+        return draw(&softmax(scores), uniforms.next_uniform()) as u32;
+    }
+    token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(Vec<f64>);
+
+    impl Uniforms for Fixed {
+        fn next_uniform(&mut self) -> f64 {
+            self.0.remove(0)
+        }
+    }
+
+    #[test]
+    fn draws_follow_the_cumulative_weights() {
+        assert_eq!(draw(&[1.0, 1.0, 2.0], 0.0), 0);
+        assert_eq!(draw(&[1.0, 1.0, 2.0], 0.3), 1);
+        assert_eq!(draw(&[1.0, 1.0, 2.0], 0.5), 2);
+        assert_eq!(draw(&[1.0, 1.0, 2.0], 0.999_999_9), 2);
+    }
+
+    #[test]
+    fn the_nucleus_includes_the_token_that_crosses_top_p() {
+        // Probabilities 0.5, 0.3, 0.2 (in log space): 0.5 < 0.8 takes the second token,
+        // 0.8 is not below 0.8, so the third is left out.
+        let scores: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
+        for (u, token) in [(0.1, 0), (0.7, 1), (0.99, 1)] {
+            assert_eq!(nucleus_sample(&scores, 0.8, 25, &mut Fixed(vec![u])), token);
+        }
+        // top_k = 1 is greedy.
+        assert_eq!(nucleus_sample(&scores, 0.8, 1, &mut Fixed(vec![0.99])), 0);
+    }
+
+    #[test]
+    fn a_recent_repeat_is_drawn_again_without_it() {
+        let mut scores: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
+        let config = RasConfig::default();
+        // Token 0 (drawn by u = 0.1) was decoded 3 tokens ago: the second draw (u = 0.1 of
+        // the distribution without it: 0.3 / 0.5 → token 1) replaces it.
+        let token = ras_sample(&mut scores, &[0, 2, 1], &config, &mut Fixed(vec![0.1, 0.1]));
+        assert_eq!(token, 1);
+        assert_eq!(scores[0], f32::NEG_INFINITY);
+        // Outside the window it stays.
+        let mut scores: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
+        let old = [vec![0], vec![2; 10]].concat();
+        assert_eq!(
+            ras_sample(&mut scores, &old, &config, &mut Fixed(vec![0.1])),
+            0
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        for bad in [
+            RasConfig {
+                top_p: 0.0,
+                ..RasConfig::default()
+            },
+            RasConfig {
+                top_k: 0,
+                ..RasConfig::default()
+            },
+            RasConfig {
+                window: 0,
+                ..RasConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err());
+        }
+    }
+}
