@@ -125,6 +125,22 @@ fn the_speech_lm_matches_the_reference() {
         .unwrap();
     assert_eq!(tokens, fixture.ids("out.unistream_tokens"));
     assert_eq!(replay.0.len(), 0, "all {drawn} recorded draws were used");
+
+    // Bistreaming, the text arriving one token at a time.
+    let uniforms: Vec<f64> = fixture.tensors["in.bistream_uniforms"]
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut replay = Replay(uniforms.into_iter());
+    let mut stream = lm.bistream(&prompt_text, &prompt_speech).unwrap();
+    let mut tokens = Vec::new();
+    for &t in &text {
+        tokens.extend(stream.push_text(&[t], &mut replay).unwrap());
+    }
+    tokens.extend(stream.finish(&mut replay).unwrap());
+    assert_eq!(tokens, fixture.ids("out.bistream_tokens"));
+    assert_eq!(replay.0.len(), 0);
 }
 
 #[test]

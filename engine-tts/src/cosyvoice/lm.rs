@@ -22,6 +22,18 @@ use crate::cosyvoice::{CosyVoiceError, Result};
 /// Prefix of the backbone's tensors in `llm.pt`.
 const BACKBONE_PREFIX: &str = "llm.model.";
 
+/// Bistreaming's interleaving: text tokens, then speech tokens (CosyVoice 2's `mix_ratio`).
+const MIX_RATIO: (usize, usize) = (5, 15);
+
+/// A stretch of the language model's input.
+#[derive(Clone, Debug)]
+enum Piece {
+    Start,
+    Task,
+    Text(Vec<u32>),
+    Speech(Vec<u32>),
+}
+
 /// Settings of a [`SpeechLm`]; the defaults are CosyVoice 2's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpeechLmConfig {
@@ -155,6 +167,53 @@ impl SpeechLm {
         self.config.speech_token_size as u32
     }
 
+    /// The fill token of bistreaming: the model asks for more text.
+    pub fn fill_token(&self) -> u32 {
+        self.config.speech_token_size as u32 + 2
+    }
+
+    /// The embeddings of `pieces`, concatenated, `[1, n, hidden]`.
+    fn embed_pieces(&self, pieces: &[Piece]) -> Result<Tensor> {
+        let parts = pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Start => Ok(self.start.clone()),
+                Piece::Task => Ok(self.task.clone()),
+                Piece::Text(ids) => Ok(self.backbone.embed_tokens(ids)?.unsqueeze(0)?),
+                Piece::Speech(ids) => self.speech_embeddings(ids),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 1)?)
+    }
+
+    /// Bistreaming (the reference's `inference_bistream`): text arrives in pieces
+    /// ([`Bistream::push_text`]) and speech tokens are drawn as soon as 5 text tokens are in,
+    /// 15 speech tokens per 5 text tokens, the model asking for more text with the fill token;
+    /// [`Bistream::finish`] decodes the rest to the end token. The prompt's text and speech
+    /// tokens are interleaved the same way first.
+    pub fn bistream(&mut self, prompt_text: &[u32], prompt_speech: &[u32]) -> Result<Bistream<'_>> {
+        if let Some(&bad) = prompt_speech
+            .iter()
+            .find(|&&t| t as usize >= self.config.speech_token_size)
+        {
+            return Err(CosyVoiceError::Input(format!(
+                "prompt speech token {bad} is not a speech token"
+            )));
+        }
+        self.backbone.reset();
+        let ratio = MIX_RATIO;
+        let next_fill = (prompt_speech.len() / ratio.1 + 1) * ratio.1 - prompt_speech.len();
+        Ok(Bistream {
+            pending: vec![Piece::Start],
+            text: prompt_text.to_vec(),
+            prompt_speech: prompt_speech.to_vec(),
+            out: Vec::new(),
+            text_pushed: 0,
+            next_fill,
+            lm: self,
+        })
+    }
+
     /// `[sos, text embeddings, task id, prompt speech embeddings]` `[1, n, hidden]`.
     pub fn prompt_embeddings(&self, text: &[u32], prompt_speech: &[u32]) -> Result<Tensor> {
         let text = self.backbone.embed_tokens(text)?.unsqueeze(0)?;
@@ -250,5 +309,117 @@ impl SpeechLm {
             input = self.speech_embeddings(&[token])?;
         }
         Ok(out)
+    }
+}
+
+/// A bistreaming session (see [`SpeechLm::bistream`]).
+pub struct Bistream<'a> {
+    lm: &'a mut SpeechLm,
+    /// The input of the next forward. As in the reference, after the fill token it still holds
+    /// the input already forwarded, which is fed again if the text ends before 5 more tokens.
+    pending: Vec<Piece>,
+    /// Text tokens not yet in the input.
+    text: Vec<u32>,
+    /// Prompt speech tokens not yet in the input.
+    prompt_speech: Vec<u32>,
+    /// Every token drawn, fill tokens included.
+    out: Vec<u32>,
+    /// Text tokens pushed (the prompt's not counted), for the length limit.
+    text_pushed: usize,
+    /// Where in `out` the next fill token is forced.
+    next_fill: usize,
+}
+
+impl Bistream<'_> {
+    /// Adds text tokens; returns the speech tokens drawn before the model asked for more text.
+    pub fn push_text(&mut self, text: &[u32], uniforms: &mut dyn Uniforms) -> Result<Vec<u32>> {
+        let (text_ratio, speech_ratio) = MIX_RATIO;
+        self.text.extend_from_slice(text);
+        self.text_pushed += text.len();
+        while !self.prompt_speech.is_empty() && self.text.len() >= text_ratio {
+            let text: Vec<u32> = self.text.drain(..text_ratio).collect();
+            let take = speech_ratio.min(self.prompt_speech.len());
+            let speech: Vec<u32> = self.prompt_speech.drain(..take).collect();
+            self.pending
+                .extend([Piece::Text(text), Piece::Speech(speech)]);
+        }
+        if !self.prompt_speech.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fill = self.lm.fill_token();
+        let after_fill = self.out.last() == Some(&fill);
+        let at_start = self.out.is_empty() && matches!(self.pending[..], [Piece::Start]);
+        if after_fill || at_start {
+            if self.text.len() < text_ratio {
+                return Ok(Vec::new());
+            }
+            let text = Piece::Text(self.text.drain(..text_ratio).collect());
+            if after_fill {
+                self.pending = vec![text];
+            } else {
+                self.pending.push(text);
+            }
+        }
+        let end = self.lm.end_token();
+        let mut spoken = Vec::new();
+        loop {
+            let input = self.lm.embed_pieces(&self.pending)?;
+            let mut scores: Vec<f32> = self.lm.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
+            let token = if self.out.len() == self.next_fill {
+                self.next_fill += speech_ratio + 1;
+                fill
+            } else {
+                scores[end as usize] = f32::NEG_INFINITY;
+                ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms)
+            };
+            if token == fill {
+                self.next_fill = self.out.len() + speech_ratio + 1;
+            }
+            self.out.push(token);
+            if token == fill {
+                return Ok(spoken);
+            }
+            if token >= end {
+                return Err(CosyVoiceError::Generation(format!(
+                    "the model drew token {token} (not a speech token) while text was streaming"
+                )));
+            }
+            spoken.push(token);
+            self.pending = vec![Piece::Speech(vec![token])];
+        }
+    }
+
+    /// No more text: decodes to the end token and returns the speech tokens drawn.
+    pub fn finish(mut self, uniforms: &mut dyn Uniforms) -> Result<Vec<u32>> {
+        let text = std::mem::take(&mut self.text);
+        if !text.is_empty() {
+            self.pending.push(Piece::Text(text));
+        }
+        self.pending.push(Piece::Task);
+        let end = self.lm.end_token();
+        // The reference has no limit here; a model that never ends stops at the unistream one.
+        let limit = self.text_pushed.max(1) * self.lm.config.max_token_text_ratio;
+        let mut spoken = Vec::new();
+        loop {
+            if self.out.len() >= limit {
+                return Err(CosyVoiceError::Generation(format!(
+                    "no end token after {limit} speech tokens"
+                )));
+            }
+            let input = self.lm.embed_pieces(&self.pending)?;
+            let mut scores: Vec<f32> = self.lm.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
+            let token = ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms);
+            self.out.push(token);
+            if token == end {
+                return Ok(spoken);
+            }
+            if token > end {
+                return Err(CosyVoiceError::Generation(format!(
+                    "the model drew token {token} (not a speech token) after the text"
+                )));
+            }
+            spoken.push(token);
+            self.pending = vec![Piece::Speech(vec![token])];
+        }
     }
 }

@@ -34,6 +34,11 @@ pub enum CosyVoiceError {
     #[error("invalid input: {0}")]
     Input(String),
 
+    /// The model drew a token that the decoding cannot continue from (the reference raises
+    /// there too).
+    #[error("{0}")]
+    Generation(String),
+
     /// A setting out of range.
     #[error("invalid setting: {0}")]
     Config(String),
