@@ -10,7 +10,7 @@
 //! `spec-kernels` on the CPU. The blocks (attention, norms, SwiGLU, rotary) are `spec-nn`'s.
 
 use candle_core::{DType, Device, Tensor, D};
-use spec_core::decoder::input_tokens;
+use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, LogitRows};
 use spec_nn::{
@@ -144,16 +144,7 @@ impl Transformer {
     /// the first layer, for models that mix token embeddings with other vectors (a TTS
     /// language model's text, then speech-token embeddings).
     pub fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
-        if let Some(&bad) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(spec_core::Error::TokenOutOfRange {
-                token: bad,
-                vocab: self.config.vocab_size,
-            }
-            .into());
-        }
+        check_token_range(tokens, self.config.vocab_size)?;
         Ok(self.weights.embeddings.embedding(tokens, &self.device)?)
     }
 

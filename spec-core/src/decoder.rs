@@ -201,6 +201,14 @@ pub fn input_tokens(input: &DecoderInput<'_>) -> Result<Vec<u32>> {
     })
 }
 
+/// Checks that every token id is below `vocab`.
+pub fn check_token_range(tokens: &[u32], vocab: usize) -> Result<()> {
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
+        None => Ok(()),
+    }
+}
+
 /// Length of the longest common prefix of two token sequences.
 pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()

@@ -9,7 +9,7 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::decoder::{Decoder, DecoderInput, Forward, LogitRows};
+use crate::decoder::{check_token_range, Decoder, DecoderInput, Forward, LogitRows};
 use crate::heads::{HiddenStates, TokenHeads};
 use crate::kv_cache::keep_positions_of;
 use crate::logits::Logits;
@@ -132,15 +132,7 @@ impl Decoder for MockDecoder {
                 max: self.config.max_len,
             });
         }
-        if let Some(&token) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(Error::TokenOutOfRange {
-                token,
-                vocab: self.config.vocab_size,
-            });
-        }
+        check_token_range(tokens, self.config.vocab_size)?;
         let visible: Option<Vec<Vec<f32>>> = match step.mask {
             Some(mask) => Some(mask.squeeze(0)?.squeeze(0)?.to_vec2()?),
             None => None,

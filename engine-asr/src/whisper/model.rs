@@ -12,7 +12,7 @@
 //! `audio_ctx` does. Every block is `spec-nn`'s.
 
 use candle_core::{Device, Tensor};
-use spec_core::decoder::input_tokens;
+use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache};
 use spec_nn::SelfAttention;
@@ -224,16 +224,7 @@ impl Whisper {
             )
             .into());
         };
-        if let Some(&bad) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(spec_core::Error::TokenOutOfRange {
-                token: bad,
-                vocab: self.config.vocab_size,
-            }
-            .into());
-        }
+        check_token_range(tokens, self.config.vocab_size)?;
         let decoder = &self.decoder;
         let embedded = decoder.embeddings.embedding(tokens, &self.device)?;
         let mut x = (embedded + decoder.positions.embed(step.positions)?)?.unsqueeze(0)?;
