@@ -368,3 +368,44 @@ fn hift_draws_its_own_noise_from_a_random_number_generator() {
         "speech moved by {distance} with other noise"
     );
 }
+
+#[test]
+fn hift_loads_other_weight_names_and_files() {
+    let fixture = Fixture::read("hift_tiny.safetensors");
+    let config = hift_config(&fixture);
+    let mel = &fixture.tensors["in.mel"];
+    let source = &fixture.tensors["out.source"];
+
+    // Older weight norm (`weight_g` / `weight_v`) under a `generator.` prefix.
+    let renamed: HashMap<String, Tensor> = fixture
+        .with_prefix("w.")
+        .into_iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace(".parametrizations.weight.original0", ".weight_g")
+                .replace(".parametrizations.weight.original1", ".weight_v");
+            (format!("generator.{name}"), t)
+        })
+        .collect();
+    let vocoder = Hift::from_tensors(renamed, config.clone(), &Device::Cpu).unwrap();
+    assert_close(
+        &fixture,
+        "out.decode_given_source",
+        &vocoder.decode(mel, source).unwrap(),
+        1e-4,
+    );
+
+    // A safetensors file of the state dict.
+    let path = std::env::temp_dir().join(format!("hift_tiny_{}.safetensors", std::process::id()));
+    candle_core::safetensors::save(&fixture.with_prefix("w."), &path).unwrap();
+    let loaded = Hift::load(&path, config.clone(), &Device::Cpu);
+    std::fs::remove_file(&path).unwrap();
+    assert_close(
+        &fixture,
+        "out.decode_given_source",
+        &loaded.unwrap().decode(mel, source).unwrap(),
+        1e-4,
+    );
+    let err = Hift::load(&path, config, &Device::Cpu).unwrap_err();
+    assert!(matches!(err, CosyVoiceError::File { .. }), "{err}");
+}

@@ -21,6 +21,7 @@
 //! accumulated in f64.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use rand::Rng;
@@ -462,6 +463,25 @@ impl Hift {
             config,
             device: device.clone(),
         })
+    }
+
+    /// Loads `hift.pt` (a PyTorch state dict) or its safetensors conversion.
+    pub fn load(weights: &Path, config: HiftConfig, device: &Device) -> Result<Self> {
+        let bad = |reason: String| CosyVoiceError::File {
+            path: weights.to_path_buf(),
+            reason,
+        };
+        let tensors: HashMap<String, Tensor> =
+            if weights.extension().is_some_and(|e| e == "safetensors") {
+                candle_core::safetensors::load(weights, &Device::Cpu)
+                    .map_err(|e| bad(e.to_string()))?
+            } else {
+                candle_core::pickle::read_all(weights)
+                    .map_err(|e| bad(e.to_string()))?
+                    .into_iter()
+                    .collect()
+            };
+        Self::from_tensors(tensors, config, device)
     }
 
     pub fn config(&self) -> &HiftConfig {
