@@ -209,16 +209,13 @@ impl Weights<'_> {
     /// A weight-normed weight `g · v / ‖v‖` (norm over all dimensions but the first), stored
     /// as `parametrizations.weight.original0/1` (torch ≥ 2.1) or `weight_g` / `weight_v`.
     fn weight_normed(&mut self, prefix: &str, shape: &[usize]) -> Result<Tensor> {
-        let modern = format!("{prefix}.parametrizations.weight.original0");
-        let (g_name, v_name) = if self.tensors.contains_key(&modern) {
-            (
-                modern,
-                format!("{prefix}.parametrizations.weight.original1"),
-            )
-        } else if self.tensors.contains_key(&format!("{prefix}.weight_g")) {
+        let (g_name, v_name) = if self.tensors.contains_key(&format!("{prefix}.weight_g")) {
             (format!("{prefix}.weight_g"), format!("{prefix}.weight_v"))
         } else {
-            (modern, String::new())
+            (
+                format!("{prefix}.parametrizations.weight.original0"),
+                format!("{prefix}.parametrizations.weight.original1"),
+            )
         };
         let g = self.take(&g_name, &[shape[0], 1, 1])?;
         let v = self.take(&v_name, shape)?;
