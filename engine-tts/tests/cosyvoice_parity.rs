@@ -409,3 +409,36 @@ fn hift_loads_other_weight_names_and_files() {
     let err = Hift::load(&path, config, &Device::Cpu).unwrap_err();
     assert!(matches!(err, CosyVoiceError::File { .. }), "{err}");
 }
+
+/// The released `hift.pt`'s names and shapes (`reference/hift_pt_keys_full_config.txt`) load
+/// with the default configuration.
+#[test]
+fn hift_takes_the_released_checkpoints_names_and_shapes() {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "reference/hift_pt_keys_full_config.txt",
+    ]
+    .iter()
+    .collect();
+    let tensors: HashMap<String, Tensor> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (name, shape) = line.split_once('\t').unwrap();
+            let shape: Vec<usize> = shape
+                .trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|d| d.parse().unwrap())
+                .collect();
+            let tensor = Tensor::ones(shape, DType::F32, &Device::Cpu).unwrap();
+            (name.to_string(), tensor)
+        })
+        .collect();
+    assert_eq!(tensors.len(), 328);
+    let vocoder = Hift::from_tensors(tensors, HiftConfig::default(), &Device::Cpu).unwrap();
+    let mel = Tensor::zeros((1, 80, 2), DType::F32, &Device::Cpu).unwrap();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+    let (speech, source) = vocoder.inference(&mel, None, &mut rng).unwrap();
+    assert_eq!(speech.dims(), [1, 960]);
+    assert_eq!(source.dims(), [1, 1, 960]);
+}
