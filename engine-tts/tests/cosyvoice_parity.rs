@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
+use engine_tts::cosyvoice::hift::{Hift, HiftConfig, SineNoise};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
 use engine_tts::cosyvoice::sampling::Uniforms;
 use engine_tts::cosyvoice::CosyVoiceError;
@@ -183,4 +184,277 @@ fn bad_weights_and_input_are_typed_errors() {
     assert!(lm.generate(&[1, 2], &[], &[], &mut rng).is_ok());
     let err = lm.generate(&[500], &[], &[], &mut rng).unwrap_err();
     assert!(err.to_string().contains("500"), "{err}");
+}
+
+/// The tiny HiFT configuration of the fixture.
+fn hift_config(fixture: &Fixture) -> HiftConfig {
+    let c = &fixture.config;
+    let size = |key: &str| c[key].as_u64().unwrap() as usize;
+    let sizes = |key: &str| -> Vec<usize> {
+        c[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect()
+    };
+    HiftConfig {
+        base_channels: size("base_channels"),
+        cond_channels: size("cond_channels"),
+        nb_harmonics: size("nb_harmonics"),
+        sampling_rate: size("sampling_rate"),
+        upsample_rates: sizes("upsample_rates"),
+        upsample_kernel_sizes: sizes("upsample_kernel_sizes"),
+        n_fft: size("n_fft"),
+        hop_len: size("hop_len"),
+        resblock_kernel_sizes: sizes("resblock_kernel_sizes"),
+        resblock_dilations: sizes("dilations"),
+        source_resblock_kernel_sizes: sizes("source_resblock_kernel_sizes"),
+        source_resblock_dilations: sizes("dilations"),
+        lrelu_slope: c["lrelu_slope"].as_f64().unwrap(),
+        audio_limit: c["audio_limit"].as_f64().unwrap(),
+        nsf_alpha: c["nsf_alpha"].as_f64().unwrap() as f32,
+        nsf_sigma: c["nsf_sigma"].as_f64().unwrap() as f32,
+        nsf_voiced_threshold: c["nsf_voiced_threshold"].as_f64().unwrap() as f32,
+        ..HiftConfig::default()
+    }
+}
+
+fn hift(fixture: &Fixture) -> Hift {
+    Hift::from_tensors(
+        fixture.with_prefix("w."),
+        hift_config(fixture),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+/// The sine generator's noise as the reference drew it.
+struct RecordedNoise(Tensor);
+
+impl SineNoise for RecordedNoise {
+    fn noise(
+        &mut self,
+        batch: usize,
+        samples: usize,
+        harmonics: usize,
+        _device: &Device,
+    ) -> engine_tts::cosyvoice::Result<Tensor> {
+        assert_eq!(self.0.dims(), [batch, samples, harmonics]);
+        Ok(self.0.clone())
+    }
+}
+
+/// Asserts `ours` matches the reference tensor `name` within `tolerance`, absolute.
+fn assert_close(fixture: &Fixture, name: &str, ours: &Tensor, tolerance: f32) {
+    let reference = &fixture.tensors[name];
+    assert_eq!(ours.dims(), reference.dims(), "{name}");
+    let difference = max_difference(ours, reference);
+    eprintln!("{name}: max |difference| {difference:e}");
+    assert!(difference < tolerance, "{name} differs by {difference}");
+}
+
+#[test]
+fn the_hift_vocoder_matches_the_reference() {
+    let fixture = Fixture::read("hift_tiny.safetensors");
+    let vocoder = hift(&fixture);
+    let mel = &fixture.tensors["in.mel"];
+    let frames = fixture.config["frames"].as_u64().unwrap() as usize;
+    assert_eq!(mel.dims(), [1, 80, frames]);
+
+    // F0: values up to ~200 Hz, compared relative to each value.
+    let f0 = vocoder.f0(mel).unwrap();
+    let reference = &fixture.tensors["out.f0"];
+    assert_eq!(f0.dims(), reference.dims());
+    let ours: Vec<f32> = f0.flatten_all().unwrap().to_vec1().unwrap();
+    let theirs: Vec<f32> = reference.flatten_all().unwrap().to_vec1().unwrap();
+    let relative = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs() / b.abs())
+        .fold(0f32, f32::max);
+    eprintln!("out.f0: max relative difference {relative:e}");
+    assert!(relative < 1e-3, "f0 differs by {relative} relative");
+    assert!(theirs.iter().any(|&f| f < 10.0) && theirs.iter().any(|&f| f > 10.0));
+
+    // The source on the reference's noise, then the whole vocoder.
+    let source = vocoder
+        .source(
+            &f0,
+            &mut RecordedNoise(fixture.tensors["in.sine_noise"].clone()),
+        )
+        .unwrap();
+    assert_close(&fixture, "out.source", &source, 1e-4);
+    let (speech, source) = vocoder
+        .inference(
+            mel,
+            None,
+            &mut RecordedNoise(fixture.tensors["in.sine_noise"].clone()),
+        )
+        .unwrap();
+    assert_close(&fixture, "out.source", &source, 1e-4);
+    assert_close(&fixture, "out.speech", &speech, 1e-4);
+
+    // Decoding the reference's own source: no noise involved.
+    let decoded = vocoder.decode(mel, &fixture.tensors["out.source"]).unwrap();
+    assert_close(&fixture, "out.decode_given_source", &decoded, 1e-4);
+
+    // Streaming: the previous chunk's source replaces the start of this one.
+    let (speech, source) = vocoder
+        .inference(
+            mel,
+            Some(&fixture.tensors["in.cache_source"]),
+            &mut RecordedNoise(fixture.tensors["in.sine_noise_cached"].clone()),
+        )
+        .unwrap();
+    assert_close(&fixture, "out.source_cached", &source, 1e-4);
+    assert_close(&fixture, "out.speech_cached", &speech, 1e-4);
+}
+
+#[test]
+fn hift_bad_weights_and_input_are_typed_errors() {
+    let fixture = Fixture::read("hift_tiny.safetensors");
+    let config = hift_config(&fixture);
+    let mut missing = fixture.with_prefix("w.");
+    missing.remove("ups.1.parametrizations.weight.original0");
+    let err = Hift::from_tensors(missing, config.clone(), &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(err, CosyVoiceError::Weights { ref name, .. }
+            if name == "ups.1.parametrizations.weight.original0"),
+        "{err}"
+    );
+    let wider = HiftConfig {
+        base_channels: 64,
+        ..config.clone()
+    };
+    let err = Hift::from_tensors(fixture.with_prefix("w."), wider, &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(err, CosyVoiceError::Weights { ref reason, .. } if reason.contains("shape")),
+        "{err}"
+    );
+
+    let vocoder = hift(&fixture);
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+    let wrong_mel = Tensor::zeros((1, 40, 3), DType::F32, &Device::Cpu).unwrap();
+    assert!(matches!(
+        vocoder.inference(&wrong_mel, None, &mut rng),
+        Err(CosyVoiceError::Input(_))
+    ));
+    let mel = &fixture.tensors["in.mel"];
+    let too_long = Tensor::zeros((1, 1, 6000), DType::F32, &Device::Cpu).unwrap();
+    assert!(matches!(
+        vocoder.inference(mel, Some(&too_long), &mut rng),
+        Err(CosyVoiceError::Input(_))
+    ));
+}
+
+#[test]
+fn hift_draws_its_own_noise_from_a_random_number_generator() {
+    let fixture = Fixture::read("hift_tiny.safetensors");
+    let vocoder = hift(&fixture);
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    let noise = rng.noise(2, 5000, 9, &Device::Cpu).unwrap();
+    assert_eq!(noise.dims(), [2, 5000, 9]);
+    let values: Vec<f32> = noise.flatten_all().unwrap().to_vec1().unwrap();
+    let n = values.len() as f64;
+    let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let variance = values
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    assert!(mean.abs() < 0.02, "mean {mean}");
+    assert!((variance - 1.0).abs() < 0.03, "variance {variance}");
+
+    // Fresh noise changes the source only by the noise term: the speech stays close to the
+    // reference's and within the audio limit.
+    let mel = &fixture.tensors["in.mel"];
+    let (speech, _) = vocoder.inference(mel, None, &mut rng).unwrap();
+    let peak: f32 = speech
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
+    assert!(peak <= 0.99 && peak > 0.0, "peak {peak}");
+    let distance = max_difference(&speech, &fixture.tensors["out.speech"]);
+    assert!(
+        distance < 0.1,
+        "speech moved by {distance} with other noise"
+    );
+}
+
+#[test]
+fn hift_loads_other_weight_names_and_files() {
+    let fixture = Fixture::read("hift_tiny.safetensors");
+    let config = hift_config(&fixture);
+    let mel = &fixture.tensors["in.mel"];
+    let source = &fixture.tensors["out.source"];
+
+    // Older weight norm (`weight_g` / `weight_v`) under a `generator.` prefix.
+    let renamed: HashMap<String, Tensor> = fixture
+        .with_prefix("w.")
+        .into_iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace(".parametrizations.weight.original0", ".weight_g")
+                .replace(".parametrizations.weight.original1", ".weight_v");
+            (format!("generator.{name}"), t)
+        })
+        .collect();
+    let vocoder = Hift::from_tensors(renamed, config.clone(), &Device::Cpu).unwrap();
+    assert_close(
+        &fixture,
+        "out.decode_given_source",
+        &vocoder.decode(mel, source).unwrap(),
+        1e-4,
+    );
+
+    // A safetensors file of the state dict.
+    let path = std::env::temp_dir().join(format!("hift_tiny_{}.safetensors", std::process::id()));
+    candle_core::safetensors::save(&fixture.with_prefix("w."), &path).unwrap();
+    let loaded = Hift::load(&path, config.clone(), &Device::Cpu);
+    std::fs::remove_file(&path).unwrap();
+    assert_close(
+        &fixture,
+        "out.decode_given_source",
+        &loaded.unwrap().decode(mel, source).unwrap(),
+        1e-4,
+    );
+    let err = Hift::load(&path, config, &Device::Cpu).unwrap_err();
+    assert!(matches!(err, CosyVoiceError::File { .. }), "{err}");
+}
+
+/// The released `hift.pt`'s names and shapes (`reference/hift_pt_keys_full_config.txt`) load
+/// with the default configuration.
+#[test]
+fn hift_takes_the_released_checkpoints_names_and_shapes() {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "reference/hift_pt_keys_full_config.txt",
+    ]
+    .iter()
+    .collect();
+    let tensors: HashMap<String, Tensor> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (name, shape) = line.split_once('\t').unwrap();
+            let shape: Vec<usize> = shape
+                .trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|d| d.parse().unwrap())
+                .collect();
+            let tensor = Tensor::ones(shape, DType::F32, &Device::Cpu).unwrap();
+            (name.to_string(), tensor)
+        })
+        .collect();
+    assert_eq!(tensors.len(), 328);
+    let vocoder = Hift::from_tensors(tensors, HiftConfig::default(), &Device::Cpu).unwrap();
+    let mel = Tensor::zeros((1, 80, 2), DType::F32, &Device::Cpu).unwrap();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+    let (speech, source) = vocoder.inference(&mel, None, &mut rng).unwrap();
+    assert_eq!(speech.dims(), [1, 960]);
+    assert_eq!(source.dims(), [1, 1, 960]);
 }
