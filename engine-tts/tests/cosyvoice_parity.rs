@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
+use engine_tts::cosyvoice::flow::{Flow, FlowConfig, FlowPrompt};
 use engine_tts::cosyvoice::hift::{Hift, HiftConfig, SineNoise};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
 use engine_tts::cosyvoice::sampling::Uniforms;
@@ -457,4 +458,177 @@ fn hift_takes_the_released_checkpoints_names_and_shapes() {
     let (speech, source) = vocoder.inference(&mel, None, &mut rng).unwrap();
     assert_eq!(speech.dims(), [1, 960]);
     assert_eq!(source.dims(), [1, 1, 960]);
+}
+
+fn flow_config(fixture: &Fixture) -> FlowConfig {
+    let c = &fixture.config;
+    let n = |key: &str| c[key].as_u64().unwrap() as usize;
+    FlowConfig {
+        vocab_size: n("vocab"),
+        encoder_dim: n("D"),
+        encoder_heads: n("heads"),
+        encoder_ffn: n("linear_units"),
+        encoder_blocks: n("num_blocks"),
+        up_blocks: n("up_blocks"),
+        encoder_chunk: n("static_chunk_size"),
+        pre_lookahead: n("pre_lookahead_len"),
+        decoder_channels: c["decoder_channels"][0].as_u64().unwrap() as usize,
+        decoder_heads: n("num_heads"),
+        decoder_head_dim: n("attention_head_dim"),
+        decoder_transformer_blocks: n("n_blocks"),
+        decoder_mid_blocks: n("num_mid_blocks"),
+        decoder_chunk: n("decoder_static_chunk_size"),
+        n_timesteps: n("n_timesteps"),
+        cfg_rate: c["inference_cfg_rate"].as_f64().unwrap(),
+        ..FlowConfig::default()
+    }
+}
+
+fn flow(fixture: &Fixture) -> Flow {
+    Flow::from_tensors(
+        fixture.with_prefix("w."),
+        flow_config(fixture),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn flow_prompt(fixture: &Fixture) -> FlowPrompt {
+    FlowPrompt {
+        tokens: fixture.ids("in.prompt_token"),
+        mel: fixture.tensors["in.prompt_feat"].clone(),
+        speaker: fixture.tensors["in.embedding"].clone(),
+    }
+}
+
+#[test]
+fn the_flow_encoder_matches_the_reference() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let flow = flow(&fixture);
+    let prompt = fixture.ids("in.prompt_token");
+    let tokens: Vec<u32> = prompt
+        .iter()
+        .chain(&fixture.ids("in.token"))
+        .copied()
+        .collect();
+    let x = flow.embed_tokens(&tokens).unwrap();
+    let n = tokens.len() - 3;
+    for streaming in [false, true] {
+        let s = u8::from(streaming);
+        let full = flow.encode(&x, None, streaming).unwrap();
+        assert_close(
+            &fixture,
+            &format!("out.encoder_full_stream{s}"),
+            &full,
+            1e-4,
+        );
+        let head = x.narrow(1, 0, n).unwrap();
+        let context = x.narrow(1, n, 3).unwrap();
+        let with_context = flow.encode(&head, Some(&context), streaming).unwrap();
+        assert_close(
+            &fixture,
+            &format!("out.encoder_ctx_stream{s}"),
+            &with_context,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn the_flow_estimator_matches_the_reference() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let flow = flow(&fixture);
+    let input = |name: &str| &fixture.tensors[&format!("in.est_{name}")];
+    for streaming in [false, true] {
+        let velocity = flow
+            .estimate(
+                input("x"),
+                input("mask"),
+                input("mu"),
+                input("t"),
+                input("spks"),
+                input("cond"),
+                streaming,
+            )
+            .unwrap();
+        let name = format!("out.estimator_stream{}", u8::from(streaming));
+        assert_close(&fixture, &name, &velocity, 1e-4);
+    }
+}
+
+#[test]
+fn the_flow_matches_the_reference_offline_and_in_streaming_chunks() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let flow = flow(&fixture);
+    let prompt = flow_prompt(&fixture);
+    let tokens = fixture.ids("in.token");
+    let noise = &fixture.tensors["in.rand_noise"];
+    let mel = flow
+        .inference(&tokens, &prompt, noise, false, true)
+        .unwrap();
+    assert_close(&fixture, "out.mel_offline", &mel, 1e-4);
+
+    // CosyVoice2Model's schedule: chunks of `hop` new tokens plus 3 look-ahead tokens with
+    // chunk-causal attention, then the rest with full attention.
+    let hops = fixture.ids("out.stream_hops");
+    let mut offset = 0;
+    for (i, &hop) in hops.iter().enumerate() {
+        let end = offset + hop as usize + 3;
+        let mel = flow
+            .inference(&tokens[..end], &prompt, noise, true, false)
+            .unwrap();
+        let new = mel
+            .narrow(2, 2 * offset, mel.dim(2).unwrap() - 2 * offset)
+            .unwrap();
+        assert_close(&fixture, &format!("out.mel_stream_chunk{i}"), &new, 1e-4);
+        offset += hop as usize;
+    }
+    let mel = flow
+        .inference(&tokens, &prompt, noise, false, true)
+        .unwrap();
+    let last = mel
+        .narrow(2, 2 * offset, mel.dim(2).unwrap() - 2 * offset)
+        .unwrap();
+    assert_close(
+        &fixture,
+        &format!("out.mel_stream_chunk{}", hops.len()),
+        &last,
+        1e-4,
+    );
+}
+
+#[test]
+fn flow_bad_weights_and_input_are_typed_errors() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let config = flow_config(&fixture);
+    let mut missing = fixture.with_prefix("w.");
+    let name = "decoder.estimator.mid_blocks.1.1.0.attn1.to_k.weight";
+    missing.remove(name).unwrap();
+    let err = Flow::from_tensors(missing, config.clone(), &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(err, CosyVoiceError::Weights { name: ref n, .. } if n == name),
+        "{err}"
+    );
+    let wider = FlowConfig {
+        encoder_ffn: 128,
+        ..config
+    };
+    let err = Flow::from_tensors(fixture.with_prefix("w."), wider, &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(err, CosyVoiceError::Weights { ref reason, .. } if reason.contains("shape")),
+        "{err}"
+    );
+
+    let flow = flow(&fixture);
+    let prompt = flow_prompt(&fixture);
+    let noise = &fixture.tensors["in.rand_noise"];
+    assert!(matches!(
+        flow.inference(&[3, 100], &prompt, noise, false, true),
+        Err(CosyVoiceError::Input(_))
+    ));
+    let short_noise = noise.narrow(2, 0, 20).unwrap();
+    assert!(matches!(
+        flow.inference(&[1, 2, 3, 4], &prompt, &short_noise, false, true),
+        Err(CosyVoiceError::Input(_))
+    ));
 }
