@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
-use engine_tts::cosyvoice::flow::{Flow, FlowConfig, FlowPrompt};
+use engine_tts::cosyvoice::flow::{reference_noise, Flow, FlowConfig, FlowPrompt};
 use engine_tts::cosyvoice::hift::{Hift, HiftConfig, SineNoise};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
 use engine_tts::cosyvoice::sampling::Uniforms;
@@ -631,4 +631,93 @@ fn flow_bad_weights_and_input_are_typed_errors() {
         flow.inference(&[1, 2, 3, 4], &prompt, &short_noise, false, true),
         Err(CosyVoiceError::Input(_))
     ));
+}
+
+/// The fixed noise recomputed in Rust is the reference's (`in.rand_noise` is its first frames).
+#[test]
+fn flow_reference_noise_is_torchs_seed_0_normals() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let recorded = &fixture.tensors["in.rand_noise"];
+    let noise = reference_noise(80, &Device::Cpu).unwrap();
+    assert_eq!(noise.dims(), [1, 80, 15000]);
+    let ours = noise.narrow(2, 0, recorded.dim(2).unwrap()).unwrap();
+    assert_close(&fixture, "in.rand_noise", &ours, 1e-6);
+
+    // Through the whole flow, the offline mel stays at parity.
+    let flow = flow(&fixture);
+    let mel = flow
+        .inference(
+            &fixture.ids("in.token"),
+            &flow_prompt(&fixture),
+            &noise,
+            false,
+            true,
+        )
+        .unwrap();
+    assert_close(&fixture, "out.mel_offline", &mel, 1e-4);
+}
+
+#[test]
+fn flow_loads_a_safetensors_file() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let config = flow_config(&fixture);
+    let path = std::env::temp_dir().join(format!("flow_tiny_{}.safetensors", std::process::id()));
+    candle_core::safetensors::save(&fixture.with_prefix("w."), &path).unwrap();
+    let loaded = Flow::load(&path, config.clone(), &Device::Cpu);
+    std::fs::remove_file(&path).unwrap();
+    let flow = loaded.unwrap();
+    let noise = &fixture.tensors["in.rand_noise"];
+    let mel = flow
+        .inference(
+            &fixture.ids("in.token"),
+            &flow_prompt(&fixture),
+            noise,
+            false,
+            true,
+        )
+        .unwrap();
+    assert_close(&fixture, "out.mel_offline", &mel, 1e-4);
+    let err = Flow::load(&path, config, &Device::Cpu).unwrap_err();
+    assert!(matches!(err, CosyVoiceError::File { .. }), "{err}");
+}
+
+/// The released `flow.pt`'s names and shapes (`reference/flow_pt_keys_full_config.txt`) load
+/// with the default configuration and run: with every weight zero the velocity is zero, so the
+/// new frames are the noise's.
+#[test]
+fn flow_takes_the_released_checkpoints_names_and_shapes() {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "reference/flow_pt_keys_full_config.txt",
+    ]
+    .iter()
+    .collect();
+    let tensors: HashMap<String, Tensor> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (name, shape) = line.split_once('\t').unwrap();
+            let shape: Vec<usize> = shape
+                .trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|d| d.parse().unwrap())
+                .collect();
+            let tensor = Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
+            (name.to_string(), tensor)
+        })
+        .collect();
+    assert_eq!(tensors.len(), 1121);
+    let flow = Flow::from_tensors(tensors, FlowConfig::default(), &Device::Cpu).unwrap();
+    let prompt = FlowPrompt {
+        tokens: vec![1, 2],
+        mel: Tensor::zeros((1, 4, 80), DType::F32, &Device::Cpu).unwrap(),
+        speaker: Tensor::ones((1, 192), DType::F32, &Device::Cpu).unwrap(),
+    };
+    let noise = reference_noise(80, &Device::Cpu).unwrap();
+    let mel = flow
+        .inference(&[6560, 0, 7, 8, 9], &prompt, &noise, true, false)
+        .unwrap();
+    let expected = noise.narrow(2, 4, 4).unwrap();
+    assert_eq!(mel.dims(), expected.dims());
+    assert_eq!(max_difference(&mel, &expected), 0.0);
 }
