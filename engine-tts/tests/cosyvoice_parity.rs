@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
-use engine_tts::cosyvoice::flow::{reference_noise, Flow, FlowConfig, FlowPrompt};
+use engine_tts::cosyvoice::flow::{reference_noise, Flow, FlowConfig, FlowPrompt, FlowStream};
 use engine_tts::cosyvoice::hift::{Hift, HiftConfig, SineNoise};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
 use engine_tts::cosyvoice::sampling::Uniforms;
@@ -557,44 +557,20 @@ fn the_flow_estimator_matches_the_reference() {
 }
 
 #[test]
-fn the_flow_matches_the_reference_offline_and_in_streaming_chunks() {
+fn the_flow_matches_the_reference_offline() {
     let fixture = Fixture::read("flow_tiny.safetensors");
     let flow = flow(&fixture);
-    let prompt = flow_prompt(&fixture);
-    let tokens = fixture.ids("in.token");
     let noise = &fixture.tensors["in.rand_noise"];
     let mel = flow
-        .inference(&tokens, &prompt, noise, false, true)
+        .inference(
+            &fixture.ids("in.token"),
+            &flow_prompt(&fixture),
+            noise,
+            false,
+            true,
+        )
         .unwrap();
     assert_close(&fixture, "out.mel_offline", &mel, 1e-4);
-
-    // CosyVoice2Model's schedule: chunks of `hop` new tokens plus 3 look-ahead tokens with
-    // chunk-causal attention, then the rest with full attention.
-    let hops = fixture.ids("out.stream_hops");
-    let mut offset = 0;
-    for (i, &hop) in hops.iter().enumerate() {
-        let end = offset + hop as usize + 3;
-        let mel = flow
-            .inference(&tokens[..end], &prompt, noise, true, false)
-            .unwrap();
-        let new = mel
-            .narrow(2, 2 * offset, mel.dim(2).unwrap() - 2 * offset)
-            .unwrap();
-        assert_close(&fixture, &format!("out.mel_stream_chunk{i}"), &new, 1e-4);
-        offset += hop as usize;
-    }
-    let mel = flow
-        .inference(&tokens, &prompt, noise, false, true)
-        .unwrap();
-    let last = mel
-        .narrow(2, 2 * offset, mel.dim(2).unwrap() - 2 * offset)
-        .unwrap();
-    assert_close(
-        &fixture,
-        &format!("out.mel_stream_chunk{}", hops.len()),
-        &last,
-        1e-4,
-    );
 }
 
 #[test]
@@ -624,6 +600,18 @@ fn flow_bad_weights_and_input_are_typed_errors() {
     let noise = &fixture.tensors["in.rand_noise"];
     assert!(matches!(
         flow.inference(&[3, 100], &prompt, noise, false, true),
+        Err(CosyVoiceError::Input(_))
+    ));
+    let short_prompt_mel = FlowPrompt {
+        mel: prompt.mel.narrow(1, 0, 10).unwrap(),
+        ..prompt.clone()
+    };
+    assert!(matches!(
+        flow.inference(&[1, 2, 3, 4], &short_prompt_mel, noise, false, true),
+        Err(CosyVoiceError::Input(_))
+    ));
+    assert!(matches!(
+        flow.inference(&[1, 2], &prompt, noise, true, false),
         Err(CosyVoiceError::Input(_))
     ));
     let short_noise = noise.narrow(2, 0, 20).unwrap();
@@ -720,4 +708,36 @@ fn flow_takes_the_released_checkpoints_names_and_shapes() {
     let expected = noise.narrow(2, 4, 4).unwrap();
     assert_eq!(mel.dims(), expected.dims());
     assert_eq!(max_difference(&mel, &expected), 0.0);
+}
+
+/// `FlowStream` computes the reference's schedule itself: fed one token at a time, it returns
+/// the fixture's chunks at the fixture's hops (hop 5 growing to at most 20), then the rest.
+#[test]
+fn flow_stream_follows_the_reference_schedule() {
+    let fixture = Fixture::read("flow_tiny.safetensors");
+    let flow = flow(&fixture);
+    let prompt = flow_prompt(&fixture);
+    let tokens = fixture.ids("in.token");
+    let noise = &fixture.tensors["in.rand_noise"];
+    let hop = fixture.config["token_hop_len"].as_u64().unwrap() as usize;
+    let mut stream = FlowStream::new(&flow, &prompt, noise, hop).unwrap();
+    let mut chunks = Vec::new();
+    let mut offsets = vec![0];
+    for generated in 1..=tokens.len() {
+        if let Some(chunk) = stream.next_chunk(&tokens[..generated]).unwrap() {
+            chunks.push(chunk);
+            offsets.push(stream.offset());
+        }
+    }
+    let hops: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    let reference_hops: Vec<usize> = fixture
+        .ids("out.stream_hops")
+        .into_iter()
+        .map(|h| h as usize)
+        .collect();
+    assert_eq!(hops, reference_hops);
+    chunks.push(stream.finish(&tokens).unwrap());
+    for (i, chunk) in chunks.iter().enumerate() {
+        assert_close(&fixture, &format!("out.mel_stream_chunk{i}"), chunk, 1e-4);
+    }
 }

@@ -621,6 +621,21 @@ impl Flow {
         finalize: bool,
     ) -> Result<Tensor> {
         let mel_channels = self.config.mel_channels;
+        if prompt.mel.dims() != [1, 2 * prompt.tokens.len(), mel_channels] {
+            return Err(CosyVoiceError::Input(format!(
+                "prompt mel of shape {:?} for {} prompt tokens; expected [1, {}, {mel_channels}]",
+                prompt.mel.dims(),
+                prompt.tokens.len(),
+                2 * prompt.tokens.len()
+            )));
+        }
+        if prompt.speaker.dims() != [1, self.config.speaker_dim] {
+            return Err(CosyVoiceError::Input(format!(
+                "speaker embedding of shape {:?}; expected [1, {}]",
+                prompt.speaker.dims(),
+                self.config.speaker_dim
+            )));
+        }
         let all: Vec<u32> = prompt.tokens.iter().chain(tokens).copied().collect();
         let x = self.embed_tokens(&all)?;
         let h = if finalize {
@@ -643,14 +658,6 @@ impl Flow {
             .contiguous()?;
         let frames = mu.dim(2)?;
         let prompt_frames = prompt.mel.dim(1)?;
-        if prompt.mel.dims() != [1, 2 * prompt.tokens.len(), mel_channels] {
-            return Err(CosyVoiceError::Input(format!(
-                "prompt mel of shape {:?} for {} prompt tokens; expected [1, {}, {mel_channels}]",
-                prompt.mel.dims(),
-                prompt.tokens.len(),
-                2 * prompt.tokens.len()
-            )));
-        }
         if noise.dims().len() != 3 || noise.dim(1)? != mel_channels || noise.dim(2)? < frames {
             return Err(CosyVoiceError::Input(format!(
                 "noise of shape {:?}; {frames} frames of {mel_channels} channels needed",
@@ -708,6 +715,95 @@ impl Flow {
             }
         }
         Ok(z)
+    }
+}
+
+/// The reference's streaming over the flow (the token loop of `CosyVoice2Model.tts`): each
+/// chunk recomputes the flow over the prompt and every token so far, chunk-causal, with the last
+/// [`FlowConfig::pre_lookahead`] tokens as look-ahead only, and returns the frames of the `hop`
+/// new tokens; the first hop is lengthened so that prompt and first hop fill whole hops, and the
+/// hop doubles after each chunk up to 4× its start. The last call runs with full attention over
+/// all tokens, as the reference's does. Unlike the reference, whose hop is an attribute of the
+/// model that keeps growing across utterances, each stream starts at its own hop.
+#[derive(Debug)]
+pub struct FlowStream<'a> {
+    flow: &'a Flow,
+    prompt: &'a FlowPrompt,
+    noise: &'a Tensor,
+    hop: usize,
+    max_hop: usize,
+    /// Extra tokens of the first hop.
+    pad: usize,
+    /// Tokens whose frames have been returned.
+    offset: usize,
+}
+
+impl<'a> FlowStream<'a> {
+    /// A stream of hops starting at `hop` tokens (25 in CosyVoice 2).
+    pub fn new(
+        flow: &'a Flow,
+        prompt: &'a FlowPrompt,
+        noise: &'a Tensor,
+        hop: usize,
+    ) -> Result<Self> {
+        if hop == 0 {
+            return Err(CosyVoiceError::Config(
+                "flow stream: a hop of at least one token".into(),
+            ));
+        }
+        let prompt_tokens = prompt.tokens.len();
+        Ok(Self {
+            flow,
+            prompt,
+            noise,
+            hop,
+            max_hop: 4 * hop,
+            pad: prompt_tokens.div_ceil(hop) * hop - prompt_tokens,
+            offset: 0,
+        })
+    }
+
+    /// Tokens whose frames have been returned so far.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The mel frames `[1, 80, 2 · hop]` of the next hop once `tokens` (every token generated
+    /// so far) hold it and the look-ahead; `None` while they do not.
+    pub fn next_chunk(&mut self, tokens: &[u32]) -> Result<Option<Tensor>> {
+        let hop = if self.offset == 0 {
+            self.hop + self.pad
+        } else {
+            self.hop
+        };
+        let end = self.offset + hop + self.flow.config.pre_lookahead;
+        if tokens.len() < end {
+            return Ok(None);
+        }
+        let mel = self
+            .flow
+            .inference(&tokens[..end], self.prompt, self.noise, true, false)?;
+        let start = 2 * self.offset;
+        let chunk = mel.narrow(2, start, mel.dim(2)? - start)?;
+        self.offset += hop;
+        self.hop = (2 * self.hop).min(self.max_hop);
+        Ok(Some(chunk))
+    }
+
+    /// The frames of the tokens left after the last chunk, once `tokens` are all there are.
+    pub fn finish(self, tokens: &[u32]) -> Result<Tensor> {
+        if tokens.len() < self.offset {
+            return Err(CosyVoiceError::Input(format!(
+                "{} tokens; {} were streamed already",
+                tokens.len(),
+                self.offset
+            )));
+        }
+        let mel = self
+            .flow
+            .inference(tokens, self.prompt, self.noise, false, true)?;
+        let start = 2 * self.offset;
+        Ok(mel.narrow(2, start, mel.dim(2)? - start)?)
     }
 }
 
