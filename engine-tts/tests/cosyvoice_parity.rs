@@ -614,6 +614,10 @@ fn flow_bad_weights_and_input_are_typed_errors() {
         flow.inference(&[1, 2], &prompt, noise, true, false),
         Err(CosyVoiceError::Input(_))
     ));
+    assert!(matches!(
+        FlowStream::new(&flow, &prompt, noise, 0),
+        Err(CosyVoiceError::Config(_))
+    ));
     let short_noise = noise.narrow(2, 0, 20).unwrap();
     assert!(matches!(
         flow.inference(&[1, 2, 3, 4], &prompt, &short_noise, false, true),

@@ -1,8 +1,8 @@
 //! CosyVoice 2 (Du et al., 2024): a speech-token language model on a Qwen2.5-0.5B backbone
 //! ([`lm`]), the flow-matching decoder from speech tokens to mel frames ([`flow`]) and the HiFT
-//! vocoder ([`hift`]). Each part is
-//! proven by parity with the reference PyTorch code on tiny random configurations
-//! (`engine-tts/reference/make_cosyvoice2_fixtures.py`, fixtures in `tests/data/cosyvoice2`).
+//! vocoder ([`hift`]). Each part is proven by parity with the reference PyTorch code on tiny
+//! random configurations (`engine-tts/reference/make_cosyvoice2_fixtures.py`, fixtures in
+//! `tests/data/cosyvoice2`).
 
 pub mod flow;
 pub mod hift;
