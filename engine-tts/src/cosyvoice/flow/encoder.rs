@@ -1,0 +1,280 @@
+//! The `UpsampleConformerEncoder`: token embeddings → frames at twice the token rate.
+
+use candle_core::{Device, Module, Tensor};
+use candle_nn::{LayerNorm, Linear};
+
+use super::{chunk_bias, Conv, FlowConfig, Weights};
+use crate::cosyvoice::{CosyVoiceError, Result};
+
+/// The encoder's linear embedding: `LayerNorm(W x + b) · √D`.
+#[derive(Debug)]
+struct Embed {
+    linear: Linear,
+    norm: LayerNorm,
+    scale: f64,
+}
+
+impl Embed {
+    fn load(w: &mut Weights, prefix: &str, out: usize, inp: usize) -> Result<Self> {
+        Ok(Self {
+            linear: w.linear(&format!("{prefix}.out.0"), out, inp)?,
+            norm: w.layer_norm(&format!("{prefix}.out.1"), out, 1e-5)?,
+            scale: (out as f64).sqrt(),
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok((self.norm.forward(&self.linear.forward(x)?)? * self.scale)?)
+    }
+}
+
+/// ESPnet's relative-position multi-head attention (`RelPositionMultiHeadedAttention`).
+#[derive(Debug)]
+struct RelAttention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    out: Linear,
+    pos: Linear,
+    /// `[1, H, 1, d_k]`.
+    bias_u: Tensor,
+    bias_v: Tensor,
+    heads: usize,
+}
+
+impl RelAttention {
+    fn load(w: &mut Weights, prefix: &str, dim: usize, heads: usize) -> Result<Self> {
+        let dk = dim / heads;
+        let bias = |w: &mut Weights, name: &str| -> Result<Tensor> {
+            Ok(w.take(&format!("{prefix}.{name}"), &[heads, dk])?
+                .reshape((1, heads, 1, dk))?)
+        };
+        Ok(Self {
+            q: w.linear(&format!("{prefix}.linear_q"), dim, dim)?,
+            k: w.linear(&format!("{prefix}.linear_k"), dim, dim)?,
+            v: w.linear(&format!("{prefix}.linear_v"), dim, dim)?,
+            out: w.linear(&format!("{prefix}.linear_out"), dim, dim)?,
+            pos: w.linear_no_bias(&format!("{prefix}.linear_pos"), dim, dim)?,
+            bias_u: bias(w, "pos_bias_u")?,
+            bias_v: bias(w, "pos_bias_v")?,
+            heads,
+        })
+    }
+
+    /// `x` `[B, T, D]`; `pos` the `[2T − 1, D]` table of relative positions `T − 1 … −(T − 1)`;
+    /// `shift` the `[B, H, T, T]` indices `T − 1 − i + j` into it; `bias` the chunk mask.
+    fn forward(
+        &self,
+        x: &Tensor,
+        pos: &Tensor,
+        shift: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, t, dim) = x.dims3()?;
+        let (h, dk) = (self.heads, dim / self.heads);
+        let split = |y: Tensor| -> Result<Tensor> {
+            Ok(y.reshape((b, t, h, dk))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = split(self.q.forward(x)?)?;
+        let k = split(self.k.forward(x)?)?;
+        let v = split(self.v.forward(x)?)?;
+        let p = self
+            .pos
+            .forward(pos)?
+            .reshape((2 * t - 1, h, dk))?
+            .transpose(0, 1)?
+            .contiguous()?
+            .unsqueeze(0)?;
+        let content = q
+            .broadcast_add(&self.bias_u)?
+            .matmul(&k.transpose(2, 3)?.contiguous()?)?;
+        let position = q
+            .broadcast_add(&self.bias_v)?
+            .broadcast_matmul(&p.transpose(2, 3)?.contiguous()?)?
+            .contiguous()?
+            .gather(shift, 3)?;
+        let mut scores = ((content + position)? / (dk as f64).sqrt())?;
+        if let Some(bias) = bias {
+            scores = scores.broadcast_add(bias)?;
+        }
+        let attention = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?;
+        let merged = attention
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, dim))?;
+        Ok(self.out.forward(&merged)?)
+    }
+}
+
+/// A conformer layer with pre-norm, relative-position attention and a SiLU feed-forward (no
+/// macaron, no convolution module).
+#[derive(Debug)]
+struct ConformerLayer {
+    norm_mha: LayerNorm,
+    attention: RelAttention,
+    norm_ff: LayerNorm,
+    w1: Linear,
+    w2: Linear,
+}
+
+impl ConformerLayer {
+    fn load(w: &mut Weights, prefix: &str, config: &FlowConfig) -> Result<Self> {
+        let (dim, ffn) = (config.encoder_dim, config.encoder_ffn);
+        Ok(Self {
+            norm_mha: w.layer_norm(&format!("{prefix}.norm_mha"), dim, 1e-12)?,
+            attention: RelAttention::load(
+                w,
+                &format!("{prefix}.self_attn"),
+                dim,
+                config.encoder_heads,
+            )?,
+            norm_ff: w.layer_norm(&format!("{prefix}.norm_ff"), dim, 1e-12)?,
+            w1: w.linear(&format!("{prefix}.feed_forward.w_1"), ffn, dim)?,
+            w2: w.linear(&format!("{prefix}.feed_forward.w_2"), dim, ffn)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        pos: &Tensor,
+        shift: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let x = (x + self
+            .attention
+            .forward(&self.norm_mha.forward(x)?, pos, shift, bias)?)?;
+        let h = self.w1.forward(&self.norm_ff.forward(&x)?)?.silu()?;
+        Ok((&x + self.w2.forward(&h)?)?)
+    }
+}
+
+/// A stack of conformer layers sharing one relative-position table and chunk mask.
+fn conformer_stack(
+    layers: &[ConformerLayer],
+    x: &Tensor,
+    chunk: usize,
+    heads: usize,
+) -> Result<Tensor> {
+    let (b, t, dim) = x.dims3()?;
+    let device = x.device();
+    let pos = relative_positions(t, dim, device)?;
+    let indices: Vec<u32> = (0..t)
+        .flat_map(|i| (0..t).map(move |j| (t - 1 - i + j) as u32))
+        .collect();
+    let shift = Tensor::from_vec(indices, (1, 1, t, t), device)?
+        .broadcast_as((b, heads, t, t))?
+        .contiguous()?;
+    let bias = chunk_bias(t, chunk, f32::NEG_INFINITY, device)?;
+    let mut x = x.clone();
+    for layer in layers {
+        x = layer.forward(&x, &pos, &shift, bias.as_ref())?;
+    }
+    Ok(x)
+}
+
+/// ESPnet's relative positional encoding for `t` frames: row `k` is the sinusoid of position
+/// `t − 1 − k` (`sin` on even, `cos` on odd channels), computed in f32 as the reference does.
+fn relative_positions(t: usize, dim: usize, device: &Device) -> Result<Tensor> {
+    let step = -(10000f64.ln() / dim as f64) as f32;
+    let frequencies: Vec<f32> = (0..dim / 2)
+        .map(|i| ((2 * i) as f32 * step).exp())
+        .collect();
+    let mut table = Vec::with_capacity((2 * t - 1) * dim);
+    for k in 0..2 * t - 1 {
+        let p = (t as f32 - 1.0) - k as f32;
+        for &f in &frequencies {
+            let angle = p * f;
+            table.push(angle.sin());
+            table.push(angle.cos());
+        }
+    }
+    Ok(Tensor::from_vec(table, (2 * t - 1, dim), device)?)
+}
+
+/// The `UpsampleConformerEncoder`.
+#[derive(Debug)]
+pub(super) struct Encoder {
+    embed: Embed,
+    lookahead1: Conv,
+    lookahead2: Conv,
+    layers: Vec<ConformerLayer>,
+    up_conv: Conv,
+    up_embed: Embed,
+    up_layers: Vec<ConformerLayer>,
+    after_norm: LayerNorm,
+    /// Tokens the pre-lookahead layer sees ahead.
+    pre_lookahead: usize,
+    heads: usize,
+    /// Tokens a streaming attention chunk holds.
+    chunk: usize,
+}
+
+impl Encoder {
+    pub(super) fn load(w: &mut Weights, config: &FlowConfig) -> Result<Self> {
+        let dim = config.encoder_dim;
+        let layers = |w: &mut Weights, name: &str, n: usize| -> Result<Vec<ConformerLayer>> {
+            (0..n)
+                .map(|i| ConformerLayer::load(w, &format!("encoder.{name}.{i}"), config))
+                .collect()
+        };
+        Ok(Self {
+            embed: Embed::load(w, "encoder.embed", dim, dim)?,
+            lookahead1: w.conv(
+                "encoder.pre_lookahead_layer.conv1",
+                dim,
+                dim,
+                config.pre_lookahead + 1,
+            )?,
+            lookahead2: w.conv("encoder.pre_lookahead_layer.conv2", dim, dim, 3)?,
+            layers: layers(w, "encoders", config.encoder_blocks)?,
+            up_conv: w.conv("encoder.up_layer.conv", dim, dim, 5)?,
+            up_embed: Embed::load(w, "encoder.up_embed", dim, dim)?,
+            up_layers: layers(w, "up_encoders", config.up_blocks)?,
+            after_norm: w.layer_norm("encoder.after_norm", dim, 1e-5)?,
+            pre_lookahead: config.pre_lookahead,
+            heads: config.encoder_heads,
+            chunk: config.encoder_chunk,
+        })
+    }
+
+    /// See [`Flow::encode`](super::Flow::encode).
+    pub(super) fn forward(
+        &self,
+        xs: &Tensor,
+        context: Option<&Tensor>,
+        streaming: bool,
+    ) -> Result<Tensor> {
+        let look = self.pre_lookahead;
+        let h = self.embed.forward(xs)?;
+        let mut y = h.transpose(1, 2)?;
+        let mut seen = 0;
+        if let Some(context) = context {
+            seen = context.dim(1)?;
+            if seen > look {
+                return Err(CosyVoiceError::Input(format!(
+                    "{seen} context frames; the pre-lookahead layer sees {look}"
+                )));
+            }
+            y = Tensor::cat(&[&y, &self.embed.forward(context)?.transpose(1, 2)?], 2)?;
+        }
+        let y = y.pad_with_zeros(2, 0, look - seen)?;
+        let y = candle_nn::ops::leaky_relu(&self.lookahead1.valid(&y)?, 0.01)?;
+        let y = self.lookahead2.causal(&y)?;
+        let h = (y.transpose(1, 2)? + h)?;
+        let heads = self.heads;
+        let chunk = if streaming { self.chunk } else { 0 };
+        let h = conformer_stack(&self.layers, &h, chunk, heads)?;
+
+        let (b, t, dim) = h.dims3()?;
+        let up = h
+            .transpose(1, 2)?
+            .unsqueeze(3)?
+            .broadcast_as((b, dim, t, 2))?
+            .reshape((b, dim, 2 * t))?;
+        let up = self.up_conv.causal(&up)?.transpose(1, 2)?;
+        let h = self.up_embed.forward(&up)?;
+        let h = conformer_stack(&self.up_layers, &h, 2 * chunk, heads)?;
+        Ok(self.after_norm.forward(&h)?)
+    }
+}
