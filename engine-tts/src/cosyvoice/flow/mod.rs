@@ -18,8 +18,9 @@
 //!
 //! What differs from the reference: the noise is an argument (the reference draws
 //! `torch.randn(1, 80, 15000)` once after seeding torch's RNG with 0 and slices it for every
-//! call; [`reference_noise`] reproduces that tensor, or pass any other); batches are of one utterance (the reference asserts
-//! it too), so there is no padding mask; dropout is absent (inference only).
+//! call; [`reference_noise`] reproduces that tensor, or pass any other); the encoder takes
+//! utterances of equal length without a padding mask (the reference's flow asserts a batch of
+//! one; the estimator does take a frame mask); dropout is absent (inference only).
 
 use std::collections::HashMap;
 use std::path::Path;
