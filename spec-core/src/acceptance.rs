@@ -139,23 +139,30 @@ pub struct SpeculativeSampling {
     pub tolerance: f32,
 }
 
-impl Acceptance for SpeculativeSampling {
-    fn judge(&self, _token: u32, _target_logits: &[f32]) -> Option<bool> {
-        None
-    }
-
-    fn verify(&self, check: &DraftCheck<'_>, rng: &mut dyn RngCore) -> Result<Verdict> {
-        check_target_rows(check.draft, check.target_logits)?;
-        if check.draft_probs.len() != check.draft.len() {
+impl SpeculativeSampling {
+    /// The verdict on `draft` given the distribution each draft token was drawn from
+    /// (`draft_probs`, one row per token) and the target's distribution at every draft
+    /// position and after the last (`target_probs`, `draft.len() + 1` rows) — the
+    /// distributions the samplers really draw from, whatever they are (temperature and top-p,
+    /// or a TTS model's repetition-aware sampling).
+    pub fn verify_distributions(
+        &self,
+        draft: &[u32],
+        draft_probs: &[Vec<f32>],
+        target_probs: &[Vec<f32>],
+        rng: &mut dyn RngCore,
+    ) -> Result<Verdict> {
+        if draft_probs.len() != draft.len() || target_probs.len() != draft.len() + 1 {
             return Err(Error::InvalidConfig(format!(
                 "speculative sampling needs the draft's distribution for each of the {} draft \
-                 tokens, got {}",
-                check.draft.len(),
-                check.draft_probs.len()
+                 tokens and the target's after each and after the last, got {} and {}",
+                draft.len(),
+                draft_probs.len(),
+                target_probs.len()
             )));
         }
-        for (i, (&x, p)) in check.draft.iter().zip(check.draft_probs).enumerate() {
-            let q = check.sampling.probabilities(check.target_logits.row(i));
+        for (i, (&x, p)) in draft.iter().zip(draft_probs).enumerate() {
+            let q = &target_probs[i];
             let (qx, px) = (q[x as usize], p[x as usize]);
             let ratio = if px > 0.0 { (qx / px).min(1.0) } else { 1.0 };
             if rng.random::<f32>() < ratio + self.tolerance {
@@ -165,20 +172,33 @@ impl Acceptance for SpeculativeSampling {
             let next_token = if residual.iter().sum::<f32>() > 0.0 {
                 sample(&residual, rng)
             } else {
-                sample(&q, rng)
+                sample(q, rng)
             };
             return Ok(Verdict {
                 accepted: i,
                 next_token,
             });
         }
-        let bonus = check
-            .sampling
-            .probabilities(check.target_logits.row(check.draft.len()));
         Ok(Verdict {
-            accepted: check.draft.len(),
-            next_token: sample(&bonus, rng),
+            accepted: draft.len(),
+            next_token: sample(&target_probs[draft.len()], rng),
         })
+    }
+}
+
+impl Acceptance for SpeculativeSampling {
+    fn judge(&self, _token: u32, _target_logits: &[f32]) -> Option<bool> {
+        None
+    }
+
+    fn verify(&self, check: &DraftCheck<'_>, rng: &mut dyn RngCore) -> Result<Verdict> {
+        check_target_rows(check.draft, check.target_logits)?;
+        let target: Vec<Vec<f32>> = check
+            .target_logits
+            .rows()
+            .map(|row| check.sampling.probabilities(row))
+            .collect();
+        self.verify_distributions(check.draft, check.draft_probs, &target, rng)
     }
 
     fn is_stochastic(&self) -> bool {

@@ -16,7 +16,10 @@ use candle_core::{DType, Device, Tensor, D};
 use engine_llm::{LoadOptions, Transformer, TransformerConfig};
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
 
-use crate::cosyvoice::sampling::{ras_sample, RasConfig, Uniforms};
+use rand::{Rng, RngCore};
+use spec_core::acceptance::SpeculativeSampling;
+
+use crate::cosyvoice::sampling::{draw, ras_distribution, ras_sample, RasConfig, Uniforms};
 use crate::cosyvoice::{CosyVoiceError, Result};
 
 /// Prefix of the backbone's tensors in `llm.pt`.
@@ -309,6 +312,148 @@ impl SpeechLm {
             input = self.speech_embeddings(&[token])?;
         }
         Ok(out)
+    }
+}
+
+/// What a speculative generation ([`SpeechLm::generate_speculative`]) did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SsdStats {
+    /// Draft-then-verify rounds (one target forward each, after the prompt's).
+    pub rounds: usize,
+    /// Tokens the draft proposed.
+    pub drafted: usize,
+    /// Of those, tokens the target kept.
+    pub accepted: usize,
+    pub draft_forwards: usize,
+}
+
+impl SsdStats {
+    /// The share of drafted tokens the target kept.
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+}
+
+impl SpeechLm {
+    /// Speech Speculative Decoding (SSD, Lin et al.): `draft` (a cheaper model with the
+    /// same speech tokens, e.g. built from this one's layers) draws up to `gamma` tokens by
+    /// repetition-aware sampling, this model verifies them in one forward and keeps draft
+    /// token x when r < min(1, q(x)/p(x)) + β (eq. 5; q, p: the distributions the two
+    /// samplers really draw from, [`ras_distribution`], eos masked before the minimum
+    /// length), resampling from normalize(max(0, q − p)) at the first rejection. β = 0 draws
+    /// exactly from this model's distribution; larger β accepts more, drifting toward the
+    /// draft. Stops as [`SpeechLm::generate`] does, or after `max_tokens`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_speculative(
+        &mut self,
+        draft: &mut SpeechLm,
+        text: &[u32],
+        prompt_text: &[u32],
+        prompt_speech: &[u32],
+        gamma: usize,
+        tolerance: f32,
+        max_tokens: Option<usize>,
+        rng: &mut dyn RngCore,
+    ) -> Result<(Vec<u32>, SsdStats)> {
+        if text.is_empty() {
+            return Err(CosyVoiceError::Input("no text to speak".into()));
+        }
+        if draft.config.speech_token_size != self.config.speech_token_size {
+            return Err(CosyVoiceError::Config(format!(
+                "the draft has {} speech tokens, the model {}",
+                draft.config.speech_token_size, self.config.speech_token_size
+            )));
+        }
+        if gamma == 0 || !(0.0..=1.0).contains(&tolerance) {
+            return Err(CosyVoiceError::Config(format!(
+                "SSD needs γ ≥ 1 and a tolerance β in [0, 1], got γ = {gamma}, β = {tolerance}"
+            )));
+        }
+        let rule = SpeculativeSampling { tolerance };
+        let all_text: Vec<u32> = prompt_text.iter().chain(text).copied().collect();
+        let mut pending = self.prompt_embeddings(&all_text, prompt_speech)?;
+        let mut draft_pending = draft.prompt_embeddings(&all_text, prompt_speech)?;
+        let min_len = text.len() * self.config.min_token_text_ratio;
+        let max_len =
+            (text.len() * self.config.max_token_text_ratio).min(max_tokens.unwrap_or(usize::MAX));
+        let end = self.end_token();
+        self.backbone.reset();
+        draft.backbone.reset();
+        let mut out: Vec<u32> = Vec::new();
+        let mut stats = SsdStats::default();
+        // The distribution a sampler draws from after `history` at output position `at`.
+        let distribution = |scores: Vec<f32>, at: usize, history: &[u32], config: &RasConfig| {
+            let mut scores = scores;
+            if at < min_len {
+                scores[end as usize] = f32::NEG_INFINITY;
+            }
+            ras_distribution(&scores, history, config)
+        };
+        while out.len() < max_len {
+            // The draft's proposals, each drawn from its own distribution.
+            let before_draft = draft.backbone.cached_len();
+            let pending_draft_len = draft_pending.dim(1)?;
+            let mut proposals: Vec<u32> = Vec::new();
+            let mut proposal_distributions = Vec::new();
+            let mut input = draft_pending.clone();
+            for _ in 0..gamma.min(max_len - out.len()) {
+                let scores: Vec<f32> = draft.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
+                stats.draft_forwards += 1;
+                let history: Vec<u32> = out.iter().chain(&proposals).copied().collect();
+                let p = distribution(scores, history.len(), &history, &draft.config.sampling);
+                let token = draw(&p, rng.random::<f64>()) as u32;
+                proposals.push(token);
+                proposal_distributions.push(p);
+                if token >= end {
+                    break;
+                }
+                input = draft.speech_embeddings(&[token])?;
+            }
+            // One target forward over the pending input and every proposal.
+            let before = self.backbone.cached_len();
+            let pending_len = pending.dim(1)?;
+            let input = Tensor::cat(&[pending, self.speech_embeddings(&proposals)?], 1)?;
+            let rows = self.forward(&input, proposals.len() + 1)?;
+            let mut targets = Vec::with_capacity(proposals.len() + 1);
+            for i in 0..=proposals.len() {
+                let scores: Vec<f32> = rows.get(i)?.to_vec1()?;
+                let history: Vec<u32> = out.iter().chain(&proposals[..i]).copied().collect();
+                targets.push(distribution(
+                    scores,
+                    history.len(),
+                    &history,
+                    &self.config.sampling,
+                ));
+            }
+            let verdict =
+                rule.verify_distributions(&proposals, &proposal_distributions, &targets, rng)?;
+            stats.rounds += 1;
+            stats.drafted += proposals.len();
+            stats.accepted += verdict.accepted;
+            let kept = &proposals[..verdict.accepted];
+            for &token in kept.iter().chain([&verdict.next_token]) {
+                if token >= end || out.len() >= max_len {
+                    return Ok((out, stats));
+                }
+                out.push(token);
+            }
+            // Both caches keep the pending input and the kept proposals; the draft had not
+            // fed its last proposal.
+            self.backbone
+                .truncate(before + pending_len + verdict.accepted)?;
+            let draft_fed = verdict.accepted.min(proposals.len() - 1);
+            draft
+                .backbone
+                .truncate(before_draft + pending_draft_len + draft_fed)?;
+            pending = self.speech_embeddings(&[verdict.next_token])?;
+            let unfed: Vec<u32> = proposals[draft_fed..verdict.accepted]
+                .iter()
+                .chain([&verdict.next_token])
+                .copied()
+                .collect();
+            draft_pending = draft.speech_embeddings(&unfed)?;
+        }
+        Ok((out, stats))
     }
 }
 

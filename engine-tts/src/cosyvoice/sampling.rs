@@ -104,6 +104,44 @@ pub fn nucleus_sample(
     kept[draw(&weights, uniforms.next_uniform())] as u32
 }
 
+/// The distribution [`ras_sample`] draws from, exactly: each nucleus token keeps its share of
+/// the nucleus, except that the share of a token repeated within the window is spread over
+/// the whole distribution without it. Speculative decoding needs it to judge a drafted token
+/// by the distribution the sampler really used (Speech Speculative Decoding, §3).
+pub fn ras_distribution(scores: &[f32], decoded: &[u32], config: &RasConfig) -> Vec<f32> {
+    let probabilities = softmax(scores);
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
+    let mut cumulative = 0f32;
+    let mut kept = Vec::new();
+    for &index in &order {
+        if cumulative < config.top_p && kept.len() < config.top_k {
+            cumulative += probabilities[index];
+            kept.push(index);
+        } else {
+            break;
+        }
+    }
+    let nucleus: f64 = kept.iter().map(|&i| f64::from(probabilities[i])).sum();
+    let recent = &decoded[decoded.len().saturating_sub(config.window)..];
+    let mut distribution = vec![0f64; scores.len()];
+    for &i in &kept {
+        let share = f64::from(probabilities[i]) / nucleus;
+        let repeats = recent.iter().filter(|&&t| t as usize == i).count();
+        if repeats as f32 >= config.window as f32 * config.tau_r {
+            let rest = 1.0 - f64::from(probabilities[i]);
+            for (t, d) in distribution.iter_mut().enumerate() {
+                if t != i && rest > 0.0 {
+                    *d += share * f64::from(probabilities[t]) / rest;
+                }
+            }
+        } else {
+            distribution[i] += share;
+        }
+    }
+    distribution.into_iter().map(|d| d as f32).collect()
+}
+
 /// Repetition-aware sampling of the next token after `decoded` from log-probabilities
 /// `scores` (modified in place when the fallback excludes a token).
 pub fn ras_sample(
@@ -170,6 +208,36 @@ mod tests {
             ras_sample(&mut scores, &old, &config, &mut Fixed(vec![0.1])),
             0
         );
+    }
+
+    #[test]
+    fn the_distribution_is_what_the_sampler_draws_from() {
+        use rand::SeedableRng;
+        let scores: Vec<f32> = [0.35f32, 0.25, 0.2, 0.1, 0.06, 0.04]
+            .iter()
+            .map(|p| p.ln())
+            .collect();
+        let config = RasConfig::default();
+        // Token 1 was decoded recently: its share goes to the rest.
+        let decoded = [5, 1, 4];
+        let expected = ras_distribution(&scores, &decoded, &config);
+        assert!((expected.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        assert_eq!(expected[1], 0.0, "a repeated token is never drawn");
+        assert!(
+            expected[5] > 0.0,
+            "outside the nucleus, reachable through the fallback"
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let draws = 200_000;
+        let mut counts = [0usize; 6];
+        for _ in 0..draws {
+            let mut s = scores.clone();
+            counts[ras_sample(&mut s, &decoded, &config, &mut rng) as usize] += 1;
+        }
+        for (count, p) in counts.iter().zip(&expected) {
+            let frequency = *count as f32 / draws as f32;
+            assert!((frequency - p).abs() < 0.005, "{frequency} vs {p}");
+        }
     }
 
     #[test]
