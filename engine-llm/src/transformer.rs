@@ -24,7 +24,8 @@ use crate::{Error, Result};
 const INITIAL_CACHE_CAPACITY: usize = 256;
 
 /// One transformer layer: pre-norm attention and pre-norm SwiGLU, each added to the residual.
-#[derive(Debug)]
+/// Cloning shares the weights.
+#[derive(Clone, Debug)]
 pub(crate) struct Layer {
     pub attention_norm: Norm,
     pub attention: SelfAttention,
@@ -94,6 +95,36 @@ impl Transformer {
     /// The model's hyper-parameters.
     pub fn config(&self) -> &TransformerConfig {
         &self.config
+    }
+
+    /// A model of some of this one's layers, in the order given (self-speculative drafts:
+    /// Speech Speculative Decoding's draft starts from the lower 2 and upper 6 of 24), sharing
+    /// the embeddings, the layers' weights, the final norm and the output layer, with a cache
+    /// of its own.
+    pub fn with_layers(&self, layers: &[usize]) -> Result<Transformer> {
+        if layers.is_empty() {
+            return Err(Error::Config("a model needs at least one layer".into()));
+        }
+        if let Some(&bad) = layers.iter().find(|&&l| l >= self.weights.layers.len()) {
+            return Err(Error::Config(format!(
+                "layer {bad} of a model with {} layers",
+                self.weights.layers.len()
+            )));
+        }
+        let weights = Weights {
+            embeddings: self.weights.embeddings.clone(),
+            layers: layers
+                .iter()
+                .map(|&l| self.weights.layers[l].clone())
+                .collect(),
+            final_norm: self.weights.final_norm.clone(),
+            lm_head: self.weights.lm_head.clone(),
+        };
+        let config = TransformerConfig {
+            num_layers: layers.len(),
+            ..self.config.clone()
+        };
+        Transformer::new(config, weights, Some(self.max_len), &self.device)
     }
 
     /// Runs the model; on failure the cache is left as it was.

@@ -281,6 +281,39 @@ fn embeddings_input_matches_token_input() {
 }
 
 #[test]
+fn a_model_of_its_own_layers_shares_their_weights() {
+    for family in FAMILIES {
+        let mut full = gguf_model(family, 11, GgmlDType::Q8_0);
+        let layers = full.config().num_layers;
+        let tokens = [3u32, 14, 15, 9, 2];
+        let expected = rows(&full.forward_tokens(&tokens, LogitRows::All).unwrap());
+        // All layers in order: the same model, with a cache of its own.
+        let mut same = full.with_layers(&(0..layers).collect::<Vec<_>>()).unwrap();
+        assert_eq!(
+            rows(&same.forward_tokens(&tokens, LogitRows::All).unwrap()),
+            expected
+        );
+        assert_eq!(
+            full.cached_len(),
+            tokens.len(),
+            "the original's cache is its own"
+        );
+        // A shallower draft: its own cache, other logits.
+        let mut shallow = full.with_layers(&[0]).unwrap();
+        assert_eq!(shallow.config().num_layers, 1);
+        let got = rows(&shallow.forward_tokens(&tokens, LogitRows::All).unwrap());
+        assert_ne!(got, expected);
+        assert_eq!(shallow.cached_len(), tokens.len());
+        assert!(matches!(full.with_layers(&[]), Err(Error::Config(_))));
+        let err = full.with_layers(&[0, layers]).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("layer {layers}")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn bad_weights_and_inputs_are_clear_errors() {
     let scratch = tempfile::tempdir().unwrap();
     let tiny = Tiny::new(Family::Qwen2);
