@@ -113,8 +113,9 @@ fn main() -> Result<()> {
 /// which one it is.
 fn synthesizer(args: &Args) -> Result<(Box<dyn SentenceSynthesizer>, String)> {
     if let Some(speaker) = &args.speaker {
-        let store = Store::new(spec_models::models_dir()?, Registry::builtin());
-        match store.resolve(&args.cosyvoice) {
+        let resolved = spec_models::models_dir()
+            .and_then(|root| Store::new(root, Registry::builtin()).resolve(&args.cosyvoice));
+        match resolved {
             Ok(model) => {
                 let cosyvoice = CosyVoice2::load(&model.dir, speaker)
                     .with_context(|| format!("loading CosyVoice 2 from {}", model.dir.display()))?

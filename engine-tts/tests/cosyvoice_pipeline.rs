@@ -227,7 +227,7 @@ fn one_shot_audio_has_480_samples_per_mel_frame_of_the_tokens() {
 /// Streaming draws the same tokens, and its chunks have the lengths the schedule gives: the first
 /// holds back HiFT's 3840-sample overlap, the last adds it, so the total is the one-shot length.
 /// The samples differ from the one-shot audio (chunk-causal attention, vocoding in pieces,
-/// cross-fades) but stay bounded.
+/// cross-fades) but stay bounded and continuous across chunks.
 #[test]
 fn streamed_chunks_follow_the_schedule() {
     let mut model = model(HOP);
@@ -250,6 +250,19 @@ fn streamed_chunks_follow_the_schedule() {
     assert_eq!(streamed.len(), one_shot.audio.len());
     assert!(streamed.iter().all(|s| s.is_finite() && s.abs() <= 0.99));
     assert_ne!(streamed, one_shot.audio);
+    // No click where chunks meet: no step there is larger than the largest inside a chunk.
+    let step = |a: f32, b: f32| (b - a).abs();
+    let inside = chunks
+        .iter()
+        .flat_map(|c| c.windows(2).map(|w| step(w[0], w[1])))
+        .fold(0.0, f32::max);
+    for pair in chunks.windows(2) {
+        let at_boundary = step(*pair[0].last().unwrap(), pair[1][0]);
+        assert!(
+            at_boundary <= inside,
+            "a step of {at_boundary} between chunks, at most {inside} inside them"
+        );
+    }
 }
 
 /// When the tokens never hold a hop and its look-ahead, the stream is the one-shot call.
