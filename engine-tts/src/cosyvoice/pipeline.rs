@@ -237,8 +237,10 @@ impl CosyVoice2 {
 
     /// Loads the release from `model_dir` (`llm.pt`, `flow.pt`, `hift.pt`,
     /// `CosyVoice-BlankEN/config.json` and `CosyVoice-BlankEN/tokenizer.json`) with the default
-    /// configurations, and the voice from the safetensors file `speaker` ([`SpeakerPrompt`]).
-    /// A missing file is [`CosyVoiceError::File`] naming it.
+    /// configurations, and the voice from the safetensors file `speaker` ([`SpeakerPrompt`]),
+    /// on the CPU with the language model's backbone at [`LoadOptions::default`] (its dense
+    /// matrices re-quantized to Q8_0; build the parts and use [`CosyVoice2::from_parts`] for
+    /// other options). A missing file is [`CosyVoiceError::File`] naming it.
     pub fn load(model_dir: &Path, speaker: &Path) -> Result<Self> {
         let file = |relative: &str| -> Result<PathBuf> {
             let path = model_dir.join(relative);
