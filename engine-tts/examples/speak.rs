@@ -5,8 +5,10 @@
 //! cargo run -p engine-tts --example speak -- --out answer.wav "Hello there. How are you?"
 //! ```
 //!
-//! The voice is espeak-ng's (`apt-get install espeak-ng`) until CosyVoice 2's weights and code
-//! exist in engine-tts.
+//! The voice is CosyVoice 2's when its weights are in the models folder (`cosyvoice2-0.5b`,
+//! with `CosyVoice-BlankEN/tokenizer.json`) and a speaker prompt is given (`--speaker`, a
+//! safetensors file: see `engine_tts::cosyvoice::SpeakerPrompt`); espeak-ng's
+//! (`apt-get install espeak-ng`) otherwise. The log says which one spoke.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -14,13 +16,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use engine_tts::cosyvoice::{CosyVoice2, CosyVoiceSynthesizer};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use spec_models::{Registry, Store};
 use spec_voice::{split_sentences, write_wav, AudioChunk, SentenceSynthesizer};
-use tracing::info;
+use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
-/// Speak a text into a 16-bit WAV file with espeak-ng, used until CosyVoice 2's weights and
-/// code exist in engine-tts.
+/// Speak a text into a 16-bit WAV file with CosyVoice 2, or espeak-ng without its weights or a
+/// speaker prompt.
 ///
 /// The text is split into sentences and each is synthesized in turn, as the voice pipeline
 /// does; the time to first audio is the first sentence's. Install espeak-ng with
@@ -33,6 +37,19 @@ struct Args {
     /// The WAV file to write
     #[arg(long, value_name = "WAV")]
     out: PathBuf,
+
+    /// CosyVoice 2's speaker prompt (safetensors: prompt_text, prompt_speech_token, prompt_mel,
+    /// speaker_embedding); without it espeak-ng speaks
+    #[arg(long, value_name = "SAFETENSORS")]
+    speaker: Option<PathBuf>,
+
+    /// CosyVoice 2: a name in the models folder, or a folder
+    #[arg(long, value_name = "MODEL", default_value = "cosyvoice2-0.5b")]
+    cosyvoice: String,
+
+    /// CosyVoice 2's seed (its sampling and noise)
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 
     /// espeak-ng voice (`espeak-ng --voices` lists them)
     #[arg(long, default_value_t = EspeakSettings::default().voice)]
@@ -54,13 +71,8 @@ struct Args {
 fn main() -> Result<()> {
     init_logging();
     let args = Args::parse();
-    let mut tts = EspeakSynthesizer::new(EspeakSettings {
-        voice: args.voice,
-        words_per_minute: args.wpm,
-        pitch: args.pitch,
-        program: args.espeak,
-    })?;
-    info!("{}", tts.version());
+    let (mut tts, voice) = synthesizer(&args)?;
+    info!("speaking with {voice}");
 
     let (sentences, _) = split_sentences(&args.text, true);
     if sentences.is_empty() {
@@ -80,7 +92,7 @@ fn main() -> Result<()> {
         chunks.extend(synthesis.chunks);
     }
     let Some(sample_rate) = chunks.first().map(|c| c.sample_rate) else {
-        bail!("espeak-ng produced no audio");
+        bail!("{voice} produced no audio");
     };
 
     write_wav(&args.out, &chunks).with_context(|| format!("writing {}", args.out.display()))?;
@@ -95,6 +107,33 @@ fn main() -> Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+/// CosyVoice 2 when its weights resolve and a speaker prompt is given, espeak-ng otherwise; and
+/// which one it is.
+fn synthesizer(args: &Args) -> Result<(Box<dyn SentenceSynthesizer>, String)> {
+    if let Some(speaker) = &args.speaker {
+        let resolved = spec_models::models_dir()
+            .and_then(|root| Store::new(root, Registry::builtin()).resolve(&args.cosyvoice));
+        match resolved {
+            Ok(model) => {
+                let cosyvoice = CosyVoice2::load(&model.dir, speaker)
+                    .with_context(|| format!("loading CosyVoice 2 from {}", model.dir.display()))?
+                    .with_seed(args.seed);
+                let voice = format!("CosyVoice 2 ({}, seed {})", model.dir.display(), args.seed);
+                return Ok((Box::new(CosyVoiceSynthesizer::new(cosyvoice)), voice));
+            }
+            Err(e) => warn!("CosyVoice 2 unavailable ({e}); espeak-ng speaks instead"),
+        }
+    }
+    let tts = EspeakSynthesizer::new(EspeakSettings {
+        voice: args.voice.clone(),
+        words_per_minute: args.wpm,
+        pitch: args.pitch,
+        program: args.espeak.clone(),
+    })?;
+    let voice = format!("espeak-ng ({})", tts.version());
+    Ok((Box::new(tts), voice))
 }
 
 /// Log lines on standard error, at `RUST_LOG`'s level (default `info`).

@@ -305,6 +305,19 @@ impl SpeechLm {
         prompt_speech: &[u32],
         uniforms: &mut dyn Uniforms,
     ) -> Result<Vec<u32>> {
+        self.generate_each(text, prompt_text, prompt_speech, uniforms, &mut |_| Ok(()))
+    }
+
+    /// [`SpeechLm::generate`], handing each speech token to `on_token` as soon as it is drawn
+    /// (before the next is); an error from `on_token` stops the decoding and is returned.
+    pub fn generate_each(
+        &mut self,
+        text: &[u32],
+        prompt_text: &[u32],
+        prompt_speech: &[u32],
+        uniforms: &mut dyn Uniforms,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
+    ) -> Result<Vec<u32>> {
         if text.is_empty() {
             return Err(CosyVoiceError::Input("no text to speak".into()));
         }
@@ -325,6 +338,7 @@ impl SpeechLm {
                 break;
             }
             out.push(token);
+            on_token(token)?;
             input = self.speech_embeddings(&[token])?;
         }
         Ok(out)

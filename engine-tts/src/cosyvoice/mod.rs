@@ -1,13 +1,17 @@
 //! CosyVoice 2 (Du et al., 2024): a speech-token language model on a Qwen2.5-0.5B backbone
 //! ([`lm`]), the flow-matching decoder from speech tokens to mel frames ([`flow`]) and the HiFT
-//! vocoder ([`hift`]). Each part is proven by parity with the reference PyTorch code on tiny
+//! vocoder ([`hift`]), joined into a synthesizer by [`pipeline`] ([`CosyVoice2`],
+//! [`CosyVoiceSynthesizer`]). Each part is proven by parity with the reference PyTorch code on tiny
 //! random configurations (`engine-tts/reference/make_cosyvoice2_fixtures.py`, fixtures in
 //! `tests/data/cosyvoice2`).
 
 pub mod flow;
 pub mod hift;
 pub mod lm;
+pub mod pipeline;
 pub mod sampling;
+
+pub use pipeline::{CosyVoice2, CosyVoiceSynthesizer, SpeakerPrompt, Speech};
 
 use std::path::PathBuf;
 
