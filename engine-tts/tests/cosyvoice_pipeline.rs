@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use candle_core::{Device, Tensor};
-use engine_llm::{LoadOptions, Requantize, TransformerConfig};
-use engine_tts::cosyvoice::flow::{Flow, FlowConfig};
-use engine_tts::cosyvoice::hift::{Hift, HiftConfig};
-use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
+use engine_tts::cosyvoice::flow::Flow;
+use engine_tts::cosyvoice::hift::Hift;
+use engine_tts::cosyvoice::lm::SpeechLm;
 use engine_tts::cosyvoice::{CosyVoice2, CosyVoiceError, CosyVoiceSynthesizer, SpeakerPrompt};
 use spec_voice::SentenceSynthesizer;
+
+mod common;
+use common::Fixture;
 
 /// Samples per mel frame, and mel frames per speech token.
 const SAMPLES_PER_FRAME: usize = 480;
@@ -28,93 +30,16 @@ const WORDS: [&str; 12] = [
 /// Eight words: at least 16 speech tokens, enough for two streamed chunks at hop 5.
 const TEXT: &str = "the cat sat on a warm mat today";
 
-/// A fixture's weights (`w.` names) and its configuration.
-fn fixture(name: &str) -> (HashMap<String, Tensor>, serde_json::Value) {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests/data/cosyvoice2", name]
-        .iter()
-        .collect();
-    let bytes = std::fs::read(&path).unwrap();
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let config = metadata.metadata().as_ref().unwrap()["config"].clone();
-    let weights = candle_core::safetensors::load(&path, &Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .filter_map(|(k, t)| k.strip_prefix("w.").map(|k| (k.to_string(), t)))
-        .collect();
-    (weights, serde_json::from_str(&config).unwrap())
-}
-
 fn lm() -> SpeechLm {
-    let (weights, c) = fixture("llm_tiny.safetensors");
-    let backbone = TransformerConfig::from_hf_json(&c["qwen2"].to_string()).unwrap();
-    let config = SpeechLmConfig {
-        speech_token_size: c["speech_token_size"].as_u64().unwrap() as usize,
-        ..SpeechLmConfig::default()
-    };
-    let options = LoadOptions {
-        requantize: Requantize::Keep,
-        ..LoadOptions::default()
-    };
-    SpeechLm::from_tensors(weights, backbone, config, &options).unwrap()
+    common::speech_lm(&Fixture::read("llm_tiny.safetensors"))
 }
 
 fn flow() -> Flow {
-    let (weights, c) = fixture("flow_tiny.safetensors");
-    let n = |key: &str| c[key].as_u64().unwrap() as usize;
-    let config = FlowConfig {
-        vocab_size: n("vocab"),
-        encoder_dim: n("D"),
-        encoder_heads: n("heads"),
-        encoder_ffn: n("linear_units"),
-        encoder_blocks: n("num_blocks"),
-        up_blocks: n("up_blocks"),
-        encoder_chunk: n("static_chunk_size"),
-        pre_lookahead: n("pre_lookahead_len"),
-        decoder_channels: c["decoder_channels"][0].as_u64().unwrap() as usize,
-        decoder_heads: n("num_heads"),
-        decoder_head_dim: n("attention_head_dim"),
-        decoder_transformer_blocks: n("n_blocks"),
-        decoder_mid_blocks: n("num_mid_blocks"),
-        decoder_chunk: n("decoder_static_chunk_size"),
-        n_timesteps: n("n_timesteps"),
-        cfg_rate: c["inference_cfg_rate"].as_f64().unwrap(),
-        ..FlowConfig::default()
-    };
-    Flow::from_tensors(weights, config, &Device::Cpu).unwrap()
+    common::flow(&Fixture::read("flow_tiny.safetensors"))
 }
 
 fn hift() -> Hift {
-    let (weights, c) = fixture("hift_tiny.safetensors");
-    let size = |key: &str| c[key].as_u64().unwrap() as usize;
-    let sizes = |key: &str| -> Vec<usize> {
-        c[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect()
-    };
-    let config = HiftConfig {
-        base_channels: size("base_channels"),
-        cond_channels: size("cond_channels"),
-        nb_harmonics: size("nb_harmonics"),
-        sampling_rate: size("sampling_rate"),
-        upsample_rates: sizes("upsample_rates"),
-        upsample_kernel_sizes: sizes("upsample_kernel_sizes"),
-        n_fft: size("n_fft"),
-        hop_len: size("hop_len"),
-        resblock_kernel_sizes: sizes("resblock_kernel_sizes"),
-        resblock_dilations: sizes("dilations"),
-        source_resblock_kernel_sizes: sizes("source_resblock_kernel_sizes"),
-        source_resblock_dilations: sizes("dilations"),
-        lrelu_slope: c["lrelu_slope"].as_f64().unwrap(),
-        audio_limit: c["audio_limit"].as_f64().unwrap(),
-        nsf_alpha: c["nsf_alpha"].as_f64().unwrap() as f32,
-        nsf_sigma: c["nsf_sigma"].as_f64().unwrap() as f32,
-        nsf_voiced_threshold: c["nsf_voiced_threshold"].as_f64().unwrap() as f32,
-        ..HiftConfig::default()
-    };
-    Hift::from_tensors(weights, config, &Device::Cpu).unwrap()
+    common::hift(&Fixture::read("hift_tiny.safetensors"))
 }
 
 /// A word-level tokenizer: `[UNK]` is 0, the words 1 to 12.

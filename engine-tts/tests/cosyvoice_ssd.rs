@@ -4,7 +4,6 @@
 //! more of the draft, and a draft with other speech tokens is refused.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
@@ -13,26 +12,15 @@ use engine_tts::cosyvoice::sampling::ras_distribution;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+mod common;
+use common::Fixture;
+
 const SPEECH_TOKENS: usize = 48;
 
 fn fixture() -> (HashMap<String, Tensor>, TransformerConfig) {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "tests/data/cosyvoice2/llm_tiny.safetensors",
-    ]
-    .iter()
-    .collect();
-    let bytes = std::fs::read(&path).unwrap();
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let config: serde_json::Value =
-        serde_json::from_str(&metadata.metadata().as_ref().unwrap()["config"]).unwrap();
-    let backbone = TransformerConfig::from_hf_json(&config["qwen2"].to_string()).unwrap();
-    let weights = candle_core::safetensors::load(&path, &Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .filter_map(|(k, t)| k.strip_prefix("w.").map(|k| (k.to_string(), t)))
-        .collect();
-    (weights, backbone)
+    let fixture = Fixture::read("llm_tiny.safetensors");
+    let backbone = TransformerConfig::from_hf_json(&fixture.config["qwen2"].to_string()).unwrap();
+    (fixture.with_prefix("w."), backbone)
 }
 
 fn model(weights: HashMap<String, Tensor>, backbone: TransformerConfig, speech: usize) -> SpeechLm {

@@ -26,7 +26,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use rand::Rng;
 
-use crate::cosyvoice::{CosyVoiceError, Result};
+use crate::cosyvoice::{read_weights, CosyVoiceError, Result};
 
 /// Settings of a [`Hift`]; the defaults are CosyVoice 2's.
 #[derive(Clone, Debug, PartialEq)]
@@ -464,20 +464,7 @@ impl Hift {
 
     /// Loads `hift.pt` (a PyTorch state dict) or its safetensors conversion.
     pub fn load(weights: &Path, config: HiftConfig, device: &Device) -> Result<Self> {
-        let bad = |reason: String| CosyVoiceError::File {
-            path: weights.to_path_buf(),
-            reason,
-        };
-        let tensors: HashMap<String, Tensor> =
-            if weights.extension().is_some_and(|e| e == "safetensors") {
-                candle_core::safetensors::load(weights, &Device::Cpu)
-                    .map_err(|e| bad(e.to_string()))?
-            } else {
-                candle_core::pickle::read_all(weights)
-                    .map_err(|e| bad(e.to_string()))?
-                    .into_iter()
-                    .collect()
-            };
+        let tensors = read_weights(weights)?;
         Self::from_tensors(tensors, config, device)
     }
 

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Tensor, D};
 use engine_llm::{LoadOptions, Transformer, TransformerConfig};
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
 
@@ -20,7 +20,7 @@ use rand::{Rng, RngCore};
 use spec_core::acceptance::SpeculativeSampling;
 
 use crate::cosyvoice::sampling::{draw, ras_distribution, ras_sample, RasConfig, Uniforms};
-use crate::cosyvoice::{CosyVoiceError, Result};
+use crate::cosyvoice::{read_weights, CosyVoiceError, Result};
 
 /// Prefix of the backbone's tensors in `llm.pt`.
 const BACKBONE_PREFIX: &str = "llm.model.";
@@ -139,20 +139,7 @@ impl SpeechLm {
         config: SpeechLmConfig,
         options: &LoadOptions,
     ) -> Result<Self> {
-        let bad = |reason: String| CosyVoiceError::File {
-            path: weights.to_path_buf(),
-            reason,
-        };
-        let tensors: HashMap<String, Tensor> =
-            if weights.extension().is_some_and(|e| e == "safetensors") {
-                candle_core::safetensors::load(weights, &Device::Cpu)
-                    .map_err(|e| bad(e.to_string()))?
-            } else {
-                candle_core::pickle::read_all(weights)
-                    .map_err(|e| bad(e.to_string()))?
-                    .into_iter()
-                    .collect()
-            };
+        let tensors = read_weights(weights)?;
         let text = std::fs::read_to_string(backbone_config).map_err(|e| CosyVoiceError::File {
             path: backbone_config.to_path_buf(),
             reason: e.to_string(),

@@ -52,3 +52,23 @@ pub enum CosyVoiceError {
 }
 
 pub type Result<T> = std::result::Result<T, CosyVoiceError>;
+
+/// The tensors of a released checkpoint (`llm.pt`, `flow.pt`, `hift.pt`: PyTorch state dicts,
+/// read by candle's pickle reader) or of its safetensors conversion (by extension), on the CPU.
+pub fn read_weights(
+    path: &std::path::Path,
+) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
+    let bad = |reason: String| CosyVoiceError::File {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if path.extension().is_some_and(|e| e == "safetensors") {
+        candle_core::safetensors::load(path, &candle_core::Device::Cpu)
+            .map_err(|e| bad(e.to_string()))
+    } else {
+        Ok(candle_core::pickle::read_all(path)
+            .map_err(|e| bad(e.to_string()))?
+            .into_iter()
+            .collect())
+    }
+}

@@ -77,9 +77,25 @@ pub fn draw(weights: &[f32], u: f64) -> usize {
     weights.len().saturating_sub(1)
 }
 
-/// Nucleus sampling over log-probabilities `scores`: tokens by decreasing probability (ties in
-/// index order) are taken while their cumulated probability is below `top_p` and fewer than
-/// `top_k` are taken (so the token crossing `top_p` is included), then one is drawn in
+/// The nucleus of `probabilities`: tokens by decreasing probability (ties in index order),
+/// taken while their cumulated probability is below `top_p` and fewer than `top_k` are taken
+/// (so the token crossing `top_p` is included).
+fn nucleus(probabilities: &[f32], top_p: f32, top_k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..probabilities.len()).collect();
+    order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
+    let mut cumulative = 0f32;
+    let mut kept = Vec::new();
+    for &index in &order {
+        if cumulative >= top_p || kept.len() >= top_k {
+            break;
+        }
+        cumulative += probabilities[index];
+        kept.push(index);
+    }
+    kept
+}
+
+/// Nucleus sampling over log-probabilities `scores`: one token of the [`nucleus`] drawn in
 /// proportion to its probability.
 pub fn nucleus_sample(
     scores: &[f32],
@@ -88,18 +104,7 @@ pub fn nucleus_sample(
     uniforms: &mut dyn Uniforms,
 ) -> u32 {
     let probabilities = softmax(scores);
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
-    let mut cumulative = 0f32;
-    let mut kept = Vec::new();
-    for &index in &order {
-        if cumulative < top_p && kept.len() < top_k {
-            cumulative += probabilities[index];
-            kept.push(index);
-        } else {
-            break;
-        }
-    }
+    let kept = nucleus(&probabilities, top_p, top_k);
     let weights: Vec<f32> = kept.iter().map(|&i| probabilities[i]).collect();
     kept[draw(&weights, uniforms.next_uniform())] as u32
 }
@@ -110,18 +115,7 @@ pub fn nucleus_sample(
 /// by the distribution the sampler really used (Speech Speculative Decoding, §3).
 pub fn ras_distribution(scores: &[f32], decoded: &[u32], config: &RasConfig) -> Vec<f32> {
     let probabilities = softmax(scores);
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
-    let mut cumulative = 0f32;
-    let mut kept = Vec::new();
-    for &index in &order {
-        if cumulative < config.top_p && kept.len() < config.top_k {
-            cumulative += probabilities[index];
-            kept.push(index);
-        } else {
-            break;
-        }
-    }
+    let kept = nucleus(&probabilities, config.top_p, config.top_k);
     let nucleus: f64 = kept.iter().map(|&i| f64::from(probabilities[i])).sum();
     let recent = &decoded[decoded.len().saturating_sub(config.window)..];
     let mut distribution = vec![0f64; scores.len()];

@@ -28,7 +28,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{LayerNorm, Linear};
 
-use crate::cosyvoice::{CosyVoiceError, Result};
+use crate::cosyvoice::{read_weights, CosyVoiceError, Result};
 
 mod encoder;
 mod estimator;
@@ -293,20 +293,7 @@ impl Flow {
 
     /// Loads `flow.pt` (a PyTorch state dict) or its safetensors conversion.
     pub fn load(weights: &Path, config: FlowConfig, device: &Device) -> Result<Self> {
-        let bad = |reason: String| CosyVoiceError::File {
-            path: weights.to_path_buf(),
-            reason,
-        };
-        let tensors: HashMap<String, Tensor> =
-            if weights.extension().is_some_and(|e| e == "safetensors") {
-                candle_core::safetensors::load(weights, &Device::Cpu)
-                    .map_err(|e| bad(e.to_string()))?
-            } else {
-                candle_core::pickle::read_all(weights)
-                    .map_err(|e| bad(e.to_string()))?
-                    .into_iter()
-                    .collect()
-            };
+        let tensors = read_weights(weights)?;
         Self::from_tensors(tensors, config, device)
     }
 
