@@ -512,6 +512,17 @@ async fn shutdown_tells_every_client_and_lets_the_turn_in_progress_finish() {
     for frame in [silence(0.4), voice(1.0)].concat().chunks(320) {
         speaking.binary(encode_pcm(frame)).await;
     }
+    // Shut down only once the session has transcribed some of the speech (under load it may
+    // not have read the audio yet, and an utterance it never heard has no turn to finish).
+    let mut received = Vec::new();
+    loop {
+        let next = speaking.receive().await;
+        let heard = matches!(next, Received::Json(ServerMessage::Partial { .. }));
+        received.push(next);
+        if heard {
+            break;
+        }
+    }
     let mut queued = Client::connect(&server).await;
     queued.start_chat().await;
     assert_eq!(
@@ -532,15 +543,18 @@ async fn shutdown_tells_every_client_and_lets_the_turn_in_progress_finish() {
     queued.expect_closed().await;
     idle.expect_error(ErrorCode::ShuttingDown).await;
     idle.expect_closed().await;
-    let received = speaking.rest().await;
+    received.extend(speaking.rest().await);
     let all = messages(&received);
     let notice = all
         .iter()
         .position(|m| matches!(m, ServerMessage::ShuttingDown))
         .unwrap_or_else(|| panic!("{all:#?}"));
-    assert!(all[notice..]
-        .iter()
-        .any(|m| matches!(m, ServerMessage::TurnDone { .. })));
+    assert!(
+        all[notice..]
+            .iter()
+            .any(|m| matches!(m, ServerMessage::TurnDone { .. })),
+        "no turn finished after the shutdown notice: {all:#?}"
+    );
     assert!(matches!(all.last(), Some(ServerMessage::Done)));
     tokio::time::timeout(PATIENCE, shutdown)
         .await
