@@ -26,7 +26,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use rand::Rng;
 
-use crate::cosyvoice::{read_weights, CosyVoiceError, Result};
+use crate::cosyvoice::{read_weights, CosyVoiceError, Result, Weights};
 
 /// Settings of a [`Hift`]; the defaults are CosyVoice 2's.
 #[derive(Clone, Debug, PartialEq)]
@@ -182,34 +182,11 @@ impl Conv {
     }
 }
 
-/// The checkpoint's tensors, taken by name with their shapes checked.
-struct Weights<'a> {
-    tensors: HashMap<String, Tensor>,
-    device: &'a Device,
-}
-
-impl Weights<'_> {
-    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let tensor = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| CosyVoiceError::Weights {
-                name: name.into(),
-                reason: "missing".into(),
-            })?;
-        if tensor.dims() != shape {
-            return Err(CosyVoiceError::Weights {
-                name: name.into(),
-                reason: format!("shape {:?}, expected {shape:?}", tensor.dims()),
-            });
-        }
-        Ok(tensor.to_dtype(DType::F32)?.to_device(self.device)?)
-    }
-
+impl Weights {
     /// A weight-normed weight `g · v / ‖v‖` (norm over all dimensions but the first), stored
     /// as `parametrizations.weight.original0/1` (torch ≥ 2.1) or `weight_g` / `weight_v`.
     fn weight_normed(&mut self, prefix: &str, shape: &[usize]) -> Result<Tensor> {
-        let (g_name, v_name) = if self.tensors.contains_key(&format!("{prefix}.weight_g")) {
+        let (g_name, v_name) = if self.contains(&format!("{prefix}.weight_g")) {
             (format!("{prefix}.weight_g"), format!("{prefix}.weight_v"))
         } else {
             (
@@ -230,7 +207,7 @@ impl Weights<'_> {
     }
 
     /// A weight-normed convolution `[out, in, k]`.
-    fn conv(&mut self, prefix: &str, out: usize, inp: usize, k: usize) -> Result<Conv> {
+    fn normed_conv(&mut self, prefix: &str, out: usize, inp: usize, k: usize) -> Result<Conv> {
         Ok(Conv {
             weight: self.weight_normed(prefix, &[out, inp, k])?,
             bias: self.bias(prefix, out)?,
@@ -300,9 +277,19 @@ impl ResBlock {
             .map(|(i, &dilation)| {
                 Ok(ResidualUnit {
                     alpha1: w.alpha(&format!("{prefix}.activations1.{i}.alpha"), channels)?,
-                    conv1: w.conv(&format!("{prefix}.convs1.{i}"), channels, channels, kernel)?,
+                    conv1: w.normed_conv(
+                        &format!("{prefix}.convs1.{i}"),
+                        channels,
+                        channels,
+                        kernel,
+                    )?,
                     alpha2: w.alpha(&format!("{prefix}.activations2.{i}.alpha"), channels)?,
-                    conv2: w.conv(&format!("{prefix}.convs2.{i}"), channels, channels, kernel)?,
+                    conv2: w.normed_conv(
+                        &format!("{prefix}.convs2.{i}"),
+                        channels,
+                        channels,
+                        kernel,
+                    )?,
                     dilation,
                 })
             })
@@ -375,12 +362,12 @@ impl Hift {
                 None => (name, t),
             })
             .collect();
-        let mut w = Weights { tensors, device };
+        let mut w = Weights::new(tensors, device);
         let (mel, cond) = (config.in_channels, config.cond_channels);
         let f0_convs = (0..5)
             .map(|i| {
                 let inp = if i == 0 { mel } else { cond };
-                w.conv(&format!("f0_predictor.condnet.{}", 2 * i), cond, inp, 3)
+                w.normed_conv(&format!("f0_predictor.condnet.{}", 2 * i), cond, inp, 3)
             })
             .collect::<Result<_>>()?;
         let f0_weight = w.take("f0_predictor.classifier.weight", &[1, cond])?;
@@ -392,7 +379,7 @@ impl Hift {
             .to_vec1()?;
         let source_bias = w.take("m_source.l_linear.bias", &[1])?.to_vec1::<f32>()?[0];
         let base = config.base_channels;
-        let conv_pre = w.conv("conv_pre", base, mel, 7)?;
+        let conv_pre = w.normed_conv("conv_pre", base, mel, 7)?;
         let bins = config.n_fft + 2;
         let rates = &config.upsample_rates;
         let kernels = config.resblock_kernel_sizes.len();
@@ -439,7 +426,7 @@ impl Hift {
                 })
             })
             .collect::<Result<_>>()?;
-        let conv_post = w.conv("conv_post", bins, base >> rates.len(), 7)?;
+        let conv_post = w.normed_conv("conv_post", bins, base >> rates.len(), 7)?;
         let n = config.n_fft;
         let window = (0..n)
             .map(|i| {

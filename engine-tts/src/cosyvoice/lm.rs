@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Tensor, D};
+use candle_core::{Tensor, D};
 use engine_llm::{LoadOptions, Transformer, TransformerConfig};
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
 
@@ -20,7 +20,7 @@ use rand::{Rng, RngCore};
 use spec_core::acceptance::SpeculativeSampling;
 
 use crate::cosyvoice::sampling::{draw, ras_distribution, ras_sample, RasConfig, Uniforms};
-use crate::cosyvoice::{read_weights, CosyVoiceError, Result};
+use crate::cosyvoice::{read_weights, CosyVoiceError, Result, Weights};
 
 /// Prefix of the backbone's tensors in `llm.pt`.
 const BACKBONE_PREFIX: &str = "llm.model.";
@@ -75,28 +75,11 @@ pub struct SpeechLm {
     config: SpeechLmConfig,
 }
 
-/// Removes `name` from `tensors`, checking its shape.
-fn take(tensors: &mut HashMap<String, Tensor>, name: &str, shape: &[usize]) -> Result<Tensor> {
-    let tensor = tensors
-        .remove(name)
-        .ok_or_else(|| CosyVoiceError::Weights {
-            name: name.into(),
-            reason: "missing".into(),
-        })?;
-    if tensor.dims() != shape {
-        return Err(CosyVoiceError::Weights {
-            name: name.into(),
-            reason: format!("shape {:?}, expected {shape:?}", tensor.dims()),
-        });
-    }
-    Ok(tensor.to_dtype(DType::F32)?)
-}
-
 impl SpeechLm {
     /// The model from the tensors of `llm.pt` (names as its state dict has them) and the
     /// backbone's configuration.
     pub fn from_tensors(
-        mut tensors: HashMap<String, Tensor>,
+        tensors: HashMap<String, Tensor>,
         backbone: TransformerConfig,
         config: SpeechLmConfig,
         options: &LoadOptions,
@@ -104,29 +87,27 @@ impl SpeechLm {
         config.sampling.validate()?;
         let hidden = backbone.hidden_size;
         let rows = config.speech_token_size + 3;
-        let device = &options.device;
-        let embedding = take(&mut tensors, "llm_embedding.weight", &[2, hidden])?;
-        let speech_embedding = take(&mut tensors, "speech_embedding.weight", &[rows, hidden])?;
-        let decoder_weight = take(&mut tensors, "llm_decoder.weight", &[rows, hidden])?;
-        let decoder_bias = take(&mut tensors, "llm_decoder.bias", &[rows])?;
-        let backbone_tensors: HashMap<String, Tensor> = tensors
+        let (backbone_tensors, own): (HashMap<String, Tensor>, HashMap<String, Tensor>) = tensors
             .into_iter()
-            .filter_map(|(name, t)| {
-                name.strip_prefix(BACKBONE_PREFIX)
-                    .map(|rest| (rest.to_string(), t))
-            })
+            .partition(|(name, _)| name.starts_with(BACKBONE_PREFIX));
+        let mut w = Weights::new(own, &options.device);
+        let embedding = w.take("llm_embedding.weight", &[2, hidden])?;
+        let speech_embedding = w.take("speech_embedding.weight", &[rows, hidden])?;
+        let decoder_weight = w.take("llm_decoder.weight", &[rows, hidden])?;
+        let decoder_bias = w.take("llm_decoder.bias", &[rows])?;
+        let backbone_tensors = backbone_tensors
+            .into_iter()
+            .map(|(name, t)| (name[BACKBONE_PREFIX.len()..].to_string(), t))
             .collect();
         let backbone = Transformer::from_tensors(backbone, backbone_tensors, options)?;
-        let row = |i: usize| -> Result<Tensor> {
-            Ok(embedding.narrow(0, i, 1)?.unsqueeze(0)?.to_device(device)?)
-        };
+        let row = |i: usize| -> Result<Tensor> { Ok(embedding.narrow(0, i, 1)?.unsqueeze(0)?) };
         Ok(Self {
             backbone,
             start: row(0)?,
             task: row(1)?,
-            speech_embedding: speech_embedding.to_device(device)?,
-            decoder_weight: decoder_weight.to_device(device)?,
-            decoder_bias: decoder_bias.to_device(device)?,
+            speech_embedding,
+            decoder_weight,
+            decoder_bias,
             config,
         })
     }

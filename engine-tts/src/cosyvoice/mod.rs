@@ -30,6 +30,10 @@ pub enum CosyVoiceError {
     #[error(transparent)]
     Core(#[from] spec_core::Error),
 
+    /// The shared building blocks (`spec-nn`) reading the weights.
+    #[error(transparent)]
+    Layers(spec_nn::Error),
+
     /// A weight the model needs is missing or has the wrong shape.
     #[error("{name}: {reason}")]
     Weights { name: String, reason: String },
@@ -70,5 +74,46 @@ pub fn read_weights(
             .map_err(|e| bad(e.to_string()))?
             .into_iter()
             .collect())
+    }
+}
+
+/// A checkpoint's tensors, taken by name with their shapes checked (`spec-nn`'s loader), each
+/// in f32 on the model's device. The modules add their own ways of taking layers.
+pub(crate) struct Weights(spec_nn::WeightLoader<spec_nn::InMemoryWeights>);
+
+impl Weights {
+    pub(crate) fn new(
+        tensors: std::collections::HashMap<String, candle_core::Tensor>,
+        device: &candle_core::Device,
+    ) -> Self {
+        Self(spec_nn::WeightLoader::new(
+            spec_nn::InMemoryWeights::dense(tensors),
+            device,
+            spec_nn::Requantize::Keep,
+        ))
+    }
+
+    /// Whether `name` is stored (and not yet taken).
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+
+    /// Takes `name`, which must have `shape`.
+    pub(crate) fn take(&mut self, name: &str, shape: &[usize]) -> Result<candle_core::Tensor> {
+        self.0.dense(name, shape).map_err(|e| match e {
+            spec_nn::Error::MissingTensor { name, .. } => CosyVoiceError::Weights {
+                name,
+                reason: "missing".into(),
+            },
+            spec_nn::Error::ShapeMismatch {
+                name,
+                got,
+                expected,
+            } => CosyVoiceError::Weights {
+                name,
+                reason: format!("shape {got:?}, expected {expected:?}"),
+            },
+            other => CosyVoiceError::Layers(other),
+        })
     }
 }

@@ -28,7 +28,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{LayerNorm, Linear};
 
-use crate::cosyvoice::{read_weights, CosyVoiceError, Result};
+use crate::cosyvoice::{read_weights, CosyVoiceError, Result, Weights};
 
 mod encoder;
 mod estimator;
@@ -121,30 +121,7 @@ impl FlowConfig {
     }
 }
 
-/// The checkpoint's tensors, taken by name with their shapes checked.
-struct Weights<'a> {
-    tensors: HashMap<String, Tensor>,
-    device: &'a Device,
-}
-
-impl Weights<'_> {
-    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let tensor = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| CosyVoiceError::Weights {
-                name: name.into(),
-                reason: "missing".into(),
-            })?;
-        if tensor.dims() != shape {
-            return Err(CosyVoiceError::Weights {
-                name: name.into(),
-                reason: format!("shape {:?}, expected {shape:?}", tensor.dims()),
-            });
-        }
-        Ok(tensor.to_dtype(DType::F32)?.to_device(self.device)?)
-    }
-
+impl Weights {
     fn linear(&mut self, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
         Ok(Linear::new(
             self.take(&format!("{prefix}.weight"), &[out, inp])?,
@@ -273,7 +250,7 @@ impl Flow {
         device: &Device,
     ) -> Result<Self> {
         config.validate()?;
-        let mut w = Weights { tensors, device };
+        let mut w = Weights::new(tensors, device);
         let (dim, mel) = (config.encoder_dim, config.mel_channels);
         let embedding = w.take("input_embedding.weight", &[config.vocab_size, dim])?;
         let speaker = w.linear("spk_embed_affine_layer", mel, config.speaker_dim)?;
