@@ -3,7 +3,6 @@
 //! names, inputs and the reference's outputs in `tests/data/cosyvoice2/*.safetensors`).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
@@ -14,7 +13,7 @@ use engine_tts::cosyvoice::sampling::Uniforms;
 use engine_tts::cosyvoice::CosyVoiceError;
 
 mod common;
-use common::{flow, flow_config, hift, hift_config, speech_lm, Fixture};
+use common::{flow, flow_config, hift, hift_config, released_layout, speech_lm, Fixture};
 
 /// The reference's recorded uniform numbers, in order.
 struct Replay(std::vec::IntoIter<f64>);
@@ -338,26 +337,7 @@ fn hift_loads_other_weight_names_and_files() {
 /// with the default configuration.
 #[test]
 fn hift_takes_the_released_checkpoints_names_and_shapes() {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "reference/hift_pt_keys_full_config.txt",
-    ]
-    .iter()
-    .collect();
-    let tensors: HashMap<String, Tensor> = std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let (name, shape) = line.split_once('\t').unwrap();
-            let shape: Vec<usize> = shape
-                .trim_matches(|c| c == '[' || c == ']')
-                .split(", ")
-                .map(|d| d.parse().unwrap())
-                .collect();
-            let tensor = Tensor::ones(shape, DType::F32, &Device::Cpu).unwrap();
-            (name.to_string(), tensor)
-        })
-        .collect();
+    let tensors = released_layout("hift_pt_keys_full_config.txt", 1.0);
     assert_eq!(tensors.len(), 328);
     let vocoder = Hift::from_tensors(tensors, HiftConfig::default(), &Device::Cpu).unwrap();
     let mel = Tensor::zeros((1, 80, 2), DType::F32, &Device::Cpu).unwrap();
@@ -552,26 +532,7 @@ fn flow_loads_a_safetensors_file() {
 /// new frames are the noise's.
 #[test]
 fn flow_takes_the_released_checkpoints_names_and_shapes() {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "reference/flow_pt_keys_full_config.txt",
-    ]
-    .iter()
-    .collect();
-    let tensors: HashMap<String, Tensor> = std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let (name, shape) = line.split_once('\t').unwrap();
-            let shape: Vec<usize> = shape
-                .trim_matches(|c| c == '[' || c == ']')
-                .split(", ")
-                .map(|d| d.parse().unwrap())
-                .collect();
-            let tensor = Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
-            (name.to_string(), tensor)
-        })
-        .collect();
+    let tensors = released_layout("flow_pt_keys_full_config.txt", 0.0);
     assert_eq!(tensors.len(), 1121);
     let flow = Flow::from_tensors(tensors, FlowConfig::default(), &Device::Cpu).unwrap();
     let prompt = FlowPrompt {

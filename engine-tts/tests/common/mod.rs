@@ -143,3 +143,25 @@ pub fn flow(fixture: &Fixture) -> Flow {
     )
     .unwrap()
 }
+
+/// Every tensor of a released checkpoint's layout (`reference/NAME`: one `name<TAB>[shape]` per
+/// line), filled with `value`.
+pub fn released_layout(name: &str, value: f32) -> HashMap<String, Tensor> {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "reference", name]
+        .iter()
+        .collect();
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (name, shape) = line.split_once('\t').unwrap();
+            let shape: Vec<usize> = shape
+                .trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|d| d.parse().unwrap())
+                .collect();
+            let tensor = Tensor::full(value, shape, &Device::Cpu).unwrap();
+            (name.to_string(), tensor)
+        })
+        .collect()
+}
