@@ -8,6 +8,7 @@
 //! first `i` with `u < Σ_{j ≤ i} P_j / ΣP` (cumulated in f64), the last index if none.
 
 use rand::Rng;
+use spec_core::sampling::softmax;
 
 use crate::cosyvoice::{CosyVoiceError, Result};
 
@@ -54,14 +55,6 @@ impl RasConfig {
         }
         Ok(())
     }
-}
-
-/// Softmax in f32.
-fn softmax(scores: &[f32]) -> Vec<f32> {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
 }
 
 /// The categorical draw over unnormalized `weights` with uniform `u` (see the module docs).
