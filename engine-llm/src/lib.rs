@@ -8,6 +8,7 @@ pub mod config;
 mod error;
 pub mod load;
 pub mod predgen;
+pub mod ssd;
 pub mod template;
 #[doc(hidden)]
 pub mod testing;

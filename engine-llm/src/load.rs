@@ -83,14 +83,14 @@ impl TransformerConfig {
 
 /// The tensor naming of a checkpoint format.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Naming {
+pub(crate) enum Naming {
     Gguf,
     HuggingFace,
 }
 
 /// The parts of a layer.
 #[derive(Clone, Copy)]
-enum Part {
+pub(crate) enum Part {
     Query,
     Key,
     Value,
@@ -125,7 +125,7 @@ impl Naming {
     }
 
     /// `suffix`: "weight" or "bias".
-    fn layer(self, layer: usize, part: Part, suffix: &str) -> String {
+    pub(crate) fn layer(self, layer: usize, part: Part, suffix: &str) -> String {
         let (gguf, hf) = match part {
             Part::Query => ("attn_q", "self_attn.q_proj"),
             Part::Key => ("attn_k", "self_attn.k_proj"),
@@ -206,8 +206,7 @@ fn build<S: WeightSource>(
     options: &LoadOptions,
 ) -> Result<Transformer> {
     let c = &config;
-    let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
-    let (q_out, kv_out) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let hidden = c.hidden_size;
     let eps = c.rms_norm_eps as f32;
     // Tied output weights share the embeddings' matrix, converted once.
     let embeddings = loader.matrix(naming.embeddings(), [c.vocab_size, hidden])?;
@@ -216,42 +215,92 @@ fn build<S: WeightSource>(
     } else {
         loader.matrix(naming.output(), [c.vocab_size, hidden])?
     };
-    let heads = spec_nn::Heads::new(c.num_heads, c.num_kv_heads, c.head_dim)?;
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
-        let mut linear = |part: Part, shape: [usize; 2], biased: bool| -> Result<Linear> {
-            let bias = biased.then(|| naming.layer(i, part, "bias"));
-            Ok(loader.linear(&naming.layer(i, part, "weight"), bias.as_deref(), shape)?)
-        };
-        let biased = c.attention_bias;
-        let attention = SelfAttention {
-            q: linear(Part::Query, [q_out, hidden], biased)?,
-            k: linear(Part::Key, [kv_out, hidden], biased)?,
-            v: linear(Part::Value, [kv_out, hidden], biased)?,
-            o: linear(Part::Output, [hidden, q_out], false)?,
-            heads,
-        };
-        let ffn = SwiGlu {
-            gate: linear(Part::Gate, [ffn, hidden], false)?,
-            up: linear(Part::Up, [ffn, hidden], false)?,
-            down: linear(Part::Down, [hidden, ffn], false)?,
-        };
-        let mut norm = |part: Part| -> Result<Norm> {
-            let weight = loader.dense(&naming.layer(i, part, "weight"), &[hidden])?;
-            Ok(Norm::rms(weight, eps))
-        };
-        layers.push(Layer {
-            attention_norm: norm(Part::AttentionNorm)?,
-            attention,
-            ffn_norm: norm(Part::FfnNorm)?,
-            ffn,
-        });
-    }
+    let layers = (0..c.num_layers)
+        .map(|i| load_layer(&mut loader, c, naming, i))
+        .collect::<Result<Vec<_>>>()?;
     let weights = Weights {
         embeddings,
         final_norm: Norm::rms(loader.dense(naming.final_norm(), &[hidden])?, eps),
         lm_head,
         layers,
+        shortlist: None,
     };
     Transformer::new(config, weights, options.max_context, &options.device)
+}
+
+/// Layer `i` of a model with configuration `c`, from `loader`'s tensors.
+pub(crate) fn load_layer<S: WeightSource>(
+    loader: &mut WeightLoader<S>,
+    c: &TransformerConfig,
+    naming: Naming,
+    i: usize,
+) -> Result<Layer> {
+    let (hidden, ffn) = (c.hidden_size, c.intermediate_size);
+    let (q_out, kv_out) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let heads = spec_nn::Heads::new(c.num_heads, c.num_kv_heads, c.head_dim)?;
+    let mut linear = |part: Part, shape: [usize; 2], biased: bool| -> Result<Linear> {
+        let bias = biased.then(|| naming.layer(i, part, "bias"));
+        Ok(loader.linear(&naming.layer(i, part, "weight"), bias.as_deref(), shape)?)
+    };
+    let biased = c.attention_bias;
+    let attention = SelfAttention {
+        q: linear(Part::Query, [q_out, hidden], biased)?,
+        k: linear(Part::Key, [kv_out, hidden], biased)?,
+        v: linear(Part::Value, [kv_out, hidden], biased)?,
+        o: linear(Part::Output, [hidden, q_out], false)?,
+        heads,
+    };
+    let ffn = SwiGlu {
+        gate: linear(Part::Gate, [ffn, hidden], false)?,
+        up: linear(Part::Up, [ffn, hidden], false)?,
+        down: linear(Part::Down, [hidden, ffn], false)?,
+    };
+    let eps = c.rms_norm_eps as f32;
+    let mut norm = |part: Part| -> Result<Norm> {
+        let weight = loader.dense(&naming.layer(i, part, "weight"), &[hidden])?;
+        Ok(Norm::rms(weight, eps))
+    };
+    Ok(Layer {
+        attention_norm: norm(Part::AttentionNorm)?,
+        attention,
+        ffn_norm: norm(Part::FfnNorm)?,
+        ffn,
+    })
+}
+
+/// Layer `layer`'s weights dequantized to f32 under Hugging Face names of layer `i`
+/// (`model.layers.{i}.self_attn.q_proj.weight`, ...): the same layer as plain tensors.
+pub(crate) fn layer_tensors(
+    layer: &Layer,
+    i: usize,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    let naming = Naming::HuggingFace;
+    let mut tensors = HashMap::new();
+    let attention = &layer.attention;
+    let ffn = &layer.ffn;
+    for (part, linear) in [
+        (Part::Query, &attention.q),
+        (Part::Key, &attention.k),
+        (Part::Value, &attention.v),
+        (Part::Output, &attention.o),
+        (Part::Gate, &ffn.gate),
+        (Part::Up, &ffn.up),
+        (Part::Down, &ffn.down),
+    ] {
+        tensors.insert(
+            naming.layer(i, part, "weight"),
+            linear.weight.dequantize(device)?,
+        );
+        if let Some(bias) = &linear.bias {
+            tensors.insert(naming.layer(i, part, "bias"), bias.to_device(device)?);
+        }
+    }
+    for (part, norm) in [
+        (Part::AttentionNorm, &layer.attention_norm),
+        (Part::FfnNorm, &layer.ffn_norm),
+    ] {
+        tensors.insert(naming.layer(i, part, "weight"), norm.weight().to_device(device)?);
+    }
+    Ok(tensors)
 }

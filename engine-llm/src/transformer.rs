@@ -14,7 +14,8 @@ use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, LogitRows};
 use spec_nn::{
-    decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu,
+    decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention,
+    ShortlistOutput, SwiGlu,
 };
 
 use crate::config::TransformerConfig;
@@ -42,6 +43,9 @@ pub(crate) struct Weights {
     pub final_norm: Norm,
     /// Output projection; shares the embedding tensor when the checkpoint ties them.
     pub lm_head: QLinear,
+    /// When set, forwards score only these tokens (an SSD draft's trained head) instead of
+    /// `lm_head`'s whole vocabulary.
+    pub shortlist: Option<ShortlistOutput>,
 }
 
 /// A loaded model with its KV cache. Batch size 1.
@@ -102,29 +106,50 @@ impl Transformer {
     /// the embeddings, the layers' weights, the final norm and the output layer, with a cache
     /// of its own.
     pub fn with_layers(&self, layers: &[usize]) -> Result<Transformer> {
-        if layers.is_empty() {
-            return Err(Error::Config("a model needs at least one layer".into()));
-        }
         if let Some(&bad) = layers.iter().find(|&&l| l >= self.weights.layers.len()) {
             return Err(Error::Config(format!(
                 "layer {bad} of a model with {} layers",
                 self.weights.layers.len()
             )));
         }
-        let weights = Weights {
-            embeddings: self.weights.embeddings.clone(),
-            layers: layers
-                .iter()
-                .map(|&l| self.weights.layers[l].clone())
-                .collect(),
-            final_norm: self.weights.final_norm.clone(),
-            lm_head: self.weights.lm_head.clone(),
-        };
+        let layers = layers
+            .iter()
+            .map(|&l| self.weights.layers[l].clone())
+            .collect();
+        self.with_parts(layers, self.weights.shortlist.clone())
+    }
+
+    /// A model of `layers` on this one's embeddings and final norm, scoring `shortlist`'s
+    /// tokens only when given, with a cache of its own.
+    pub(crate) fn with_parts(
+        &self,
+        layers: Vec<Layer>,
+        shortlist: Option<ShortlistOutput>,
+    ) -> Result<Transformer> {
+        if layers.is_empty() {
+            return Err(Error::Config("a model needs at least one layer".into()));
+        }
         let config = TransformerConfig {
             num_layers: layers.len(),
             ..self.config.clone()
         };
+        let weights = Weights {
+            embeddings: self.weights.embeddings.clone(),
+            layers,
+            final_norm: self.weights.final_norm.clone(),
+            lm_head: self.weights.lm_head.clone(),
+            shortlist,
+        };
         Transformer::new(config, weights, Some(self.max_len), &self.device)
+    }
+
+    /// Layer `i` (the caller checks the index).
+    pub(crate) fn layer(&self, i: usize) -> &Layer {
+        &self.weights.layers[i]
+    }
+
+    pub(crate) fn final_norm(&self) -> &Norm {
+        &self.weights.final_norm
     }
 
     /// Runs the model; on failure the cache is left as it was.
@@ -160,15 +185,20 @@ impl Transformer {
             let normed = layer.ffn_norm.forward(&x)?;
             x = (x + layer.ffn.forward(&normed)?)?;
         }
+        let full_rows = if self.weights.shortlist.is_some() { 0 } else { rows };
         let out = decoder_output(
             &x,
-            rows,
+            full_rows,
             &self.weights.final_norm,
             &self.weights.lm_head,
             self.config.vocab_size,
         )?;
+        let logits = match &self.weights.shortlist {
+            Some(shortlist) => shortlist.logits(&out.hidden.narrow(0, n - rows, rows)?)?,
+            None => out.logits,
+        };
         self.hidden = Some(out.hidden);
-        Ok(out.logits)
+        Ok(logits)
     }
 
     /// The input embeddings of token ids, `[n, hidden]` f32: what a forward of the ids feeds

@@ -45,6 +45,6 @@ pub use load::{
 };
 pub use mlp::{GeluMlp, SwiGlu};
 pub use norm::Norm;
-pub use output::{decoder_output, unembed, DecoderOutput};
+pub use output::{decoder_output, unembed, DecoderOutput, ShortlistOutput};
 pub use positions::{sinusoidal_positions, LearnedPositions};
 pub use rotary::{RopeLayout, Rotary, RotaryTables};

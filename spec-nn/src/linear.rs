@@ -64,6 +64,31 @@ impl QLinear {
 }
 
 impl QLinear {
+    /// `(rows, cols)`: `[out, in]`.
+    pub fn shape(&self) -> Result<(usize, usize)> {
+        Ok(match self {
+            Self::Kernel(m) => (m.rows(), m.cols()),
+            Self::Candle(QMatMul::QTensor(q)) => q.shape().dims2()?,
+            Self::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.dims2()?,
+        })
+    }
+
+    /// The whole matrix dequantized, `[out, in]` f32 (for training on a copy of the weights).
+    pub fn dequantize(&self, device: &Device) -> Result<Tensor> {
+        match self {
+            Self::Kernel(m) => {
+                let ids: Vec<u32> = (0..m.rows() as u32).collect();
+                self.embedding(&ids, device)
+            }
+            Self::Candle(QMatMul::QTensor(q)) => Ok(q.dequantize(device)?),
+            Self::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
+                Ok(t.to_dtype(DType::F32)?.to_device(device)?)
+            }
+        }
+    }
+}
+
+impl QLinear {
     /// Several layers of one input `x` (`[.., in]`), e.g. a layer's query, key and value
     /// projections: when all have kernels, one pass on the kernels' pool that quantizes `x`
     /// once; otherwise one after the other.
@@ -217,6 +242,24 @@ mod tests {
                 .to_vec2()
                 .unwrap();
             assert_eq!(rows, expected, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn dequantized_matrices_are_candles_for_both_paths() {
+        for dtype in FORMATS {
+            let (_, q) = quantized(dtype);
+            let expected: Vec<Vec<f32>> = q.dequantize(&Device::Cpu).unwrap().to_vec2().unwrap();
+            let kernel = QLinear::new(q.clone(), &Device::Cpu).unwrap();
+            let candle = QLinear::Candle(QMatMul::from_arc(q).unwrap());
+            for linear in [kernel, candle] {
+                let got: Vec<Vec<f32>> = linear
+                    .dequantize(&Device::Cpu)
+                    .unwrap()
+                    .to_vec2()
+                    .unwrap();
+                assert_eq!(got, expected, "{dtype:?}");
+            }
         }
     }
 

@@ -28,6 +28,13 @@ impl Norm {
         Self::Layer { weight, bias, eps }
     }
 
+    /// The learned scale.
+    pub fn weight(&self) -> &Tensor {
+        match self {
+            Self::Rms { weight, .. } | Self::Layer { weight, .. } => weight,
+        }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Self::Rms { weight, eps } => candle_nn::ops::rms_norm(x, weight, *eps)?,

@@ -3,9 +3,9 @@
 
 use candle_core::{DType, Module, Tensor};
 
-use crate::linear::QLinear;
+use crate::linear::{with_cpu_values, QLinear};
 use crate::norm::Norm;
-use crate::Result;
+use crate::{Error, Result};
 
 /// What a decoder forward ends with.
 #[derive(Debug, Clone)]
@@ -42,4 +42,67 @@ pub fn unembed(output: &QLinear, hidden: &Tensor) -> Result<Tensor> {
         .forward(&hidden.unsqueeze(0)?)?
         .squeeze(0)?
         .to_dtype(DType::F32)?)
+}
+
+/// An output layer that scores some tokens only, `[tokens, hidden]`; every other token's
+/// logit is −∞ (a draft model that can only propose these tokens: speculative sampling stays
+/// exact, since the target's residual distribution covers the rest).
+#[derive(Debug, Clone)]
+pub struct ShortlistOutput {
+    layer: QLinear,
+    tokens: Vec<u32>,
+    vocab_size: usize,
+}
+
+impl ShortlistOutput {
+    /// `layer`'s row i scores token `tokens[i]` of a vocabulary of `vocab_size`.
+    pub fn new(layer: QLinear, tokens: Vec<u32>, vocab_size: usize) -> Result<Self> {
+        let rows = layer.shape()?.0;
+        if rows != tokens.len() {
+            return Err(Error::Config(format!(
+                "a shortlist output layer with {rows} rows for {} tokens",
+                tokens.len()
+            )));
+        }
+        let mut seen = vec![false; vocab_size];
+        for &t in &tokens {
+            match seen.get_mut(t as usize) {
+                Some(s) if !*s => *s = true,
+                Some(_) => return Err(Error::Config(format!("token {t} listed twice"))),
+                None => {
+                    return Err(Error::Config(format!(
+                        "token {t} outside a vocabulary of {vocab_size}"
+                    )))
+                }
+            }
+        }
+        Ok(Self {
+            layer,
+            tokens,
+            vocab_size,
+        })
+    }
+
+    /// The scored tokens, in row order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Logits over the whole vocabulary for hidden states `[m, hidden]` → `[m, vocab]` f32.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let m = hidden.dim(0)?;
+        let scores = unembed(&self.layer, hidden)?;
+        let mut out = vec![f32::NEG_INFINITY; m * self.vocab_size];
+        with_cpu_values(&scores.to_device(&candle_core::Device::Cpu)?, |values| {
+            for (row, scored) in out
+                .chunks_exact_mut(self.vocab_size)
+                .zip(values.chunks_exact(self.tokens.len()))
+            {
+                for (&token, &score) in self.tokens.iter().zip(scored) {
+                    row[token as usize] = score;
+                }
+            }
+        })?;
+        Ok(Tensor::from_vec(out, (m, self.vocab_size), hidden.device())?)
+    }
 }

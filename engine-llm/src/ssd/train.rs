@@ -1,0 +1,550 @@
+//! Training an SSD draft (§3.2 of the paper): the draft's lower layers start as the target's
+//! first layers and its head as the target's output rows of the shortlist; both are fitted by
+//! AdamW to the target's next-token distributions (cross-entropy against its top tokens'
+//! probabilities) with the upper layers, the embeddings and the final norm frozen. The
+//! gradient flows through the frozen upper layers, so the forward here is a float copy of the
+//! transformer written with differentiable candle operations (the inference path runs on
+//! quantized kernels, which have no gradients).
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use spec_core::{Decoder, HiddenStates, LogitRows};
+
+use super::{draft_layers, SsdDraftInfo, SsdDraftWeights};
+use crate::config::{RopeLayout, TransformerConfig};
+use crate::load::{layer_tensors, Naming, Part};
+use crate::{Error, Result, Transformer};
+
+/// Settings of [`train`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SsdTrainConfig {
+    /// Retrained lower layers (the paper: 2).
+    pub lower_layers: usize,
+    /// The target's upper layers the draft keeps (the paper: 6 of 24).
+    pub upper_layers: usize,
+    pub epochs: usize,
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    /// Tokens of the target's distribution kept per position as the training label.
+    pub label_top_k: usize,
+    /// The head scores the tokens with ids below this and every token of the labels.
+    pub shortlist_below: u32,
+    /// Share of the sequences held out for validation.
+    pub validation_fraction: f32,
+    pub seed: u64,
+}
+
+impl Default for SsdTrainConfig {
+    fn default() -> Self {
+        Self {
+            lower_layers: 2,
+            upper_layers: 6,
+            epochs: 2,
+            learning_rate: 2e-4,
+            weight_decay: 0.0,
+            label_top_k: 8,
+            shortlist_below: 8192,
+            validation_fraction: 0.1,
+            seed: 0,
+        }
+    }
+}
+
+/// A sequence and, from position `first` on, the target's most likely next tokens with their
+/// probabilities (the target's output the draft learns).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DistilledSequence {
+    pub tokens: Vec<u32>,
+    pub first: usize,
+    /// One list per position `first..tokens.len()`, most likely first.
+    pub labels: Vec<Vec<(u32, f32)>>,
+}
+
+impl DistilledSequence {
+    /// Runs `target` over `tokens` once (its cache is reset) and keeps its `top_k` most
+    /// likely next tokens at every position from `first` (e.g. a prompt's last token, whose
+    /// next token is the answer's first).
+    pub fn label(
+        target: &mut Transformer,
+        tokens: Vec<u32>,
+        first: usize,
+        top_k: usize,
+    ) -> Result<Self> {
+        if first >= tokens.len() || top_k == 0 {
+            return Err(Error::Input(format!(
+                "labels from position {first} of {} tokens, top {top_k}",
+                tokens.len()
+            )));
+        }
+        target.reset();
+        let logits = target.forward_tokens(&tokens, LogitRows::Last(tokens.len() - first))?;
+        target.reset();
+        let labels = (0..logits.len())
+            .map(|i| {
+                let probs = spec_core::sampling::softmax(logits.row(i));
+                let mut best: Vec<(u32, f32)> =
+                    (0..probs.len() as u32).zip(probs.iter().copied()).collect();
+                let kept = top_k.min(best.len());
+                best.select_nth_unstable_by(kept - 1, |a, b| b.1.total_cmp(&a.1));
+                best.truncate(top_k);
+                best.sort_by(|a, b| b.1.total_cmp(&a.1));
+                best
+            })
+            .collect();
+        Ok(Self {
+            tokens,
+            first,
+            labels,
+        })
+    }
+}
+
+/// What [`train`] reports as it goes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SsdProgress {
+    /// A sequence of `steps` done; its loss.
+    Step {
+        epoch: usize,
+        step: usize,
+        steps: usize,
+        loss: f32,
+    },
+    /// The validation figures, before training (`epoch` None) and after each epoch.
+    Validation(ValidationReport),
+}
+
+/// The draft on the held-out sequences.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidationReport {
+    pub epoch: Option<usize>,
+    /// Mean cross-entropy against the target's labels.
+    pub loss: f32,
+    /// How often the draft's top token is the target's.
+    pub agreement: f32,
+    /// Mean Σ min(p, q) over the labelled tokens: a lower bound of the probability that
+    /// speculative sampling (β = 0, temperature 1) accepts a drafted token.
+    pub overlap: f32,
+}
+
+impl std::fmt::Display for ValidationReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.epoch {
+            Some(e) => write!(f, "epoch {}: ", e + 1)?,
+            None => write!(f, "untrained: ")?,
+        }
+        write!(
+            f,
+            "validation loss {:.3}, top-1 agreement {:.1} %, overlap {:.1} %",
+            self.loss,
+            100.0 * self.agreement,
+            100.0 * self.overlap
+        )
+    }
+}
+
+/// A trained draft, before it is named and saved.
+#[derive(Clone, Debug)]
+pub struct TrainedDraft {
+    pub lower_layers: usize,
+    pub upper_layers: usize,
+    pub layers: HashMap<String, Tensor>,
+    pub head: Tensor,
+    pub shortlist: Vec<u32>,
+    /// Validation before training, then after each epoch.
+    pub reports: Vec<ValidationReport>,
+}
+
+impl TrainedDraft {
+    /// The draft's weights, recorded as trained for `base_model` (whose weights file has
+    /// `base_fingerprint`) by `command`.
+    pub fn into_weights(
+        self,
+        config: &TransformerConfig,
+        base_model: &str,
+        base_fingerprint: &str,
+        command: &str,
+    ) -> SsdDraftWeights {
+        let agreement = |r: Option<&ValidationReport>| r.map_or(0.0, |r| r.agreement);
+        SsdDraftWeights {
+            info: SsdDraftInfo {
+                lower_layers: self.lower_layers,
+                upper_layers: self.upper_layers,
+                hidden_size: config.hidden_size,
+                vocab_size: config.vocab_size,
+                shortlist_size: self.shortlist.len(),
+                base_model: base_model.into(),
+                base_fingerprint: base_fingerprint.into(),
+                command: command.into(),
+                untrained_agreement: agreement(self.reports.first()),
+                validation_agreement: agreement(self.reports.last()),
+            },
+            layers: self.layers,
+            head: self.head,
+            shortlist: self.shortlist,
+        }
+    }
+}
+
+/// A float copy of one transformer layer, differentiable.
+struct FloatLayer {
+    attention_norm: Tensor,
+    q: (Tensor, Option<Tensor>),
+    k: (Tensor, Option<Tensor>),
+    v: (Tensor, Option<Tensor>),
+    o: Tensor,
+    ffn_norm: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// Cos/sin tables `[n, head_dim / 2]` for positions `0..n`.
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    layout: RopeLayout,
+}
+
+impl Rope {
+    fn new(config: &TransformerConfig, n: usize, device: &Device) -> Result<Self> {
+        let inverse = config.rope_inverse_frequencies();
+        let half = inverse.len();
+        let angles: Vec<f32> = (0..n)
+            .flat_map(|p| inverse.iter().map(move |f| p as f32 * f))
+            .collect();
+        let angles = Tensor::from_vec(angles, (n, half), device)?;
+        Ok(Self {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            layout: config.rope_layout,
+        })
+    }
+
+    /// Rotates `x` `[heads, n, head_dim]` (the same pairing as the inference path).
+    fn rotate(&self, x: &Tensor) -> Result<Tensor> {
+        let (heads, n, d) = x.dims3()?;
+        let half = d / 2;
+        let (x1, x2) = match self.layout {
+            RopeLayout::Halves => (x.narrow(2, 0, half)?, x.narrow(2, half, half)?),
+            RopeLayout::Interleaved => {
+                let pairs = x.reshape((heads, n, half, 2))?;
+                (pairs.narrow(3, 0, 1)?.squeeze(3)?, pairs.narrow(3, 1, 1)?.squeeze(3)?)
+            }
+        };
+        let first = (x1.broadcast_mul(&self.cos)? - x2.broadcast_mul(&self.sin)?)?;
+        let second = (x2.broadcast_mul(&self.cos)? + x1.broadcast_mul(&self.sin)?)?;
+        Ok(match self.layout {
+            RopeLayout::Halves => Tensor::cat(&[first, second], 2)?,
+            RopeLayout::Interleaved => Tensor::stack(&[first, second], 3)?.reshape((heads, n, d))?,
+        })
+    }
+}
+
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    Ok(x.broadcast_div(&scale)?.broadcast_mul(weight)?)
+}
+
+fn linear(x: &Tensor, (weight, bias): &(Tensor, Option<Tensor>)) -> Result<Tensor> {
+    let y = x.matmul(&weight.t()?)?;
+    Ok(match bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
+}
+
+impl FloatLayer {
+    /// Layer `i` of `tensors` (Hugging Face names); each tensor passes through `wrap` with
+    /// its name (which makes the trained layers' tensors variables).
+    fn new(
+        tensors: &HashMap<String, Tensor>,
+        i: usize,
+        wrap: &mut dyn FnMut(&str, &Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let mut get = |part: Part, suffix: &str| -> Result<Option<Tensor>> {
+            let name = Naming::HuggingFace.layer(i, part, suffix);
+            tensors.get(&name).map(|t| wrap(&name, t)).transpose()
+        };
+        let mut required = |part: Part| -> Result<Tensor> {
+            get(part, "weight")?.ok_or_else(|| {
+                Error::Config(format!(
+                    "no {}",
+                    Naming::HuggingFace.layer(i, part, "weight")
+                ))
+            })
+        };
+        let q = required(Part::Query)?;
+        let k = required(Part::Key)?;
+        let v = required(Part::Value)?;
+        let o = required(Part::Output)?;
+        let attention_norm = required(Part::AttentionNorm)?;
+        let ffn_norm = required(Part::FfnNorm)?;
+        let gate = required(Part::Gate)?;
+        let up = required(Part::Up)?;
+        let down = required(Part::Down)?;
+        Ok(Self {
+            q: (q, get(Part::Query, "bias")?),
+            k: (k, get(Part::Key, "bias")?),
+            v: (v, get(Part::Value, "bias")?),
+            o,
+            attention_norm,
+            ffn_norm,
+            gate,
+            up,
+            down,
+        })
+    }
+
+    /// `x` `[n, hidden]` with causal attention over its own positions.
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        mask: &Tensor,
+        config: &TransformerConfig,
+    ) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let (heads, kv_heads, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
+        let eps = config.rms_norm_eps;
+        let h = rms_norm(x, &self.attention_norm, eps)?;
+        let split = |y: Tensor, count: usize| -> Result<Tensor> {
+            Ok(y.reshape((n, count, d))?.transpose(0, 1)?.contiguous()?)
+        };
+        let q = rope.rotate(&split(linear(&h, &self.q)?, heads)?)?;
+        let k = rope.rotate(&split(linear(&h, &self.k)?, kv_heads)?)?;
+        let v = split(linear(&h, &self.v)?, kv_heads)?;
+        // Query heads j·g … j·g + g − 1 share key/value head j.
+        let group = heads / kv_heads;
+        let widen = |t: Tensor| -> Result<Tensor> {
+            Ok(t.unsqueeze(1)?
+                .expand((kv_heads, group, n, d))?
+                .reshape((heads, n, d))?)
+        };
+        let (k, v) = (widen(k)?, widen(v)?);
+        let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?.broadcast_add(mask)?;
+        let attended = candle_nn::ops::softmax(&scores, D::Minus1)?
+            .matmul(&v)?
+            .transpose(0, 1)?
+            .reshape((n, heads * d))?;
+        let x = (x + attended.matmul(&self.o.t()?)?)?;
+        let h = rms_norm(&x, &self.ffn_norm, eps)?;
+        let gated = (h.matmul(&self.gate.t()?)?.silu()? * h.matmul(&self.up.t()?)?)?;
+        Ok((&x + gated.matmul(&self.down.t()?)?)?)
+    }
+}
+
+/// The draft during training: trainable lower layers and head, frozen upper layers.
+struct Trainee<'a> {
+    config: &'a TransformerConfig,
+    target: &'a Transformer,
+    layers: Vec<FloatLayer>,
+    final_norm: Tensor,
+    head: Tensor,
+}
+
+impl Trainee<'_> {
+    /// The head's logits `[tokens.len() − first, shortlist]` at positions `first..`.
+    fn logits(&self, tokens: &[u32], first: usize) -> Result<Tensor> {
+        let device = Device::Cpu;
+        let n = tokens.len();
+        let mut x = self.target.embed_tokens(tokens)?.to_device(&device)?;
+        let rope = Rope::new(self.config, n, &device)?;
+        let mask: Vec<f32> = (0..n)
+            .flat_map(|i| (0..n).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (n, n), &device)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &rope, &mask, self.config)?;
+        }
+        let h = rms_norm(
+            &x.narrow(0, first, n - first)?,
+            &self.final_norm,
+            self.config.rms_norm_eps,
+        )?;
+        Ok(h.matmul(&self.head.t()?)?)
+    }
+}
+
+/// A sequence's labels as a dense `[positions, shortlist]` target distribution (labelled
+/// tokens outside the shortlist dropped, the rest renormalized), and the target's top token's
+/// column per position (`None` when not shortlisted).
+fn dense_labels(
+    sequence: &DistilledSequence,
+    column: &HashMap<u32, usize>,
+    width: usize,
+) -> Result<(Tensor, Vec<Option<usize>>)> {
+    let rows = sequence.labels.len();
+    let mut dense = vec![0f32; rows * width];
+    let mut top = Vec::with_capacity(rows);
+    for (row, labels) in dense.chunks_exact_mut(width).zip(&sequence.labels) {
+        let mut mass = 0.0;
+        for &(token, p) in labels {
+            if let Some(&c) = column.get(&token) {
+                row[c] = p;
+                mass += p;
+            }
+        }
+        if mass > 0.0 {
+            row.iter_mut().for_each(|v| *v /= mass);
+        }
+        top.push(labels.first().and_then(|(t, _)| column.get(t).copied()));
+    }
+    Ok((Tensor::from_vec(dense, (rows, width), &Device::Cpu)?, top))
+}
+
+/// Trains an SSD draft of `target` on `data` (see the module docs). Deterministic for a seed.
+pub fn train(
+    target: &Transformer,
+    data: &[DistilledSequence],
+    config: &SsdTrainConfig,
+    on_progress: &mut dyn FnMut(&SsdProgress),
+) -> Result<TrainedDraft> {
+    let model_config = target.config();
+    let layer_ids = draft_layers(
+        model_config.num_layers,
+        config.lower_layers,
+        config.upper_layers,
+    )?;
+    if data.len() < 2 || config.label_top_k == 0 {
+        return Err(Error::Input(format!(
+            "training an SSD draft needs at least two sequences (one for validation) and \
+             labels; got {} sequences, top {}",
+            data.len(),
+            config.label_top_k
+        )));
+    }
+    let vocab = model_config.vocab_size;
+    if let Some(bad) = data
+        .iter()
+        .flat_map(|s| s.tokens.iter().chain(s.labels.iter().flatten().map(|(t, _)| t)))
+        .find(|&&t| t as usize >= vocab)
+    {
+        return Err(Error::Input(format!(
+            "token {bad} in the training data of a model with {vocab} tokens"
+        )));
+    }
+    let device = Device::Cpu;
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut order: Vec<usize> = (0..data.len()).collect();
+    order.shuffle(&mut rng);
+    let held_out = ((data.len() as f32 * config.validation_fraction).round() as usize)
+        .clamp(1, data.len() - 1);
+    let (validation, training) = order.split_at(held_out);
+
+    // The shortlist: low ids and every label of the training sequences.
+    let mut listed = vec![false; vocab];
+    listed[..(config.shortlist_below as usize).min(vocab)].fill(true);
+    for &i in training {
+        for &(token, _) in data[i].labels.iter().flatten() {
+            listed[token as usize] = true;
+        }
+    }
+    let shortlist: Vec<u32> = (0..vocab as u32).filter(|&t| listed[t as usize]).collect();
+    let column: HashMap<u32, usize> = shortlist.iter().enumerate().map(|(c, &t)| (t, c)).collect();
+
+    // Variables: the lower layers (as layers 0..lower) and the head; frozen copies of the rest.
+    let mut vars: Vec<Var> = Vec::new();
+    let mut lower_names: Vec<(String, usize)> = Vec::new();
+    let mut layers = Vec::with_capacity(layer_ids.len());
+    for (position, &id) in layer_ids.iter().enumerate() {
+        let tensors = layer_tensors(target.layer(id), position, &device)?;
+        let trained = position < config.lower_layers;
+        let mut wrap = |name: &str, t: &Tensor| -> Result<Tensor> {
+            if trained {
+                let var = Var::from_tensor(&t.to_dtype(DType::F32)?)?;
+                let tensor = var.as_tensor().clone();
+                lower_names.push((name.to_string(), vars.len()));
+                vars.push(var);
+                Ok(tensor)
+            } else {
+                Ok(t.to_dtype(DType::F32)?)
+            }
+        };
+        layers.push(FloatLayer::new(&tensors, position, &mut wrap)?);
+    }
+    let head = Var::from_tensor(&target.unembedding_rows(&shortlist)?.to_device(&device)?)?;
+    let trainee = Trainee {
+        config: model_config,
+        target,
+        layers,
+        final_norm: target.final_norm().weight().to_dtype(DType::F32)?,
+        head: head.as_tensor().clone(),
+    };
+    vars.push(head.clone());
+    let mut optimizer = AdamW::new(
+        vars.clone(),
+        ParamsAdamW {
+            lr: config.learning_rate,
+            weight_decay: config.weight_decay,
+            ..Default::default()
+        },
+    )?;
+
+    let width = shortlist.len();
+    let validate = |epoch: Option<usize>| -> Result<ValidationReport> {
+        let (mut loss, mut agree, mut overlap, mut positions) = (0f64, 0usize, 0f64, 0usize);
+        for &i in validation {
+            let sequence = &data[i];
+            let logits = trainee.logits(&sequence.tokens, sequence.first)?.detach();
+            let (labels, top) = dense_labels(sequence, &column, width)?;
+            let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            loss -= f64::from((&labels * &log_p)?.sum_all()?.to_scalar::<f32>()?);
+            let p = log_p.exp()?;
+            overlap += f64::from(labels.minimum(&p)?.sum_all()?.to_scalar::<f32>()?);
+            let best = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            agree += best
+                .iter()
+                .zip(&top)
+                .filter(|(b, t)| Some(**b as usize) == **t)
+                .count();
+            positions += top.len();
+        }
+        let positions = positions.max(1) as f64;
+        Ok(ValidationReport {
+            epoch,
+            loss: (loss / positions) as f32,
+            agreement: (agree as f64 / positions) as f32,
+            overlap: (overlap / positions) as f32,
+        })
+    };
+    let mut reports = vec![validate(None)?];
+    on_progress(&SsdProgress::Validation(reports[0].clone()));
+    let mut training = training.to_vec();
+    for epoch in 0..config.epochs {
+        training.shuffle(&mut rng);
+        for (step, &i) in training.iter().enumerate() {
+            let sequence = &data[i];
+            let logits = trainee.logits(&sequence.tokens, sequence.first)?;
+            let (labels, _) = dense_labels(sequence, &column, width)?;
+            let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let loss = ((&labels * &log_p)?.sum_all()?.neg()? / labels.dim(0)? as f64)?;
+            optimizer.backward_step(&loss)?;
+            on_progress(&SsdProgress::Step {
+                epoch,
+                step,
+                steps: training.len(),
+                loss: loss.to_scalar::<f32>()?,
+            });
+        }
+        let report = validate(Some(epoch))?;
+        on_progress(&SsdProgress::Validation(report.clone()));
+        reports.push(report);
+    }
+    let layers = lower_names
+        .into_iter()
+        .map(|(name, v)| (name, vars[v].as_tensor().detach()))
+        .collect();
+    Ok(TrainedDraft {
+        lower_layers: config.lower_layers,
+        upper_layers: config.upper_layers,
+        layers,
+        head: head.as_tensor().detach(),
+        shortlist,
+        reports,
+    })
+}
