@@ -300,7 +300,10 @@ pub(crate) fn layer_tensors(
         (Part::AttentionNorm, &layer.attention_norm),
         (Part::FfnNorm, &layer.ffn_norm),
     ] {
-        tensors.insert(naming.layer(i, part, "weight"), norm.weight().to_device(device)?);
+        tensors.insert(
+            naming.layer(i, part, "weight"),
+            norm.weight().to_device(device)?,
+        );
     }
     Ok(tensors)
 }

@@ -14,8 +14,8 @@ use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, LogitRows};
 use spec_nn::{
-    decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention,
-    ShortlistOutput, SwiGlu,
+    decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention, ShortlistOutput,
+    SwiGlu,
 };
 
 use crate::config::TransformerConfig;
@@ -185,7 +185,11 @@ impl Transformer {
             let normed = layer.ffn_norm.forward(&x)?;
             x = (x + layer.ffn.forward(&normed)?)?;
         }
-        let full_rows = if self.weights.shortlist.is_some() { 0 } else { rows };
+        let full_rows = if self.weights.shortlist.is_some() {
+            0
+        } else {
+            rows
+        };
         let out = decoder_output(
             &x,
             full_rows,

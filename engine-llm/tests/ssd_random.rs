@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use candle_core::quantized::GgmlDType;
 use common::{Family, Tiny};
-use engine_llm::ssd::train::{train, DistilledSequence, SsdProgress, SsdTrainConfig};
+use engine_llm::ssd::train::{train, Backbone, DistilledSequence, SsdProgress, SsdTrainConfig};
 use engine_llm::ssd::SsdDraftWeights;
 use engine_llm::{Error, LoadOptions, Transformer};
 use rand::rngs::StdRng;
@@ -64,12 +64,13 @@ fn the_float_training_copy_computes_what_the_model_computes() {
             shortlist_below: vocab as u32,
             ..Default::default()
         };
-        let trained = train(&target, &data, &config, &mut quiet).unwrap();
+        let trained = train(&Backbone::text(&target), &data, &config, &mut quiet).unwrap();
         let before = &trained.reports[0];
         assert!(before.agreement > 0.95, "{family:?}: {before}");
         assert!(before.overlap > 0.97, "{family:?}: {before}");
         // The draft built from those weights gives the model's logits (both Q8_0).
-        let weights = trained.into_weights(target.config(), "tiny", "fp", "test");
+        let weights =
+            trained.into_weights(target.config(), target.vocab_size(), "tiny", "fp", "test");
         let mut draft = target.ssd_draft(&weights).unwrap();
         let tokens = [5u32, 17, 30, 2, 64];
         let ours: Vec<Vec<f32>> = draft
@@ -107,19 +108,28 @@ fn training_fits_the_target_deterministically() {
             ..Default::default()
         };
         let mut steps = 0;
-        let trained = train(&target, &data, &config, &mut |p| {
+        let trained = train(&Backbone::text(&target), &data, &config, &mut |p| {
             if matches!(p, SsdProgress::Step { .. }) {
                 steps += 1;
             }
         })
         .unwrap();
-        assert_eq!(steps, 4 * (24 - 2), "every training sequence once per epoch");
+        assert_eq!(
+            steps,
+            4 * (24 - 2),
+            "every training sequence once per epoch"
+        );
         let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
         assert!(after.loss < before.loss, "{family:?}: {before} → {after}");
-        assert!(after.overlap > before.overlap, "{family:?}: {before} → {after}");
+        assert!(
+            after.overlap > before.overlap,
+            "{family:?}: {before} → {after}"
+        );
         // The shortlist: every id below 32 and every label of the training sequences.
-        assert!(trained.shortlist.starts_with(&(0..32).collect::<Vec<u32>>()));
-        let again = train(&target, &data, &config, &mut quiet).unwrap();
+        assert!(trained
+            .shortlist
+            .starts_with(&(0..32).collect::<Vec<u32>>()));
+        let again = train(&Backbone::text(&target), &data, &config, &mut quiet).unwrap();
         assert_eq!(again.reports, trained.reports, "same seed, same training");
         let a: Vec<f32> = trained.head.flatten_all().unwrap().to_vec1().unwrap();
         let b: Vec<f32> = again.head.flatten_all().unwrap().to_vec1().unwrap();
@@ -141,9 +151,15 @@ fn a_trained_draft_decodes_losslessly_and_only_proposes_its_shortlist() {
             shortlist_below: 48,
             ..Default::default()
         };
-        let trained = train(&target, &data, &config, &mut quiet).unwrap();
+        let trained = train(&Backbone::text(&target), &data, &config, &mut quiet).unwrap();
         let fingerprint = weights_fingerprint(&path).unwrap();
-        let weights = trained.into_weights(target.config(), "tiny", &fingerprint, "test");
+        let weights = trained.into_weights(
+            target.config(),
+            target.vocab_size(),
+            "tiny",
+            &fingerprint,
+            "test",
+        );
         let dir = scratch.path().join(format!("draft-{family:?}"));
         weights.save(&dir).unwrap();
         let loaded = SsdDraftWeights::load(&dir, &fingerprint).unwrap();
@@ -152,7 +168,9 @@ fn a_trained_draft_decodes_losslessly_and_only_proposes_its_shortlist() {
         let mut draft = target.ssd_draft(&loaded).unwrap();
         assert_eq!(draft.config().num_layers, 2);
 
-        let logits = draft.forward_tokens(&[1, 2, 3], LogitRows::Last(1)).unwrap();
+        let logits = draft
+            .forward_tokens(&[1, 2, 3], LogitRows::Last(1))
+            .unwrap();
         for (token, &score) in logits.row(0).iter().enumerate() {
             let listed = loaded.shortlist.contains(&(token as u32));
             assert_eq!(score.is_finite(), listed, "token {token}: {score}");
@@ -204,9 +222,15 @@ fn drafts_for_other_models_and_bad_settings_are_refused() {
         ..Default::default()
     };
     let fingerprint = weights_fingerprint(&path).unwrap();
-    let weights = train(&target, &data, &config, &mut quiet)
+    let weights = train(&Backbone::text(&target), &data, &config, &mut quiet)
         .unwrap()
-        .into_weights(target.config(), "tiny", &fingerprint, "test");
+        .into_weights(
+            target.config(),
+            target.vocab_size(),
+            "tiny",
+            &fingerprint,
+            "test",
+        );
     let dir = scratch.path().join("draft");
     weights.save(&dir).unwrap();
     let err = SsdDraftWeights::load(&dir, "0123456789abcdef").unwrap_err();
@@ -237,14 +261,14 @@ fn drafts_for_other_models_and_bad_settings_are_refused() {
         };
         assert!(
             matches!(
-                train(&target, &data, &bad, &mut quiet),
+                train(&Backbone::text(&target), &data, &bad, &mut quiet),
                 Err(Error::Config(_))
             ),
             "{lower} + {upper} of 4"
         );
     }
     assert!(matches!(
-        train(&target, &data[..1], &config, &mut quiet),
+        train(&Backbone::text(&target), &data[..1], &config, &mut quiet),
         Err(Error::Input(_))
     ));
 }

@@ -206,3 +206,62 @@ fn a_draft_with_other_speech_tokens_and_bad_settings_are_refused() {
     assert!(run(&mut t, &mut d, 0, 0.0, &mut rng).is_err());
     assert!(run(&mut t, &mut d, 3, 1.5, &mut rng).is_err());
 }
+
+#[test]
+fn a_trained_draft_of_the_lms_own_layers_fits_it_and_decodes() {
+    use engine_llm::ssd::train::{train, SsdTrainConfig};
+    let (weights, backbone) = fixture();
+    let mut target = model(weights, backbone, SPEECH_TOKENS);
+    let mut uniforms = StdRng::seed_from_u64(3);
+    let texts: Vec<Vec<u32>> = (0..12u32)
+        .map(|i| vec![5 + i, 17, 40 - i, 2 * i + 1])
+        .collect();
+    let data: Vec<_> = texts
+        .iter()
+        .map(|text| {
+            target
+                .distill(text, &PROMPT_TEXT, &PROMPT_SPEECH, 8, &mut uniforms)
+                .unwrap()
+        })
+        .collect();
+    let layers = target.ssd_backbone().model.config().num_layers;
+    // SSD's construction at this size: the lower layer retrained, the upper ones dropped.
+    let config = SsdTrainConfig {
+        lower_layers: 1,
+        upper_layers: 0,
+        epochs: 6,
+        learning_rate: 3e-3,
+        ..Default::default()
+    };
+    let trained = train(&target.ssd_backbone(), &data, &config, &mut |_| {}).unwrap();
+    let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
+    assert!(after.loss < before.loss, "{before} → {after}");
+    assert_eq!(
+        trained.shortlist,
+        (0..SPEECH_TOKENS as u32 + 3).collect::<Vec<_>>(),
+        "a speech LM's draft scores every speech token"
+    );
+    let backbone_config = target.ssd_backbone().model.config().clone();
+    let weights = trained.into_weights(&backbone_config, SPEECH_TOKENS + 3, "tiny", "fp", "test");
+    let mut draft = target.ssd_draft(&weights).unwrap();
+    assert!(layers > 1);
+    let mut rng = StdRng::seed_from_u64(0);
+    let (speech, stats) = target
+        .generate_speculative(
+            &mut draft,
+            &TEXT,
+            &PROMPT_TEXT,
+            &PROMPT_SPEECH,
+            3,
+            0.0,
+            Some(12),
+            &mut rng,
+        )
+        .unwrap();
+    assert!(!speech.is_empty() && stats.drafted > 0);
+
+    // A text model's draft (a shortlist head without a bias) does not fit a speech LM.
+    let mut text_like = weights.clone();
+    text_like.head_bias = None;
+    assert!(target.ssd_draft(&text_like).is_err());
+}

@@ -253,11 +253,8 @@ mod tests {
             let kernel = QLinear::new(q.clone(), &Device::Cpu).unwrap();
             let candle = QLinear::Candle(QMatMul::from_arc(q).unwrap());
             for linear in [kernel, candle] {
-                let got: Vec<Vec<f32>> = linear
-                    .dequantize(&Device::Cpu)
-                    .unwrap()
-                    .to_vec2()
-                    .unwrap();
+                let got: Vec<Vec<f32>> =
+                    linear.dequantize(&Device::Cpu).unwrap().to_vec2().unwrap();
                 assert_eq!(got, expected, "{dtype:?}");
             }
         }

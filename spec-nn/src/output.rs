@@ -50,17 +50,26 @@ pub fn unembed(output: &QLinear, hidden: &Tensor) -> Result<Tensor> {
 #[derive(Debug, Clone)]
 pub struct ShortlistOutput {
     layer: QLinear,
+    /// `[tokens]`, when the layer has a bias.
+    bias: Option<Tensor>,
     tokens: Vec<u32>,
     vocab_size: usize,
 }
 
 impl ShortlistOutput {
-    /// `layer`'s row i scores token `tokens[i]` of a vocabulary of `vocab_size`.
-    pub fn new(layer: QLinear, tokens: Vec<u32>, vocab_size: usize) -> Result<Self> {
+    /// `layer`'s row i (plus `bias[i]`) scores token `tokens[i]` of a vocabulary of
+    /// `vocab_size`.
+    pub fn new(
+        layer: QLinear,
+        bias: Option<Tensor>,
+        tokens: Vec<u32>,
+        vocab_size: usize,
+    ) -> Result<Self> {
         let rows = layer.shape()?.0;
-        if rows != tokens.len() {
+        let bias_rows = bias.as_ref().map(|b| b.dims().to_vec());
+        if rows != tokens.len() || bias_rows.as_ref().is_some_and(|b| *b != [rows]) {
             return Err(Error::Config(format!(
-                "a shortlist output layer with {rows} rows for {} tokens",
+                "a shortlist output layer with {rows} rows (bias {bias_rows:?}) for {} tokens",
                 tokens.len()
             )));
         }
@@ -78,6 +87,7 @@ impl ShortlistOutput {
         }
         Ok(Self {
             layer,
+            bias,
             tokens,
             vocab_size,
         })
@@ -91,7 +101,10 @@ impl ShortlistOutput {
     /// Logits over the whole vocabulary for hidden states `[m, hidden]` → `[m, vocab]` f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let m = hidden.dim(0)?;
-        let scores = unembed(&self.layer, hidden)?;
+        let mut scores = unembed(&self.layer, hidden)?;
+        if let Some(bias) = &self.bias {
+            scores = scores.broadcast_add(bias)?;
+        }
         let mut out = vec![f32::NEG_INFINITY; m * self.vocab_size];
         with_cpu_values(&scores.to_device(&candle_core::Device::Cpu)?, |values| {
             for (row, scored) in out
@@ -103,6 +116,10 @@ impl ShortlistOutput {
                 }
             }
         })?;
-        Ok(Tensor::from_vec(out, (m, self.vocab_size), hidden.device())?)
+        Ok(Tensor::from_vec(
+            out,
+            (m, self.vocab_size),
+            hidden.device(),
+        )?)
     }
 }

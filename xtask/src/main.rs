@@ -3,9 +3,9 @@
 mod bench;
 mod ci;
 mod demo;
-mod heads;
 mod machine;
 mod models;
+mod train;
 
 use std::io::IsTerminal;
 
@@ -48,7 +48,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Train multi-token prediction heads for a model on its own outputs (speech synthesized
     /// by espeak-ng for Whisper) into the models folder
-    TrainHeads(heads::TrainHeadsArgs),
+    TrainHeads(train::TrainArgs),
+    /// Train a Speech Speculative Decoding draft (the model's own lower and upper layers, the
+    /// lower ones and a shortlist head retrained on its outputs) into the models folder
+    TrainSsdDraft(train::TrainArgs),
     /// What CI runs: fmt check, clippy -D warnings, the workspace tests, and the real-model
     /// tests when the models are present
     Ci {
@@ -75,7 +78,8 @@ fn main() -> Result<()> {
         Command::Models { verify } => models::list(verify),
         Command::Download { names } => models::download(&names),
         Command::Bench(args) => bench::run(&args),
-        Command::TrainHeads(args) => heads::run(&args),
+        Command::TrainHeads(args) => train::heads(&args),
+        Command::TrainSsdDraft(args) => train::ssd_draft(&args),
         Command::Ci { require_models } => ci::run(require_models),
     }
 }

@@ -62,6 +62,8 @@ pub struct SsdDraftWeights {
     pub layers: HashMap<String, Tensor>,
     /// `[shortlist, hidden]`: the output layer's row of each shortlisted token.
     pub head: Tensor,
+    /// `[shortlist]`, for output layers with a bias (a speech LM's decoder).
+    pub head_bias: Option<Tensor>,
     pub shortlist: Vec<u32>,
 }
 
@@ -101,8 +103,12 @@ impl SsdDraftWeights {
         };
         let head = take("head.weight")?;
         let shortlist: Vec<u32> = take("shortlist")?.to_vec1()?;
+        let head_bias = tensors.remove("head.bias");
         if head.dims() != [info.shortlist_size, info.hidden_size]
             || shortlist.len() != info.shortlist_size
+            || head_bias
+                .as_ref()
+                .is_some_and(|b| b.dims() != [info.shortlist_size])
         {
             return Err(Error::Config(format!(
                 "{}: a head of shape {:?} and {} shortlisted tokens, but {DRAFT_INFO} says {} \
@@ -118,6 +124,7 @@ impl SsdDraftWeights {
             info,
             layers: tensors,
             head,
+            head_bias,
             shortlist,
         })
     }
@@ -131,6 +138,9 @@ impl SsdDraftWeights {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let mut tensors = self.layers.clone();
         tensors.insert("head.weight".into(), self.head.clone());
+        if let Some(bias) = &self.head_bias {
+            tensors.insert("head.bias".into(), bias.clone());
+        }
         tensors.insert(
             "shortlist".into(),
             Tensor::from_slice(&self.shortlist, self.shortlist.len(), &Device::Cpu)?,
@@ -143,6 +153,11 @@ impl SsdDraftWeights {
         std::fs::write(&info_path, json + "\n").map_err(io(&info_path))?;
         Ok(dir.to_path_buf())
     }
+}
+
+/// Where a model's trained SSD draft lives in the models folder `root`: `root/ssd/MODEL`.
+pub fn draft_dir(root: &Path, model: &str) -> PathBuf {
+    root.join("ssd").join(model)
 }
 
 /// The layers an SSD draft of a model with `num_layers` layers starts from: the lower `lower`
@@ -164,19 +179,55 @@ impl Transformer {
     pub fn ssd_draft(&self, weights: &SsdDraftWeights) -> Result<Transformer> {
         let info = &weights.info;
         let config = self.config();
-        if info.hidden_size != config.hidden_size || info.vocab_size != config.vocab_size {
+        if info.vocab_size != config.vocab_size {
             return Err(Error::Config(format!(
-                "an SSD draft for hidden size {} and {} tokens, but the model has {} and {}",
-                info.hidden_size, info.vocab_size, config.hidden_size, config.vocab_size
+                "an SSD draft over {} output classes for a model of {} tokens",
+                info.vocab_size, config.vocab_size
+            )));
+        }
+        let layers = self.ssd_draft_layers(weights)?;
+        let mut loader = WeightLoader::new(
+            InMemoryWeights::dense(HashMap::from([(
+                "head.weight".to_string(),
+                weights.head.clone(),
+            )])),
+            self.device(),
+            Requantize::default(),
+        );
+        let head = loader.matrix("head.weight", [weights.shortlist.len(), info.hidden_size])?;
+        let shortlist = ShortlistOutput::new(
+            head,
+            weights.head_bias.clone(),
+            weights.shortlist.clone(),
+            config.vocab_size,
+        )?;
+        self.with_parts(layers, Some(shortlist))
+    }
+
+    /// The backbone of an SSD draft without its head: `weights`' retrained lower layers and
+    /// this model's upper layers, scoring with this model's output layer (for models whose
+    /// own output layer sits outside the transformer, like a speech LM's decoder).
+    pub fn ssd_draft_backbone(&self, weights: &SsdDraftWeights) -> Result<Transformer> {
+        let layers = self.ssd_draft_layers(weights)?;
+        self.with_parts(layers, None)
+    }
+
+    fn ssd_draft_layers(
+        &self,
+        weights: &SsdDraftWeights,
+    ) -> Result<Vec<crate::transformer::Layer>> {
+        let info = &weights.info;
+        let config = self.config();
+        if info.hidden_size != config.hidden_size {
+            return Err(Error::Config(format!(
+                "an SSD draft of hidden size {} for a model of hidden size {}",
+                info.hidden_size, config.hidden_size
             )));
         }
         let layer_ids = draft_layers(config.num_layers, info.lower_layers, info.upper_layers)?;
-        let device = self.device().clone();
-        let mut tensors = weights.layers.clone();
-        tensors.insert("head.weight".into(), weights.head.clone());
         let mut loader = WeightLoader::new(
-            InMemoryWeights::dense(tensors),
-            &device,
+            InMemoryWeights::dense(weights.layers.clone()),
+            self.device(),
             Requantize::default(),
         );
         let mut layers = (0..info.lower_layers)
@@ -187,9 +238,7 @@ impl Transformer {
                 .iter()
                 .map(|&i| self.layer(i).clone()),
         );
-        let head = loader.matrix("head.weight", [weights.shortlist.len(), info.hidden_size])?;
-        let shortlist = ShortlistOutput::new(head, weights.shortlist.clone(), config.vocab_size)?;
-        self.with_parts(layers, Some(shortlist))
+        Ok(layers)
     }
 
     fn device(&self) -> &Device {

@@ -55,9 +55,37 @@ impl Default for SsdTrainConfig {
     }
 }
 
+/// What a draft is trained on: a Qwen2/Llama backbone, how a sequence's ids become its input
+/// vectors, and the output layer the draft's head starts from. [`Backbone::text`] is a chat
+/// model's; a model that mixes embeddings (CosyVoice 2's speech-token LM) supplies its own.
+pub struct Backbone<'a> {
+    pub model: &'a Transformer,
+    /// A sequence's ids → `[n, hidden]` f32 input vectors.
+    pub embed: Box<dyn Fn(&[u32]) -> Result<Tensor> + 'a>,
+    /// Output classes (the labels' id space).
+    pub classes: usize,
+    /// The output layer's rows of the given classes, `[len, hidden]` f32.
+    pub output_rows: Box<dyn Fn(&[u32]) -> Result<Tensor> + 'a>,
+    /// The output layer's bias over every class, if it has one.
+    pub output_bias: Option<Tensor>,
+}
+
+impl<'a> Backbone<'a> {
+    /// A language model: token ids in, its unembedding out.
+    pub fn text(model: &'a Transformer) -> Self {
+        Self {
+            model,
+            embed: Box::new(|ids| model.embed_tokens(ids)),
+            classes: model.config().vocab_size,
+            output_rows: Box::new(|ids| Ok(model.unembedding_rows(ids)?)),
+            output_bias: None,
+        }
+    }
+}
+
 /// A sequence and, from position `first` on, the target's most likely next tokens with their
 /// probabilities (the target's output the draft learns).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DistilledSequence {
     pub tokens: Vec<u32>,
     pub first: usize,
@@ -85,16 +113,7 @@ impl DistilledSequence {
         let logits = target.forward_tokens(&tokens, LogitRows::Last(tokens.len() - first))?;
         target.reset();
         let labels = (0..logits.len())
-            .map(|i| {
-                let probs = spec_core::sampling::softmax(logits.row(i));
-                let mut best: Vec<(u32, f32)> =
-                    (0..probs.len() as u32).zip(probs.iter().copied()).collect();
-                let kept = top_k.min(best.len());
-                best.select_nth_unstable_by(kept - 1, |a, b| b.1.total_cmp(&a.1));
-                best.truncate(top_k);
-                best.sort_by(|a, b| b.1.total_cmp(&a.1));
-                best
-            })
+            .map(|i| top_labels(&spec_core::sampling::softmax(logits.row(i)), top_k))
             .collect();
         Ok(Self {
             tokens,
@@ -102,6 +121,19 @@ impl DistilledSequence {
             labels,
         })
     }
+}
+
+/// The `top_k` most likely classes of `probs` with their probabilities, most likely first:
+/// one position's label.
+pub fn top_labels(probs: &[f32], top_k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = (0..probs.len() as u32).zip(probs.iter().copied()).collect();
+    let kept = top_k.min(best.len());
+    if kept > 0 {
+        best.select_nth_unstable_by(kept - 1, |a, b| b.1.total_cmp(&a.1));
+    }
+    best.truncate(kept);
+    best.sort_by(|a, b| b.1.total_cmp(&a.1));
+    best
 }
 
 /// What [`train`] reports as it goes.
@@ -154,6 +186,7 @@ pub struct TrainedDraft {
     pub upper_layers: usize,
     pub layers: HashMap<String, Tensor>,
     pub head: Tensor,
+    pub head_bias: Option<Tensor>,
     pub shortlist: Vec<u32>,
     /// Validation before training, then after each epoch.
     pub reports: Vec<ValidationReport>,
@@ -161,10 +194,11 @@ pub struct TrainedDraft {
 
 impl TrainedDraft {
     /// The draft's weights, recorded as trained for `base_model` (whose weights file has
-    /// `base_fingerprint`) by `command`.
+    /// `base_fingerprint`) by `command`; `config` is the backbone's, `classes` its outputs'.
     pub fn into_weights(
         self,
         config: &TransformerConfig,
+        classes: usize,
         base_model: &str,
         base_fingerprint: &str,
         command: &str,
@@ -175,7 +209,7 @@ impl TrainedDraft {
                 lower_layers: self.lower_layers,
                 upper_layers: self.upper_layers,
                 hidden_size: config.hidden_size,
-                vocab_size: config.vocab_size,
+                vocab_size: classes,
                 shortlist_size: self.shortlist.len(),
                 base_model: base_model.into(),
                 base_fingerprint: base_fingerprint.into(),
@@ -185,6 +219,7 @@ impl TrainedDraft {
             },
             layers: self.layers,
             head: self.head,
+            head_bias: self.head_bias,
             shortlist: self.shortlist,
         }
     }
@@ -233,14 +268,19 @@ impl Rope {
             RopeLayout::Halves => (x.narrow(2, 0, half)?, x.narrow(2, half, half)?),
             RopeLayout::Interleaved => {
                 let pairs = x.reshape((heads, n, half, 2))?;
-                (pairs.narrow(3, 0, 1)?.squeeze(3)?, pairs.narrow(3, 1, 1)?.squeeze(3)?)
+                (
+                    pairs.narrow(3, 0, 1)?.squeeze(3)?,
+                    pairs.narrow(3, 1, 1)?.squeeze(3)?,
+                )
             }
         };
         let first = (x1.broadcast_mul(&self.cos)? - x2.broadcast_mul(&self.sin)?)?;
         let second = (x2.broadcast_mul(&self.cos)? + x1.broadcast_mul(&self.sin)?)?;
         Ok(match self.layout {
             RopeLayout::Halves => Tensor::cat(&[first, second], 2)?,
-            RopeLayout::Interleaved => Tensor::stack(&[first, second], 3)?.reshape((heads, n, d))?,
+            RopeLayout::Interleaved => {
+                Tensor::stack(&[first, second], 3)?.reshape((heads, n, d))?
+            }
         })
     }
 }
@@ -339,20 +379,23 @@ impl FloatLayer {
 }
 
 /// The draft during training: trainable lower layers and head, frozen upper layers.
-struct Trainee<'a> {
+struct Trainee<'a, 'b> {
     config: &'a TransformerConfig,
-    target: &'a Transformer,
+    backbone: &'a Backbone<'b>,
     layers: Vec<FloatLayer>,
     final_norm: Tensor,
     head: Tensor,
+    head_bias: Option<Tensor>,
 }
 
-impl Trainee<'_> {
+impl Trainee<'_, '_> {
     /// The head's logits `[tokens.len() − first, shortlist]` at positions `first..`.
     fn logits(&self, tokens: &[u32], first: usize) -> Result<Tensor> {
         let device = Device::Cpu;
         let n = tokens.len();
-        let mut x = self.target.embed_tokens(tokens)?.to_device(&device)?;
+        let mut x = (self.backbone.embed)(tokens)?
+            .to_dtype(DType::F32)?
+            .to_device(&device)?;
         let rope = Rope::new(self.config, n, &device)?;
         let mask: Vec<f32> = (0..n)
             .flat_map(|i| (0..n).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
@@ -366,7 +409,11 @@ impl Trainee<'_> {
             &self.final_norm,
             self.config.rms_norm_eps,
         )?;
-        Ok(h.matmul(&self.head.t()?)?)
+        let logits = h.matmul(&self.head.t()?)?;
+        Ok(match &self.head_bias {
+            Some(bias) => logits.broadcast_add(bias)?,
+            None => logits,
+        })
     }
 }
 
@@ -397,13 +444,14 @@ fn dense_labels(
     Ok((Tensor::from_vec(dense, (rows, width), &Device::Cpu)?, top))
 }
 
-/// Trains an SSD draft of `target` on `data` (see the module docs). Deterministic for a seed.
+/// Trains an SSD draft of `backbone` on `data` (see the module docs). Deterministic for a seed.
 pub fn train(
-    target: &Transformer,
+    backbone: &Backbone<'_>,
     data: &[DistilledSequence],
     config: &SsdTrainConfig,
     on_progress: &mut dyn FnMut(&SsdProgress),
 ) -> Result<TrainedDraft> {
+    let target = backbone.model;
     let model_config = target.config();
     let layer_ids = draft_layers(
         model_config.num_layers,
@@ -418,14 +466,14 @@ pub fn train(
             config.label_top_k
         )));
     }
-    let vocab = model_config.vocab_size;
+    let vocab = backbone.classes;
     if let Some(bad) = data
         .iter()
-        .flat_map(|s| s.tokens.iter().chain(s.labels.iter().flatten().map(|(t, _)| t)))
+        .flat_map(|s| s.labels.iter().flatten().map(|(t, _)| t))
         .find(|&&t| t as usize >= vocab)
     {
         return Err(Error::Input(format!(
-            "token {bad} in the training data of a model with {vocab} tokens"
+            "label {bad} in the training data of a model with {vocab} output classes"
         )));
     }
     let device = Device::Cpu;
@@ -467,15 +515,29 @@ pub fn train(
         };
         layers.push(FloatLayer::new(&tensors, position, &mut wrap)?);
     }
-    let head = Var::from_tensor(&target.unembedding_rows(&shortlist)?.to_device(&device)?)?;
+    let head = Var::from_tensor(
+        &(backbone.output_rows)(&shortlist)?
+            .to_dtype(DType::F32)?
+            .to_device(&device)?,
+    )?;
+    let head_bias = match &backbone.output_bias {
+        Some(bias) => {
+            let index = Tensor::from_slice(&shortlist, shortlist.len(), bias.device())?;
+            let picked = bias.index_select(&index, 0)?.to_dtype(DType::F32)?;
+            Some(Var::from_tensor(&picked.to_device(&device)?)?)
+        }
+        None => None,
+    };
     let trainee = Trainee {
         config: model_config,
-        target,
+        backbone,
         layers,
         final_norm: target.final_norm().weight().to_dtype(DType::F32)?,
         head: head.as_tensor().clone(),
+        head_bias: head_bias.as_ref().map(|b| b.as_tensor().clone()),
     };
     vars.push(head.clone());
+    vars.extend(head_bias.clone());
     let mut optimizer = AdamW::new(
         vars.clone(),
         ParamsAdamW {
@@ -544,6 +606,7 @@ pub fn train(
         upper_layers: config.upper_layers,
         layers,
         head: head.as_tensor().detach(),
+        head_bias: head_bias.map(|b| b.as_tensor().detach()),
         shortlist,
         reports,
     })

@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Tensor, D};
+use engine_llm::ssd::train::{top_labels, Backbone, DistilledSequence};
+use engine_llm::ssd::SsdDraftWeights;
 use engine_llm::{LoadOptions, Transformer, TransformerConfig};
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
 
@@ -310,6 +312,129 @@ impl SpeechLm {
             input = self.speech_embeddings(&[token])?;
         }
         Ok(out)
+    }
+}
+
+/// SSD's trained draft (§3.2): the LM's lower layers and `llm_decoder` retrained on its own
+/// outputs, with `engine_llm::ssd`'s training. A training sequence's ids index one space:
+/// text tokens, then the speech tokens (offset by the text vocabulary), then `sos` and the
+/// task id.
+impl SpeechLm {
+    fn text_vocab(&self) -> u32 {
+        self.backbone.config().vocab_size as u32
+    }
+
+    /// The ids of `[sos, text, task id, speech]` for [`SpeechLm::ssd_backbone`].
+    fn training_ids(&self, text: &[u32], speech: &[u32]) -> Vec<u32> {
+        let speech_base = self.text_vocab();
+        let start = speech_base + self.config.speech_token_size as u32 + 3;
+        std::iter::once(start)
+            .chain(text.iter().copied())
+            .chain([start + 1])
+            .chain(speech.iter().map(|&t| speech_base + t))
+            .collect()
+    }
+
+    /// One self-distilled training sequence: speech drawn for `text` as [`SpeechLm::generate`]
+    /// draws it (the prompt's text first, its speech tokens before the drawn ones), labelled
+    /// with this model's `top_k` most likely next speech tokens at every position from the task
+    /// id on.
+    pub fn distill(
+        &mut self,
+        text: &[u32],
+        prompt_text: &[u32],
+        prompt_speech: &[u32],
+        top_k: usize,
+        uniforms: &mut dyn Uniforms,
+    ) -> Result<DistilledSequence> {
+        let speech = self.generate(text, prompt_text, prompt_speech, uniforms)?;
+        let all_text: Vec<u32> = prompt_text.iter().chain(text).copied().collect();
+        let all_speech: Vec<u32> = prompt_speech.iter().chain(&speech).copied().collect();
+        let log_probs = self.log_probabilities(&all_text, &[], &all_speech)?;
+        self.backbone.reset();
+        let first = all_text.len() + 1;
+        let rows = log_probs.dim(0)? - first;
+        let labels = log_probs
+            .narrow(0, first, rows)?
+            .exp()?
+            .to_vec2::<f32>()?
+            .iter()
+            .map(|probs| top_labels(probs, top_k))
+            .collect();
+        Ok(DistilledSequence {
+            tokens: self.training_ids(&all_text, &all_speech),
+            first,
+            labels,
+        })
+    }
+
+    /// What an SSD draft of this model trains on ([`engine_llm::ssd::train::train`]): its
+    /// backbone, the inputs of [`SpeechLm::distill`]'s sequences, and `llm_decoder`.
+    pub fn ssd_backbone(&self) -> Backbone<'_> {
+        let speech_base = self.text_vocab();
+        let rows = self.config.speech_token_size as u32 + 3;
+        Backbone {
+            model: &self.backbone,
+            embed: Box::new(move |ids: &[u32]| {
+                let pieces = ids
+                    .iter()
+                    .map(|&id| match id {
+                        id if id < speech_base => Ok(self.backbone.embed_tokens(&[id])?),
+                        id if id < speech_base + rows => {
+                            Ok(self.speech_embeddings(&[id - speech_base])?.squeeze(0)?)
+                        }
+                        id if id == speech_base + rows => Ok(self.start.squeeze(0)?),
+                        id if id == speech_base + rows + 1 => Ok(self.task.squeeze(0)?),
+                        _ => Err(CosyVoiceError::Input(format!(
+                            "training id {id} is none of the LM's inputs"
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>>>()
+                    .map_err(|e| engine_llm::Error::Input(e.to_string()))?;
+                Ok(Tensor::cat(&pieces, 0)?)
+            }),
+            classes: rows as usize,
+            output_rows: Box::new(move |ids: &[u32]| {
+                let index = Tensor::new(ids, self.decoder_weight.device())?;
+                Ok(self.decoder_weight.index_select(&index, 0)?)
+            }),
+            output_bias: Some(self.decoder_bias.clone()),
+        }
+    }
+
+    /// The trained SSD draft: `weights`' lower layers and decoder (trained on
+    /// [`SpeechLm::ssd_backbone`] over every speech token), this model's upper layers and
+    /// embeddings.
+    pub fn ssd_draft(&self, weights: &SsdDraftWeights) -> Result<SpeechLm> {
+        let rows = self.config.speech_token_size + 3;
+        let every_token = weights.shortlist.len() == rows
+            && weights
+                .shortlist
+                .iter()
+                .enumerate()
+                .all(|(i, &t)| t as usize == i);
+        let (true, Some(bias)) = (every_token, &weights.head_bias) else {
+            return Err(CosyVoiceError::Config(format!(
+                "an SSD draft of a speech LM scores all its {rows} speech tokens with a biased \
+                 decoder; this one scores {} tokens{}",
+                weights.shortlist.len(),
+                if weights.head_bias.is_none() {
+                    " without a bias"
+                } else {
+                    ""
+                }
+            )));
+        };
+        let device = self.decoder_weight.device();
+        Ok(SpeechLm {
+            backbone: self.backbone.ssd_draft_backbone(weights)?,
+            speech_embedding: self.speech_embedding.clone(),
+            start: self.start.clone(),
+            task: self.task.clone(),
+            decoder_weight: weights.head.to_device(device)?,
+            decoder_bias: bias.to_device(device)?,
+            config: self.config,
+        })
     }
 }
 

@@ -1,0 +1,61 @@
+//! `cargo xtask train-heads MODEL …` and `cargo xtask train-ssd-draft MODEL …`: train what a
+//! speculative method needs for a model with the engine that runs it (its `train_heads` or
+//! `train_ssd_draft` example), into the models folder (`heads/`, `ssd/`).
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// The options of both training commands.
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The model (a name in the models folder)
+    model: String,
+
+    /// Everything else goes to the engine's training example (`-- --help` lists its options)
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    options: Vec<String>,
+}
+
+/// The engine whose `train_heads` example trains heads for `model`: Whisper's for whisper-…,
+/// the chat models' for the rest.
+fn heads_engine(model: &str) -> &'static str {
+    if model.starts_with("whisper") {
+        "engine-asr"
+    } else {
+        "engine-llm"
+    }
+}
+
+/// Multi-token prediction heads (`--heads 4 --kind latent --data FILE --epochs N …`).
+pub fn heads(args: &TrainArgs) -> Result<()> {
+    run(heads_engine(&args.model), "train_heads", args)
+}
+
+/// An SSD draft of a chat model's own layers (`--lower 2 --upper 6 --epochs N …`); the
+/// same training serves CosyVoice 2's Qwen2 speech-token LM.
+pub fn ssd_draft(args: &TrainArgs) -> Result<()> {
+    run("engine-llm", "train_ssd_draft", args)
+}
+
+fn run(package: &str, example: &str, args: &TrainArgs) -> Result<()> {
+    let status = Command::new(crate::cargo())
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            package,
+            "--example",
+            example,
+            "--",
+        ])
+        .arg(&args.model)
+        .args(&args.options)
+        .status()
+        .with_context(|| format!("running the {example} example"))?;
+    if !status.success() {
+        bail!("{example} failed ({status})");
+    }
+    Ok(())
+}
