@@ -148,7 +148,7 @@ fn main() -> Result<()> {
                 bar.set_position(*step as u64 + 1);
                 bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
             }
-            SsdProgress::Validation(report) => bar.println(report.to_string()),
+            SsdProgress::Validation(report) => bar.suspend(|| println!("{report}")),
         },
     )?;
     bar.finish_and_clear();

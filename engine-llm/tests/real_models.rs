@@ -449,3 +449,84 @@ fn chat_streams_the_greedy_answer() {
     assert_eq!(streamed, answer.text);
     assert_eq!(answer.finish, FinishReason::EndToken);
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
+    use engine_llm::ssd::train::{train, Backbone, DistilledSequence, SsdTrainConfig};
+    use spec_nn::heads::weights_fingerprint;
+
+    let mut lm = load(QWEN_SMALL);
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/ssd_training_prompts.txt"),
+    )
+    .unwrap();
+    // A quick variant of `cargo xtask train-ssd-draft` (the full one runs outside CI).
+    let stop = StopConditions::new(32).with_eos(lm.tokenizer.end_tokens().iter().copied());
+    let mut rng = StdRng::seed_from_u64(0);
+    let data: Vec<DistilledSequence> = text
+        .lines()
+        .take(12)
+        .map(|prompt| {
+            let context = lm.chat_prompt(&[Message::user(prompt)]).unwrap();
+            let answer = generate(
+                &mut lm.model,
+                &context,
+                &SamplingConfig::with_temperature(0.8),
+                &stop,
+                &mut rng,
+                &mut |_| {},
+            )
+            .unwrap();
+            let tokens = context.iter().chain(&answer.tokens).copied().collect();
+            DistilledSequence::label(&mut lm.model, tokens, context.len() - 1, 8).unwrap()
+        })
+        .collect();
+    let config = SsdTrainConfig {
+        epochs: 1,
+        validation_fraction: 0.25,
+        ..Default::default()
+    };
+    let trained = train(&Backbone::text(&lm.model), &data, &config, &mut |_| {}).unwrap();
+    let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
+    assert!(
+        after.agreement > before.agreement + 0.1 && after.loss < before.loss,
+        "{before} → {after}"
+    );
+    let fingerprint = weights_fingerprint(&lm.weights).unwrap();
+    let vocab = lm.model.config().vocab_size;
+    let weights = trained.into_weights(lm.model.config(), vocab, QWEN_SMALL, &fingerprint, "test");
+    let mut draft = lm.model.ssd_draft(&weights).unwrap();
+
+    let prompt = lm
+        .chat_prompt(&[Message::user("Name three uses of a hash map.")])
+        .unwrap();
+    let stop = StopConditions::new(40);
+    lm.model.reset();
+    let greedy = generate(
+        &mut lm.model,
+        &prompt,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut rng,
+        &mut |_| {},
+    )
+    .unwrap();
+    lm.model.reset();
+    let speculative = speculative_generate(
+        &mut lm.model,
+        &mut draft,
+        &prompt,
+        &SpeculativeConfig {
+            draft_length: DraftLength::Fixed(3),
+            rule: AcceptanceRule::greedy(),
+            sampling: SamplingConfig::greedy(),
+        },
+        &stop,
+        &mut rng,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(speculative.tokens, greedy.tokens);
+    assert!(speculative.stats.accepted_tokens() > 0);
+}
