@@ -29,7 +29,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Speak a few questions into PredGen and compare its latency with the plain cascade
-    /// (downloads the model when it is missing)
+    /// (downloads the model when it is missing), then ask them aloud through `specvoice chat`
+    /// and write the questions' and answers' audio
     Demo(demo::DemoArgs),
     /// Known models, and which are in the models folder
     Models {

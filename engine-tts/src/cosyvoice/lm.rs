@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use candle_core::{Tensor, D};
 use engine_llm::ssd::train::{top_labels, Backbone, DistilledSequence};
@@ -448,6 +449,8 @@ pub struct SsdStats {
     /// Of those, tokens the target kept.
     pub accepted: usize,
     pub draft_forwards: usize,
+    /// Wall time spent drafting (the draft's forwards and draws).
+    pub draft_time: Duration,
 }
 
 impl SsdStats {
@@ -514,6 +517,7 @@ impl SpeechLm {
         };
         while out.len() < max_len {
             // The draft's proposals, each drawn from its own distribution.
+            let drafting = Instant::now();
             let before_draft = draft.backbone.cached_len();
             let pending_draft_len = draft_pending.dim(1)?;
             let mut proposals: Vec<u32> = Vec::new();
@@ -532,6 +536,7 @@ impl SpeechLm {
                 }
                 input = draft.speech_embeddings(&[token])?;
             }
+            stats.draft_time += drafting.elapsed();
             // One target forward over the pending input and every proposal.
             let before = self.backbone.cached_len();
             let pending_len = pending.dim(1)?;
