@@ -55,17 +55,20 @@ impl Default for SsdTrainConfig {
     }
 }
 
+/// A map from ids to rows of vectors, `[len, hidden]` f32.
+pub type RowsOf<'a> = Box<dyn Fn(&[u32]) -> Result<Tensor> + 'a>;
+
 /// What a draft is trained on: a Qwen2/Llama backbone, how a sequence's ids become its input
 /// vectors, and the output layer the draft's head starts from. [`Backbone::text`] is a chat
 /// model's; a model that mixes embeddings (CosyVoice 2's speech-token LM) supplies its own.
 pub struct Backbone<'a> {
     pub model: &'a Transformer,
     /// A sequence's ids → `[n, hidden]` f32 input vectors.
-    pub embed: Box<dyn Fn(&[u32]) -> Result<Tensor> + 'a>,
+    pub embed: RowsOf<'a>,
     /// Output classes (the labels' id space).
     pub classes: usize,
     /// The output layer's rows of the given classes, `[len, hidden]` f32.
-    pub output_rows: Box<dyn Fn(&[u32]) -> Result<Tensor> + 'a>,
+    pub output_rows: RowsOf<'a>,
     /// The output layer's bias over every class, if it has one.
     pub output_bias: Option<Tensor>,
 }

@@ -12,7 +12,13 @@
 //! cargo run --release -p engine-tts --example bench_tts -- [--texts 4] [--max-ratio 6] [--json PATH]
 //! ```
 //!
+//! A second section ([`text_lm`]) measures SSD where real weights exist here: a Qwen2 text
+//! model with its trained SSD draft (`cargo xtask train-ssd-draft MODEL`), the same draft
+//! construction and training CosyVoice 2's LM gets.
+//!
 //! `cargo xtask bench tts` runs it and files the results with the machine and date.
+
+mod text_lm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -65,6 +71,13 @@ struct Args {
     /// Text vocabulary of the backbone's embeddings (Qwen2.5's is 151936)
     #[arg(long, default_value_t = 151_936, value_parser = clap::value_parser!(u64).range(64..))]
     text_vocab: u64,
+
+    #[command(flatten)]
+    text: text_lm::TextArgs,
+
+    /// Seed of the text-model section's sampling (question i uses seed + i)
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 
     /// Also write the report as JSON here
     #[arg(long)]
@@ -358,8 +371,14 @@ fn main() -> Result<()> {
     let texts = utterances(args.texts as usize, text_vocab);
     let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-tts --example bench_tts -- --texts {} --max-ratio {max_ratio} --text-vocab {text_vocab}",
-            args.texts
+            "cargo run --release -p engine-tts --example bench_tts -- --texts {} --max-ratio {max_ratio} --text-vocab {text_vocab} \
+             --text-model {} --text-questions {} --text-tokens {} --text-temperature {} --seed {}",
+            args.texts,
+            args.text.text_model,
+            args.text.text_questions,
+            args.text.text_tokens,
+            args.text.text_temperature,
+            args.seed
         ),
         notes: vec![format!(
             "The model: CosyVoice 2's LM shape — the Qwen2.5-0.5B backbone (24 layers, hidden 896, \
@@ -375,6 +394,11 @@ fn main() -> Result<()> {
         ..Report::default()
     };
     layer_draft_section(&mut lm, &texts, &mut report)?;
+    drop(lm);
+    let text = text_lm::run(&args.text, args.seed)?;
+    report.tables.extend(text.tables);
+    report.notes.extend(text.notes);
+    report.details.extend(text.details);
     print!("{}", report.markdown());
     if let Some(path) = args.json {
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
