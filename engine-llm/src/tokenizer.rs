@@ -102,6 +102,88 @@ impl TextTokenizer {
         Self::byte_level(&tokens, &merges, &types, &pre, eos)
     }
 
+    /// Builds a byte-level BPE tokenizer from a Hugging Face checkpoint's "slow" files (for
+    /// checkpoints without a `tokenizer.json`): `vocab.json` (token → id), `merges.txt` (one
+    /// `a b` merge per line after a `#version` header) and, when given, the added tokens of
+    /// `tokenizer_config.json` (`added_tokens_decoder`; special ones are matched whole).
+    /// `pre` names the pre-tokenizer as a GGUF would (`qwen2`, `llama-bpe`, `smollm`, `gpt2`).
+    pub fn from_vocab_and_merges(
+        vocab: &Path,
+        merges: &Path,
+        tokenizer_config: Option<&Path>,
+        pre: &str,
+    ) -> Result<Self> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let malformed =
+            |path: &Path, reason: String| Error::Tokenizer(format!("{}: {reason}", path.display()));
+        let ids: std::collections::HashMap<String, u32> =
+            serde_json::from_str(&read(vocab)?).map_err(|e| malformed(vocab, e.to_string()))?;
+        let mut added: Vec<(u32, String, bool)> = Vec::new();
+        if let Some(config) = tokenizer_config {
+            let json: serde_json::Value = serde_json::from_str(&read(config)?)
+                .map_err(|e| malformed(config, e.to_string()))?;
+            if let Some(decoder) = json.get("added_tokens_decoder").and_then(|d| d.as_object()) {
+                for (id, token) in decoder {
+                    let id: u32 = id
+                        .parse()
+                        .map_err(|_| malformed(config, format!("added token id `{id}`")))?;
+                    let content =
+                        token
+                            .get("content")
+                            .and_then(|c| c.as_str())
+                            .ok_or_else(|| {
+                                malformed(config, format!("added token {id} has no content"))
+                            })?;
+                    let special = token
+                        .get("special")
+                        .and_then(|s| s.as_bool())
+                        .unwrap_or(false);
+                    added.push((id, content.to_string(), special));
+                }
+            }
+        }
+        let size = ids
+            .values()
+            .copied()
+            .chain(added.iter().map(|(id, _, _)| *id))
+            .max()
+            .map_or(0, |m| m as usize + 1);
+        let mut tokens: Vec<Option<String>> = vec![None; size];
+        let mut types = vec![1; size];
+        for (token, &id) in &ids {
+            tokens[id as usize] = Some(token.clone());
+        }
+        for (id, content, special) in added {
+            tokens[id as usize] = Some(content);
+            types[id as usize] = if special {
+                TOKEN_TYPE_CONTROL
+            } else {
+                TOKEN_TYPE_USER_DEFINED
+            };
+        }
+        let tokens: Vec<String> = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(id, t)| t.ok_or_else(|| malformed(vocab, format!("no token has id {id}"))))
+            .collect::<Result<_>>()?;
+        let merges: Vec<String> = read(merges)?
+            .lines()
+            .filter(|l| !l.starts_with("#version") && !l.trim().is_empty())
+            .map(String::from)
+            .collect();
+        Self::byte_level(&tokens, &merges, &types, pre, None)
+    }
+
+    /// The underlying Hugging Face tokenizer (for callers that add their own processing).
+    pub fn hf_tokenizer(&self) -> &Tokenizer {
+        &self.inner
+    }
+
     /// A byte-level BPE tokenizer as a GGUF describes it: token strings, merges (`"a b"`),
     /// llama.cpp token types, the pre-tokenizer's name and the end-of-text id.
     pub(crate) fn byte_level(
@@ -351,5 +433,44 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         other => Err(Error::Tokenizer(format!(
             "GGUF pre-tokenizer `{other}` is not supported (qwen2, llama-bpe, smollm, gpt2)"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vocab_and_merges_files_build_the_tokenizer_with_its_added_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let vocab = dir.path().join("vocab.json");
+        let merges = dir.path().join("merges.txt");
+        let config = dir.path().join("tokenizer_config.json");
+        std::fs::write(
+            &vocab,
+            r#"{"h":0,"e":1,"l":2,"o":3,"he":4,"ll":5,"hell":6,"hello":7,"Ġ":8}"#,
+        )
+        .unwrap();
+        std::fs::write(&merges, "#version: 0.2\nh e\nl l\nhe ll\nhell o\n").unwrap();
+        std::fs::write(
+            &config,
+            r#"{"added_tokens_decoder": {"9": {"content": "<|endoftext|>", "special": true}}}"#,
+        )
+        .unwrap();
+        let tokenizer =
+            TextTokenizer::from_vocab_and_merges(&vocab, &merges, Some(&config), "qwen2").unwrap();
+        assert_eq!(tokenizer.encode("hello<|endoftext|>").unwrap(), [7, 9]);
+        assert_eq!(tokenizer.encode_text("hello hell").unwrap(), [7, 8, 6]);
+        assert_eq!(tokenizer.end_tokens(), [9]);
+        assert_eq!(tokenizer.decode(&[7, 8, 6]).unwrap(), "hello hell");
+
+        std::fs::write(&vocab, r#"{"h":0,"e":2}"#).unwrap();
+        let err = TextTokenizer::from_vocab_and_merges(&vocab, &merges, None, "qwen2").unwrap_err();
+        assert!(err.to_string().contains("no token has id 1"), "{err}");
+        let missing = dir.path().join("nowhere.json");
+        assert!(matches!(
+            TextTokenizer::from_vocab_and_merges(&missing, &merges, None, "qwen2"),
+            Err(Error::Io { .. })
+        ));
     }
 }

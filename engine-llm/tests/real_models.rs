@@ -530,3 +530,65 @@ fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
     assert_eq!(speculative.tokens, greedy.tokens);
     assert!(speculative.stats.accepted_tokens() > 0);
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
+    use engine_llm::TextTokenizer;
+
+    let gguf = engine_llm::GgufFile::open(&load_path(QWEN_SMALL)).unwrap();
+    let strings = |key: &str| -> Vec<String> {
+        gguf.value(key)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string().unwrap().clone())
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens");
+    let types: Vec<i32> = gguf
+        .value("tokenizer.ggml.token_type")
+        .unwrap()
+        .to_vec()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_i32().unwrap())
+        .collect();
+    // The files a Hugging Face checkpoint without tokenizer.json ships (CosyVoice-BlankEN).
+    let dir = tempfile::tempdir().unwrap();
+    let (mut vocab, mut added) = (serde_json::Map::new(), serde_json::Map::new());
+    for (id, (token, kind)) in tokens.iter().zip(&types).enumerate() {
+        if *kind == 3 {
+            added.insert(
+                id.to_string(),
+                serde_json::json!({"content": token, "special": true}),
+            );
+        } else {
+            vocab.insert(token.clone(), id.into());
+        }
+    }
+    let paths = ["vocab.json", "merges.txt", "tokenizer_config.json"].map(|f| dir.path().join(f));
+    std::fs::write(&paths[0], serde_json::Value::Object(vocab).to_string()).unwrap();
+    let merges = strings("tokenizer.ggml.merges").join("\n");
+    std::fs::write(&paths[1], format!("#version: 0.2\n{merges}\n")).unwrap();
+    let config = serde_json::json!({ "added_tokens_decoder": added });
+    std::fs::write(&paths[2], config.to_string()).unwrap();
+    let rebuilt =
+        TextTokenizer::from_vocab_and_merges(&paths[0], &paths[1], Some(&paths[2]), "qwen2")
+            .unwrap();
+    let original = TextTokenizer::from_gguf(&gguf).unwrap();
+    for text in [
+        "Hello, world! It's 2026-11-24 and the price is $1,234.56.",
+        "fn main() {\n    println!(\"héllo wörld\");\n}\n\n\t  trailing  ",
+        "日本語のテキストと emoji 🎉 mixed<|im_end|> text",
+        "<|im_start|>user\nWhat's up?<|im_end|>\n<|im_start|>assistant\n",
+    ] {
+        assert_eq!(
+            rebuilt.encode(text).unwrap(),
+            original.encode(text).unwrap(),
+            "{text:?}"
+        );
+    }
+    assert_eq!(rebuilt.end_tokens(), original.end_tokens());
+}

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use engine_tts::cosyvoice::flow::Flow;
 use engine_tts::cosyvoice::hift::Hift;
 use engine_tts::cosyvoice::lm::SpeechLm;
+use engine_tts::cosyvoice::pipeline::load_tokenizer;
 use engine_tts::cosyvoice::{CosyVoice2, CosyVoiceError, CosyVoiceSynthesizer, SpeakerPrompt};
 use spec_voice::SentenceSynthesizer;
 
@@ -252,15 +253,24 @@ fn a_missing_model_file_is_a_typed_error_naming_it() {
     );
     std::fs::create_dir_all(dir.join("CosyVoice-BlankEN")).unwrap();
     std::fs::write(dir.join("CosyVoice-BlankEN/config.json"), b"{}").unwrap();
-    expect_missing(
-        CosyVoice2::load(&dir, &speaker),
-        &dir.join("CosyVoice-BlankEN/tokenizer.json"),
+    // Without a tokenizer.json, the release's vocab.json and merges.txt.
+    let blank = dir.join("CosyVoice-BlankEN");
+    expect_missing(CosyVoice2::load(&dir, &speaker), &blank.join("vocab.json"));
+    std::fs::write(blank.join("vocab.json"), r#"{"h":0,"i":1,"hi":2}"#).unwrap();
+    expect_missing(CosyVoice2::load(&dir, &speaker), &blank.join("merges.txt"));
+    std::fs::write(blank.join("merges.txt"), "#version: 0.2\nh i\n").unwrap();
+    expect_missing(CosyVoice2::load(&dir, &speaker), &speaker);
+    let rebuilt = load_tokenizer(&blank).unwrap();
+    assert_eq!(rebuilt.encode("hi", false).unwrap().get_ids(), [2]);
+    // A tokenizer.json, when present, is the tokenizer.
+    std::fs::write(blank.join("tokenizer.json"), tokenizer_json()).unwrap();
+    let word_level = load_tokenizer(&blank).unwrap();
+    assert_eq!(
+        word_level.get_vocab_size(true),
+        tokenizers::Tokenizer::from_str(&tokenizer_json())
+            .unwrap()
+            .get_vocab_size(true)
     );
-    std::fs::write(
-        dir.join("CosyVoice-BlankEN/tokenizer.json"),
-        tokenizer_json(),
-    )
-    .unwrap();
     expect_missing(CosyVoice2::load(&dir, &speaker), &speaker);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -13,10 +13,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::report::Table;
 use spec_core::{
-    generate, speculative_generate, AcceptanceRule, DecodeStats, Decoder, DraftLength, LogitRows,
-    SamplingConfig, SpeculativeConfig, StopConditions,
+    generate, speculative_generate, AcceptanceRule, CostAwarePolicy, DecodeStats, Decoder,
+    DraftLength, ForwardCosts, LogitRows, SamplingConfig, SpeculativeConfig, StopConditions,
 };
 use spec_models::{mt_bench, Store};
+use spec_nn::forward_costs;
 use spec_nn::heads::weights_fingerprint;
 
 /// What the section measures.
@@ -47,10 +48,12 @@ pub struct Section {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Method {
     Autoregressive,
-    /// SSD with the untrained draft (the layers as they are) or the trained one, at tolerance β.
+    /// SSD with the untrained draft (the layers as they are) or the trained one, at tolerance
+    /// β, drafting γ tokens or as many as pay (0 to γ, from the measured forward costs).
     Ssd {
         trained: bool,
         beta: f32,
+        cost_aware: bool,
     },
 }
 
@@ -58,9 +61,14 @@ impl Method {
     fn label(self) -> String {
         match self {
             Self::Autoregressive => "sampling, no draft".into(),
-            Self::Ssd { trained, beta } => format!(
-                "SSD, {} draft, β = {beta}",
-                if trained { "trained" } else { "untrained" }
+            Self::Ssd {
+                trained,
+                beta,
+                cost_aware,
+            } => format!(
+                "SSD, {} draft, β = {beta}{}",
+                if trained { "trained" } else { "untrained" },
+                if cost_aware { ", cost-aware γ" } else { "" }
             ),
         }
     }
@@ -102,17 +110,25 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
     let sampling = SamplingConfig::with_temperature(args.text_temperature);
     let stop = StopConditions::new(args.text_tokens);
 
-    let methods: Vec<Method> = std::iter::once(Method::Autoregressive)
-        .chain(std::iter::once(Method::Ssd {
-            trained: false,
-            beta: 0.0,
-        }))
-        .chain([0.0, 0.2, 0.4].map(|beta| Method::Ssd {
-            trained: true,
-            beta,
-        }))
-        .collect();
+    let ssd = |trained, beta, cost_aware| Method::Ssd {
+        trained,
+        beta,
+        cost_aware,
+    };
+    let methods = [
+        Method::Autoregressive,
+        ssd(false, 0.0, false),
+        ssd(true, 0.0, false),
+        ssd(true, 0.2, false),
+        ssd(true, 0.4, false),
+        ssd(true, 0.0, true),
+        ssd(true, 0.4, true),
+    ];
+    let target_costs = forward_costs(&mut lm.model, &lm.weights)?;
+    let draft_costs = ForwardCosts::measure(&mut trained, 8, 3)?;
     let mut totals = vec![(DecodeStats::default(), 0f64, 0usize); methods.len()];
+    let target_step_ms = 1e3 * target_costs.cost(1);
+    let draft_step_ms = 1e3 * draft_costs.cost(1);
     let mut detail = Table::new(
         format!("SSD on {name}, per question"),
         &[
@@ -140,15 +156,28 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
                     &mut rng,
                     &mut |_| {},
                 )?,
-                Method::Ssd { trained: t, beta } => {
+                Method::Ssd {
+                    trained: t,
+                    beta,
+                    cost_aware,
+                } => {
                     let draft = if t { &mut trained } else { &mut untrained };
                     draft.reset();
+                    let draft_length = if cost_aware {
+                        DraftLength::CostAware(CostAwarePolicy::new(
+                            target_costs.clone(),
+                            draft_costs.clone(),
+                            GAMMA,
+                        ))
+                    } else {
+                        DraftLength::Fixed(GAMMA)
+                    };
                     speculative_generate(
                         &mut lm.model,
                         draft,
                         &prompt,
                         &SpeculativeConfig {
-                            draft_length: DraftLength::Fixed(GAMMA),
+                            draft_length,
                             rule: AcceptanceRule::speculative_sampling(beta),
                             sampling: sampling.clone(),
                         },
@@ -237,8 +266,12 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
             "Text-model SSD: every run samples with the same seed per question; β = 0 is exact \
              speculative sampling, so its NLL differs from plain sampling's only by chance. \
              Greedy verification with the trained draft gave the target's greedy answer on \
-             {greedy_identical}/{} questions (lossless).",
-            turns.len()
+             {greedy_identical}/{} questions (lossless). One forward of one token: target \
+             {target_step_ms:.1} ms, draft {draft_step_ms:.1} ms ({:.0} % of the target's); the \
+             cost-aware rows draft only as many tokens (0 to γ) as the measured costs and the \
+             running acceptance say pay.",
+            turns.len(),
+            100.0 * draft_step_ms / target_step_ms
         )],
         details: vec![detail],
     })

@@ -236,7 +236,7 @@ impl CosyVoice2 {
     }
 
     /// Loads the release from `model_dir` (`llm.pt`, `flow.pt`, `hift.pt`,
-    /// `CosyVoice-BlankEN/config.json` and `CosyVoice-BlankEN/tokenizer.json`) with the default
+    /// `CosyVoice-BlankEN/config.json` and the text tokenizer, [`load_tokenizer`]) with the default
     /// configurations, and the voice from the safetensors file `speaker` ([`SpeakerPrompt`]),
     /// on the CPU with the language model's backbone at [`LoadOptions::default`] (its dense
     /// matrices re-quantized to Q8_0; build the parts and use [`CosyVoice2::from_parts`] for
@@ -255,19 +255,13 @@ impl CosyVoice2 {
         };
         let (llm, flow, hift) = (file("llm.pt")?, file("flow.pt")?, file("hift.pt")?);
         let backbone = file("CosyVoice-BlankEN/config.json")?;
-        let tokenizer_path = file("CosyVoice-BlankEN/tokenizer.json")?;
+        let tokenizer = load_tokenizer(&model_dir.join("CosyVoice-BlankEN"))?;
         if !speaker.is_file() {
             return Err(CosyVoiceError::File {
                 path: speaker.to_path_buf(),
                 reason: "missing".into(),
             });
         }
-        let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path).map_err(|e| {
-            CosyVoiceError::File {
-                path: tokenizer_path.clone(),
-                reason: e.to_string(),
-            }
-        })?;
         let options = LoadOptions::default();
         let lm = SpeechLm::load(&llm, &backbone, SpeechLmConfig::default(), &options)?;
         let flow = Flow::load(&flow, FlowConfig::default(), &options.device)?;
@@ -500,4 +494,34 @@ impl spec_voice::SentenceSynthesizer for CosyVoiceSynthesizer {
             first_audio_after: first_audio_after.unwrap_or_else(|| start.elapsed()),
         })
     }
+}
+
+/// The text tokenizer of a `CosyVoice-BlankEN` folder: its `tokenizer.json` when present, else
+/// the Qwen2 byte-level BPE rebuilt from `vocab.json`, `merges.txt` and the added tokens of
+/// `tokenizer_config.json` (what the released repository ships). A missing file is
+/// [`CosyVoiceError::File`] naming it.
+pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let fail = |path: PathBuf, reason: String| CosyVoiceError::File { path, reason };
+    let json = dir.join("tokenizer.json");
+    if json.is_file() {
+        return tokenizers::Tokenizer::from_file(&json)
+            .map_err(|e| fail(json.clone(), e.to_string()));
+    }
+    let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+    for path in [&vocab, &merges] {
+        if !path.is_file() {
+            return Err(fail(
+                path.clone(),
+                format!("missing (and no {} either)", json.display()),
+            ));
+        }
+    }
+    let config = dir.join("tokenizer_config.json");
+    let tokenizer = engine_llm::TextTokenizer::from_vocab_and_merges(
+        &vocab,
+        &merges,
+        config.is_file().then_some(config.as_path()),
+        "qwen2",
+    )?;
+    Ok(tokenizer.hf_tokenizer().clone())
 }
