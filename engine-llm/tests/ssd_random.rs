@@ -235,7 +235,8 @@ fn drafts_for_other_models_and_bad_settings_are_refused() {
     weights.save(&dir).unwrap();
     let err = SsdDraftWeights::load(&dir, "0123456789abcdef").unwrap_err();
     assert!(
-        matches!(err, Error::Config(_)) && err.to_string().contains("trained for tiny"),
+        matches!(err, Error::Nn(spec_nn::Error::Config(_)))
+            && err.to_string().contains("trained for `tiny`"),
         "{err}"
     );
     let missing = SsdDraftWeights::load(&scratch.path().join("nowhere"), &fingerprint);

@@ -71,14 +71,39 @@ pub struct HeadsInfo {
     pub vocab_size: usize,
     /// Tokens the heads score.
     pub shortlist_size: usize,
-    /// The model they were trained for (a folder name of the model store).
+    #[serde(flatten)]
+    pub trained_for: TrainedFor,
+    /// Top-1 accuracy of each head on the validation split when they were saved.
+    pub validation_accuracy: Vec<f32>,
+}
+
+/// The model something was trained for (heads, a draft): recorded beside it, checked when it
+/// is loaded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainedFor {
+    /// The model (a folder name of the model store).
     pub base_model: String,
     /// [`weights_fingerprint`] of that model's weights file.
     pub base_fingerprint: String,
-    /// The command that trained them, to reproduce them.
+    /// The command that trained it, to reproduce it.
     pub command: String,
-    /// Top-1 accuracy of each head on the validation split when they were saved.
-    pub validation_accuracy: Vec<f32>,
+}
+
+impl TrainedFor {
+    /// Fails with [`Error::Config`] unless `fingerprint` is the base model's; `what` names the
+    /// trained thing ("the heads in DIR") and `remedy` says how to get one for this model.
+    pub fn check(&self, fingerprint: &str, what: &str, remedy: &str) -> Result<()> {
+        if self.base_fingerprint == fingerprint {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "{what}: trained for `{}` (weights fingerprint {}), not for this model \
+             (fingerprint {}); {remedy}",
+            self.base_model,
+            short(&self.base_fingerprint),
+            short(fingerprint),
+        )))
+    }
 }
 
 /// A cheap checksum of a weights file: SHA-256 over its length and 16 evenly spaced 64 KiB
@@ -149,16 +174,11 @@ impl MultiTokenHeads {
             path: info_path.clone(),
             reason: e.to_string(),
         })?;
-        if info.base_fingerprint != fingerprint {
-            return Err(Error::Config(format!(
-                "the heads in {} were trained for `{}` (weights fingerprint {}), not for this \
-                 model (fingerprint {fingerprint}); train heads on this model's hidden states \
-                 (`spec_nn::heads::train`)",
-                dir.display(),
-                info.base_model,
-                short(&info.base_fingerprint),
-            )));
-        }
+        info.trained_for.check(
+            fingerprint,
+            &format!("the heads in {}", dir.display()),
+            "train heads on this model's hidden states (`spec_nn::heads::train`)",
+        )?;
         let weights_path = dir.join(HEADS_WEIGHTS);
         let tensors = candle_core::safetensors::load(&weights_path, device).map_err(|e| {
             Error::BadWeights {
@@ -646,9 +666,11 @@ impl TrainedHeads {
             hidden_size: self.hidden_size,
             vocab_size: self.vocab_size,
             shortlist_size: self.shortlist.len(),
-            base_model: base_model.into(),
-            base_fingerprint: base_fingerprint.into(),
-            command: command.into(),
+            trained_for: TrainedFor {
+                base_model: base_model.into(),
+                base_fingerprint: base_fingerprint.into(),
+                command: command.into(),
+            },
             validation_accuracy: self
                 .reports
                 .last()
@@ -1057,7 +1079,7 @@ mod tests {
         });
         let heads = MultiTokenHeads::load(dir.path(), &model, "abc123", &Device::Cpu).unwrap();
         assert_eq!(heads.count(), 2);
-        assert_eq!(heads.info().base_model, "tiny");
+        assert_eq!(heads.info().trained_for.base_model, "tiny");
         let guesses = heads
             .predict(&Tensor::zeros((1, 8), DType::F32, &Device::Cpu).unwrap())
             .unwrap();

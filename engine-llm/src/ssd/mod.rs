@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+use spec_nn::heads::TrainedFor;
 use spec_nn::{InMemoryWeights, Requantize, ShortlistOutput, WeightLoader};
 
 use crate::load::{load_layer, Naming};
@@ -42,12 +43,8 @@ pub struct SsdDraftInfo {
     pub hidden_size: usize,
     pub vocab_size: usize,
     pub shortlist_size: usize,
-    /// The model it was trained for (a folder name of the model store).
-    pub base_model: String,
-    /// [`spec_nn::heads::weights_fingerprint`] of that model's weights file.
-    pub base_fingerprint: String,
-    /// The command that trained it, to reproduce it.
-    pub command: String,
+    #[serde(flatten)]
+    pub trained_for: TrainedFor,
     /// On the validation positions: how often the draft's top token is the target's, before
     /// and after training.
     pub untrained_agreement: f32,
@@ -78,16 +75,11 @@ impl SsdDraftWeights {
         })?;
         let info: SsdDraftInfo = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: {e}", info_path.display())))?;
-        if info.base_fingerprint != fingerprint {
-            return Err(Error::Config(format!(
-                "the SSD draft in {} was trained for {} (weights fingerprint {}…), not for this \
-                 model ({}…)",
-                dir.display(),
-                info.base_model,
-                &info.base_fingerprint[..info.base_fingerprint.len().min(12)],
-                &fingerprint[..fingerprint.len().min(12)]
-            )));
-        }
+        info.trained_for.check(
+            fingerprint,
+            &format!("the SSD draft in {}", dir.display()),
+            "train one for this model (`cargo xtask train-ssd-draft MODEL`)",
+        )?;
         let weights_path = dir.join(DRAFT_WEIGHTS);
         let mut tensors =
             candle_core::safetensors::load(&weights_path, &Device::Cpu).map_err(|e| {

@@ -14,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use spec_core::{Decoder, HiddenStates, LogitRows};
+use spec_nn::heads::TrainedFor;
 
 use super::{draft_layers, SsdDraftInfo, SsdDraftWeights};
 use crate::config::{RopeLayout, TransformerConfig};
@@ -214,9 +215,11 @@ impl TrainedDraft {
                 hidden_size: config.hidden_size,
                 vocab_size: classes,
                 shortlist_size: self.shortlist.len(),
-                base_model: base_model.into(),
-                base_fingerprint: base_fingerprint.into(),
-                command: command.into(),
+                trained_for: TrainedFor {
+                    base_model: base_model.into(),
+                    base_fingerprint: base_fingerprint.into(),
+                    command: command.into(),
+                },
                 untrained_agreement: agreement(self.reports.first()),
                 validation_agreement: agreement(self.reports.last()),
             },
