@@ -303,7 +303,7 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|a| format!("{:.1} %", 100.0 * a))
                 .collect::<Vec<_>>(),
-            heads.info().command
+            heads.info().trained_for.command
         ));
         let systems = systems(&args, count);
         for ((set, clips), table) in sets.iter().zip(&mut tables) {

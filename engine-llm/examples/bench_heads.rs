@@ -186,7 +186,7 @@ fn main() -> Result<()> {
         tables: vec![table],
         notes: vec![format!(
             "Heads trained by `{}` (validation top-1 {:?}). Decode tok/s counts the tokens after each answer's first over the time after it (the prompt's prefill excluded), as in the llm table.",
-            heads.info().command,
+            heads.info().trained_for.command,
             heads
                 .info()
                 .validation_accuracy
