@@ -135,9 +135,10 @@ pub fn top_labels(probs: &[f32], top_k: usize) -> Vec<(u32, f32)> {
     if kept > 0 {
         best.select_nth_unstable_by(kept - 1, |a, b| b.1.total_cmp(&a.1));
     }
-    best.truncate(kept);
-    best.sort_by(|a, b| b.1.total_cmp(&a.1));
-    best
+    // A copy, not the truncated vector: that would keep the whole vocabulary's capacity.
+    let mut top = best[..kept].to_vec();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    top
 }
 
 /// What [`train`] reports as it goes.

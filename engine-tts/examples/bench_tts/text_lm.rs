@@ -229,6 +229,7 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
         &[
             "method",
             "decode tok/s",
+            "LM-RTF if 25 tokens/s of audio",
             "speed-up",
             "acceptance",
             "tokens per target pass",
@@ -242,6 +243,7 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
         table.push(vec![
             method.label(),
             format!("{:.1}", stats.decode_tokens_per_second()),
+            format!("{:.3}", 25.0 / stats.decode_tokens_per_second()),
             format!("{:.2}×", stats.decode_tokens_per_second() / base),
             if ssd {
                 format!("{:.0} %", 100.0 * stats.acceptance_rate())
