@@ -147,6 +147,9 @@ fn main() -> Result<()> {
                 bar.set_length(*steps as u64);
                 bar.set_position(*step as u64 + 1);
                 bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
+                if bar.is_hidden() && step % 50 == 0 {
+                    tracing::info!(epoch = epoch + 1, step, steps, loss, "training");
+                }
             }
             SsdProgress::Validation(report) => bar.suspend(|| println!("{report}")),
         },
