@@ -157,7 +157,7 @@ fn main() -> Result<()> {
     bar.finish_and_clear();
     let command = format!(
         "cargo xtask train-ssd-draft {name} --max-tokens {} --temperature {} --lower {} --upper {} \
-         --epochs {} --learning-rate {} --top-k {} --seed {}",
+         --epochs {} --learning-rate {} --top-k {} --seed {}{}",
         args.max_tokens,
         args.temperature,
         args.lower,
@@ -165,7 +165,9 @@ fn main() -> Result<()> {
         args.epochs,
         args.learning_rate,
         args.top_k,
-        args.seed
+        args.seed,
+        args.limit
+            .map_or(String::new(), |limit| format!(" --limit {limit}"))
     );
     let weights: SsdDraftWeights = trained.into_weights(
         lm.model.config(),

@@ -374,7 +374,7 @@ fn main() -> Result<()> {
             "cargo run --release -p engine-tts --example bench_tts -- --texts {} --max-ratio {max_ratio} --text-vocab {text_vocab} \
              --text-model {} --text-questions {} --text-tokens {} --text-temperature {} --seed {}",
             args.texts,
-            args.text.text_model,
+            args.text.text_model.join(","),
             args.text.text_questions,
             args.text.text_tokens,
             args.text.text_temperature,

@@ -23,9 +23,15 @@ use spec_nn::heads::weights_fingerprint;
 /// What the section measures.
 #[derive(Clone, Debug, clap::Args)]
 pub struct TextArgs {
-    /// The text model whose SSD draft is measured (trained with `cargo xtask train-ssd-draft`)
-    #[arg(long, default_value = "qwen2.5-coder-0.5b-instruct")]
-    pub text_model: String,
+    /// The text models whose SSD drafts are measured (trained with `cargo xtask
+    /// train-ssd-draft`); a model without a trained draft is skipped with a note
+    #[arg(
+        long,
+        num_args = 1..,
+        value_delimiter = ',',
+        default_values = ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
+    )]
+    pub text_model: Vec<String>,
     /// MT-Bench questions (first turns; never used in training)
     #[arg(long, default_value_t = 10)]
     pub text_questions: usize,
@@ -77,10 +83,25 @@ impl Method {
 /// SSD's draft length (the paper's).
 const GAMMA: usize = 3;
 
-/// Runs the section; when the model or its trained draft is missing, says so in a note.
+/// Runs the section for every model; a model or trained draft that is missing gets a note.
 pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
+    let mut all = Section {
+        tables: Vec::new(),
+        notes: Vec::new(),
+        details: Vec::new(),
+    };
+    for model in &args.text_model {
+        let section = run_model(model, args, seed)?;
+        all.tables.extend(section.tables);
+        all.notes.extend(section.notes);
+        all.details.extend(section.details);
+    }
+    Ok(all)
+}
+
+fn run_model(model: &str, args: &TextArgs, seed: u64) -> Result<Section> {
     let store = Store::from_env()?;
-    let name = match store.resolve(&args.text_model) {
+    let name = match store.resolve(model) {
         Ok(files) => files.name,
         Err(e) => {
             return Ok(skipped(format!(
@@ -88,8 +109,8 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
             )))
         }
     };
-    let mut lm = LanguageModel::open(&args.text_model, &LoadOptions::default())
-        .with_context(|| format!("opening {}", args.text_model))?;
+    let mut lm = LanguageModel::open(model, &LoadOptions::default())
+        .with_context(|| format!("opening {model}"))?;
     let dir = draft_dir(store.root(), &name);
     let weights = match SsdDraftWeights::load(&dir, &weights_fingerprint(&lm.weights)?) {
         Ok(weights) => weights,
@@ -265,7 +286,7 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
     Ok(Section {
         tables: vec![table],
         notes: vec![format!(
-            "Text-model SSD: every run samples with the same seed per question; β = 0 is exact \
+            "Text-model SSD on {name}: every run samples with the same seed per question; β = 0 is exact \
              speculative sampling, so its NLL differs from plain sampling's only by chance. \
              Greedy verification with the trained draft gave the target's greedy answer on \
              {greedy_identical}/{} questions (lossless). One forward of one token: target \
@@ -282,7 +303,7 @@ pub fn run(args: &TextArgs, seed: u64) -> Result<Section> {
 fn skipped(reason: String) -> Section {
     Section {
         tables: Vec::new(),
-        notes: vec![format!("Text-model SSD section skipped: {reason}.")],
+        notes: vec![format!("Text-model SSD skipped: {reason}.")],
         details: Vec::new(),
     }
 }
