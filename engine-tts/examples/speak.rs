@@ -16,9 +16,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use engine_llm::ssd::SsdDraftWeights;
+use engine_tts::cosyvoice::lm::SsdConfig;
 use engine_tts::cosyvoice::{CosyVoice2, CosyVoiceSynthesizer};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_models::{Registry, Store};
+use spec_nn::heads::weights_fingerprint;
 use spec_voice::{split_sentences, write_wav, AudioChunk, SentenceSynthesizer};
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
@@ -50,6 +53,16 @@ struct Args {
     /// CosyVoice 2's seed (its sampling and noise)
     #[arg(long, default_value_t = 0)]
     seed: u64,
+
+    /// CosyVoice 2 draws its speech tokens by Speech Speculative Decoding with the SSD draft in
+    /// this folder (trained for its llm.pt with `engine_llm::ssd::train` on
+    /// `SpeechLm::ssd_backbone`); γ = 3
+    #[arg(long, value_name = "DIR")]
+    ssd_draft: Option<PathBuf>,
+
+    /// SSD's tolerance β (0: exactly the model's distribution)
+    #[arg(long, default_value_t = SsdConfig::default().tolerance)]
+    ssd_tolerance: f32,
 
     /// espeak-ng voice (`espeak-ng --voices` lists them)
     #[arg(long, default_value_t = EspeakSettings::default().voice)]
@@ -117,10 +130,22 @@ fn synthesizer(args: &Args) -> Result<(Box<dyn SentenceSynthesizer>, String)> {
             .and_then(|root| Store::new(root, Registry::builtin()).resolve(&args.cosyvoice));
         match resolved {
             Ok(model) => {
-                let cosyvoice = CosyVoice2::load(&model.dir, speaker)
+                let mut cosyvoice = CosyVoice2::load(&model.dir, speaker)
                     .with_context(|| format!("loading CosyVoice 2 from {}", model.dir.display()))?
                     .with_seed(args.seed);
-                let voice = format!("CosyVoice 2 ({}, seed {})", model.dir.display(), args.seed);
+                let mut voice =
+                    format!("CosyVoice 2 ({}, seed {})", model.dir.display(), args.seed);
+                if let Some(dir) = &args.ssd_draft {
+                    let fingerprint = weights_fingerprint(&model.dir.join("llm.pt"))?;
+                    let weights = SsdDraftWeights::load(dir, &fingerprint)?;
+                    let draft = cosyvoice.lm().ssd_draft(&weights)?;
+                    let config = SsdConfig {
+                        tolerance: args.ssd_tolerance,
+                        ..SsdConfig::default()
+                    };
+                    cosyvoice = cosyvoice.with_ssd(draft, config)?;
+                    voice.push_str(&format!(", SSD β = {}", args.ssd_tolerance));
+                }
                 return Ok((Box::new(CosyVoiceSynthesizer::new(cosyvoice)), voice));
             }
             Err(e) => warn!("CosyVoice 2 unavailable ({e}); espeak-ng speaks instead"),

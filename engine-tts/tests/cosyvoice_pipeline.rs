@@ -9,7 +9,7 @@ use std::str::FromStr;
 use candle_core::{Device, Tensor};
 use engine_tts::cosyvoice::flow::Flow;
 use engine_tts::cosyvoice::hift::Hift;
-use engine_tts::cosyvoice::lm::SpeechLm;
+use engine_tts::cosyvoice::lm::{SpeechLm, SsdConfig};
 use engine_tts::cosyvoice::pipeline::load_tokenizer;
 use engine_tts::cosyvoice::{CosyVoice2, CosyVoiceError, CosyVoiceSynthesizer, SpeakerPrompt};
 use spec_voice::SentenceSynthesizer;
@@ -334,4 +334,47 @@ fn the_sentence_synthesizer_streams_24_khz_chunks() {
         tts.synthesize(" "),
         Err(spec_voice::Error::Input(_))
     ));
+}
+
+/// With an SSD draft attached, one-shot and streamed synthesis draw their tokens by
+/// speculative decoding: the same tokens for the same seed, on the same chunk schedule; a draft
+/// with other speech tokens and bad settings are refused.
+#[test]
+fn synthesis_with_an_ssd_draft_streams_on_the_same_schedule() {
+    let plain = model(HOP);
+    let draft = plain.lm().draft_from_layers(&[0]).unwrap();
+    let config = SsdConfig::default();
+    let mut speculative = plain.with_ssd(draft, config).unwrap();
+    let one_shot = speculative.speak(TEXT).unwrap();
+    assert!(one_shot.tokens.len() >= 2 * 8);
+    assert_eq!(
+        one_shot.audio.len(),
+        SAMPLES_PER_FRAME * FRAMES_PER_TOKEN * one_shot.tokens.len()
+    );
+    let (tokens, chunks) = stream(&mut speculative, TEXT);
+    assert_eq!(tokens, one_shot.tokens);
+    let (hops, rest) = schedule(tokens.len(), PROMPT_TOKENS.len(), HOP);
+    let per_token = SAMPLES_PER_FRAME * FRAMES_PER_TOKEN;
+    let mut expected: Vec<usize> = hops.iter().map(|h| h * per_token).collect();
+    expected[0] -= OVERLAP;
+    expected.push(rest * per_token + OVERLAP);
+    assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), expected);
+
+    let other = {
+        let mut weights = Fixture::read("llm_tiny.safetensors").with_prefix("w.");
+        for name in ["speech_embedding.weight", "llm_decoder.weight"] {
+            let t = weights[name].narrow(0, 0, 41).unwrap();
+            weights.insert(name.into(), t);
+        }
+        let b = weights["llm_decoder.bias"].narrow(0, 0, 41).unwrap();
+        weights.insert("llm_decoder.bias".into(), b);
+        common::speech_lm_with(&Fixture::read("llm_tiny.safetensors"), weights, 38)
+    };
+    assert!(model(HOP).with_ssd(other, config).is_err());
+    let bad = SsdConfig {
+        gamma: 0,
+        ..SsdConfig::default()
+    };
+    let draft = model(HOP).lm().draft_from_layers(&[0]).unwrap();
+    assert!(model(HOP).with_ssd(draft, bad).is_err());
 }

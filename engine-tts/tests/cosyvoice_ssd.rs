@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 use engine_llm::{LoadOptions, Requantize, TransformerConfig};
-use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
+use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig};
 use engine_tts::cosyvoice::sampling::ras_distribution;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -113,9 +113,11 @@ fn at_zero_tolerance_the_tokens_follow_the_targets_distribution() {
                 &TEXT,
                 &PROMPT_TEXT,
                 &PROMPT_SPEECH,
-                3,
-                0.0,
-                Some(2),
+                &SsdConfig {
+                    gamma: 3,
+                    tolerance: 0.0,
+                    max_tokens: Some(2),
+                },
                 &mut rng,
             )
             .unwrap();
@@ -167,9 +169,11 @@ fn acceptance_rises_with_the_tolerance() {
                     &TEXT,
                     &PROMPT_TEXT,
                     &PROMPT_SPEECH,
-                    3,
-                    tolerance,
-                    Some(12),
+                    &SsdConfig {
+                        gamma: 3,
+                        tolerance,
+                        max_tokens: Some(12),
+                    },
                     &mut rng,
                 )
                 .unwrap();
@@ -198,7 +202,12 @@ fn a_draft_with_other_speech_tokens_and_bad_settings_are_refused() {
     let mut other = model(smaller, backbone, 38);
     let mut rng = StdRng::seed_from_u64(0);
     let run = |t: &mut SpeechLm, d: &mut SpeechLm, gamma, beta, rng: &mut StdRng| {
-        t.generate_speculative(d, &TEXT, &[], &[], gamma, beta, None, rng)
+        let config = SsdConfig {
+            gamma,
+            tolerance: beta,
+            max_tokens: None,
+        };
+        t.generate_speculative(d, &TEXT, &[], &[], &config, rng)
     };
     let err = run(&mut target, &mut other, 3, 0.0, &mut rng).unwrap_err();
     assert!(err.to_string().contains("speech tokens"), "{err}");
@@ -252,9 +261,11 @@ fn a_trained_draft_of_the_lms_own_layers_fits_it_and_decodes() {
             &TEXT,
             &PROMPT_TEXT,
             &PROMPT_SPEECH,
-            3,
-            0.0,
-            Some(12),
+            &SsdConfig {
+                gamma: 3,
+                tolerance: 0.0,
+                max_tokens: Some(12),
+            },
             &mut rng,
         )
         .unwrap();

@@ -29,7 +29,7 @@ use candle_core::{Device, Tensor};
 use clap::Parser;
 use engine_llm::cli::{init_logging, progress_bar};
 use engine_llm::{LoadOptions, TransformerConfig};
-use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdStats};
+use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig, SsdStats};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spec_core::report::{Report, Table};
@@ -276,9 +276,11 @@ fn layer_draft_section(lm: &mut SpeechLm, texts: &[Utterance], report: &mut Repo
         &first.text[..2],
         &[],
         &[],
-        GAMMA,
-        0.0,
-        Some(4),
+        &SsdConfig {
+            gamma: GAMMA,
+            tolerance: 0.0,
+            max_tokens: Some(4),
+        },
         &mut StdRng::seed_from_u64(0),
     )?;
     let mut plain = Totals::default();
@@ -324,9 +326,11 @@ fn layer_draft_section(lm: &mut SpeechLm, texts: &[Utterance], report: &mut Repo
                 &u.text,
                 &u.prompt_text,
                 &u.prompt_speech,
-                GAMMA,
-                beta,
-                None,
+                &SsdConfig {
+                    gamma: GAMMA,
+                    tolerance: beta,
+                    max_tokens: None,
+                },
                 &mut StdRng::seed_from_u64(seed),
             )?;
             let time = started.elapsed();

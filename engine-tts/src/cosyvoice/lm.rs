@@ -460,26 +460,81 @@ impl SsdStats {
     }
 }
 
+/// Settings of Speech Speculative Decoding ([`SpeechLm::generate_speculative`]); the defaults
+/// are the paper's (γ = 3, β = 0.4).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SsdConfig {
+    /// Tokens the draft proposes per round.
+    pub gamma: usize,
+    /// β of eq. 5, in [0, 1]: 0 samples exactly from the model.
+    pub tolerance: f32,
+    /// A cap on the speech tokens, below the length rule's.
+    pub max_tokens: Option<usize>,
+}
+
+impl Default for SsdConfig {
+    fn default() -> Self {
+        Self {
+            gamma: 3,
+            tolerance: 0.4,
+            max_tokens: None,
+        }
+    }
+}
+
+impl SsdConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.gamma == 0 || !(0.0..=1.0).contains(&self.tolerance) {
+            return Err(CosyVoiceError::Config(format!(
+                "SSD needs γ ≥ 1 and a tolerance β in [0, 1], got γ = {}, β = {}",
+                self.gamma, self.tolerance
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl SpeechLm {
     /// Speech Speculative Decoding (SSD, Lin et al.): `draft` (a cheaper model with the
-    /// same speech tokens, e.g. built from this one's layers) draws up to `gamma` tokens by
+    /// same speech tokens, e.g. built from this one's layers) draws up to γ tokens by
     /// repetition-aware sampling, this model verifies them in one forward and keeps draft
     /// token x when r < min(1, q(x)/p(x)) + β (eq. 5; q, p: the distributions the two
     /// samplers really draw from, [`ras_distribution`], eos masked before the minimum
     /// length), resampling from normalize(max(0, q − p)) at the first rejection. β = 0 draws
     /// exactly from this model's distribution; larger β accepts more, drifting toward the
-    /// draft. Stops as [`SpeechLm::generate`] does, or after `max_tokens`.
-    #[allow(clippy::too_many_arguments)]
+    /// draft. Stops as [`SpeechLm::generate`] does, or after `config.max_tokens`.
     pub fn generate_speculative(
         &mut self,
         draft: &mut SpeechLm,
         text: &[u32],
         prompt_text: &[u32],
         prompt_speech: &[u32],
-        gamma: usize,
-        tolerance: f32,
-        max_tokens: Option<usize>,
+        config: &SsdConfig,
         rng: &mut dyn RngCore,
+    ) -> Result<(Vec<u32>, SsdStats)> {
+        self.generate_speculative_each(
+            draft,
+            text,
+            prompt_text,
+            prompt_speech,
+            config,
+            rng,
+            &mut |_| Ok(()),
+        )
+    }
+
+    /// [`SpeechLm::generate_speculative`], handing each kept speech token to `on_token` as soon
+    /// as its round is verified; an error from `on_token` stops the decoding and is returned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_speculative_each(
+        &mut self,
+        draft: &mut SpeechLm,
+        text: &[u32],
+        prompt_text: &[u32],
+        prompt_speech: &[u32],
+        config: &SsdConfig,
+        rng: &mut dyn RngCore,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
     ) -> Result<(Vec<u32>, SsdStats)> {
         if text.is_empty() {
             return Err(CosyVoiceError::Input("no text to speak".into()));
@@ -490,11 +545,8 @@ impl SpeechLm {
                 draft.config.speech_token_size, self.config.speech_token_size
             )));
         }
-        if gamma == 0 || !(0.0..=1.0).contains(&tolerance) {
-            return Err(CosyVoiceError::Config(format!(
-                "SSD needs γ ≥ 1 and a tolerance β in [0, 1], got γ = {gamma}, β = {tolerance}"
-            )));
-        }
+        config.validate()?;
+        let (gamma, tolerance, max_tokens) = (config.gamma, config.tolerance, config.max_tokens);
         let rule = SpeculativeSampling { tolerance };
         let all_text: Vec<u32> = prompt_text.iter().chain(text).copied().collect();
         let mut pending = self.prompt_embeddings(&all_text, prompt_speech)?;
@@ -564,6 +616,7 @@ impl SpeechLm {
                     return Ok((out, stats));
                 }
                 out.push(token);
+                on_token(token)?;
             }
             // Both caches keep the pending input and the kept proposals; the draft had not
             // fed its last proposal.

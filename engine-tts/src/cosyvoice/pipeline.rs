@@ -22,6 +22,10 @@
 //! the most frames the text can take (the reference instead slices a fixed seed-0 tensor,
 //! [`crate::cosyvoice::flow::reference_noise`]).
 //!
+//! With [`CosyVoice2::with_ssd`], the speech tokens are drawn by Speech Speculative Decoding
+//! (a draft of the model's own layers, [`SpeechLm::ssd_draft`]); streaming then hands the flow
+//! each verified round's tokens.
+//!
 //! Out of scope: making a prompt from a recording (the release's ONNX speech tokenizer and
 //! CAM++ speaker model, and the prompt mel); a [`SpeakerPrompt`] is read ready-made. The
 //! tokenizer adds none of CosyVoice's extra special tokens (`[breath]`, `<|endofprompt|>`, …):
@@ -37,7 +41,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cosyvoice::flow::{Flow, FlowConfig, FlowPrompt, FlowStream};
 use crate::cosyvoice::hift::{Hift, HiftConfig, SineNoise};
-use crate::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
+use crate::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig};
 use crate::cosyvoice::{CosyVoiceError, Result};
 
 /// Mel frames HiFT sees again from the previous chunk when streaming.
@@ -142,6 +146,8 @@ pub struct CosyVoice2 {
     prompt_text: Vec<u32>,
     token_hop: usize,
     seed: u64,
+    /// Speech Speculative Decoding's draft and settings, when attached.
+    ssd: Option<(SpeechLm, SsdConfig)>,
 }
 
 /// The three generators one seed makes.
@@ -232,7 +238,31 @@ impl CosyVoice2 {
             prompt_text: prompt.text,
             token_hop: TOKEN_HOP,
             seed: 0,
+            ssd: None,
         })
+    }
+
+    /// Draws the speech tokens by Speech Speculative Decoding with `draft` (e.g.
+    /// [`SpeechLm::ssd_draft`] of [`CosyVoice2::lm`]) and `config` from now on. A draft with
+    /// other speech tokens, or bad settings, is refused.
+    pub fn with_ssd(mut self, draft: SpeechLm, config: SsdConfig) -> Result<Self> {
+        config.validate()?;
+        let (ours, its) = (
+            self.lm.config().speech_token_size,
+            draft.config().speech_token_size,
+        );
+        if ours != its {
+            return Err(CosyVoiceError::Config(format!(
+                "the SSD draft has {its} speech tokens, the language model {ours}"
+            )));
+        }
+        self.ssd = Some((draft, config));
+        Ok(self)
+    }
+
+    /// The speech-token language model (to build an SSD draft of it).
+    pub fn lm(&self) -> &SpeechLm {
+        &self.lm
     }
 
     /// Loads the release from `model_dir` (`llm.pt`, `flow.pt`, `hift.pt`,
@@ -325,9 +355,23 @@ impl CosyVoice2 {
         let ids = self.tokenize(text)?;
         let mut rng = Randomness::new(self.seed);
         let noise = self.flow_noise(ids.len(), &mut rng.flow)?;
-        let tokens = self
-            .lm
-            .generate(&ids, &self.prompt_text, &self.prompt.tokens, &mut rng.lm)?;
+        let tokens = match &mut self.ssd {
+            Some((draft, config)) => {
+                self.lm
+                    .generate_speculative(
+                        draft,
+                        &ids,
+                        &self.prompt_text,
+                        &self.prompt.tokens,
+                        config,
+                        &mut rng.lm,
+                    )?
+                    .0
+            }
+            None => self
+                .lm
+                .generate(&ids, &self.prompt_text, &self.prompt.tokens, &mut rng.lm)?,
+        };
         if tokens.is_empty() {
             return Ok(Speech {
                 tokens,
@@ -367,25 +411,41 @@ impl CosyVoice2 {
             prompt,
             prompt_text,
             token_hop,
+            ssd,
             ..
         } = self;
         let mut stream = FlowStream::new(flow, prompt, &noise, *token_hop)?;
         let mut cache: Option<HiftCache> = None;
         let mut drawn: Vec<u32> = Vec::new();
         let hift_noise = &mut rng.hift;
-        let tokens = lm.generate_each(
-            &ids,
-            prompt_text,
-            &prompt.tokens,
-            &mut rng.lm,
-            &mut |token| {
-                drawn.push(token);
-                if let Some(mel) = stream.next_chunk(&drawn)? {
-                    on_audio(vocode(hift, &mel, &mut cache, false, hift_noise)?)?;
-                }
-                Ok(())
-            },
-        )?;
+        let mut on_token = |token| {
+            drawn.push(token);
+            if let Some(mel) = stream.next_chunk(&drawn)? {
+                on_audio(vocode(hift, &mel, &mut cache, false, hift_noise)?)?;
+            }
+            Ok(())
+        };
+        let tokens = match ssd {
+            Some((draft, config)) => {
+                lm.generate_speculative_each(
+                    draft,
+                    &ids,
+                    prompt_text,
+                    &prompt.tokens,
+                    config,
+                    &mut rng.lm,
+                    &mut on_token,
+                )?
+                .0
+            }
+            None => lm.generate_each(
+                &ids,
+                prompt_text,
+                &prompt.tokens,
+                &mut rng.lm,
+                &mut on_token,
+            )?,
+        };
         if tokens.is_empty() {
             return Ok(tokens);
         }

@@ -55,16 +55,27 @@ impl Fixture {
 
 /// The fixture's speech-token LM, its weights kept exact (f32).
 pub fn speech_lm(fixture: &Fixture) -> SpeechLm {
+    let speech_tokens = fixture.config["speech_token_size"].as_u64().unwrap() as usize;
+    speech_lm_with(fixture, fixture.with_prefix("w."), speech_tokens)
+}
+
+/// A speech-token LM of the fixture's backbone configuration with other `weights` (state-dict
+/// names) and `speech_tokens` speech tokens.
+pub fn speech_lm_with(
+    fixture: &Fixture,
+    weights: HashMap<String, Tensor>,
+    speech_tokens: usize,
+) -> SpeechLm {
     let backbone = TransformerConfig::from_hf_json(&fixture.config["qwen2"].to_string()).unwrap();
     let config = SpeechLmConfig {
-        speech_token_size: fixture.config["speech_token_size"].as_u64().unwrap() as usize,
+        speech_token_size: speech_tokens,
         ..SpeechLmConfig::default()
     };
     let options = LoadOptions {
         requantize: Requantize::Keep,
         ..LoadOptions::default()
     };
-    SpeechLm::from_tensors(fixture.with_prefix("w."), backbone, config, &options).unwrap()
+    SpeechLm::from_tensors(weights, backbone, config, &options).unwrap()
 }
 
 /// The tiny HiFT configuration of the fixture.
