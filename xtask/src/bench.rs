@@ -47,7 +47,8 @@ pub struct BenchArgs {
     #[arg(long)]
     quick: bool,
 
-    /// Replace the README section between `<!-- bench:NAME -->` markers with the new table
+    /// Replace the section between `<!-- bench:NAME -->` markers of the workspace README and the
+    /// engine's own README with the new table
     #[arg(long)]
     update_readme: bool,
 
@@ -122,7 +123,11 @@ pub fn run(options: &BenchArgs) -> Result<()> {
         std::fs::write(base.with_extension("md"), &markdown)?;
         println!("wrote {}.{{json,md}}", base.display());
         if options.update_readme {
-            update_readme(Path::new("README.md"), &benchmark.name, &markdown)?;
+            let readmes = [
+                PathBuf::from("README.md"),
+                Path::new(&benchmark.package).join("README.md"),
+            ];
+            update_readmes(&readmes, &benchmark.name, &markdown)?;
         }
     }
     Ok(())
@@ -197,18 +202,20 @@ fn markdown(filed: &Filed) -> String {
     )
 }
 
-/// Replaces the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`.
-fn update_readme(path: &Path, name: &str, markdown: &str) -> Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    match replace_section(&text, name, markdown) {
-        Some(updated) => {
-            std::fs::write(path, updated)?;
+/// Replaces the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in every one of
+/// `paths` that has the section (the workspace README and the engine's own).
+fn update_readmes(paths: &[PathBuf], name: &str, markdown: &str) -> Result<()> {
+    let mut updated = false;
+    for path in paths.iter().filter(|p| p.is_file()) {
+        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+        if let Some(new_text) = replace_section(&text, name, markdown) {
+            std::fs::write(path, new_text)?;
             println!("updated the `{name}` section of {}", path.display());
+            updated = true;
         }
-        None => println!(
-            "{} has no `<!-- bench:{name} -->` … `<!-- /bench:{name} -->` section; left as is",
-            path.display()
-        ),
+    }
+    if !updated {
+        println!("no README has a `<!-- bench:{name} -->` … `<!-- /bench:{name} -->` section; left as is");
     }
     Ok(())
 }
@@ -241,11 +248,16 @@ mod tests {
         assert!(benchmarks.iter().any(|b| b.name == "llm"));
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         for b in &benchmarks {
-            let example = root
-                .join(&b.package)
-                .join("examples")
-                .join(format!("{}.rs", b.example));
-            assert!(example.is_file(), "{}: {}", b.name, example.display());
+            let examples = root.join(&b.package).join("examples");
+            let file = examples.join(format!("{}.rs", b.example));
+            let folder = examples.join(&b.example).join("main.rs");
+            assert!(
+                file.is_file() || folder.is_file(),
+                "{}: neither {} nor {}",
+                b.name,
+                file.display(),
+                folder.display()
+            );
         }
     }
 }
