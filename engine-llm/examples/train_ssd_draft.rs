@@ -16,8 +16,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{open_model, progress_bar};
-use engine_llm::ssd::train::{train, Backbone, DistilledSequence, SsdProgress, SsdTrainConfig};
+use engine_llm::cli::{open_model, progress_bar, SsdTrainArgs};
+use engine_llm::ssd::train::{Backbone, DistilledSequence};
 use engine_llm::ssd::{draft_dir, SsdDraftWeights};
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
@@ -50,21 +50,8 @@ struct Args {
     /// Use only the first N prompts.
     #[arg(long)]
     limit: Option<usize>,
-    /// Retrained lower layers.
-    #[arg(long, default_value_t = 2)]
-    lower: usize,
-    /// Upper layers of the model the draft keeps.
-    #[arg(long, default_value_t = 6)]
-    upper: usize,
-    #[arg(long, default_value_t = 2)]
-    epochs: usize,
-    #[arg(long, default_value_t = 2e-4)]
-    learning_rate: f64,
-    /// The model's most likely next tokens kept per position as the label.
-    #[arg(long, default_value_t = 8)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    training: SsdTrainArgs,
     /// Output folder [default: $SPECVOICE_MODELS/ssd/MODEL].
     #[arg(long)]
     out: Option<PathBuf>,
@@ -105,7 +92,7 @@ fn main() -> Result<()> {
         prompts.len(),
         args.max_tokens,
         args.temperature,
-        args.top_k
+        args.training.top_k
     ));
     let data: Vec<DistilledSequence> = match std::fs::read(&cache) {
         Ok(bytes) if !args.refresh => serde_json::from_slice(&bytes)
@@ -123,49 +110,12 @@ fn main() -> Result<()> {
         data.len()
     );
 
-    let config = SsdTrainConfig {
-        lower_layers: args.lower,
-        upper_layers: args.upper,
-        epochs: args.epochs,
-        learning_rate: args.learning_rate,
-        label_top_k: args.top_k,
-        seed: args.seed,
-        ..Default::default()
-    };
-    let bar = progress_bar(0, "training");
-    let trained = train(
-        &Backbone::text(&lm.model),
-        &data,
-        &config,
-        &mut |progress| match progress {
-            SsdProgress::Step {
-                epoch,
-                step,
-                steps,
-                loss,
-            } => {
-                bar.set_length(*steps as u64);
-                bar.set_position(*step as u64 + 1);
-                bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
-                if bar.is_hidden() && step % 50 == 0 {
-                    tracing::info!(epoch = epoch + 1, step, steps, loss, "training");
-                }
-            }
-            SsdProgress::Validation(report) => bar.suspend(|| println!("{report}")),
-        },
-    )?;
-    bar.finish_and_clear();
+    let trained = args.training.train(&Backbone::text(&lm.model), &data)?;
     let command = format!(
-        "cargo xtask train-ssd-draft {name} --max-tokens {} --temperature {} --lower {} --upper {} \
-         --epochs {} --learning-rate {} --top-k {} --seed {}{}",
+        "cargo xtask train-ssd-draft {name} --max-tokens {} --temperature {} {}{}",
         args.max_tokens,
         args.temperature,
-        args.lower,
-        args.upper,
-        args.epochs,
-        args.learning_rate,
-        args.top_k,
-        args.seed,
+        args.training.arguments(),
         args.limit
             .map_or(String::new(), |limit| format!(" --limit {limit}"))
     );
@@ -196,7 +146,7 @@ fn self_distilled(
     let stop =
         StopConditions::new(args.max_tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
     let sampling = SamplingConfig::with_temperature(args.temperature);
-    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut rng = StdRng::seed_from_u64(args.training.seed);
     let bar = progress_bar(prompts.len(), "answering");
     let mut data = Vec::with_capacity(prompts.len());
     for prompt in prompts {
@@ -214,7 +164,7 @@ fn self_distilled(
             &mut lm.model,
             tokens,
             context.len() - 1,
-            args.top_k,
+            args.training.top_k,
         )?);
         bar.inc(1);
     }

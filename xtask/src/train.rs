@@ -1,6 +1,7 @@
 //! `cargo xtask train-heads MODEL …` and `cargo xtask train-ssd-draft MODEL …`: train what a
-//! speculative method needs for a model with the engine that runs it (its `train_heads` or
-//! `train_ssd_draft` example), into the models folder (`heads/`, `ssd/`).
+//! speculative method needs for a model with the engine that runs it (its `train_heads`,
+//! `train_ssd_draft` or `train_cosyvoice_ssd_draft` example), into the models folder (`heads/`,
+//! `ssd/`).
 
 use std::process::Command;
 
@@ -32,10 +33,14 @@ pub fn heads(args: &TrainArgs) -> Result<()> {
     run(heads_engine(&args.model), "train_heads", args)
 }
 
-/// An SSD draft of a chat model's own layers (`--lower 2 --upper 6 --epochs N …`); the
-/// same training serves CosyVoice 2's Qwen2 speech-token LM.
+/// An SSD draft of a model's own layers (`--lower 2 --upper 6 --epochs N …`): CosyVoice 2's
+/// speech-token LM with engine-tts (cosyvoice…), a chat model with engine-llm.
 pub fn ssd_draft(args: &TrainArgs) -> Result<()> {
-    run("engine-llm", "train_ssd_draft", args)
+    if args.model.starts_with("cosyvoice") {
+        run("engine-tts", "train_cosyvoice_ssd_draft", args)
+    } else {
+        run("engine-llm", "train_ssd_draft", args)
+    }
 }
 
 fn run(package: &str, example: &str, args: &TrainArgs) -> Result<()> {
