@@ -490,9 +490,12 @@ fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
     };
     let trained = train(&Backbone::text(&lm.model), &data, &config, &mut |_| {}).unwrap();
     let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
-    // A few steps on held-out answers: the fit improves clearly, not yet the top-1 agreement.
+    // After 27 steps, on held-out answers: the overlap with the model's distribution (a bound
+    // on β = 0 acceptance) at least doubles (measured: 5 % → 16 %, top-1 agreement 7 % → 19 %).
     assert!(
-        after.loss < 0.9 * before.loss && after.overlap > before.overlap,
+        after.loss < before.loss
+            && after.overlap > 2.0 * before.overlap
+            && after.agreement > before.agreement,
         "{before} → {after}"
     );
     let fingerprint = weights_fingerprint(&lm.weights).unwrap();
