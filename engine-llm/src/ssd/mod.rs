@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+use spec_core::Decoder;
 use spec_nn::heads::TrainedFor;
 use spec_nn::{InMemoryWeights, Requantize, ShortlistOutput, WeightLoader};
 
@@ -231,9 +232,5 @@ impl Transformer {
                 .map(|&i| self.layer(i).clone()),
         );
         Ok(layers)
-    }
-
-    fn device(&self) -> &Device {
-        spec_core::Decoder::device(self)
     }
 }

@@ -141,15 +141,30 @@ impl SpeechLm {
     /// with caches of its own. Untrained, it agrees with the model less than SSD's trained
     /// draft does.
     pub fn draft_from_layers(&self, layers: &[usize]) -> Result<SpeechLm> {
-        Ok(SpeechLm {
-            backbone: self.backbone.with_layers(layers)?,
+        Ok(self.with_backbone(
+            self.backbone.with_layers(layers)?,
+            self.decoder_weight.clone(),
+            self.decoder_bias.clone(),
+        ))
+    }
+
+    /// A model on `backbone` and the decoder `decoder_weight`/`decoder_bias`, sharing this
+    /// one's embeddings and settings.
+    fn with_backbone(
+        &self,
+        backbone: Transformer,
+        decoder_weight: Tensor,
+        decoder_bias: Tensor,
+    ) -> SpeechLm {
+        SpeechLm {
+            backbone,
             speech_embedding: self.speech_embedding.clone(),
             start: self.start.clone(),
             task: self.task.clone(),
-            decoder_weight: self.decoder_weight.clone(),
-            decoder_bias: self.decoder_bias.clone(),
+            decoder_weight,
+            decoder_bias,
             config: self.config,
-        })
+        }
     }
 
     /// The end-of-speech token.
@@ -427,15 +442,11 @@ impl SpeechLm {
             )));
         };
         let device = self.decoder_weight.device();
-        Ok(SpeechLm {
-            backbone: self.backbone.ssd_draft_backbone(weights)?,
-            speech_embedding: self.speech_embedding.clone(),
-            start: self.start.clone(),
-            task: self.task.clone(),
-            decoder_weight: weights.head.to_device(device)?,
-            decoder_bias: bias.to_device(device)?,
-            config: self.config,
-        })
+        Ok(self.with_backbone(
+            self.backbone.ssd_draft_backbone(weights)?,
+            weights.head.to_device(device)?,
+            bias.to_device(device)?,
+        ))
     }
 }
 
