@@ -1,6 +1,7 @@
 //! `cargo xtask ci`: what `.ci/run` runs after fetching the real models.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -82,10 +83,35 @@ fn step(args: &[&str], tally: Option<&mut Tally>) -> Result<()> {
             child.wait()?
         }
     };
+    print_target_size();
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+/// Prints how much disk the build directory takes: a clean CI build must fit the CI machine's disk.
+fn print_target_size() {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let gib = directory_size(&target) as f64 / (1u64 << 30) as f64;
+    println!("ci: {} holds {gib:.1} GiB", target.display());
+}
+
+/// Total size of the files under `dir`; unreadable entries count as empty.
+fn directory_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => directory_size(&entry.path()),
+            Ok(kind) if kind.is_file() => entry.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// The pinned registry models (every file with a size and checksum: the ones the tests use)
