@@ -8,6 +8,8 @@
 //!   positions, tree masks, rollback) and [`CrossAttention`] whose keys and values are computed
 //!   once per encoder output; forwards of up to [`ROW_ATTENTION_MAX_ROWS`] rows are computed
 //!   row by row in a fixed order, so verifying k tokens gives each exactly its decoding logits.
+//! - [`sequence_attention`]: attention over a whole sequence without a cache (plain and
+//!   Transformer-XL relative-position), for non-autoregressive blocks.
 //! - [`norm`]: RMSNorm and LayerNorm (with bias).
 //! - [`rotary`] and [`positions`]: rotary embeddings, learned and sinusoidal absolute positions.
 //! - [`mlp`]: SwiGLU (gating fused on the kernels' threads) and GELU feed-forwards.
@@ -18,6 +20,8 @@
 //! - [`output`]: a decoder's final norm and output layer, keeping every position's hidden state.
 //! - [`heads`]: multi-token prediction heads (projection and latent), their files and training.
 //! - [`costs`]: forward costs measured once per model file and machine.
+//! - [`trainable`]: a Llama/Qwen2 decoder layer in float weights and differentiable
+//!   operations, for training drafts through frozen layers.
 
 pub mod attention;
 pub mod costs;
@@ -31,6 +35,8 @@ pub mod norm;
 pub mod output;
 pub mod positions;
 pub mod rotary;
+pub mod sequence_attention;
+pub mod trainable;
 
 pub use attention::{
     AttentionMask, CrossAttention, CrossKv, Heads, SelfAttention, ROW_ATTENTION_MAX_ROWS,
@@ -48,3 +54,5 @@ pub use norm::Norm;
 pub use output::{decoder_output, unembed, DecoderOutput, ShortlistOutput};
 pub use positions::{sinusoidal_positions, LearnedPositions};
 pub use rotary::{RopeLayout, Rotary, RotaryTables};
+pub use sequence_attention::{RelPositionAttention, RelativePositions, SequenceAttention};
+pub use trainable::TrainableDecoderLayer;

@@ -54,6 +54,15 @@ impl Rotary {
 }
 
 impl RotaryTables {
+    /// The cosines and sines, `[n, head_dim / 2]` each.
+    pub fn cos_sin(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
+    pub fn layout(&self) -> RopeLayout {
+        self.layout
+    }
+
     /// Rotates `x` `[1, heads, n, head_dim]`.
     pub fn rotate(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self.layout {

@@ -2,22 +2,23 @@
 //! first layers and its head as the target's output rows of the shortlist; both are fitted by
 //! AdamW to the target's next-token distributions (cross-entropy against its top tokens'
 //! probabilities) with the upper layers, the embeddings and the final norm frozen. The
-//! gradient flows through the frozen upper layers, so the forward here is a float copy of the
-//! transformer written with differentiable candle operations (the inference path runs on
-//! quantized kernels, which have no gradients).
+//! gradient flows through the frozen upper layers, so the forward here runs float copies of the
+//! layers, `spec_nn`'s [`TrainableDecoderLayer`] (the inference path runs on quantized kernels,
+//! which have no gradients).
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use spec_core::{Decoder, HiddenStates, LogitRows};
 use spec_nn::heads::TrainedFor;
+use spec_nn::{Heads, Rotary, TrainableDecoderLayer};
 
 use super::{draft_layers, SsdDraftInfo, SsdDraftWeights};
-use crate::config::{RopeLayout, TransformerConfig};
+use crate::config::TransformerConfig;
 use crate::load::{layer_tensors, Naming, Part};
 use crate::{Error, Result, Transformer};
 
@@ -232,164 +233,74 @@ impl TrainedDraft {
     }
 }
 
-/// A float copy of one transformer layer, differentiable.
-struct FloatLayer {
-    attention_norm: Tensor,
-    q: (Tensor, Option<Tensor>),
-    k: (Tensor, Option<Tensor>),
-    v: (Tensor, Option<Tensor>),
-    o: Tensor,
-    ffn_norm: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
-}
+/// A wrapper of tensors by name: makes the trained layers' tensors variables.
+type Wrap<'a> = dyn FnMut(&str, &Tensor) -> Result<Tensor> + 'a;
 
-/// Cos/sin tables `[n, head_dim / 2]` for positions `0..n`.
-struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-    layout: RopeLayout,
-}
-
-impl Rope {
-    fn new(config: &TransformerConfig, n: usize, device: &Device) -> Result<Self> {
-        let inverse = config.rope_inverse_frequencies();
-        let half = inverse.len();
-        let angles: Vec<f32> = (0..n)
-            .flat_map(|p| inverse.iter().map(move |f| p as f32 * f))
-            .collect();
-        let angles = Tensor::from_vec(angles, (n, half), device)?;
-        Ok(Self {
-            cos: angles.cos()?,
-            sin: angles.sin()?,
-            layout: config.rope_layout,
-        })
-    }
-
-    /// Rotates `x` `[heads, n, head_dim]` (the same pairing as the inference path).
-    fn rotate(&self, x: &Tensor) -> Result<Tensor> {
-        let (heads, n, d) = x.dims3()?;
-        let half = d / 2;
-        let (x1, x2) = match self.layout {
-            RopeLayout::Halves => (x.narrow(2, 0, half)?, x.narrow(2, half, half)?),
-            RopeLayout::Interleaved => {
-                let pairs = x.reshape((heads, n, half, 2))?;
-                (
-                    pairs.narrow(3, 0, 1)?.squeeze(3)?,
-                    pairs.narrow(3, 1, 1)?.squeeze(3)?,
-                )
-            }
-        };
-        let first = (x1.broadcast_mul(&self.cos)? - x2.broadcast_mul(&self.sin)?)?;
-        let second = (x2.broadcast_mul(&self.cos)? + x1.broadcast_mul(&self.sin)?)?;
-        Ok(match self.layout {
-            RopeLayout::Halves => Tensor::cat(&[first, second], 2)?,
-            RopeLayout::Interleaved => {
-                Tensor::stack(&[first, second], 3)?.reshape((heads, n, d))?
-            }
-        })
-    }
-}
-
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?;
-    Ok(x.broadcast_div(&scale)?.broadcast_mul(weight)?)
-}
-
-fn linear(x: &Tensor, (weight, bias): &(Tensor, Option<Tensor>)) -> Result<Tensor> {
-    let y = x.matmul(&weight.t()?)?;
-    Ok(match bias {
-        Some(b) => y.broadcast_add(b)?,
-        None => y,
+/// Layer `i` of `tensors` (Hugging Face names) as a differentiable float layer, each tensor
+/// passed through `wrap`.
+fn trainable_layer(
+    tensors: &HashMap<String, Tensor>,
+    i: usize,
+    config: &TransformerConfig,
+    wrap: &mut Wrap<'_>,
+) -> Result<TrainableDecoderLayer> {
+    let mut linear = |part: Part| -> Result<Linear> {
+        let weight = required(tensors, i, part, wrap)?;
+        Ok(Linear::new(weight, take(tensors, i, part, "bias", wrap)?))
+    };
+    let (q, k, v, o) = (
+        linear(Part::Query)?,
+        linear(Part::Key)?,
+        linear(Part::Value)?,
+        linear(Part::Output)?,
+    );
+    let (gate, up, down) = (linear(Part::Gate)?, linear(Part::Up)?, linear(Part::Down)?);
+    Ok(TrainableDecoderLayer {
+        q,
+        k,
+        v,
+        o,
+        gate,
+        up,
+        down,
+        attention_norm: required(tensors, i, Part::AttentionNorm, wrap)?,
+        ffn_norm: required(tensors, i, Part::FfnNorm, wrap)?,
+        heads: Heads::new(config.num_heads, config.num_kv_heads, config.head_dim)?,
+        eps: config.rms_norm_eps as f32,
     })
 }
 
-impl FloatLayer {
-    /// Layer `i` of `tensors` (Hugging Face names); each tensor passes through `wrap` with
-    /// its name (which makes the trained layers' tensors variables).
-    fn new(
-        tensors: &HashMap<String, Tensor>,
-        i: usize,
-        wrap: &mut dyn FnMut(&str, &Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        let mut get = |part: Part, suffix: &str| -> Result<Option<Tensor>> {
-            let name = Naming::HuggingFace.layer(i, part, suffix);
-            tensors.get(&name).map(|t| wrap(&name, t)).transpose()
-        };
-        let mut required = |part: Part| -> Result<Tensor> {
-            get(part, "weight")?.ok_or_else(|| {
-                Error::Config(format!(
-                    "no {}",
-                    Naming::HuggingFace.layer(i, part, "weight")
-                ))
-            })
-        };
-        let q = required(Part::Query)?;
-        let k = required(Part::Key)?;
-        let v = required(Part::Value)?;
-        let o = required(Part::Output)?;
-        let attention_norm = required(Part::AttentionNorm)?;
-        let ffn_norm = required(Part::FfnNorm)?;
-        let gate = required(Part::Gate)?;
-        let up = required(Part::Up)?;
-        let down = required(Part::Down)?;
-        Ok(Self {
-            q: (q, get(Part::Query, "bias")?),
-            k: (k, get(Part::Key, "bias")?),
-            v: (v, get(Part::Value, "bias")?),
-            o,
-            attention_norm,
-            ffn_norm,
-            gate,
-            up,
-            down,
-        })
-    }
+fn take(
+    tensors: &HashMap<String, Tensor>,
+    i: usize,
+    part: Part,
+    suffix: &str,
+    wrap: &mut Wrap<'_>,
+) -> Result<Option<Tensor>> {
+    let name = Naming::HuggingFace.layer(i, part, suffix);
+    tensors.get(&name).map(|t| wrap(&name, t)).transpose()
+}
 
-    /// `x` `[n, hidden]` with causal attention over its own positions.
-    fn forward(
-        &self,
-        x: &Tensor,
-        rope: &Rope,
-        mask: &Tensor,
-        config: &TransformerConfig,
-    ) -> Result<Tensor> {
-        let n = x.dim(0)?;
-        let (heads, kv_heads, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
-        let eps = config.rms_norm_eps;
-        let h = rms_norm(x, &self.attention_norm, eps)?;
-        let split = |y: Tensor, count: usize| -> Result<Tensor> {
-            Ok(y.reshape((n, count, d))?.transpose(0, 1)?.contiguous()?)
-        };
-        let q = rope.rotate(&split(linear(&h, &self.q)?, heads)?)?;
-        let k = rope.rotate(&split(linear(&h, &self.k)?, kv_heads)?)?;
-        let v = split(linear(&h, &self.v)?, kv_heads)?;
-        // Query heads j·g … j·g + g − 1 share key/value head j.
-        let group = heads / kv_heads;
-        let widen = |t: Tensor| -> Result<Tensor> {
-            Ok(t.unsqueeze(1)?
-                .expand((kv_heads, group, n, d))?
-                .reshape((heads, n, d))?)
-        };
-        let (k, v) = (widen(k)?, widen(v)?);
-        let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?.broadcast_add(mask)?;
-        let attended = candle_nn::ops::softmax(&scores, D::Minus1)?
-            .matmul(&v)?
-            .transpose(0, 1)?
-            .reshape((n, heads * d))?;
-        let x = (x + attended.matmul(&self.o.t()?)?)?;
-        let h = rms_norm(&x, &self.ffn_norm, eps)?;
-        let gated = (h.matmul(&self.gate.t()?)?.silu()? * h.matmul(&self.up.t()?)?)?;
-        Ok((&x + gated.matmul(&self.down.t()?)?)?)
-    }
+fn required(
+    tensors: &HashMap<String, Tensor>,
+    i: usize,
+    part: Part,
+    wrap: &mut Wrap<'_>,
+) -> Result<Tensor> {
+    take(tensors, i, part, "weight", wrap)?.ok_or_else(|| {
+        Error::Config(format!(
+            "no {}",
+            Naming::HuggingFace.layer(i, part, "weight")
+        ))
+    })
 }
 
 /// The draft during training: trainable lower layers and head, frozen upper layers.
 struct Trainee<'a, 'b> {
     config: &'a TransformerConfig,
     backbone: &'a Backbone<'b>,
-    layers: Vec<FloatLayer>,
+    rotary: Rotary,
+    layers: Vec<TrainableDecoderLayer>,
     final_norm: Tensor,
     head: Tensor,
     head_bias: Option<Tensor>,
@@ -403,18 +314,15 @@ impl Trainee<'_, '_> {
         let mut x = (self.backbone.embed)(tokens)?
             .to_dtype(DType::F32)?
             .to_device(&device)?;
-        let rope = Rope::new(self.config, n, &device)?;
-        let mask: Vec<f32> = (0..n)
-            .flat_map(|i| (0..n).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
-            .collect();
-        let mask = Tensor::from_vec(mask, (n, n), &device)?;
+        let positions: Vec<usize> = (0..n).collect();
+        let rotary = self.rotary.tables(&positions)?;
         for layer in &self.layers {
-            x = layer.forward(&x, &rope, &mask, self.config)?;
+            x = layer.forward(&x, &rotary)?;
         }
-        let h = rms_norm(
+        let h = candle_nn::ops::rms_norm_slow(
             &x.narrow(0, first, n - first)?,
             &self.final_norm,
-            self.config.rms_norm_eps,
+            self.config.rms_norm_eps as f32,
         )?;
         let logits = h.matmul(&self.head.t()?)?;
         Ok(match &self.head_bias {
@@ -520,7 +428,12 @@ pub fn train(
                 Ok(t.to_dtype(DType::F32)?)
             }
         };
-        layers.push(FloatLayer::new(&tensors, position, &mut wrap)?);
+        layers.push(trainable_layer(
+            &tensors,
+            position,
+            model_config,
+            &mut wrap,
+        )?);
     }
     let head = Var::from_tensor(
         &(backbone.output_rows)(&shortlist)?
@@ -538,6 +451,11 @@ pub fn train(
     let trainee = Trainee {
         config: model_config,
         backbone,
+        rotary: Rotary::new(
+            model_config.rope_inverse_frequencies(),
+            model_config.rope_layout,
+            &device,
+        )?,
         layers,
         final_norm: target.final_norm().weight().to_dtype(DType::F32)?,
         head: head.as_tensor().clone(),

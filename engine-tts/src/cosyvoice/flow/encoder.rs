@@ -1,7 +1,8 @@
 //! The `UpsampleConformerEncoder`: token embeddings → frames at twice the token rate.
 
-use candle_core::{Device, Module, Tensor};
+use candle_core::{Module, Tensor};
 use candle_nn::{LayerNorm, Linear};
+use spec_nn::{RelPositionAttention, RelativePositions, SequenceAttention};
 
 use super::{chunk_bias, Conv, FlowConfig, Weights};
 use crate::cosyvoice::{CosyVoiceError, Result};
@@ -28,82 +29,27 @@ impl Embed {
     }
 }
 
-/// ESPnet's relative-position multi-head attention (`RelPositionMultiHeadedAttention`).
-#[derive(Debug)]
-struct RelAttention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    out: Linear,
-    pos: Linear,
-    /// `[1, H, 1, d_k]`.
-    bias_u: Tensor,
-    bias_v: Tensor,
+/// ESPnet's `RelPositionMultiHeadedAttention`, named as the checkpoint names it.
+fn rel_attention(
+    w: &mut Weights,
+    prefix: &str,
+    dim: usize,
     heads: usize,
-}
-
-impl RelAttention {
-    fn load(w: &mut Weights, prefix: &str, dim: usize, heads: usize) -> Result<Self> {
-        let dk = dim / heads;
-        let bias = |w: &mut Weights, name: &str| -> Result<Tensor> {
-            Ok(w.take(&format!("{prefix}.{name}"), &[heads, dk])?
-                .reshape((1, heads, 1, dk))?)
-        };
-        Ok(Self {
+) -> Result<RelPositionAttention> {
+    let head_dim = dim / heads;
+    Ok(RelPositionAttention {
+        attention: SequenceAttention {
             q: w.linear(&format!("{prefix}.linear_q"), dim, dim)?,
             k: w.linear(&format!("{prefix}.linear_k"), dim, dim)?,
             v: w.linear(&format!("{prefix}.linear_v"), dim, dim)?,
             out: w.linear(&format!("{prefix}.linear_out"), dim, dim)?,
-            pos: w.linear_no_bias(&format!("{prefix}.linear_pos"), dim, dim)?,
-            bias_u: bias(w, "pos_bias_u")?,
-            bias_v: bias(w, "pos_bias_v")?,
             heads,
-        })
-    }
-
-    /// `x` `[B, T, D]`; `pos` the `[2T − 1, D]` table of relative positions `T − 1 … −(T − 1)`;
-    /// `shift` the `[B, H, T, T]` indices `T − 1 − i + j` into it; `bias` the chunk mask.
-    fn forward(
-        &self,
-        x: &Tensor,
-        pos: &Tensor,
-        shift: &Tensor,
-        bias: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        let (b, t, dim) = x.dims3()?;
-        let (h, dk) = (self.heads, dim / self.heads);
-        let split = |y: Tensor| -> Result<Tensor> {
-            Ok(y.reshape((b, t, h, dk))?.transpose(1, 2)?.contiguous()?)
-        };
-        let q = split(self.q.forward(x)?)?;
-        let k = split(self.k.forward(x)?)?;
-        let v = split(self.v.forward(x)?)?;
-        let p = self
-            .pos
-            .forward(pos)?
-            .reshape((2 * t - 1, h, dk))?
-            .transpose(0, 1)?
-            .contiguous()?
-            .unsqueeze(0)?;
-        let content = q
-            .broadcast_add(&self.bias_u)?
-            .matmul(&k.transpose(2, 3)?.contiguous()?)?;
-        let position = q
-            .broadcast_add(&self.bias_v)?
-            .broadcast_matmul(&p.transpose(2, 3)?.contiguous()?)?
-            .contiguous()?
-            .gather(shift, 3)?;
-        let mut scores = ((content + position)? / (dk as f64).sqrt())?;
-        if let Some(bias) = bias {
-            scores = scores.broadcast_add(bias)?;
-        }
-        let attention = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?;
-        let merged = attention
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .reshape((b, t, dim))?;
-        Ok(self.out.forward(&merged)?)
-    }
+            head_dim,
+        },
+        pos: w.linear_no_bias(&format!("{prefix}.linear_pos"), dim, dim)?,
+        bias_u: w.take(&format!("{prefix}.pos_bias_u"), &[heads, head_dim])?,
+        bias_v: w.take(&format!("{prefix}.pos_bias_v"), &[heads, head_dim])?,
+    })
 }
 
 /// A conformer layer with pre-norm, relative-position attention and a SiLU feed-forward (no
@@ -111,7 +57,7 @@ impl RelAttention {
 #[derive(Debug)]
 struct ConformerLayer {
     norm_mha: LayerNorm,
-    attention: RelAttention,
+    attention: RelPositionAttention,
     norm_ff: LayerNorm,
     w1: Linear,
     w2: Linear,
@@ -122,12 +68,7 @@ impl ConformerLayer {
         let (dim, ffn) = (config.encoder_dim, config.encoder_ffn);
         Ok(Self {
             norm_mha: w.layer_norm(&format!("{prefix}.norm_mha"), dim, 1e-12)?,
-            attention: RelAttention::load(
-                w,
-                &format!("{prefix}.self_attn"),
-                dim,
-                config.encoder_heads,
-            )?,
+            attention: rel_attention(w, &format!("{prefix}.self_attn"), dim, config.encoder_heads)?,
             norm_ff: w.layer_norm(&format!("{prefix}.norm_ff"), dim, 1e-12)?,
             w1: w.linear(&format!("{prefix}.feed_forward.w_1"), ffn, dim)?,
             w2: w.linear(&format!("{prefix}.feed_forward.w_2"), dim, ffn)?,
@@ -137,13 +78,14 @@ impl ConformerLayer {
     fn forward(
         &self,
         x: &Tensor,
-        pos: &Tensor,
-        shift: &Tensor,
+        positions: &RelativePositions,
         bias: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let x = (x + self
+        let attended = self
             .attention
-            .forward(&self.norm_mha.forward(x)?, pos, shift, bias)?)?;
+            .forward(&self.norm_mha.forward(x)?, positions, bias)
+            .map_err(CosyVoiceError::Layers)?;
+        let x = (x + attended)?;
         let h = self.w1.forward(&self.norm_ff.forward(&x)?)?.silu()?;
         Ok((&x + self.w2.forward(&h)?)?)
     }
@@ -156,40 +98,15 @@ fn conformer_stack(
     chunk: usize,
     heads: usize,
 ) -> Result<Tensor> {
-    let (b, t, dim) = x.dims3()?;
-    let device = x.device();
-    let pos = relative_positions(t, dim, device)?;
-    let indices: Vec<u32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| (t - 1 - i + j) as u32))
-        .collect();
-    let shift = Tensor::from_vec(indices, (1, 1, t, t), device)?
-        .broadcast_as((b, heads, t, t))?
-        .contiguous()?;
-    let bias = chunk_bias(t, chunk, f32::NEG_INFINITY, device)?;
+    let (_, t, dim) = x.dims3()?;
+    let positions =
+        RelativePositions::new(t, dim, heads, x.device()).map_err(CosyVoiceError::Layers)?;
+    let bias = chunk_bias(t, chunk, f32::NEG_INFINITY, x.device())?;
     let mut x = x.clone();
     for layer in layers {
-        x = layer.forward(&x, &pos, &shift, bias.as_ref())?;
+        x = layer.forward(&x, &positions, bias.as_ref())?;
     }
     Ok(x)
-}
-
-/// ESPnet's relative positional encoding for `t` frames: row `k` is the sinusoid of position
-/// `t − 1 − k` (`sin` on even, `cos` on odd channels), computed in f32 as the reference does.
-fn relative_positions(t: usize, dim: usize, device: &Device) -> Result<Tensor> {
-    let step = -(10000f64.ln() / dim as f64) as f32;
-    let frequencies: Vec<f32> = (0..dim / 2)
-        .map(|i| ((2 * i) as f32 * step).exp())
-        .collect();
-    let mut table = Vec::with_capacity((2 * t - 1) * dim);
-    for k in 0..2 * t - 1 {
-        let p = (t as f32 - 1.0) - k as f32;
-        for &f in &frequencies {
-            let angle = p * f;
-            table.push(angle.sin());
-            table.push(angle.cos());
-        }
-    }
-    Ok(Tensor::from_vec(table, (2 * t - 1, dim), device)?)
 }
 
 /// The `UpsampleConformerEncoder`.

@@ -3,9 +3,10 @@
 
 use candle_core::{DType, Module, Tensor};
 use candle_nn::{LayerNorm, Linear};
+use spec_nn::SequenceAttention;
 
 use super::{channel_norm, chunk_bias, mish, Conv, FlowConfig, Weights};
-use crate::cosyvoice::Result;
+use crate::cosyvoice::{CosyVoiceError, Result};
 
 /// `CausalBlock1D`: causal k3 convolution, LayerNorm over channels, Mish, masked.
 #[derive(Debug)]
@@ -61,15 +62,10 @@ impl ResnetBlock {
 #[derive(Debug)]
 struct TransformerBlock {
     norm1: LayerNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    out: Linear,
+    attention: SequenceAttention,
     norm3: LayerNorm,
     ff_in: Linear,
     ff_out: Linear,
-    heads: usize,
-    head_dim: usize,
 }
 
 impl TransformerBlock {
@@ -78,37 +74,27 @@ impl TransformerBlock {
         let inner = config.decoder_heads * config.decoder_head_dim;
         Ok(Self {
             norm1: w.layer_norm(&format!("{prefix}.norm1"), c, 1e-5)?,
-            q: w.linear_no_bias(&format!("{prefix}.attn1.to_q"), inner, c)?,
-            k: w.linear_no_bias(&format!("{prefix}.attn1.to_k"), inner, c)?,
-            v: w.linear_no_bias(&format!("{prefix}.attn1.to_v"), inner, c)?,
-            out: w.linear(&format!("{prefix}.attn1.to_out.0"), c, inner)?,
+            attention: SequenceAttention {
+                q: w.linear_no_bias(&format!("{prefix}.attn1.to_q"), inner, c)?,
+                k: w.linear_no_bias(&format!("{prefix}.attn1.to_k"), inner, c)?,
+                v: w.linear_no_bias(&format!("{prefix}.attn1.to_v"), inner, c)?,
+                out: w.linear(&format!("{prefix}.attn1.to_out.0"), c, inner)?,
+                heads: config.decoder_heads,
+                head_dim: config.decoder_head_dim,
+            },
             norm3: w.layer_norm(&format!("{prefix}.norm3"), c, 1e-5)?,
             ff_in: w.linear(&format!("{prefix}.ff.net.0.proj"), 4 * c, c)?,
             ff_out: w.linear(&format!("{prefix}.ff.net.2"), c, 4 * c)?,
-            heads: config.decoder_heads,
-            head_dim: config.decoder_head_dim,
         })
     }
 
     /// `x` `[B, T, C]`; `bias` `[B, 1, T, T]` additive.
     fn forward(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        let (h, d) = (self.heads, self.head_dim);
-        let n = self.norm1.forward(x)?;
-        let split = |y: Tensor| -> Result<Tensor> {
-            Ok(y.reshape((b, t, h, d))?.transpose(1, 2)?.contiguous()?)
-        };
-        let q = split(self.q.forward(&n)?)?;
-        let k = split(self.k.forward(&n)?)?;
-        let v = split(self.v.forward(&n)?)?;
-        let scores = (q.matmul(&k.transpose(2, 3)?.contiguous()?)? / (d as f64).sqrt())?
-            .broadcast_add(bias)?;
-        let attention = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?;
-        let merged = attention
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .reshape((b, t, h * d))?;
-        let x = (x + self.out.forward(&merged)?)?;
+        let attended = self
+            .attention
+            .forward(&self.norm1.forward(x)?, Some(bias))
+            .map_err(CosyVoiceError::Layers)?;
+        let x = (x + attended)?;
         let n = self.norm3.forward(&x)?;
         Ok((&x + self.ff_out.forward(&self.ff_in.forward(&n)?.gelu_erf()?)?)?)
     }
