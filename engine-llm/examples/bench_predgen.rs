@@ -82,6 +82,11 @@ fn setups() -> Vec<Setup> {
             Verifier::Greedy,
             Continuation::DraftModel { gamma: 3 },
         ),
+        predgen(
+            "Greedy + lookup",
+            Verifier::Greedy,
+            Continuation::Lookup { max_draft: 8 },
+        ),
     ]
 }
 

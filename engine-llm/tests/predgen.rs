@@ -95,6 +95,7 @@ fn greedy_predgen_answers_exactly_as_the_plain_cascade() {
         Continuation::Autoregressive,
         Continuation::Jacobi { window: 4 },
         Continuation::DraftModel { gamma: 3 },
+        Continuation::Lookup { max_draft: 4 },
     ] {
         let mut model = tiny_chat_model(scratch.path(), 9);
         let mut session = PredGen::new(&mut model, cfg(continuation))
@@ -430,6 +431,7 @@ fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
         for continuation in [
             Continuation::Autoregressive,
             Continuation::Jacobi { window: 4 },
+            Continuation::Lookup { max_draft: 4 },
         ] {
             let mut model = tiny_chat_model(scratch.path(), 9);
             let cfg = PredGenConfig {
@@ -452,6 +454,8 @@ fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
             checks.push(verifications);
         }
     }
-    // Checking one token at a time takes more checks than checking whole guesses.
-    assert!(checks[0] > checks[2], "{checks:?}");
+    // Checking one token at a time takes more checks than checking whole guesses, whatever
+    // the continuation.
+    let (linear, flat) = checks.split_at(checks.len() / 2);
+    assert!(linear.iter().zip(flat).all(|(l, f)| l > f), "{checks:?}");
 }

@@ -263,6 +263,10 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
             Continuation::DraftModel { gamma: 3 },
             config(Verifier::Greedy, Continuation::DraftModel { gamma: 3 }),
         ),
+        (
+            Continuation::Lookup { max_draft: 8 },
+            config(Verifier::Greedy, Continuation::Lookup { max_draft: 8 }),
+        ),
     ] {
         let mut session = PredGen::new(&mut target, cfg)
             .unwrap()

@@ -16,7 +16,9 @@
 //! - [`specasr`]: SpecASR's drafting for speech recognition (adaptive length, draft recycling,
 //!   two-pass sparse trees) as a [`TreeDrafter`];
 //! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
-//!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]).
+//!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]);
+//! - [`lookup`]: drafts copied from tokens already seen (prompt lookup over the context and
+//!   reference sequences such as a rejected guess), cut to the length that pays.
 
 pub mod acceptance;
 pub mod continuation;
@@ -29,6 +31,7 @@ pub mod heads;
 pub mod jacobi;
 pub mod kv_cache;
 pub mod logits;
+pub mod lookup;
 pub mod math;
 pub mod mock;
 pub mod report;
@@ -54,6 +57,7 @@ pub use heads::{
 pub use jacobi::jacobi_generate;
 pub use kv_cache::{KvCache, LayerKvCache};
 pub use logits::Logits;
+pub use lookup::{LookupConfig, LookupDrafter};
 pub use sampling::SamplingConfig;
 pub use specasr::{SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter};
 pub use stats::{DecodeStats, StepRecord};

@@ -11,8 +11,9 @@ use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{in_top_k, softmax};
 use spec_core::{
     generate, jacobi_generate, speculative_generate, tree_speculative_generate, AcceptanceRule,
-    Decoder, DraftLength, Error, FinishReason, Generation, SamplingConfig, SparseTreeConfig,
-    SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter, SpeculativeConfig, StopConditions,
+    Decoder, DraftLength, Error, FinishReason, Generation, LookupConfig, LookupDrafter,
+    SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter,
+    SpeculativeConfig, StopConditions,
 };
 
 fn rng() -> StdRng {
@@ -155,6 +156,39 @@ proptest! {
         prop_assert_eq!(&tree.tokens, &reference.tokens);
         prop_assert_eq!(tree.finish, reference.finish);
         assert_cache_holds_output(&t, &prompt, &tree.tokens);
+    }
+
+    #[test]
+    fn lookup_greedy_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        noise in 0.0f32..4.0,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        max_new in 1usize..48,
+        max_draft in 1usize..9,
+        corrupt_every in 2usize..7,
+        eos in prop::option::of(0u32..1000),
+    ) {
+        let (target, _) = models(seed, vocab, noise);
+        let prompt: Vec<u32> = prompt.iter().map(|t| t % vocab as u32).collect();
+        let stop = stop_for(max_new, eos.map(|e| e % vocab as u32));
+        let reference = greedy_reference(&target, &prompt, &stop);
+        // A reference close to the answer (a guess for a similar question): every few tokens
+        // one is wrong.
+        let near: Vec<u32> = reference.tokens.iter().enumerate()
+            .map(|(i, &t)| if i % corrupt_every == 1 { (t + 1) % vocab as u32 } else { t })
+            .collect();
+        let config = LookupConfig { max_draft, ..LookupConfig::default() };
+        let mut drafter = LookupDrafter::new(config).unwrap();
+        drafter.add_reference(prompt.iter().chain(&near).copied().collect());
+        let mut t = MockDecoder::new(target);
+        let spec = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+        prop_assert_eq!(&spec.tokens, &reference.tokens);
+        prop_assert_eq!(spec.finish, reference.finish);
+        prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
+        let (drafted, accepted) = drafter.counts();
+        prop_assert!(accepted <= drafted);
+        assert_cache_holds_output(&t, &prompt, &spec.tokens);
     }
 
     #[test]

@@ -53,8 +53,8 @@ pub enum Verifier {
     Reflection,
 }
 
-/// How tokens are generated after the kept part of the guess. All three are greedy: they give
-/// the same tokens and differ in forward passes.
+/// How tokens are generated after the kept part of the guess. All are greedy: they give the
+/// same tokens and differ in forward passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Continuation {
     /// One forward per token.
@@ -65,6 +65,11 @@ pub enum Continuation {
     /// Draft-model speculative decoding with draft length `gamma` (beyond the paper; needs a
     /// draft model, see [`PredGen::with_draft`]).
     DraftModel { gamma: usize },
+    /// Drafts copied from tokens already seen (beyond the paper): where the answer's last
+    /// tokens occurred in the rejected guess or earlier in the conversation, what followed them
+    /// there, at most `max_draft` tokens, cut to the length the measured forward costs and the
+    /// observed acceptance pay for ([`spec_core::LookupDrafter`]). Costs no forward.
+    Lookup { max_draft: usize },
 }
 
 impl std::str::FromStr for Verifier {
@@ -87,7 +92,8 @@ impl std::str::FromStr for Verifier {
 impl std::str::FromStr for Continuation {
     type Err = Error;
 
-    /// `ar`, `jacobi` or `jacobi:WINDOW` (default 8), `draft` or `draft:GAMMA` (default 3).
+    /// `ar`, `jacobi` or `jacobi:WINDOW` (default 8), `draft` or `draft:GAMMA` (default 3),
+    /// `lookup` or `lookup:MAX_DRAFT` (default 8).
     fn from_str(text: &str) -> Result<Self> {
         let (name, value) = text.split_once(':').unwrap_or((text, ""));
         let number = |default: usize| -> Result<usize> {
@@ -102,9 +108,12 @@ impl std::str::FromStr for Continuation {
             "ar" => Self::Autoregressive,
             "jacobi" => Self::Jacobi { window: number(8)? },
             "draft" => Self::DraftModel { gamma: number(3)? },
+            "lookup" => Self::Lookup {
+                max_draft: number(8)?,
+            },
             _ => {
                 return Err(Error::Input(format!(
-                    "unknown continuation `{text}` (ar, jacobi[:WINDOW], draft[:GAMMA])"
+                    "unknown continuation `{text}` (ar, jacobi[:WINDOW], draft[:GAMMA], lookup[:MAX_DRAFT])"
                 )))
             }
         })
@@ -178,6 +187,9 @@ impl PredGenConfig {
             (Verifier::TopK(0), _) => bad("the top-k verifier needs k >= 1"),
             (_, Continuation::Jacobi { window: 0 }) => bad("the Jacobi window must be >= 1"),
             (_, Continuation::DraftModel { gamma: 0 }) => bad("the draft length must be >= 1"),
+            (_, Continuation::Lookup { max_draft: 0 }) => {
+                bad("the lookup draft length must be >= 1")
+            }
             _ if self.tokens_per_step == 0 => bad("tokens_per_step must be >= 1"),
             _ if self.max_guess_tokens == 0 => bad("max_guess_tokens must be >= 1"),
             _ if self.max_answer_tokens == 0 => bad("max_answer_tokens must be >= 1"),
@@ -276,7 +288,11 @@ mod tests {
             "draft:5".parse::<Continuation>().unwrap(),
             Continuation::DraftModel { gamma: 5 }
         );
-        for bad in ["jacobi:0", "draft:x", "beam"] {
+        assert_eq!(
+            "lookup".parse::<Continuation>().unwrap(),
+            Continuation::Lookup { max_draft: 8 }
+        );
+        for bad in ["jacobi:0", "draft:x", "lookup:0", "beam"] {
             assert!(bad.parse::<Continuation>().is_err(), "{bad}");
         }
     }

@@ -17,9 +17,10 @@ use spec_core::acceptance::Acceptance;
 use spec_core::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, generate, jacobi_generate, speculative_generate, AcceptanceRate,
-    AcceptanceRule, CostAwarePolicy, Decoder, DraftLength, FinishReason, ForwardCosts, Generation,
-    LogitRows, SamplingConfig, SpeculativeConfig, StopConditions,
+    forward_continuation, generate, jacobi_generate, speculative_generate,
+    tree_speculative_generate, AcceptanceRate, AcceptanceRule, CostAwarePolicy, Decoder,
+    DraftLength, FinishReason, ForwardCosts, Generation, LogitRows, LookupConfig, LookupDrafter,
+    SamplingConfig, SpeculativeConfig, StopConditions,
 };
 use spec_nn::forward_costs;
 
@@ -231,6 +232,8 @@ pub struct PredGen<'m> {
     survival: AcceptanceRate,
     /// Decayed tokens and forwards of the Jacobi continuation, to tell whether it pays.
     jacobi_rate: (f64, f64),
+    /// How often the lookup continuation's drafted tokens held so far in this session.
+    lookup_acceptance: Option<AcceptanceRate>,
     /// The draft-model continuation's draft lengths, chosen from both models' costs.
     draft_policy: Option<CostAwarePolicy>,
     /// Tokens of a chat prompt after the user's words.
@@ -299,6 +302,7 @@ impl<'m> PredGen<'m> {
             costs,
             survival: AcceptanceRate::new(4.0, 1.0, 0.95),
             jacobi_rate: (0.0, 0.0),
+            lookup_acceptance: None,
             draft_policy: None,
             assistant_opening: None,
         })
@@ -831,6 +835,7 @@ impl<'m> PredGen<'m> {
         let before = turn.guess.tokens.len();
         let budget = self.config.max_answer_tokens - before;
         let (prompt, tail) = (turn.prompt.clone(), std::mem::take(&mut turn.rejected_tail));
+        turn.rejected_at_end = tail.clone();
         let continuation = self.runnable(turn.continuation(&self.config), false);
         let gen = self.extend_with(
             continuation,
@@ -910,11 +915,15 @@ impl<'m> PredGen<'m> {
             let budget = max - turn.guess.tokens.len();
             let prompt = turn.prompt.clone();
             let continuation = self.runnable(turn.continuation(&self.config), false);
+            let reference = match continuation {
+                Continuation::Lookup { .. } => turn.rejected_at_end.clone(),
+                _ => Vec::new(),
+            };
             self.extend_with(
                 continuation,
                 &prompt,
                 &mut turn.guess,
-                &[],
+                &reference,
                 budget,
                 Some(turn.spoken + 1),
             )?;
@@ -1290,6 +1299,29 @@ impl<'m> PredGen<'m> {
                 }
                 gen
             }
+            Continuation::Lookup { max_draft } => {
+                let mut drafter = LookupDrafter::new(LookupConfig {
+                    max_draft,
+                    ..LookupConfig::default()
+                })?;
+                if let Some(costs) = &self.costs {
+                    drafter = drafter.with_costs(costs.clone());
+                }
+                if let Some(acceptance) = self.lookup_acceptance {
+                    drafter = drafter.with_acceptance(acceptance);
+                }
+                drafter.add_reference(guess.to_vec());
+                let gen = tree_speculative_generate(
+                    target,
+                    &mut drafter,
+                    &context,
+                    &AcceptanceRule::greedy(),
+                    &stop,
+                    &mut |_| {},
+                )?;
+                self.lookup_acceptance = Some(drafter.acceptance());
+                gen
+            }
         };
         let ended = gen.finish == FinishReason::Eos;
         answer.extend_settled(
@@ -1444,6 +1476,9 @@ struct TurnState {
     guess: Answer,
     /// The rejected part of the last guess: Jacobi's starting guess.
     rejected_tail: Vec<u32>,
+    /// The rejected part of the guess at the end of the question: the lookup continuation
+    /// copies from it for the rest of the answer.
+    rejected_at_end: Vec<u32>,
     prepared: Option<PreparedAudio>,
     timeline: Vec<Event>,
     /// Events already returned by a step.
@@ -1484,6 +1519,7 @@ impl TurnState {
             completion_tried: None,
             guess: Answer::default(),
             rejected_tail: Vec::new(),
+            rejected_at_end: Vec::new(),
             prepared: None,
             timeline: Vec::new(),
             reported: 0,
