@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use engine_llm::cli::read_text_lines;
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
@@ -79,14 +80,7 @@ fn main() -> Result<()> {
 
 /// The model's greedy answer to every prompt, with the hidden states that predicted each token.
 fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
-    let text = std::fs::read_to_string(&args.data)
-        .with_context(|| format!("reading {}", args.data.display()))?;
-    let prompts: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(args.limit.unwrap_or(usize::MAX))
-        .collect();
+    let prompts = read_text_lines(&[&args.data], args.limit)?;
     let mut data = TrainingSet::new(lm.model.hidden_size());
     let stop =
         StopConditions::new(args.max_tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
@@ -95,7 +89,7 @@ fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
         "answering {bar:30} {pos}/{len} {msg}",
     )?);
     for (i, prompt) in prompts.iter().enumerate() {
-        let context = lm.chat_prompt(&[Message::user(*prompt)])?;
+        let context = lm.chat_prompt(&[Message::user(prompt.as_str())])?;
         let answer = generate(
             &mut lm.model,
             &context,

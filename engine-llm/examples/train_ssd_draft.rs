@@ -12,11 +12,11 @@
 //! `cargo xtask train-ssd-draft MODEL …` runs it. The draft goes to `$SPECVOICE_MODELS/ssd/MODEL/`
 //! unless `--out` says otherwise; the labelled answers are cached beside it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{open_model, progress_bar, SsdTrainArgs};
+use engine_llm::cli::{open_model, progress_bar, read_text_lines, SsdTrainArgs};
 use engine_llm::ssd::train::{Backbone, DistilledSequence};
 use engine_llm::ssd::{draft_dir, SsdDraftWeights};
 use engine_llm::{LanguageModel, LoadOptions, Message};
@@ -74,18 +74,8 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| draft_dir(store.root(), &name));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
 
-    let mut prompts = Vec::new();
-    for file in &args.data {
-        let text =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        prompts.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from),
-        );
-    }
-    prompts.truncate(args.limit.unwrap_or(usize::MAX));
+    let files: Vec<&Path> = args.data.iter().map(PathBuf::as_path).collect();
+    let prompts = read_text_lines(&files, args.limit)?;
     let cache = out.join(format!(
         "labels-{}-{}-{}-t{}-k{}.json",
         &fingerprint[..16],

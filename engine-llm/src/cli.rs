@@ -3,6 +3,7 @@
 //! and spinners and bars for long work that draw only on a terminal.
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -224,6 +225,26 @@ fn probability(text: &str) -> std::result::Result<f32, String> {
             .then_some(v)
             .ok_or("must be in (0, 1]".into())
     })
+}
+
+/// The non-empty lines of the text files `paths`, trimmed, in order, at most `limit` of them: the
+/// prompts or sentences a training program reads.
+pub fn read_text_lines(paths: &[&Path], limit: Option<usize>) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for &path in paths {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        lines.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+    }
+    lines.truncate(limit.unwrap_or(usize::MAX));
+    Ok(lines)
 }
 
 /// Sends `tracing` events to standard error, filtered by `RUST_LOG` (default `info`).

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{init_logging, progress_bar, SsdTrainArgs};
+use engine_llm::cli::{init_logging, progress_bar, read_text_lines, SsdTrainArgs};
 use engine_llm::ssd::draft_dir;
 use engine_llm::ssd::train::DistilledSequence;
 use engine_llm::LoadOptions;
@@ -74,21 +74,14 @@ fn main() -> Result<()> {
         }
         None => (Vec::new(), Vec::new()),
     };
-    let text = std::fs::read_to_string(&args.sentences)
-        .with_context(|| format!("reading {}", args.sentences.display()))?;
-    let sentences: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(args.limit.unwrap_or(usize::MAX))
-        .collect();
+    let sentences = read_text_lines(&[&args.sentences], args.limit)?;
 
     let mut rng = StdRng::seed_from_u64(args.training.seed);
     let bar = progress_bar(sentences.len(), "speaking");
     let mut data: Vec<DistilledSequence> = Vec::with_capacity(sentences.len());
     for sentence in &sentences {
         let ids = tokenizer
-            .encode(*sentence, false)
+            .encode(sentence.as_str(), false)
             .map_err(|e| anyhow::anyhow!("tokenizing {sentence:?}: {e}"))?
             .get_ids()
             .to_vec();

@@ -160,6 +160,13 @@ impl AcceptanceRate {
     }
 }
 
+/// Tokens one verification of a `gamma`-token draft yields on average when each drafted token
+/// holds with probability `alpha` given the ones before it: (1 − α^(γ+1)) / (1 − α)
+/// (Leviathan et al. 2023, eq. 1; the target's own token included).
+pub fn expected_tokens(gamma: usize, alpha: f64) -> f64 {
+    (1.0 - alpha.powi(gamma as i32 + 1)) / (1.0 - alpha)
+}
+
 /// Chooses draft lengths that maximise expected tokens per second.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostAwarePolicy {
@@ -198,7 +205,7 @@ impl CostAwarePolicy {
         if gamma == 0 {
             return 1.0 / self.target.cost(1);
         }
-        let tokens = (1.0 - alpha.powi(gamma as i32 + 1)) / (1.0 - alpha);
+        let tokens = expected_tokens(gamma, alpha);
         let draft = self.draft.cost(draft_lag.max(1)) + (gamma - 1) as f64 * self.draft.cost(1);
         tokens / (draft + self.target.cost(gamma + 1))
     }

@@ -4,7 +4,7 @@
 //! the draft. A draft costs no forward, so on a CPU, where a draft model costs 40–60 % of a
 //! target step, it pays whenever verifying it costs less than the tokens it is expected to add.
 
-use crate::cost::{AcceptanceRate, ForwardCosts};
+use crate::cost::{expected_tokens, AcceptanceRate, ForwardCosts};
 use crate::draft::{TreeDraft, TreeDrafter};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -126,10 +126,7 @@ impl LookupDrafter {
             return available;
         };
         let alpha = self.acceptance.rate();
-        let rate = |gamma: usize| {
-            let tokens = (1.0 - alpha.powi(gamma as i32 + 1)) / (1.0 - alpha);
-            tokens / costs.cost(gamma + 1)
-        };
+        let rate = |gamma: usize| expected_tokens(gamma, alpha) / costs.cost(gamma + 1);
         (0..=available)
             .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
             .unwrap_or(0)
