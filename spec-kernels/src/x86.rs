@@ -191,6 +191,44 @@ impl Tiles {
     }
 }
 
+/// The wrapping sum of `words`, read as the kernels read weights: 256-bit loads into eight
+/// independent sums, lines asked for [`PREFETCH_AHEAD`] bytes ahead (the memory probe;
+/// a plain loop keeps fewer reads in flight and measures less than the kernels reach).
+pub(crate) fn sum_words(words: &[u64]) -> u64 {
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        unsafe { sum_words_avx2(words) }
+    } else {
+        words.iter().fold(0, |a, &x| a.wrapping_add(x))
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn sum_words_avx2(words: &[u64]) -> u64 {
+    const STEP: usize = 32;
+    let mut sums = [_mm256_setzero_si256(); 8];
+    let mut steps = words.chunks_exact(STEP);
+    for step in &mut steps {
+        let p = step.as_ptr() as *const u8;
+        for line in 0..4 {
+            prefetch_ahead(p.add(64 * line));
+        }
+        for (k, sum) in sums.iter_mut().enumerate() {
+            *sum = _mm256_add_epi64(*sum, _mm256_loadu_si256(p.add(32 * k) as *const __m256i));
+        }
+    }
+    let mut lanes = [0u64; 4];
+    let mut total = 0u64;
+    for sum in sums {
+        _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+        total = lanes.iter().fold(total, |a, &x| a.wrapping_add(x));
+    }
+    steps
+        .remainder()
+        .iter()
+        .fold(total, |a, &x| a.wrapping_add(x))
+}
+
 /// A tile's results (lane r = row r of the register's rows) into `out[r · n + first + t]`.
 #[inline(always)]
 unsafe fn write<R: Rows, const TILE: usize>(
@@ -758,6 +796,17 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
 mod tests {
     use super::*;
     use crate::fastest;
+
+    #[test]
+    fn the_memory_probe_sums_every_word() {
+        let words: Vec<u64> = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        for len in [0, 1, 31, 32, 33, 999, 1000] {
+            let expected = words[..len].iter().fold(0u64, |a, &x| a.wrapping_add(x));
+            assert_eq!(sum_words(&words[..len]), expected, "{len} words");
+        }
+    }
 
     #[test]
     fn every_extension_a_path_is_compiled_with_is_detected() {
