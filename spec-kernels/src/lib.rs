@@ -307,6 +307,34 @@ impl QMatrix {
 /// This crate's version, e.g. to tag measurements that depend on the kernels.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// A fingerprint of the kernels' source (FNV-1a of every module): measurements that depend on
+/// the kernels' speed, such as cached forward costs, are keyed by it, so that a change to the
+/// kernels measures them again even when [`VERSION`] stays the same.
+pub const SOURCE_FINGERPRINT: u64 = fnv1a(&[
+    include_str!("lib.rs"),
+    include_str!("x86.rs"),
+    include_str!("panels.rs"),
+    include_str!("formats.rs"),
+    include_str!("activations.rs"),
+    include_str!("pool.rs"),
+    include_str!("aligned.rs"),
+]);
+
+const fn fnv1a(texts: &[&str]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    let mut t = 0;
+    while t < texts.len() {
+        let bytes = texts[t].as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            hash = (hash ^ bytes[i] as u64).wrapping_mul(0x0100_0000_01b3);
+            i += 1;
+        }
+        t += 1;
+    }
+    hash
+}
+
 pub use pool::set_threads;
 
 /// Threads the kernels run on (one per core, `SPECVOICE_THREADS`, or [`set_threads`]).

@@ -2,8 +2,10 @@
 //!
 //! The cost-aware draft policy needs what a forward of 1…32 tokens costs the target and the
 //! draft here. Measuring takes a few seconds, so the result is written next to the model as
-//! `<weights file>.forward-costs.json`, tagged with the CPU and thread count it was measured on,
-//! and measured again when either differs or the file cannot be read.
+//! `<weights file>.forward-costs.json`, tagged with the CPU, the kernels (version and source
+//! fingerprint) and thread count it was measured on, and measured again when any of them
+//! differs, the file cannot be read, or a one-token forward timed at load disagrees with it
+//! (machines with the same CPU name differ in memory speed, and so in forward costs).
 
 use std::path::{Path, PathBuf};
 
@@ -36,8 +38,9 @@ fn machine() -> (String, String, usize) {
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let kernels = format!(
-        "spec-kernels {} {:?}",
+        "spec-kernels {} {:016x} {:?}",
         spec_kernels::VERSION,
+        spec_kernels::SOURCE_FINGERPRINT,
         spec_kernels::Isa::best()
     );
     (cpu, kernels, spec_kernels::threads())
@@ -49,10 +52,22 @@ fn cache_path(weights: &Path) -> PathBuf {
     weights.with_file_name(name)
 }
 
+/// How far a one-token forward timed at load may be from the cached cost before all costs are
+/// measured again: relatively (this machine drifts by ±15–20 % between runs) and absolutely
+/// (forwards of tiny models differ by more than that from call to call).
+const STALE_RATIO: f64 = 1.3;
+const STALE_SECONDS: f64 = 1e-3;
+
+/// Whether a one-token forward of `now` seconds says the cached `cached` seconds are stale.
+fn stale(cached: f64, now: f64) -> bool {
+    let (low, high) = (cached.min(now), cached.max(now));
+    high > low * STALE_RATIO && high - low > STALE_SECONDS
+}
+
 /// The forward costs of `model` (loaded from `weights`): cached ones when they were measured
-/// on this machine, else measured now (leaving the model's cache empty) and cached if the
-/// folder is writable. A model not loaded from a file (built in memory) is measured every
-/// time and nothing is written.
+/// on this machine and a one-token forward timed now agrees with them, else measured now
+/// (leaving the model's cache empty) and cached if the folder is writable. A model not loaded
+/// from a file (built in memory) is measured every time and nothing is written.
 pub fn forward_costs<D: Decoder>(model: &mut D, weights: &Path) -> Result<ForwardCosts> {
     if !weights.is_file() {
         return Ok(ForwardCosts::measure(model, MEASURED_FORWARD, 3)?);
@@ -62,9 +77,13 @@ pub fn forward_costs<D: Decoder>(model: &mut D, weights: &Path) -> Result<Forwar
     let cached = std::fs::read_to_string(&path)
         .ok()
         .and_then(|text| serde_json::from_str::<CachedCosts>(&text).ok())
-        .filter(|c| c.cpu == cpu && c.kernels == kernels && c.threads == threads);
-    if let Some(costs) = cached.and_then(|c| ForwardCosts::from_points(&c.points).ok()) {
-        return Ok(costs);
+        .filter(|c| c.cpu == cpu && c.kernels == kernels && c.threads == threads)
+        .and_then(|c| ForwardCosts::from_points(&c.points).ok());
+    if let Some(costs) = cached {
+        let now = ForwardCosts::measure(model, 1, 3)?;
+        if !stale(costs.cost(1), now.cost(1)) {
+            return Ok(costs);
+        }
     }
     let costs = ForwardCosts::measure(model, MEASURED_FORWARD, 3)?;
     let record = CachedCosts {
@@ -101,5 +120,40 @@ mod tests {
         assert!(cache.is_file());
         let again = forward_costs(&mut model, &weights).unwrap();
         assert_eq!(again.table(), measured.table());
+    }
+
+    #[test]
+    fn costs_cached_by_other_kernels_or_far_from_a_forward_timed_now_are_measured_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut model = MockDecoder::new(MockConfig::target(50, 1));
+        let weights = dir.path().join("model.gguf");
+        std::fs::write(&weights, b"weights").unwrap();
+        let cache = dir.path().join("model.gguf.forward-costs.json");
+        let (cpu, kernels, threads) = machine();
+        // A mock's forward takes microseconds, not seconds.
+        let slow: Vec<(usize, f64)> = (1..=MEASURED_FORWARD).map(|k| (k, k as f64)).collect();
+        for kernels in [format!("{kernels} (older)"), kernels] {
+            let record = CachedCosts {
+                cpu: cpu.clone(),
+                kernels,
+                threads,
+                points: slow.clone(),
+            };
+            std::fs::write(&cache, serde_json::to_string(&record).unwrap()).unwrap();
+            let costs = forward_costs(&mut model, &weights).unwrap();
+            assert!(costs.cost(1) < 0.5, "stale costs kept: {}", costs.cost(1));
+            let rewritten: CachedCosts =
+                serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+            assert_eq!(rewritten.points, costs.table());
+        }
+    }
+
+    #[test]
+    fn only_a_clear_difference_makes_costs_stale() {
+        assert!(!stale(0.020, 0.024));
+        assert!(stale(0.020, 0.030));
+        assert!(stale(0.030, 0.020));
+        // Tiny models: 50 µs against 100 µs is noise.
+        assert!(!stale(50e-6, 100e-6));
     }
 }
