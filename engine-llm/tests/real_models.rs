@@ -295,6 +295,35 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
         .unwrap());
 }
 
+/// A guess of a whole 64-token answer is verified in one forward of over 64 rows; the cascade
+/// computed the same positions one token at a time. They once took different attention paths
+/// (batched beyond 64 rows), and this answer parted from the cascade's at a near-tie.
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn predgen_greedy_verifying_a_long_guess_gives_the_cascades_answer() {
+    use engine_llm::predgen::spoken_at_rate;
+    use engine_llm::predgen::FixedLatencySynthesizer;
+    use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
+
+    let mut target = load(QWEN_LARGE);
+    let mut tts = FixedLatencySynthesizer::default();
+    let config = || PredGenConfig {
+        verifier: Verifier::Greedy,
+        continuation: Continuation::Autoregressive,
+        max_answer_tokens: 64,
+        ..PredGenConfig::default()
+    };
+    let question = "Compose an engaging travel blog post about a recent trip to Hawaii, \
+                    highlighting cultural experiences and must-see attractions.";
+    let inputs = spoken_at_rate(question, 600.0).unwrap();
+    let mut cascade = PredGen::new(&mut target, config()).unwrap();
+    let expected = cascade.baseline_turn(&inputs, &mut tts).unwrap();
+    drop(cascade);
+    let mut session = PredGen::new(&mut target, config()).unwrap();
+    let turn = session.turn(&inputs, &mut tts).unwrap();
+    assert_eq!(turn.answer, expected.answer);
+}
+
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
 fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
