@@ -2,8 +2,9 @@
 //! window is encoded again and decoded greedily. The previous partial is a free draft: the
 //! prompt and the draft go through the decoder in one forward, the longest prefix of the draft
 //! that greedy decoding would have produced is kept (Whisper's logit rules applied to every
-//! row), and decoding continues from the first correction. Every row of a forward gets
-//! exactly its single-token logits (`spec_nn`'s row attention), so each partial is the very transcript greedy decoding from scratch gives (tested) — at a
+//! row), and decoding continues from the first correction. Forwards of up to
+//! [`spec_nn::ROW_ATTENTION_MAX_ROWS`] rows give every row exactly its single-token logits, so
+//! each partial is the very transcript greedy decoding from scratch gives (tested) — at a
 //! fraction of the decoder forwards, since consecutive partials mostly agree.
 //!
 //! A partial holds at most [`MAX_TOKENS_PER_SECOND`] tokens per second of audio (plus a few):
@@ -13,8 +14,10 @@
 
 use std::time::{Duration, Instant};
 
+use spec_core::decoder::forward_tokens;
 use spec_core::sampling::argmax;
-use spec_core::{forward_continuation, Decoder};
+use spec_core::{forward_continuation, Decoder, LogitRows};
+use spec_nn::ROW_ATTENTION_MAX_ROWS;
 
 use crate::mel::{WhisperInput, HOP};
 use crate::whisper::decode::{extend_window, log_probability, Candidate};
@@ -237,27 +240,53 @@ impl StreamingTranscriber {
         model.reset();
         let mut sampled: Vec<u32> = Vec::new();
         let mut sum_logprob = 0f32;
-        // One forward of the prompt and the whole draft: every row of it is bit-identical to
-        // decoding its token alone (`spec_nn`'s row attention), so the draft's prefix that
-        // greedy decoding gives is kept and decoding goes on from the row after it.
-        let mut rows: Vec<Vec<f32>> = forward_continuation(model, prompt, draft)?
+        // Every forward has at most ROW_ATTENTION_MAX_ROWS rows, so each row is bit-identical
+        // to decoding its token alone: first the prompt and the draft's beginning, then the
+        // draft's next pieces while it holds.
+        let first = draft
+            .len()
+            .min(ROW_ATTENTION_MAX_ROWS.saturating_sub(prompt.len()));
+        let mut piece = &draft[..first];
+        let mut offered = first;
+        let mut rows: Vec<Vec<f32>> = forward_continuation(model, prompt, piece)?
             .rows()
             .map(<[f32]>::to_vec)
             .collect();
-        let forwards = 1;
-        let mut held = 0;
-        while held < draft.len() {
-            let (choice, logprob) = greedy(&rules, &rows[held], &sampled);
-            if choice != draft[held] {
-                break;
+        let mut forwards = 1;
+        // rows[k] are the logits after the sampled tokens and piece[..k].
+        let next = loop {
+            let mut held = 0;
+            while held < piece.len() {
+                let (choice, logprob) = greedy(&rules, &rows[held], &sampled);
+                if choice != piece[held] {
+                    break;
+                }
+                sum_logprob += logprob;
+                sampled.push(choice);
+                held += 1;
             }
-            sum_logprob += logprob;
-            sampled.push(choice);
-            held += 1;
-        }
-        // Roll the rejected rest of the draft back.
-        model.truncate(model.cached_len() - (draft.len() - held))?;
-        let next = rows.swap_remove(held);
+            if held < piece.len() {
+                // Roll the rejected rest of the piece back.
+                let keep = model.cached_len() - (piece.len() - held);
+                model.truncate(keep)?;
+                break rows.swap_remove(held);
+            }
+            let after = rows.pop().expect("one row after the piece");
+            if offered == draft.len() || greedy(&rules, &after, &sampled).0 != draft[offered] {
+                break after;
+            }
+            let end_of_piece = (offered + ROW_ATTENTION_MAX_ROWS).min(draft.len());
+            piece = &draft[offered..end_of_piece];
+            offered = end_of_piece;
+            rows = std::iter::once(after)
+                .chain(
+                    forward_tokens(model, piece, LogitRows::Last(piece.len()))?
+                        .rows()
+                        .map(<[f32]>::to_vec),
+                )
+                .collect();
+            forwards += 1;
+        };
         let accepted = sampled.len();
         let verified = Candidate {
             tokens: sampled,

@@ -6,8 +6,8 @@
 //! kernel by the number of rows, and the rounding of `Q·Kᵀ` then differs in the last bits,
 //! enough to flip near-ties. Here every query row's scores, softmax and weighted sum of values
 //! are computed by the same code in the same order whatever the number of rows, so decoding
-//! (1 token) and verification (a few tokens, or a token tree) agree bit for bit. On the CPU this
-//! holds for forwards of any length: a prompt computed in one forward and the same positions
+//! (1 token) and verification (a few tokens, or a token tree) agree bit for bit. On the CPU
+//! self-attention does this for forwards of any length: a prompt computed in one forward and the same positions
 //! computed in pieces (PredGen feeds a prompt as it is spoken, then verifies a guess of up to
 //! an answer's length in one forward) must give the same cache. Batched matmuls for forwards
 //! over 64 rows once broke that, and PredGen's greedy answer to an MT-Bench question parted
@@ -20,6 +20,12 @@ use crate::linear::{with_cpu_values, Linear};
 use crate::rotary::RotaryTables;
 use crate::{Error, Result};
 use spec_core::math::{exp, softmax_in_place};
+
+/// Largest cross-attention forward whose attention runs row by row (decoder rows over an
+/// encoder's output, bit-identical to one row at a time). Longer ones, an encoder's frames
+/// attending over themselves, use blocked attention. Self-attention on the CPU runs row by
+/// row at any length.
+pub const ROW_ATTENTION_MAX_ROWS: usize = 64;
 
 /// Which keys each new query row may see.
 enum RowMask<'a> {
@@ -510,7 +516,9 @@ impl Heads {
                 row_attention(&q, keys, values, n, &rows)?
             }
             None if q.device().is_cpu() => match transposed {
-                Some(keys_t) => cross_row_attention(&q, keys_t, values)?,
+                Some(keys_t) if n <= ROW_ATTENTION_MAX_ROWS => {
+                    cross_row_attention(&q, keys_t, values)?
+                }
                 _ => blocked_attention(&q, keys, values)?,
             },
             mask => {

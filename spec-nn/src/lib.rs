@@ -6,7 +6,8 @@
 //!   (batch-invariant), candle's `QMatMul` otherwise; several layers of one input in one pass.
 //! - [`attention`]: [`SelfAttention`] over a `spec_core` KV cache (grouped-query heads, explicit
 //!   positions, tree masks, rollback) and [`CrossAttention`] whose keys and values are computed
-//!   once per encoder output; on the CPU every forward is computed row by row in a fixed
+//!   once per encoder output; on the CPU every self-attention forward (and cross-attention
+//!   forwards of up to [`ROW_ATTENTION_MAX_ROWS`] rows) is computed row by row in a fixed
 //!   order, so verifying k tokens gives each exactly its decoding logits, and a prompt in one
 //!   forward gives the cache of the same prompt in pieces.
 //! - [`sequence_attention`]: attention over a whole sequence without a cache (plain and
@@ -39,7 +40,9 @@ pub mod rotary;
 pub mod sequence_attention;
 pub mod trainable;
 
-pub use attention::{AttentionMask, CrossAttention, CrossKv, Heads, SelfAttention};
+pub use attention::{
+    AttentionMask, CrossAttention, CrossKv, Heads, SelfAttention, ROW_ATTENTION_MAX_ROWS,
+};
 pub use costs::forward_costs;
 pub use ctranslate2::Ct2File;
 pub use error::{Error, Result};

@@ -4,9 +4,9 @@
 //!
 //! What differs from the reference: the decoder is a `spec_core::Decoder` — its self-attention
 //! runs on a KV cache with O(1) rollback, tree masks and explicit position ids, every requested
-//! logits row is returned (verification), and a forward of any number of tokens gives each
-//! exactly the logits of decoding it alone (`spec-nn`'s row attention; the matrices run on
-//! `spec-kernels`). The cross-attention keys and values are computed
+//! logits row is returned (verification), and forwards of up to
+//! [`spec_nn::ROW_ATTENTION_MAX_ROWS`] tokens give each token exactly the logits of decoding it
+//! alone (the matrices run on `spec-kernels`). The cross-attention keys and values are computed
 //! once per encoded window ([`Whisper::encode`]) and survive [`Decoder::reset`]. The encoder
 //! may run on fewer than 1500 positions (the audio's real length), as whisper.cpp's
 //! `audio_ctx` does. Every block is `spec-nn`'s.
