@@ -404,23 +404,36 @@ fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
     assert_eq!(model.cached_len(), 0);
     let cache = path.with_file_name("model.gguf.forward-costs.json");
     assert!(cache.exists());
-    let again = engine_llm::forward_costs(&mut model, &path).unwrap();
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    // Costs this process settled are not read again, so each case below is a copy of the
+    // weights in a folder of its own, with the costs file the case needs beside it.
+    let copy = |name: &str, record: &serde_json::Value| {
+        let folder = scratch.path().join(name);
+        std::fs::create_dir_all(&folder).unwrap();
+        let weights = folder.join("model.gguf");
+        std::fs::copy(&path, &weights).unwrap();
+        std::fs::write(
+            folder.join("model.gguf.forward-costs.json"),
+            record.to_string(),
+        )
+        .unwrap();
+        weights
+    };
+    let again = engine_llm::forward_costs(&mut model, &copy("same", &record)).unwrap();
     assert_eq!(again, measured, "read back from the cache");
     // Costs measured on another machine are measured again.
-    let text = std::fs::read_to_string(&cache).unwrap();
-    let mut record: serde_json::Value = serde_json::from_str(&text).unwrap();
-    record["cpu"] = "another CPU".into();
-    record["points"] = serde_json::json!([[1, 9.0], [2, 9.5]]);
-    std::fs::write(&cache, record.to_string()).unwrap();
-    let remeasured = engine_llm::forward_costs(&mut model, &path).unwrap();
+    let mut other_cpu = record.clone();
+    other_cpu["cpu"] = "another CPU".into();
+    other_cpu["points"] = serde_json::json!([[1, 9.0], [2, 9.5]]);
+    let remeasured = engine_llm::forward_costs(&mut model, &copy("cpu", &other_cpu)).unwrap();
     assert!(remeasured.cost(1) < 9.0);
     // So are costs measured with other kernels.
-    let text = std::fs::read_to_string(&cache).unwrap();
-    let mut record: serde_json::Value = serde_json::from_str(&text).unwrap();
-    record["kernels"] = "other kernels".into();
-    record["points"] = serde_json::json!([[1, 9.0], [2, 9.5]]);
-    std::fs::write(&cache, record.to_string()).unwrap();
-    let remeasured = engine_llm::forward_costs(&mut model, &path).unwrap();
+    let mut other_kernels = record;
+    other_kernels["kernels"] = "other kernels".into();
+    other_kernels["points"] = serde_json::json!([[1, 9.0], [2, 9.5]]);
+    let remeasured =
+        engine_llm::forward_costs(&mut model, &copy("kernels", &other_kernels)).unwrap();
     assert!(remeasured.cost(1) < 9.0);
 }
 

@@ -5,9 +5,13 @@
 //! `<weights file>.forward-costs.json`, tagged with the CPU, the kernels (version and source
 //! fingerprint) and thread count it was measured on, and measured again when any of them
 //! differs, the file cannot be read, or a one-token forward timed at load disagrees with it
-//! (machines with the same CPU name differ in memory speed, and so in forward costs).
+//! (machines with the same CPU name differ in memory speed, and so in forward costs). Once
+//! read and checked, or measured, the costs are kept for the rest of the process, so that the
+//! sessions opened on a loaded model (the server opens one per connection) pay for neither.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use spec_core::{Decoder, ForwardCosts};
@@ -64,14 +68,38 @@ fn stale(cached: f64, now: f64) -> bool {
     high > low * STALE_RATIO && high - low > STALE_SECONDS
 }
 
-/// The forward costs of `model` (loaded from `weights`): cached ones when they were measured
-/// on this machine and a one-token forward timed now agrees with them, else measured now
-/// (leaving the model's cache empty) and cached if the folder is writable. A model not loaded
-/// from a file (built in memory) is measured every time and nothing is written.
+/// Costs this process has settled, by weights file and kernel threads.
+static SETTLED: Mutex<BTreeMap<(PathBuf, usize), ForwardCosts>> = Mutex::new(BTreeMap::new());
+
+/// The forward costs of `model` (loaded from `weights`): the ones this process settled before,
+/// else cached ones when they were measured on this machine and a one-token forward timed now
+/// agrees with them, else measured now (leaving the model's cache empty) and cached if the
+/// folder is writable. A model not loaded from a file (built in memory) is measured every time
+/// and nothing is written.
 pub fn forward_costs<D: Decoder>(model: &mut D, weights: &Path) -> Result<ForwardCosts> {
     if !weights.is_file() {
         return Ok(ForwardCosts::measure(model, MEASURED_FORWARD, 3)?);
     }
+    let key = (weights.to_path_buf(), spec_kernels::threads());
+    let known = SETTLED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+        .cloned();
+    if let Some(costs) = known {
+        return Ok(costs);
+    }
+    let costs = checked_or_measured(model, weights)?;
+    SETTLED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(key, costs.clone());
+    Ok(costs)
+}
+
+/// The cached costs of `weights` if they fit this machine and a forward timed now, else new
+/// measurements, written beside the weights.
+fn checked_or_measured<D: Decoder>(model: &mut D, weights: &Path) -> Result<ForwardCosts> {
     let (cpu, kernels, threads) = machine();
     let path = cache_path(weights);
     let cached = std::fs::read_to_string(&path)
@@ -126,13 +154,19 @@ mod tests {
     fn costs_cached_by_other_kernels_or_far_from_a_forward_timed_now_are_measured_again() {
         let dir = tempfile::tempdir().unwrap();
         let mut model = MockDecoder::new(MockConfig::target(50, 1));
-        let weights = dir.path().join("model.gguf");
-        std::fs::write(&weights, b"weights").unwrap();
-        let cache = dir.path().join("model.gguf.forward-costs.json");
         let (cpu, kernels, threads) = machine();
         // A mock's forward takes microseconds, not seconds.
         let slow: Vec<(usize, f64)> = (1..=MEASURED_FORWARD).map(|k| (k, k as f64)).collect();
-        for kernels in [format!("{kernels} (older)"), kernels] {
+        // A weights file of its own per case: costs settled in this process are not read again.
+        for (i, kernels) in [format!("{kernels} (older)"), kernels]
+            .into_iter()
+            .enumerate()
+        {
+            let weights = dir.path().join(format!("model-{i}.gguf"));
+            std::fs::write(&weights, b"weights").unwrap();
+            let cache = dir
+                .path()
+                .join(format!("model-{i}.gguf.forward-costs.json"));
             let record = CachedCosts {
                 cpu: cpu.clone(),
                 kernels,
@@ -146,6 +180,20 @@ mod tests {
                 serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
             assert_eq!(rewritten.points, costs.table());
         }
+    }
+
+    #[test]
+    fn costs_settled_once_are_kept_for_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut model = MockDecoder::new(MockConfig::target(50, 1));
+        let weights = dir.path().join("model.gguf");
+        std::fs::write(&weights, b"weights").unwrap();
+        let first = forward_costs(&mut model, &weights).unwrap();
+        // Whatever the file says now, this process does not read it or time a forward again.
+        let cache = dir.path().join("model.gguf.forward-costs.json");
+        std::fs::write(&cache, "not json").unwrap();
+        let again = forward_costs(&mut model, &weights).unwrap();
+        assert_eq!(again.table(), first.table());
     }
 
     #[test]
