@@ -7,11 +7,12 @@
 //! enough to flip near-ties. Here every query row's scores, softmax and weighted sum of values
 //! are computed by the same code in the same order whatever the number of rows, so decoding
 //! (1 token) and verification (a few tokens, or a token tree) agree bit for bit. On the CPU
-//! self-attention does this for forwards of any length: a prompt computed in one forward and the same positions
-//! computed in pieces (PredGen feeds a prompt as it is spoken, then verifies a guess of up to
-//! an answer's length in one forward) must give the same cache. Batched matmuls for forwards
-//! over 64 rows once broke that, and PredGen's greedy answer to an MT-Bench question parted
-//! from the cascade's at a near-tie; rows cost 3 % more at 128 tokens, 7 % at 512.
+//! self-attention does this for forwards of any length: a prompt computed in one forward and
+//! the same positions computed in pieces (PredGen feeds a prompt as it is spoken, then
+//! verifies a guess of up to an answer's length in one forward) must give the same cache.
+//! Batched matmuls for forwards over 64 rows once broke that, and PredGen's greedy answer to an
+//! MT-Bench question parted from the cascade's at a near-tie; rows cost 3 % more at 128
+//! tokens, 7 % at 512.
 
 use candle_core::{DType, Device, Layout, Module, Storage, Tensor};
 use spec_core::kv_cache::LayerKvCache;
@@ -406,8 +407,8 @@ fn blocked_products(
 /// for all layers in the form the attention path for `n` rows needs.
 #[derive(Debug)]
 pub enum AttentionMask {
-    /// Row-by-row attention (every forward on the CPU, whatever its length): causal after
-    /// `cached` positions, or an additive bias `[n, L]`.
+    /// Row-by-row attention (every self-attention forward on the CPU, whatever its length):
+    /// causal after `cached` positions, or an additive bias `[n, L]`.
     Rows {
         bias: Option<Vec<f32>>,
         cached: usize,
