@@ -39,6 +39,8 @@ use spec_models::mt_bench;
 
 struct Setup {
     label: &'static str,
+    /// Its name for `--methods`.
+    key: &'static str,
     /// `None`: the plain cascade.
     method: Option<(Verifier, Continuation)>,
     /// Guess the end of the question first (`PredGenConfig::complete_questions`).
@@ -46,48 +48,81 @@ struct Setup {
 }
 
 fn setups() -> Vec<Setup> {
-    let predgen = |label, verifier, continuation| Setup {
+    let predgen = |label, key, verifier, continuation| Setup {
         label,
+        key,
         method: Some((verifier, continuation)),
         complete_questions: true,
     };
     vec![
         Setup {
             label: "Baseline (plain cascade)",
+            key: "cascade",
             method: None,
             complete_questions: false,
         },
-        predgen("Greedy", Verifier::Greedy, Continuation::Autoregressive),
+        predgen(
+            "Greedy",
+            "greedy",
+            Verifier::Greedy,
+            Continuation::Autoregressive,
+        ),
         Setup {
             complete_questions: false,
             ..predgen(
                 "Greedy, no question completion",
+                "greedy-no-completion",
                 Verifier::Greedy,
                 Continuation::Autoregressive,
             )
         },
-        predgen("Top-3", Verifier::TopK(3), Continuation::Autoregressive),
+        predgen(
+            "Top-3",
+            "top3",
+            Verifier::TopK(3),
+            Continuation::Autoregressive,
+        ),
         predgen(
             "Reflection",
+            "reflection",
             Verifier::Reflection,
             Continuation::Autoregressive,
         ),
         predgen(
             "Greedy + Jacobi",
+            "jacobi",
             Verifier::Greedy,
             Continuation::Jacobi { window: 8 },
         ),
         predgen(
             "Greedy + draft model",
+            "draft",
             Verifier::Greedy,
             Continuation::DraftModel { gamma: 3 },
         ),
         predgen(
             "Greedy + lookup",
+            "lookup",
             Verifier::Greedy,
             Continuation::Lookup { max_draft: 8 },
         ),
     ]
+}
+
+/// The cascade and the setups named in `methods` (all when empty), in the table's order.
+fn chosen_setups(methods: &[String]) -> Result<Vec<Setup>> {
+    let all = setups();
+    if let Some(unknown) = methods
+        .iter()
+        .find(|m| !all.iter().any(|s| s.key == m.as_str()))
+    {
+        let known: Vec<&str> = all.iter().skip(1).map(|s| s.key).collect();
+        anyhow::bail!("unknown method `{unknown}` (known: {})", known.join(", "));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|s| s.method.is_none() || methods.is_empty() || methods.iter().any(|m| m == s.key))
+        .collect())
 }
 
 /// Which question sets to run.
@@ -137,6 +172,11 @@ struct Options {
     /// keeps its median run, so one noisy forward does not decide a turn's comparison
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     repeats: u64,
+
+    /// The methods to run beside the cascade (always run), by name: greedy,
+    /// greedy-no-completion, top3, reflection, jacobi, draft, lookup [default: all]
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
 
     /// Speaking rate in characters per minute
     #[arg(long, default_value_t = DEFAULT_CHARS_PER_MINUTE)]
@@ -583,6 +623,7 @@ fn write_plots(run: &SetRun, setups: &[Setup], folder: &Path) -> Result<()> {
             run.name
         ),
     );
+    std::fs::create_dir_all(folder).with_context(|| folder.display().to_string())?;
     for (kind, svg) in [("latency", strip), ("turns", scatter)] {
         let path = folder.join(format!("predgen-{kind}-{}.svg", run.name));
         std::fs::write(&path, svg).with_context(|| path.display().to_string())?;
@@ -617,7 +658,7 @@ fn main() -> Result<()> {
     }
     let mut model = options.model.open()?;
     let mut draft = open_model(&options.draft, &LoadOptions::default())?;
-    let setups = setups();
+    let setups = chosen_setups(&options.methods)?;
 
     // Warm-up (weights are repacked on first use), untimed.
     let warm_up = vec!["What is the capital of France?".to_string()];
@@ -626,13 +667,18 @@ fn main() -> Result<()> {
     }
     let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}",
+            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}{}",
             match count {
                 Some(n) => format!("--questions {n}"),
                 None => "--all".into(),
             },
             options.max_tokens,
-            options.repeats
+            options.repeats,
+            if options.methods.is_empty() {
+                String::new()
+            } else {
+                format!(" --methods {}", options.methods.join(","))
+            }
         ),
         ..Report::default()
     };

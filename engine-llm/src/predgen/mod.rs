@@ -66,8 +66,8 @@ pub enum Continuation {
     /// draft model, see [`PredGen::with_draft`]).
     DraftModel { gamma: usize },
     /// Drafts copied from tokens already seen (beyond the paper): where the answer's last
-    /// tokens occurred in the rejected guess or earlier in the conversation, what followed them
-    /// there, at most `max_draft` tokens, cut to the length the measured forward costs and the
+    /// tokens occurred in the turn's discarded guesses (the newest first) or earlier in the
+    /// conversation, what followed them there, at most `max_draft` tokens, cut to the length the measured forward costs and the
     /// observed acceptance pay for ([`spec_core::LookupDrafter`]). Costs no forward.
     Lookup { max_draft: usize },
 }

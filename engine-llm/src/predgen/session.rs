@@ -200,6 +200,18 @@ impl Answer {
     }
 }
 
+/// Most discarded guesses a turn keeps for the lookup continuation.
+const RECYCLED_GUESSES: usize = 16;
+
+/// What a continuation may start from besides the model.
+#[derive(Clone, Copy, Default)]
+struct Recycled<'a> {
+    /// The rejected part of the last guess: Jacobi's starting guess.
+    tail: &'a [u32],
+    /// The turn's discarded guesses, the newest last: lookup's references.
+    guesses: &'a [Vec<u32>],
+}
+
 /// What verifying a guess gave.
 struct Check {
     /// Guessed tokens waiting for verification before this check.
@@ -211,6 +223,8 @@ struct Check {
     produced: usize,
     /// The guess after the first token not kept: Jacobi's starting guess.
     rejected_tail: Vec<u32>,
+    /// The whole guess as it was, when part of it was not kept (recycled by lookup).
+    discarded: Option<Vec<u32>>,
     forwards: usize,
     judged_yes: Option<bool>,
 }
@@ -648,6 +662,7 @@ impl<'m> PredGen<'m> {
         turn.forwards_during_input += check.forwards;
         turn.tokens_during_input += check.produced;
         turn.timeline.push(turn.event(verified_event(&check)));
+        turn.recycle(check.discarded);
         turn.rejected_tail = check.rejected_tail;
         turn.heard_prompt = Some(prompt);
         turn.heard_text = question;
@@ -714,9 +729,10 @@ impl<'m> PredGen<'m> {
     /// Checks the next part of a guess whose start held for `prompt`.
     fn check_rest(&mut self, turn: &mut TurnState, prompt: &[u32], text: &str) -> Result<Check> {
         let started = Instant::now();
-        let check = self.verify(prompt, text, &mut turn.guess)?;
+        let mut check = self.verify(prompt, text, &mut turn.guess)?;
         turn.clock.charge(started.elapsed());
         turn.timeline.push(turn.event(verified_event(&check)));
+        turn.recycle(check.discarded.take());
         if !check.rejected_tail.is_empty() {
             turn.rejected_tail = check.rejected_tail.clone();
         }
@@ -732,7 +748,11 @@ impl<'m> PredGen<'m> {
             .min(self.config.max_guess_tokens - turn.guess.tokens.len());
         let before = turn.guess.tokens.len();
         let tail = std::mem::take(&mut turn.rejected_tail);
-        let gen = self.extend(&prompt, &mut turn.guess, &tail, budget, Some(1))?;
+        let recycled = Recycled {
+            tail: &tail,
+            guesses: &turn.recycled,
+        };
+        let gen = self.extend(&prompt, &mut turn.guess, recycled, budget, Some(1))?;
         turn.clock.charge(started.elapsed());
         turn.forwards_during_input += gen.stats.target_forwards;
         turn.tokens_during_input += turn.guess.tokens.len() - before;
@@ -791,6 +811,7 @@ impl<'m> PredGen<'m> {
                 turn.timeline.push(turn.event(verified_event(&check)));
                 turn.kept_at_end = check.kept;
                 turn.forwards_to_first_sentence = check.forwards;
+                turn.recycle(check.discarded);
                 turn.rejected_tail = check.rejected_tail;
             }
             TurnKind::Cascade => {
@@ -801,7 +822,7 @@ impl<'m> PredGen<'m> {
                     Continuation::Autoregressive,
                     &prompt,
                     &mut turn.guess,
-                    &[],
+                    Recycled::default(),
                     budget,
                     Some(1),
                 )?;
@@ -835,13 +856,16 @@ impl<'m> PredGen<'m> {
         let before = turn.guess.tokens.len();
         let budget = self.config.max_answer_tokens - before;
         let (prompt, tail) = (turn.prompt.clone(), std::mem::take(&mut turn.rejected_tail));
-        turn.rejected_at_end = tail.clone();
         let continuation = self.runnable(turn.continuation(&self.config), false);
+        let recycled = Recycled {
+            tail: &tail,
+            guesses: &turn.recycled,
+        };
         let gen = self.extend_with(
             continuation,
             &prompt,
             &mut turn.guess,
-            &tail,
+            recycled,
             budget,
             Some(1),
         )?;
@@ -915,15 +939,15 @@ impl<'m> PredGen<'m> {
             let budget = max - turn.guess.tokens.len();
             let prompt = turn.prompt.clone();
             let continuation = self.runnable(turn.continuation(&self.config), false);
-            let reference = match continuation {
-                Continuation::Lookup { .. } => turn.rejected_at_end.clone(),
-                _ => Vec::new(),
+            let recycled = Recycled {
+                tail: &[],
+                guesses: &turn.recycled,
             };
             self.extend_with(
                 continuation,
                 &prompt,
                 &mut turn.guess,
-                &reference,
+                recycled,
                 budget,
                 Some(turn.spoken + 1),
             )?;
@@ -1095,6 +1119,7 @@ impl<'m> PredGen<'m> {
                 kept: offered + 1,
                 produced: 0,
                 rejected_tail: Vec::new(),
+                discarded: None,
                 forwards,
                 judged_yes,
             });
@@ -1105,6 +1130,7 @@ impl<'m> PredGen<'m> {
         // guess from the position after that is its starting guess.
         let rejected_tail = candidates.get(kept + 2..).unwrap_or_default().to_vec();
         let full = kept == guessed;
+        let discarded = (!full).then(|| guess.tokens.clone());
         guess.tokens.truncate(settled + kept);
         self.model.model.truncate(context.len() + kept)?;
         if full && guess.done {
@@ -1127,6 +1153,7 @@ impl<'m> PredGen<'m> {
             kept,
             produced,
             rejected_tail,
+            discarded,
             forwards,
             judged_yes,
         })
@@ -1204,12 +1231,19 @@ impl<'m> PredGen<'m> {
         &mut self,
         prompt: &[u32],
         answer: &mut Answer,
-        guess: &[u32],
+        recycled: Recycled<'_>,
         budget: usize,
         until_sentences: Option<usize>,
     ) -> Result<Generation> {
         let continuation = self.runnable(self.config.continuation, true);
-        self.extend_with(continuation, prompt, answer, guess, budget, until_sentences)
+        self.extend_with(
+            continuation,
+            prompt,
+            answer,
+            recycled,
+            budget,
+            until_sentences,
+        )
     }
 
     /// Generates up to `budget` tokens onto `answer` (greedy, by `continuation`), stopping at
@@ -1220,7 +1254,7 @@ impl<'m> PredGen<'m> {
         continuation: Continuation,
         prompt: &[u32],
         answer: &mut Answer,
-        guess: &[u32],
+        recycled: Recycled<'_>,
         budget: usize,
         until_sentences: Option<usize>,
     ) -> Result<Generation> {
@@ -1264,7 +1298,8 @@ impl<'m> PredGen<'m> {
                 &mut |_| {},
             )?,
             Continuation::Jacobi { window } => {
-                let gen = jacobi_generate(target, &context, guess, window, &stop, &mut |_| {})?;
+                let gen =
+                    jacobi_generate(target, &context, recycled.tail, window, &stop, &mut |_| {})?;
                 let (tokens, forwards) = self.jacobi_rate;
                 self.jacobi_rate = (
                     JACOBI_DECAY * tokens + gen.tokens.len() as f64,
@@ -1310,7 +1345,9 @@ impl<'m> PredGen<'m> {
                 if let Some(acceptance) = self.lookup_acceptance {
                     drafter = drafter.with_acceptance(acceptance);
                 }
-                drafter.add_reference(guess.to_vec());
+                for guess in recycled.guesses {
+                    drafter.add_reference(guess.clone());
+                }
                 let gen = tree_speculative_generate(
                     target,
                     &mut drafter,
@@ -1476,9 +1513,11 @@ struct TurnState {
     guess: Answer,
     /// The rejected part of the last guess: Jacobi's starting guess.
     rejected_tail: Vec<u32>,
-    /// The rejected part of the guess at the end of the question: the lookup continuation
-    /// copies from it for the rest of the answer.
-    rejected_at_end: Vec<u32>,
+    /// Every guess of the turn that lost a part to verification, the newest last (at most
+    /// [`RECYCLED_GUESSES`]): the lookup continuation copies from them, as SpecASR recycles
+    /// its drafts, since a guess made for an earlier partial often says what the answer to
+    /// the whole question says a few words later.
+    recycled: Vec<Vec<u32>>,
     prepared: Option<PreparedAudio>,
     timeline: Vec<Event>,
     /// Events already returned by a step.
@@ -1501,6 +1540,16 @@ struct TurnState {
 }
 
 impl TurnState {
+    /// Keeps a discarded guess for lookup, dropping the oldest beyond [`RECYCLED_GUESSES`].
+    fn recycle(&mut self, discarded: Option<Vec<u32>>) {
+        if let Some(guess) = discarded.filter(|g| !g.is_empty()) {
+            if self.recycled.len() == RECYCLED_GUESSES {
+                self.recycled.remove(0);
+            }
+            self.recycled.push(guess);
+        }
+    }
+
     fn new(clock: TurnClock, kind: TurnKind) -> Self {
         Self {
             clock: match clock {
@@ -1519,7 +1568,7 @@ impl TurnState {
             completion_tried: None,
             guess: Answer::default(),
             rejected_tail: Vec::new(),
-            rejected_at_end: Vec::new(),
+            recycled: Vec::new(),
             prepared: None,
             timeline: Vec::new(),
             reported: 0,
@@ -1598,5 +1647,26 @@ fn verified_event(check: &Check) -> EventKind {
         kept: check.kept,
         guessed: check.guessed,
         judged_yes: check.judged_yes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_keeps_its_newest_discarded_guesses() {
+        let mut turn = TurnState::new(TurnClock::Simulated, TurnKind::Speculative);
+        turn.recycle(None);
+        turn.recycle(Some(Vec::new()));
+        assert!(turn.recycled.is_empty());
+        let extra = 3;
+        for i in 0..(RECYCLED_GUESSES + extra) as u32 {
+            turn.recycle(Some(vec![i, i + 1]));
+        }
+        assert_eq!(turn.recycled.len(), RECYCLED_GUESSES);
+        assert_eq!(turn.recycled[0], vec![extra as u32, extra as u32 + 1]);
+        let newest = (RECYCLED_GUESSES + extra - 1) as u32;
+        assert_eq!(turn.recycled.last(), Some(&vec![newest, newest + 1]));
     }
 }
