@@ -4,6 +4,7 @@
 /// with |r| ≤ ln 2 / 2, eʳ by a degree-6 polynomial, 2ⁿ built in the exponent bits. Within
 /// 2 ulp of `f32::exp` on [-87, 88]; inputs beyond are clamped to that range (e⁻⁸⁷ ≈ 1.6·10⁻³⁸),
 /// so finite x never give 0, infinity or NaN.
+#[inline]
 pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -24,6 +25,7 @@ pub fn exp(x: f32) -> f32 {
 const LANES: usize = 16;
 
 /// The largest value (−∞ for an empty slice), reduced over [`LANES`] lanes.
+#[inline]
 pub fn max(values: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = values.chunks_exact(LANES);
@@ -41,6 +43,7 @@ pub fn max(values: &[f32]) -> f32 {
 }
 
 /// The sum, accumulated over [`LANES`] lanes.
+#[inline]
 pub fn sum(values: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let chunks = values.chunks_exact(LANES);

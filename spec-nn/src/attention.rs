@@ -82,57 +82,45 @@ impl<'a> HeadRows<'a> {
     }
 }
 
-/// Dot product with eight fixed accumulation lanes (vectorises, same order on every call).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
+/// The dot product of each of `ROWS` queries with `key` into `out`: eight accumulation lanes
+/// per row in a fixed order (vectorises; a row's sum does not depend on the rows beside it),
+/// the rows' chains interleaved so that several are in flight.
+fn dots<const ROWS: usize>(queries: &[&[f32]], key: &[f32], out: &mut [f32]) {
+    let mut lanes = [[0f32; 8]; ROWS];
+    let whole = key.len() - key.len() % 8;
+    for start in (0..whole).step_by(8) {
+        let k = &key[start..start + 8];
+        for (lanes, query) in lanes.iter_mut().zip(queries) {
+            let q = &query[start..start + 8];
+            for l in 0..8 {
+                lanes[l] += q[l] * k[l];
+            }
         }
     }
-    lanes.iter().sum::<f32>() + tail
+    for ((lanes, query), out) in lanes.iter().zip(queries).zip(out) {
+        let tail: f32 = query[whole..]
+            .iter()
+            .zip(&key[whole..])
+            .map(|(x, y)| x * y)
+            .sum();
+        *out = lanes.iter().sum::<f32>() + tail;
+    }
 }
 
-/// One query row's attention: `(q, k, v, head, row, out_row)` writes the row's output.
-type RowFn<'a> = dyn Fn(&HeadRows, &HeadRows, &HeadRows, usize, usize, &mut [f32]) + Sync + 'a;
-
-/// Runs `attend_row` for every stacked query row of every key/value head on the kernels'
-/// threads (awake between the matmuls around it), with the CPU tensors seen as rows (`key_row`:
-/// the length of a row of `keys`); returns `[1, kv_heads, stacked, dim]`.
-fn attend_rows(
-    queries: &Tensor,
-    keys: &Tensor,
-    key_row: usize,
-    values: &Tensor,
-    attend_row: &RowFn<'_>,
-) -> Result<Tensor> {
-    attend_row_blocks(
-        queries,
-        keys,
-        key_row,
-        values,
-        1,
-        &|q, k, v, head, row, out_row| attend_row(q, k, v, head, row, out_row),
-    )
-}
+/// A block of query rows' attention: `(q, k, v, head, first_row, out)` writes the rows' output.
+type BlockFn<'a> = dyn Fn(&HeadRows, &HeadRows, &HeadRows, usize, usize, &mut [f32]) + Sync + 'a;
 
 /// Runs `attend_block` for every block of up to `block_rows` consecutive stacked query rows of
 /// each key/value head (`(q, k, v, head, first_row, out)`, `out` holding the block's rows) on the
-/// kernels' threads; otherwise as [`attend_rows`].
+/// kernels' threads (awake between the matmuls around it), with the CPU tensors seen as rows
+/// (`key_row`: the length of a row of `keys`); returns `[1, kv_heads, stacked, dim]`.
 fn attend_row_blocks(
     queries: &Tensor,
     keys: &Tensor,
     key_row: usize,
     values: &Tensor,
     block_rows: usize,
-    attend_block: &RowFn<'_>,
+    attend_block: &BlockFn<'_>,
 ) -> Result<Tensor> {
     let (_, kv_heads, stacked, dim) = queries.dims4()?;
     let queries = queries.contiguous()?;
@@ -168,7 +156,10 @@ fn attend_row_blocks(
 
 /// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
 /// query heads of each key/value head stacked, n rows each) over `keys`/`values`
-/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`.
+/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`. Blocks of
+/// [`SELF_ROW_BLOCK`] rows share each read of a key and a value, but every row's scores,
+/// softmax and weighted sum are accumulated in key order on their own: a row's result is
+/// bit-identical whatever rows are beside it.
 fn row_attention(
     queries: &Tensor,
     keys: &Tensor,
@@ -178,43 +169,62 @@ fn row_attention(
 ) -> Result<Tensor> {
     let dim = queries.dim(3)?;
     let total = keys.dim(2)?;
-    attend_rows(
+    attend_row_blocks(
         queries,
         keys,
         dim,
         values,
-        &|q, k, v, head, row, out_row| {
-            let query = q.row(head, row, dim);
-            let position = row % n;
-            let mut weights = vec![f32::NEG_INFINITY; total];
-            let mut max = f32::NEG_INFINITY;
-            for (key, w) in weights.iter_mut().enumerate() {
-                let bias = mask.bias(position, key, total);
-                if bias > f32::NEG_INFINITY {
-                    *w = dot(query, k.row(head, key, dim)) + bias;
-                    max = max.max(*w);
+        SELF_ROW_BLOCK,
+        &|q, k, v, head, first, out| {
+            let rows = out.len() / dim;
+            let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
+            let mut weights = vec![vec![f32::NEG_INFINITY; total]; rows];
+            let mut maxes = vec![f32::NEG_INFINITY; rows];
+            let mut scores = [0f32; SELF_ROW_BLOCK];
+            for key in 0..total {
+                let key_row = k.row(head, key, dim);
+                match rows {
+                    1 => dots::<1>(&queries, key_row, &mut scores),
+                    2 => dots::<2>(&queries, key_row, &mut scores),
+                    3 => dots::<3>(&queries, key_row, &mut scores),
+                    _ => dots::<SELF_ROW_BLOCK>(&queries, key_row, &mut scores),
                 }
-            }
-            let mut sum = 0f32;
-            for w in weights.iter_mut() {
-                *w = if *w > f32::NEG_INFINITY {
-                    exp(*w - max)
-                } else {
-                    0.0
-                };
-                sum += *w;
-            }
-            for (key, &w) in weights.iter().enumerate() {
-                if w > 0.0 {
-                    for (o, x) in out_row.iter_mut().zip(v.row(head, key, dim)) {
-                        *o += w * x;
+                for (r, row) in weights.iter_mut().enumerate() {
+                    let bias = mask.bias((first + r) % n, key, total);
+                    if bias > f32::NEG_INFINITY {
+                        row[key] = scores[r] + bias;
+                        maxes[r] = maxes[r].max(row[key]);
                     }
                 }
             }
-            out_row.iter_mut().for_each(|o| *o /= sum);
+            let mut sums = vec![0f32; rows];
+            for ((row, max), sum) in weights.iter_mut().zip(&maxes).zip(&mut sums) {
+                for w in row.iter_mut() {
+                    *w = if *w > f32::NEG_INFINITY {
+                        exp(*w - max)
+                    } else {
+                        0.0
+                    };
+                    *sum += *w;
+                }
+            }
+            match rows {
+                1 => weighted_values::<1>(&weights, v, head, dim, out),
+                2 => weighted_values::<2>(&weights, v, head, dim, out),
+                3 => weighted_values::<3>(&weights, v, head, dim, out),
+                _ => weighted_values::<SELF_ROW_BLOCK>(&weights, v, head, dim, out),
+            }
+            for (out_row, sum) in out.chunks_exact_mut(dim).zip(&sums) {
+                out_row.iter_mut().for_each(|o| *o /= sum);
+            }
         },
     )
 }
+
+/// Query rows of a self-attention handled together (a decoding step's query heads of one
+/// key/value group): each cached key and value is read once for all of them, the values'
+/// weighted sum accumulating in registers.
+const SELF_ROW_BLOCK: usize = 4;
 
 /// Query rows of a cross-attention handled together: each key and value is read once for all
 /// of them (a verification's rows would otherwise stream the encoder's keys and values, about
@@ -647,6 +657,45 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
 
     use super::*;
+    /// The one-row dot product that row attention computed before rows were interleaved.
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut lanes = [0f32; 8];
+        let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+        let tail: f32 = ca
+            .remainder()
+            .iter()
+            .zip(cb.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        for (x, y) in ca.zip(cb) {
+            for l in 0..8 {
+                lanes[l] += x[l] * y[l];
+            }
+        }
+        lanes.iter().sum::<f32>() + tail
+    }
+
+    #[test]
+    fn interleaved_rows_give_each_row_its_own_dot_product() {
+        for dim in [8, 61, 64, 128] {
+            let vector = |seed: usize| -> Vec<f32> {
+                (0..dim)
+                    .map(|i| (((i + 3) * (seed + 7) * 7919) % 211) as f32 / 37.0 - 2.8)
+                    .collect()
+            };
+            let key = vector(0);
+            let queries: Vec<Vec<f32>> = (1..=SELF_ROW_BLOCK).map(vector).collect();
+            let rows: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+            let mut out = [0f32; SELF_ROW_BLOCK];
+            dots::<SELF_ROW_BLOCK>(&rows, &key, &mut out);
+            let mut one = [0f32; 1];
+            for (query, got) in rows.iter().zip(out) {
+                dots::<1>(&[*query], &key, &mut one);
+                assert_eq!(got.to_bits(), dot(query, &key).to_bits(), "{dim}");
+                assert_eq!(one[0].to_bits(), got.to_bits(), "{dim}");
+            }
+        }
+    }
     use crate::linear::QLinear;
     use crate::rotary::{RopeLayout, Rotary};
 
