@@ -174,6 +174,9 @@ pub struct CostAwarePolicy {
     draft: ForwardCosts,
     max_draft: usize,
     acceptance: AcceptanceRate,
+    /// Whether [`CostAwarePolicy::choose`] samples α from its posterior (Thompson sampling,
+    /// which now and then tries a draft the mean says is not worth it) or uses the mean.
+    explore: bool,
 }
 
 impl CostAwarePolicy {
@@ -185,7 +188,15 @@ impl CostAwarePolicy {
             max_draft,
             // α = 0.6 with the weight of a few tokens; past steps weigh 0.9 per step.
             acceptance: AcceptanceRate::new(3.0, 2.0, 0.9),
+            explore: true,
         }
+    }
+
+    /// The same policy choosing by the mean acceptance, never trying a draft to learn more:
+    /// for steps whose every millisecond is latency (a spoken answer after the last word).
+    pub fn without_exploration(mut self) -> Self {
+        self.explore = false;
+        self
     }
 
     /// The longest draft it may choose.
@@ -213,7 +224,10 @@ impl CostAwarePolicy {
     /// The draft length for the next step, at most `budget` (0 = decode without a draft), for
     /// a draft that lags `draft_lag` tokens behind.
     pub fn choose(&self, budget: usize, draft_lag: usize, rng: &mut dyn RngCore) -> usize {
-        let alpha = self.acceptance.sample(rng);
+        let alpha = match self.explore {
+            true => self.acceptance.sample(rng),
+            false => self.acceptance.rate(),
+        };
         self.best_length(budget, alpha, draft_lag)
     }
 
@@ -328,5 +342,27 @@ mod tests {
         }
         let drafting = (0..1000).filter(|_| p.choose(100, 2, &mut rng) > 0).count();
         assert!(drafting > 950, "{drafting}/1000");
+    }
+
+    #[test]
+    fn without_exploration_it_follows_the_mean() {
+        // The same uncertain prior as above: the mean says plain decoding, so a policy that
+        // does not explore never drafts, and drafts always once acceptance is shown high.
+        let mut p = CostAwarePolicy::new(
+            costs(&[(1, 0.075), (2, 0.097), (4, 0.111), (8, 0.152)]),
+            costs(&[(1, 0.024), (2, 0.044), (4, 0.085)]),
+            8,
+        )
+        .without_exploration();
+        let mut rng = StdRng::seed_from_u64(2);
+        let mean = p.best_length(100, p.acceptance(), 2);
+        assert_eq!(mean, 0);
+        assert!((0..1000).all(|_| p.choose(100, 2, &mut rng) == mean));
+        for _ in 0..30 {
+            p.observe(4, 4);
+        }
+        let mean = p.best_length(100, p.acceptance(), 2);
+        assert!(mean > 0);
+        assert!((0..1000).all(|_| p.choose(100, 2, &mut rng) == mean));
     }
 }

@@ -20,7 +20,9 @@
 
 mod session;
 
-pub use session::{Event, EventKind, PredGen, Progress, Status, Turn, TurnClock};
+pub use session::{
+    Event, EventKind, PredGen, Progress, Status, Turn, TurnClock, MAX_COMPLETION_TOKENS,
+};
 pub use spec_voice::{
     spoken_at_rate, AudioChunk, FixedLatencySynthesizer, Partial, PreparedAudio,
     SentenceSynthesizer, Synthesis,

@@ -203,13 +203,16 @@ impl Answer {
 /// Most discarded guesses a turn keeps for the lookup continuation.
 const RECYCLED_GUESSES: usize = 16;
 
-/// What a continuation may start from besides the model.
+/// What a continuation may draft from besides the model, and when it runs.
 #[derive(Clone, Copy, Default)]
-struct Recycled<'a> {
+struct Drafting<'a> {
     /// The rejected part of the last guess: Jacobi's starting guess.
     tail: &'a [u32],
     /// The turn's discarded guesses, the newest last: lookup's references.
     guesses: &'a [Vec<u32>],
+    /// While the user speaks, where a step's time is idle time: the draft model's policy may
+    /// try drafts to learn their acceptance; after the last word it follows its estimate.
+    listening: bool,
 }
 
 /// What verifying a guess gave.
@@ -748,11 +751,12 @@ impl<'m> PredGen<'m> {
             .min(self.config.max_guess_tokens - turn.guess.tokens.len());
         let before = turn.guess.tokens.len();
         let tail = std::mem::take(&mut turn.rejected_tail);
-        let recycled = Recycled {
+        let drafting = Drafting {
             tail: &tail,
             guesses: &turn.recycled,
+            listening: true,
         };
-        let gen = self.extend(&prompt, &mut turn.guess, recycled, budget, Some(1))?;
+        let gen = self.extend(&prompt, &mut turn.guess, drafting, budget, Some(1))?;
         turn.clock.charge(started.elapsed());
         turn.forwards_during_input += gen.stats.target_forwards;
         turn.tokens_during_input += turn.guess.tokens.len() - before;
@@ -822,7 +826,7 @@ impl<'m> PredGen<'m> {
                     Continuation::Autoregressive,
                     &prompt,
                     &mut turn.guess,
-                    Recycled::default(),
+                    Drafting::default(),
                     budget,
                     Some(1),
                 )?;
@@ -857,15 +861,16 @@ impl<'m> PredGen<'m> {
         let budget = self.config.max_answer_tokens - before;
         let (prompt, tail) = (turn.prompt.clone(), std::mem::take(&mut turn.rejected_tail));
         let continuation = self.runnable(turn.continuation(&self.config), false);
-        let recycled = Recycled {
+        let drafting = Drafting {
             tail: &tail,
             guesses: &turn.recycled,
+            listening: false,
         };
         let gen = self.extend_with(
             continuation,
             &prompt,
             &mut turn.guess,
-            recycled,
+            drafting,
             budget,
             Some(1),
         )?;
@@ -939,15 +944,16 @@ impl<'m> PredGen<'m> {
             let budget = max - turn.guess.tokens.len();
             let prompt = turn.prompt.clone();
             let continuation = self.runnable(turn.continuation(&self.config), false);
-            let recycled = Recycled {
+            let drafting = Drafting {
                 tail: &[],
                 guesses: &turn.recycled,
+                listening: false,
             };
             self.extend_with(
                 continuation,
                 &prompt,
                 &mut turn.guess,
-                recycled,
+                drafting,
                 budget,
                 Some(turn.spoken + 1),
             )?;
@@ -1231,7 +1237,7 @@ impl<'m> PredGen<'m> {
         &mut self,
         prompt: &[u32],
         answer: &mut Answer,
-        recycled: Recycled<'_>,
+        drafting: Drafting<'_>,
         budget: usize,
         until_sentences: Option<usize>,
     ) -> Result<Generation> {
@@ -1240,7 +1246,7 @@ impl<'m> PredGen<'m> {
             continuation,
             prompt,
             answer,
-            recycled,
+            drafting,
             budget,
             until_sentences,
         )
@@ -1254,7 +1260,7 @@ impl<'m> PredGen<'m> {
         continuation: Continuation,
         prompt: &[u32],
         answer: &mut Answer,
-        recycled: Recycled<'_>,
+        drafting: Drafting<'_>,
         budget: usize,
         until_sentences: Option<usize>,
     ) -> Result<Generation> {
@@ -1299,7 +1305,7 @@ impl<'m> PredGen<'m> {
             )?,
             Continuation::Jacobi { window } => {
                 let gen =
-                    jacobi_generate(target, &context, recycled.tail, window, &stop, &mut |_| {})?;
+                    jacobi_generate(target, &context, drafting.tail, window, &stop, &mut |_| {})?;
                 let (tokens, forwards) = self.jacobi_rate;
                 self.jacobi_rate = (
                     JACOBI_DECAY * tokens + gen.tokens.len() as f64,
@@ -1309,7 +1315,8 @@ impl<'m> PredGen<'m> {
             }
             Continuation::DraftModel { gamma } => {
                 let draft_length = match &self.draft_policy {
-                    Some(policy) => DraftLength::CostAware(policy.clone()),
+                    Some(policy) if drafting.listening => DraftLength::CostAware(policy.clone()),
+                    Some(policy) => DraftLength::CostAware(policy.clone().without_exploration()),
                     None => DraftLength::Fixed(gamma),
                 };
                 let draft = self.draft.as_deref_mut().ok_or_else(|| {
@@ -1345,7 +1352,7 @@ impl<'m> PredGen<'m> {
                 if let Some(acceptance) = self.lookup_acceptance {
                     drafter = drafter.with_acceptance(acceptance);
                 }
-                for guess in recycled.guesses {
+                for guess in drafting.guesses {
                     drafter.add_reference(guess.clone());
                 }
                 let gen = tree_speculative_generate(
@@ -1405,7 +1412,7 @@ impl<'m> PredGen<'m> {
 }
 
 /// Most tokens of the model's completion of an unfinished question.
-const MAX_COMPLETION_TOKENS: usize = 8;
+pub const MAX_COMPLETION_TOKENS: usize = 8;
 
 /// Weight of the Jacobi continuation's earlier runs in its running rate, per run.
 const JACOBI_DECAY: f64 = 0.9;
