@@ -15,6 +15,7 @@ use clap::Parser;
 use engine_llm::cli::{init_logging, ModelArgs};
 use engine_llm::predgen::{MAX_COMPLETION_TOKENS, PARTIAL_INPUT_SYSTEM_PROMPT};
 use engine_llm::{LanguageModel, Message};
+use spec_core::decoder::common_suffix_len;
 use spec_core::sampling::argmax;
 use spec_core::{Decoder, LogitRows};
 
@@ -96,16 +97,10 @@ fn main() -> Result<()> {
         .filter_map(|conversation| conversation.into_iter().next())
         .collect();
     // The tokens after the user's words: the same for every message.
-    let (a, b) = (
-        open_question(&model, "a", 0)?,
-        open_question(&model, "b", 0)?,
+    let closing = common_suffix_len(
+        &open_question(&model, "a", 0)?,
+        &open_question(&model, "b", 0)?,
     );
-    let closing = a
-        .iter()
-        .rev()
-        .zip(b.iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count();
     let candidates = args.candidates as usize;
     let (mut greedy_at_last, mut any_at_last, mut greedy_anywhere, mut any_anywhere) = (0, 0, 0, 0);
     for question in &questions {

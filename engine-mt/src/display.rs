@@ -88,7 +88,7 @@ impl DisplayStage for LocalAgreement {
         } else {
             self.recent
                 .iter()
-                .map(|earlier| common_prefix(earlier, tokens))
+                .map(|earlier| spec_core::decoder::common_prefix_len(earlier, tokens))
                 .min()
                 .unwrap_or(tokens.len())
         };
@@ -330,10 +330,6 @@ impl DisplayStage for DisplayPolicy {
     fn reset(&mut self) {
         self.stage().reset();
     }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

@@ -214,6 +214,16 @@ pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// Length of the longest common suffix of two token sequences (what two chat prompts of
+/// different messages share after the message: the end of its turn and the next opening).
+pub fn common_suffix_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
 /// Rolls `model` back to its longest common prefix with `context`, keeping at least the last
 /// token of `context` out of the cache, and returns the number of positions kept.
 pub fn rewind_to_prefix<D: Decoder + ?Sized>(model: &mut D, context: &[u32]) -> Result<usize> {
@@ -242,4 +252,18 @@ pub fn forward_tokens<D: Decoder + ?Sized>(
     let n_rows = step.validate(model.cached_len())?;
     let logits = model.forward(&step)?;
     Logits::from_tensor(&logits, n_rows, model.vocab_size())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_and_suffix_lengths() {
+        assert_eq!(common_prefix_len(&[1, 2, 3, 9], &[1, 2, 4, 9]), 2);
+        assert_eq!(common_suffix_len(&[7, 1, 2, 3], &[8, 8, 2, 3]), 2);
+        assert_eq!(common_suffix_len(&[1, 2], &[1, 2]), 2);
+        assert_eq!(common_suffix_len(&[], &[1]), 0);
+        assert_eq!(common_suffix_len(&[1, 2], &[2, 1]), 0);
+    }
 }

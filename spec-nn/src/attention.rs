@@ -657,6 +657,9 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
 
     use super::*;
+    use crate::linear::QLinear;
+    use crate::rotary::{RopeLayout, Rotary};
+
     /// The one-row dot product that row attention computed before rows were interleaved.
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut lanes = [0f32; 8];
@@ -696,8 +699,6 @@ mod tests {
             }
         }
     }
-    use crate::linear::QLinear;
-    use crate::rotary::{RopeLayout, Rotary};
 
     const HIDDEN: usize = 64;
 

@@ -69,8 +69,9 @@ pub enum Continuation {
     DraftModel { gamma: usize },
     /// Drafts copied from tokens already seen (beyond the paper): where the answer's last
     /// tokens occurred in the turn's discarded guesses (the newest first) or earlier in the
-    /// conversation, what followed them there, at most `max_draft` tokens, cut to the length the measured forward costs and the
-    /// observed acceptance pay for ([`spec_core::LookupDrafter`]). Costs no forward.
+    /// conversation, what followed them there, at most `max_draft` tokens, cut to the length
+    /// the measured forward costs and the observed acceptance pay for
+    /// ([`spec_core::LookupDrafter`]). Costs no forward.
     Lookup { max_draft: usize },
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::acceptance::Acceptance;
-use spec_core::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix};
+use spec_core::decoder::{common_prefix_len, common_suffix_len, forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
     forward_continuation, generate, jacobi_generate, speculative_generate,
@@ -718,13 +718,7 @@ impl<'m> PredGen<'m> {
         if let Some(len) = self.assistant_opening {
             return Ok(len);
         }
-        let (a, b) = (self.prompt_for("a")?, self.prompt_for("b")?);
-        let len = a
-            .iter()
-            .rev()
-            .zip(b.iter().rev())
-            .take_while(|(x, y)| x == y)
-            .count();
+        let len = common_suffix_len(&self.prompt_for("a")?, &self.prompt_for("b")?);
         self.assistant_opening = Some(len);
         Ok(len)
     }
