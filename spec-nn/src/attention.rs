@@ -208,12 +208,8 @@ fn row_attention(
                     *sum += *w;
                 }
             }
-            match rows {
-                1 => weighted_values::<1>(&weights, v, head, dim, out),
-                2 => weighted_values::<2>(&weights, v, head, dim, out),
-                3 => weighted_values::<3>(&weights, v, head, dim, out),
-                _ => weighted_values::<SELF_ROW_BLOCK>(&weights, v, head, dim, out),
-            }
+            let weights: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+            weighted_values(&weights, v, head, dim, out);
             for (out_row, sum) in out.chunks_exact_mut(dim).zip(&sums) {
                 out_row.iter_mut().for_each(|o| *o /= sum);
             }
@@ -229,9 +225,10 @@ const SELF_ROW_BLOCK: usize = 4;
 /// Query rows of a cross-attention handled together: each key and value is read once for all
 /// of them (a verification's rows would otherwise stream the encoder's keys and values, about
 /// 3.5 MB per layer for base over 855 frames, once per row).
-const CROSS_ROW_BLOCK: usize = 4;
+const CROSS_ROW_BLOCK: usize = MAX_PRODUCT_ROWS;
 
-/// Keys (scores) or value columns accumulated in registers at once, per row of a block.
+/// The narrow column group of [`rows_times_matrix`] (one vector), for widths that are not a
+/// multiple of its wide groups.
 const LANES: usize = 16;
 
 /// Attention of a few query rows over every key of a cross-attention (no mask), with the keys
@@ -252,63 +249,102 @@ fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Re
         &|q, k, v, head, first, out| {
             let rows = out.len() / dim;
             let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
-            let mut scores = vec![vec![0f32; total]; rows];
-            for d in 0..dim {
-                let kd = k.row(head, d, total);
-                for (row, query) in scores.iter_mut().zip(&queries) {
-                    let qd = query[d];
-                    for (s, &x) in row.iter_mut().zip(kd) {
-                        *s += qd * x;
-                    }
-                }
-            }
-            for row in &mut scores {
+            // Scores: the queries times the transposed keys, summed over dimensions in order.
+            let mut flat = vec![0f32; rows * total];
+            let key_dim = |d: usize| k.row(head, d, total);
+            rows_times_matrix(&queries, key_dim, total, &mut flat);
+            for row in flat.chunks_exact_mut(total) {
                 softmax_in_place(row);
             }
-            match rows {
-                1 => weighted_values::<1>(&scores, v, head, dim, out),
-                2 => weighted_values::<2>(&scores, v, head, dim, out),
-                3 => weighted_values::<3>(&scores, v, head, dim, out),
-                _ => weighted_values::<CROSS_ROW_BLOCK>(&scores, v, head, dim, out),
-            }
+            let scores: Vec<&[f32]> = flat.chunks_exact(total).collect();
+            weighted_values(&scores, v, head, dim, out);
         },
     )
 }
 
-/// `out` (`ROWS` rows of `dim`) = each row of `weights` times the values of `head`: `LANES`
-/// output columns of every row accumulate in registers over all keys in order (one read of the
-/// values for the block), the columns past the last whole lane group one by one.
-fn weighted_values<const ROWS: usize>(
-    weights: &[Vec<f32>],
-    v: &HeadRows,
-    head: usize,
-    dim: usize,
+/// `out` (one row of `dim` per row of `weights`) = each row of `weights` times the values of
+/// `head`, every output column summed over the keys in key order ([`rows_times_matrix`]).
+fn weighted_values(weights: &[&[f32]], v: &HeadRows, head: usize, dim: usize, out: &mut [f32]) {
+    rows_times_matrix(weights, |key| v.row(head, key, dim), dim, out);
+}
+
+/// `out[r·width + c] = Σ_i coefficients[r][i] · matrix_row(i)[c]` for up to
+/// [`MAX_PRODUCT_ROWS`] rows, each sum accumulated from zero in the order of i, so a row's
+/// result is bit-identical whatever rows are beside it and however the columns are grouped.
+/// The rows go together through groups of columns whose sums stay in registers (64 columns: 16
+/// vectors of 16 lanes for 4 rows), then groups of [`LANES`], then
+/// single columns: each row of the matrix is read once for all rows, and a group's columns
+/// are independent chains, so the additions of consecutive terms overlap instead of waiting
+/// for each other (one chain of 16 lanes per row was bound by the latency of an addition).
+fn rows_times_matrix<'m>(
+    coefficients: &[&[f32]],
+    matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
+    width: usize,
     out: &mut [f32],
 ) {
-    let keys = weights[0].len();
-    let whole = dim - dim % LANES;
-    for start in (0..whole).step_by(LANES) {
-        let mut acc = [[0f32; LANES]; ROWS];
-        for key in 0..keys {
-            let value = &v.row(head, key, dim)[start..start + LANES];
-            for (acc, row) in acc.iter_mut().zip(weights) {
-                let w = row[key];
-                for l in 0..LANES {
-                    acc[l] += w * value[l];
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            out[r * dim + start..r * dim + start + LANES].copy_from_slice(acc);
+    match coefficients.len() {
+        0 => {}
+        1 => columns_in_groups::<1, 64>(coefficients, matrix_row, width, out),
+        2 => columns_in_groups::<2, 64>(coefficients, matrix_row, width, out),
+        3 => columns_in_groups::<3, 64>(coefficients, matrix_row, width, out),
+        rows => {
+            assert!(rows <= MAX_PRODUCT_ROWS, "{rows} rows in one product");
+            columns_in_groups::<MAX_PRODUCT_ROWS, 64>(coefficients, matrix_row, width, out)
         }
     }
-    for (r, row) in weights.iter().enumerate().take(ROWS) {
-        for i in whole..dim {
-            let o = &mut out[r * dim + i];
-            for (key, &w) in row.iter().enumerate() {
-                *o += w * v.row(head, key, dim)[i];
+}
+
+/// Rows of one [`rows_times_matrix`].
+const MAX_PRODUCT_ROWS: usize = 4;
+
+/// [`rows_times_matrix`] for up to `ROWS` rows, `WIDE` columns at a time.
+fn columns_in_groups<'m, const ROWS: usize, const WIDE: usize>(
+    coefficients: &[&[f32]],
+    matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
+    width: usize,
+    out: &mut [f32],
+) {
+    let wide = width - width % WIDE;
+    let lanes = wide + (width - wide) / LANES * LANES;
+    for start in (0..wide).step_by(WIDE) {
+        column_group::<ROWS, WIDE>(coefficients, matrix_row, start, width, out);
+    }
+    for start in (wide..lanes).step_by(LANES) {
+        column_group::<ROWS, LANES>(coefficients, matrix_row, start, width, out);
+    }
+    for start in lanes..width {
+        column_group::<ROWS, 1>(coefficients, matrix_row, start, width, out);
+    }
+}
+
+/// Columns `start..start + COLS` of [`rows_times_matrix`] for the (at most `ROWS`) rows of
+/// `coefficients`.
+#[inline(always)]
+fn column_group<'m, const ROWS: usize, const COLS: usize>(
+    coefficients: &[&[f32]],
+    matrix_row: impl Fn(usize) -> &'m [f32],
+    start: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let terms = coefficients[0].len();
+    // Rows past the last repeat it (their sums are dropped): a fixed number of rows keeps
+    // every sum in a register.
+    let rows: [&[f32]; ROWS] = std::array::from_fn(|r| coefficients[r.min(coefficients.len() - 1)]);
+    let mut acc = [[0f32; COLS]; ROWS];
+    for i in 0..terms {
+        let row: &[f32; COLS] = matrix_row(i)[start..start + COLS]
+            .try_into()
+            .expect("a group of COLS columns");
+        for (acc, coefficients) in acc.iter_mut().zip(&rows) {
+            let c = coefficients[i];
+            for l in 0..COLS {
+                acc[l] += c * row[l];
             }
         }
+    }
+    for (r, acc) in acc.iter().enumerate().take(coefficients.len()) {
+        out[r * width + start..r * width + start + COLS].copy_from_slice(acc);
     }
 }
 
@@ -837,6 +873,38 @@ mod tests {
             .unwrap();
         for (a, b) in values(&a).iter().zip(values(&b)) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn row_products_sum_every_column_in_term_order() {
+        let value = |i: usize, j: usize| (((i + 5) * (j + 11) * 7919) % 307) as f32 / 53.0 - 2.9;
+        for width in [1, 15, 16, 17, 48, 64, 80, 100, 128, 150] {
+            let terms = 37;
+            let matrix: Vec<Vec<f32>> = (0..terms)
+                .map(|i| (0..width).map(|c| value(i, c)).collect())
+                .collect();
+            for rows in 1..=MAX_PRODUCT_ROWS {
+                let coefficients: Vec<Vec<f32>> = (0..rows)
+                    .map(|r| (0..terms).map(|i| value(100 + r, i)).collect())
+                    .collect();
+                let slices: Vec<&[f32]> = coefficients.iter().map(Vec::as_slice).collect();
+                let mut out = vec![f32::NAN; rows * width];
+                rows_times_matrix(&slices, |i| matrix[i].as_slice(), width, &mut out);
+                for (r, coefficients) in coefficients.iter().enumerate() {
+                    for c in 0..width {
+                        let mut sum = 0f32;
+                        for (i, &a) in coefficients.iter().enumerate() {
+                            sum += a * matrix[i][c];
+                        }
+                        assert_eq!(
+                            out[r * width + c].to_bits(),
+                            sum.to_bits(),
+                            "{width} {r} {c}"
+                        );
+                    }
+                }
+            }
         }
     }
 
