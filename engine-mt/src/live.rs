@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use engine_llm::{LanguageModel, Message, TextTokenizer};
+use engine_llm::{forward_costs, LanguageModel, Message, TextTokenizer};
+use spec_core::{AcceptanceRate, ForwardCosts, LookupConfig, LookupDrafter};
 
 use crate::bias::{AdaptiveBias, BiasInputs};
 use crate::display::{DisplayPolicy, DisplayStage, UpdateView};
@@ -77,7 +78,8 @@ pub struct LiveConfig {
     /// [`Decoding::Ssbd`]'s β (β = 0 stays exact). No effect on [`Decoding::Autoregressive`].
     pub adaptive_bias: Option<AdaptiveBias>,
     /// Most tokens the rest of the previous output drafts at once after the divergence
-    /// ([`Continuation::Lookup`]); 0 decodes one token per forward there. SSBD only:
+    /// ([`Continuation::Lookup`]), cut to what the model's measured forward costs and the
+    /// acceptance so far pay for; 0 decodes one token per forward there. SSBD only:
     /// [`Decoding::Autoregressive`] stays plain re-translation. An attached assistant model
     /// drafts instead.
     pub lookup_draft: usize,
@@ -150,6 +152,12 @@ impl LiveConfig {
         }
     }
 
+    /// Whether the tokens after the divergence are drafted by lookup ([`Continuation::Lookup`]):
+    /// SSBD with [`LiveConfig::lookup_draft`] > 0.
+    fn uses_lookup(&self) -> bool {
+        self.lookup_draft > 0 && matches!(self.decoding, Decoding::Ssbd { .. })
+    }
+
     fn validate(&self) -> Result<()> {
         if let Decoding::Ssbd { beta } = self.decoding {
             if !(0.0..=1.0).contains(&beta) {
@@ -192,11 +200,22 @@ pub struct LiveTranslator<'m> {
     previous_source: String,
     accepted_so_far: usize,
     forced_so_far: usize,
+    /// The target's measured forward costs, when the lookup continuation is on: its drafts are
+    /// cut to the length they pay for.
+    lookup_costs: Option<ForwardCosts>,
+    /// The lookup continuation's acceptance so far, carried from update to update.
+    lookup_acceptance: Option<AcceptanceRate>,
 }
 
 impl<'m> LiveTranslator<'m> {
     pub fn new(model: &'m mut LanguageModel, config: LiveConfig) -> Result<Self> {
         config.validate()?;
+        let lookup_costs = match config.uses_lookup() {
+            true => Some(
+                forward_costs(&mut model.model, &model.weights).map_err(engine_llm::Error::from)?,
+            ),
+            false => None,
+        };
         Ok(LiveTranslator {
             model,
             assistant: None,
@@ -206,6 +225,8 @@ impl<'m> LiveTranslator<'m> {
             previous_source: String::new(),
             accepted_so_far: 0,
             forced_so_far: 0,
+            lookup_costs,
+            lookup_acceptance: None,
         })
     }
 
@@ -237,19 +258,17 @@ impl<'m> LiveTranslator<'m> {
         let draft = &self.previous[..keep];
         let inputs = self.bias_inputs(&update.text);
         let decoding = self.config.decoding_for(update.is_final, &inputs);
-        let continuation = match self.assistant.as_deref_mut() {
-            Some(assistant) => Continuation::Assistant {
+        let mut lookup = match self.assistant.is_none() && self.config.uses_lookup() {
+            true => Some(self.lookup_drafter()?),
+            false => None,
+        };
+        let continuation = match (self.assistant.as_deref_mut(), lookup.as_mut()) {
+            (Some(assistant), _) => Continuation::Assistant {
                 model: &mut assistant.model,
                 gamma: self.config.assistant_gamma,
             },
-            None if self.config.lookup_draft > 0
-                && matches!(self.config.decoding, Decoding::Ssbd { .. }) =>
-            {
-                Continuation::Lookup {
-                    max_draft: self.config.lookup_draft,
-                }
-            }
-            None => Continuation::Greedy,
+            (None, Some(drafter)) => Continuation::Lookup(drafter),
+            (None, None) => Continuation::Greedy,
         };
         let decode = decode_update(
             &mut self.model.model,
@@ -260,6 +279,9 @@ impl<'m> LiveTranslator<'m> {
             self.model.tokenizer.end_tokens(),
             self.config.max_tokens,
         )?;
+        if let Some(drafter) = lookup {
+            self.lookup_acceptance = Some(drafter.acceptance());
+        }
         let tokenizer = &self.model.tokenizer;
         let output = tokenizer.decode_text(&decode.tokens)?;
         let pieces = token_pieces(tokenizer, &decode.tokens)?;
@@ -290,6 +312,23 @@ impl<'m> LiveTranslator<'m> {
             beta,
             decode,
         })
+    }
+
+    /// The lookup continuation's drafter for one update: the previous output is its reference,
+    /// and it starts from the acceptance observed so far.
+    fn lookup_drafter(&self) -> Result<LookupDrafter> {
+        let mut drafter = LookupDrafter::new(LookupConfig {
+            max_draft: self.config.lookup_draft,
+            ..LookupConfig::default()
+        })?;
+        if let Some(costs) = &self.lookup_costs {
+            drafter = drafter.with_costs(costs.clone());
+        }
+        if let Some(acceptance) = self.lookup_acceptance {
+            drafter = drafter.with_acceptance(acceptance);
+        }
+        drafter.add_reference(self.previous.clone());
+        Ok(drafter)
     }
 
     /// What the adaptive bias knows of an update of `source`.

@@ -14,7 +14,10 @@ use spec_core::decoder::forward_tokens;
 use spec_core::decoder::rewind_to_prefix;
 use spec_core::draft::{advance, catch_up};
 use spec_core::sampling::{argmax, softmax};
-use spec_core::{forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows};
+use spec_core::{
+    forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows, LookupDrafter,
+    TreeDrafter,
+};
 
 use crate::error::{Error, Result};
 
@@ -34,11 +37,13 @@ pub enum Continuation<'a> {
     /// One target forward per token (the paper's setting).
     Greedy,
     /// The previous output keeps drafting after the divergence: where the last decoded tokens
-    /// occur in it, the tokens that followed them there (at most `max_draft`) are checked in
-    /// one forward. A translation of a grown source often rejoins the previous one after the
-    /// words the new source inserted (prompt-lookup decoding on the previous translation; the
-    /// paper discards the draft after the divergence).
-    Lookup { max_draft: usize },
+    /// occur in it (the drafter's reference) or earlier in the new output, the tokens that
+    /// followed them there are checked in one forward, as many as the drafter's forward costs
+    /// and observed acceptance pay for. A translation of
+    /// a grown source often rejoins the previous one after the words the new source inserted
+    /// (prompt-lookup decoding on the previous translation; the paper discards the draft after
+    /// the divergence).
+    Lookup(&'a mut LookupDrafter),
     /// A small model of the same vocabulary drafts `gamma` tokens per step (SSBD + draft-model
     /// speculative decoding, the paper's future work).
     Assistant {
@@ -142,7 +147,6 @@ pub fn decode_update<T: Decoder + ?Sized>(
             target,
             &mut continuation,
             prompt,
-            draft,
             end_tokens,
             max_tokens,
             &mut out,
@@ -160,7 +164,6 @@ fn continue_decoding<T: Decoder + ?Sized>(
     target: &mut T,
     continuation: &mut Continuation<'_>,
     prompt: &[u32],
-    previous: &[u32],
     end_tokens: &[u32],
     max_tokens: usize,
     out: &mut UpdateDecode,
@@ -185,9 +188,12 @@ fn continue_decoding<T: Decoder + ?Sized>(
         let limit = (max_tokens - out.tokens.len() - 1).min(target.max_len() - context.len());
         let draft = match continuation {
             Continuation::Greedy => Vec::new(),
-            Continuation::Lookup { max_draft } => {
-                lookup_draft(previous, &out.tokens, (*max_draft).min(limit))
+            // Looked up in the output only: a match in the prompt's template or source words
+            // rarely continues into the translation.
+            Continuation::Lookup(drafter) if !out.tokens.is_empty() => {
+                drafter.draft_tree(&out.tokens, limit)?.tree.tokens()[1..].to_vec()
             }
+            Continuation::Lookup(_) => Vec::new(),
             Continuation::Assistant { model, gamma } if limit > 0 => {
                 let draft = assistant_draft(&mut **model, &context, (*gamma).min(limit))?;
                 out.draft_forwards += draft.len();
@@ -221,27 +227,10 @@ fn continue_decoding<T: Decoder + ?Sized>(
             break;
         }
     }
+    if let Continuation::Lookup(drafter) = continuation {
+        drafter.finish(&out.tokens)?;
+    }
     Ok(())
-}
-
-/// The tokens that followed the longest recent match of `decoded`'s tail in `previous` (the
-/// latest occurrence of the longest suffix of up to 3 tokens), at most `max` of them.
-fn lookup_draft(previous: &[u32], decoded: &[u32], max: usize) -> Vec<u32> {
-    if max == 0 {
-        return Vec::new();
-    }
-    for n in (1..=decoded.len().min(3)).rev() {
-        let tail = &decoded[decoded.len() - n..];
-        if let Some(start) = previous
-            .windows(n)
-            .rposition(|w| w == tail)
-            .map(|i| i + n)
-            .filter(|&start| start < previous.len())
-        {
-            return previous[start..(start + max).min(previous.len())].to_vec();
-        }
-    }
-    Vec::new()
 }
 
 /// `gamma` tokens greedily drafted by `model` after `context`.
@@ -256,23 +245,4 @@ fn assistant_draft(model: &mut dyn Decoder, context: &[u32], gamma: usize) -> Re
         }
     }
     Ok(draft)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lookup_follows_the_longest_latest_match() {
-        let previous = [10, 11, 12, 13, 11, 14, 15];
-        // The tail (11) occurs twice: the latest occurrence wins.
-        assert_eq!(lookup_draft(&previous, &[3, 11], 4), [14, 15]);
-        // (12, 11) does not occur but (11) does; (10, 11) picks the first occurrence.
-        assert_eq!(lookup_draft(&previous, &[10, 11], 2), [12, 13]);
-        // At the end of the previous output there is nothing to follow.
-        assert_eq!(lookup_draft(&previous, &[15], 4), Vec::<u32>::new());
-        assert_eq!(lookup_draft(&previous, &[99], 4), Vec::<u32>::new());
-        assert_eq!(lookup_draft(&previous, &[13], 0), Vec::<u32>::new());
-        assert_eq!(lookup_draft(&[], &[1], 4), Vec::<u32>::new());
-    }
 }

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{argmax, softmax};
-use spec_core::{generate, Decoder, SamplingConfig, StopConditions};
+use spec_core::{generate, Decoder, LookupConfig, LookupDrafter, SamplingConfig, StopConditions};
 
 use engine_mt::{
     decode_update, AdaptiveBias, BiasInputs, Continuation, Decoding, Error, LiveConfig, Masking,
@@ -81,9 +81,10 @@ fn sentence(
         };
         inputs.changed_words = end - inputs.source_words;
         inputs.source_words = end;
-        let continuation = match config.lookup_draft {
-            0 => Continuation::Greedy,
-            max_draft => Continuation::Lookup { max_draft },
+        let mut drafter = lookup_drafter(config.lookup_draft, &previous);
+        let continuation = match drafter.as_mut() {
+            Some(drafter) => Continuation::Lookup(drafter),
+            None => Continuation::Greedy,
         };
         let out = decode_update(
             model,
@@ -101,6 +102,19 @@ fn sentence(
         outputs.push(out.tokens);
     }
     outputs
+}
+
+/// The lookup continuation's drafter over `reference` (the previous output), none for 0.
+fn lookup_drafter(max_draft: usize, reference: &[u32]) -> Option<LookupDrafter> {
+    (max_draft > 0).then(|| {
+        let mut drafter = LookupDrafter::new(LookupConfig {
+            max_draft,
+            ..LookupConfig::default()
+        })
+        .unwrap();
+        drafter.add_reference(reference.to_vec());
+        drafter
+    })
 }
 
 /// Update ends of a lag-3 reveal of `len` source tokens.
@@ -153,9 +167,10 @@ proptest! {
             generate(&mut model, &stale, &SamplingConfig::greedy(), &StopConditions::new(2),
                      &mut StdRng::seed_from_u64(0), &mut |_| {}).unwrap();
         }
-        let continuation = match lookup {
-            0 => Continuation::Greedy,
-            max_draft => Continuation::Lookup { max_draft },
+        let mut drafter = lookup_drafter(lookup, &draft);
+        let continuation = match drafter.as_mut() {
+            Some(drafter) => Continuation::Lookup(drafter),
+            None => Continuation::Greedy,
         };
         let out = ssbd_with(&mut model, continuation, &prompt, &draft, 0.0, max_tokens);
         prop_assert_eq!(&out.tokens, &greedy(&config, &prompt, max_tokens));
@@ -179,9 +194,10 @@ proptest! {
         let config = MockConfig { sharpness: 1.0, ..MockConfig::target(30, seed) };
         let mut model = MockDecoder::new(config.clone());
         let max_tokens = 20;
-        let continuation = match lookup {
-            0 => Continuation::Greedy,
-            max_draft => Continuation::Lookup { max_draft },
+        let mut drafter = lookup_drafter(lookup, &draft);
+        let continuation = match drafter.as_mut() {
+            Some(drafter) => Continuation::Lookup(drafter),
+            None => Continuation::Greedy,
         };
         let out = ssbd_with(&mut model, continuation, &prompt, &draft, beta, max_tokens);
         let kept = out.accepted;
@@ -429,9 +445,10 @@ fn the_previous_output_drafts_again_after_the_divergence() {
         0.0,
         24,
     );
+    let mut drafter = lookup_drafter(8, &previous).unwrap();
     let lookup = ssbd_with(
         &mut MockDecoder::new(config.clone()),
-        Continuation::Lookup { max_draft: 8 },
+        Continuation::Lookup(&mut drafter),
         &prompt,
         &previous,
         0.0,
