@@ -48,8 +48,9 @@ struct Args {
     #[arg(long, default_value = "greedy")]
     verifier: Verifier,
 
-    /// How the answer is continued after the kept guess: ar, jacobi[:WINDOW], draft[:GAMMA]
-    #[arg(long, default_value = "ar")]
+    /// How the answer is continued after the kept guess: lookup[:MAX_DRAFT], ar,
+    /// jacobi[:WINDOW], draft[:GAMMA]
+    #[arg(long, default_value = "lookup")]
     continuation: Continuation,
 
     /// A question to speak word by word (repeat for a conversation)

@@ -336,7 +336,8 @@ fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
         max_answer_tokens: 32,
         ..PredGenConfig::with_verifier(Verifier::Greedy)
     };
-    assert_eq!(config.continuation, Continuation::Autoregressive);
+    // The default continuation, lookup over the turn's discarded guesses.
+    assert!(matches!(config.continuation, Continuation::Lookup { .. }));
     let turns = [
         "How long should I boil an egg if I want the yolk to stay soft?",
         "And for a hard one?",

@@ -144,8 +144,9 @@ struct ChatArgs {
     #[arg(long, default_value = "greedy")]
     verifier: Verifier,
 
-    /// How the answer is continued: ar, jacobi[:WINDOW], draft[:GAMMA] (needs --draft)
-    #[arg(long, default_value = "ar")]
+    /// How the answer is continued: lookup[:MAX_DRAFT] (copies from the turn's discarded
+    /// guesses; costs no forward), ar, jacobi[:WINDOW], draft[:GAMMA] (needs --draft)
+    #[arg(long, default_value = "lookup")]
     continuation: Continuation,
 
     /// Draft model for `--continuation draft`

@@ -127,6 +127,9 @@ impl std::str::FromStr for Continuation {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PredGenConfig {
     pub verifier: Verifier,
+    /// [`Continuation::Lookup`] by default: it costs no forward, so it never delays an answer
+    /// by more than the forwards it saves (voice questions: 1.94× the cascade's audio latency
+    /// against one token per forward's 1.76×, same run; no turn slower than the cascade's).
     pub continuation: Continuation,
     /// System prompt of every turn (partial prompts and the final one alike, so that the cache
     /// of the conversation is shared and greedy PredGen answers exactly as the plain cascade
@@ -163,7 +166,7 @@ impl Default for PredGenConfig {
     fn default() -> Self {
         Self {
             verifier: Verifier::Greedy,
-            continuation: Continuation::Autoregressive,
+            continuation: Continuation::Lookup { max_draft: 8 },
             system_prompt: PARTIAL_INPUT_SYSTEM_PROMPT.to_string(),
             tokens_per_step: 1,
             max_guess_tokens: 48,
