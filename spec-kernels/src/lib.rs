@@ -233,7 +233,8 @@ impl QMatrix {
         let pool = Pool::global();
         let tasks = guided_tasks(matrices, pool.threads());
         // One token's results are laid out as a pass's; batches go through `[rows, n]`
-        // buffers, in chunks that bound the activations a row meets to what stays in L1/L2.
+        // buffers, in chunks that bound the activations a row meets to what stays in L1/L2,
+        // and each task moves its rows into the caller's `[tokens, rows]` layout itself.
         let chunk = tokens.min(MAX_TOKENS_PER_PASS);
         let mut passes: Vec<Vec<f32>> = match tokens {
             1 => Vec::new(),
@@ -242,6 +243,7 @@ impl QMatrix {
                 .map(|m| vec![0f32; m.rows * chunk])
                 .collect(),
         };
+        let finals: Vec<SharedOut<f32>> = outs.iter_mut().map(|out| SharedOut::new(out)).collect();
         for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
             let n = MAX_TOKENS_PER_PASS.min(tokens - first);
             let x = &x[first * cols..(first + n) * cols];
@@ -250,11 +252,8 @@ impl QMatrix {
                 needed.then(|| QuantizedTokens::new(x, n, cols, block))
             };
             let (by_32, by_256) = (quantized(32), quantized(256));
-            let shared: Vec<SharedOut<f32>> = if tokens == 1 {
-                outs.iter_mut().map(|out| SharedOut::new(out)).collect()
-            } else {
-                passes.iter_mut().map(|pass| SharedOut::new(pass)).collect()
-            };
+            let pass_buffers: Vec<SharedOut<f32>> =
+                passes.iter_mut().map(|pass| SharedOut::new(pass)).collect();
             pool.run(tasks.len(), &|task| {
                 let (i, rows) = &tasks[task];
                 let m = matrices[*i];
@@ -263,19 +262,20 @@ impl QMatrix {
                     _ => by_256.as_ref(),
                 };
                 let acts = acts.expect("quantized for every block length in use");
-                // SAFETY: tasks write disjoint row ranges of their matrix's buffer.
-                let out = unsafe { shared[*i].range(rows.start * n..rows.end * n) };
-                m.rows_dot(isa, rows.clone(), acts, out);
-            });
-            if tokens > 1 {
-                for ((m, pass), out) in matrices.iter().zip(&passes).zip(outs.iter_mut()) {
-                    for (r, values) in pass.chunks_exact(n).take(m.rows).enumerate() {
-                        for (t, &v) in values.iter().enumerate() {
-                            out[(first + t) * m.rows + r] = v;
-                        }
+                if tokens == 1 {
+                    // SAFETY: tasks write disjoint row ranges of their matrix's output.
+                    let out = unsafe { finals[*i].range(rows.clone()) };
+                    m.rows_dot(isa, rows.clone(), acts, out);
+                } else {
+                    // SAFETY: tasks write disjoint row ranges of their matrix's pass buffer,
+                    // then those rows of the tokens `first..first + n` of its output.
+                    unsafe {
+                        let pass = pass_buffers[*i].range(rows.start * n..rows.end * n);
+                        m.rows_dot(isa, rows.clone(), acts, pass);
+                        scatter_to_tokens(&finals[*i], pass, m.rows, rows.start, first, n);
                     }
                 }
-            }
+            });
         }
         Ok(())
     }
@@ -451,6 +451,38 @@ impl<T> SharedOut<T> {
     unsafe fn range(&self, range: Range<usize>) -> &mut [T] {
         assert!(range.start <= range.end && range.end <= self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
+    }
+}
+
+/// Rows a task moves from its `[rows, n]` results into the `[tokens, rows]` output at once: a
+/// tile of 16 rows × n tokens reads whole cache lines of both.
+const SCATTER_ROWS: usize = 16;
+
+/// Writes `pass` (`[r, n]`: r rows from row `first_row` on, n tokens) into `out` (`[tokens,
+/// total_rows]`) at tokens `first_token..first_token + n`.
+///
+/// # Safety
+/// `out` must hold the `(first_token + n) · total_rows` values of its buffer, and no other live
+/// write may touch these rows of these tokens.
+unsafe fn scatter_to_tokens(
+    out: &SharedOut<f32>,
+    pass: &[f32],
+    total_rows: usize,
+    first_row: usize,
+    first_token: usize,
+    n: usize,
+) {
+    let rows = pass.len() / n;
+    assert!(first_row + rows <= total_rows && (first_token + n) * total_rows <= out.len);
+    for tile in (0..rows).step_by(SCATTER_ROWS) {
+        let tile_rows = SCATTER_ROWS.min(rows - tile);
+        for t in 0..n {
+            let start = (first_token + t) * total_rows + first_row + tile;
+            let dst = std::slice::from_raw_parts_mut(out.ptr.add(start), tile_rows);
+            for (r, d) in dst.iter_mut().enumerate() {
+                *d = pass[(tile + r) * n + t];
+            }
+        }
     }
 }
 
