@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor, D};
 use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, LogitRows};
+use spec_nn::elementwise::add;
 use spec_nn::{
     decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention, ShortlistOutput,
     SwiGlu,
@@ -181,9 +182,9 @@ impl Transformer {
             let attended = layer
                 .attention
                 .forward(&normed, Some(&rotary), &mask, cache)?;
-            x = (x + attended)?;
+            x = add(&x, &attended)?;
             let normed = layer.ffn_norm.forward(&x)?;
-            x = (x + layer.ffn.forward(&normed)?)?;
+            x = add(&x, &layer.ffn.forward(&normed)?)?;
         }
         let full_rows = if self.weights.shortlist.is_some() {
             0

@@ -13,6 +13,8 @@
 //! - [`sequence_attention`]: attention over a whole sequence without a cache (plain and
 //!   Transformer-XL relative-position), for non-autoregressive blocks.
 //! - [`norm`]: RMSNorm and LayerNorm (with bias).
+//! - [`elementwise`]: residual and bias sums on the calling thread (candle's own pool for
+//!   large element-wise operations competes with the kernels' threads).
 //! - [`rotary`] and [`positions`]: rotary embeddings, learned and sinusoidal absolute positions.
 //! - [`mlp`]: SwiGLU (gating fused on the kernels' threads) and GELU feed-forwards.
 //! - [`load`]: named tensors from GGUF, safetensors, CTranslate2's `model.bin`
@@ -28,6 +30,7 @@
 pub mod attention;
 pub mod costs;
 pub mod ctranslate2;
+pub mod elementwise;
 mod error;
 pub mod heads;
 pub mod linear;

@@ -8,6 +8,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Storage, Tensor};
 use spec_kernels::{Format, QMatrix};
 
+use crate::elementwise::add_bias;
 use crate::Result;
 
 /// `y = x · Wᵀ` for a quantized `W` of shape `[out, in]`.
@@ -177,7 +178,7 @@ impl Linear {
         let mut outputs = QLinear::forward_many(linears.map(|linear| &linear.weight), x)?;
         for (y, linear) in outputs.iter_mut().zip(linears) {
             if let Some(bias) = &linear.bias {
-                *y = y.broadcast_add(bias)?;
+                *y = add_bias(y, bias)?;
             }
         }
         Ok(outputs)
@@ -188,7 +189,7 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = self.weight.forward(x)?;
         match &self.bias {
-            Some(bias) => y.broadcast_add(bias),
+            Some(bias) => add_bias(&y, bias).map_err(candle_core::Error::wrap),
             None => Ok(y),
         }
     }

@@ -15,6 +15,7 @@ use candle_core::{Device, Tensor};
 use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache};
+use spec_nn::elementwise::add;
 use spec_nn::SelfAttention;
 use spec_nn::{
     decoder_output, unembed, AttentionMask, CrossAttention, CrossKv, GeluMlp, LearnedPositions,
@@ -75,9 +76,9 @@ impl Encoder {
         for layer in &self.layers {
             let normed = layer.attention_norm.forward(&x)?;
             let own = layer.attention.keys_values(&normed)?;
-            x = (&x + layer.attention.forward(&normed, &own)?)?;
+            x = add(&x, &layer.attention.forward(&normed, &own)?)?;
             let normed = layer.mlp_norm.forward(&x)?;
-            x = (&x + layer.mlp.forward(&normed)?)?;
+            x = add(&x, &layer.mlp.forward(&normed)?)?;
         }
         Ok(self.final_norm.forward(&x)?)
     }
@@ -232,11 +233,14 @@ impl Whisper {
         for (index, (layer, cross)) in decoder.layers.iter().zip(cross).enumerate() {
             let normed = layer.self_attention_norm.forward(&x)?;
             let cache = self.cache.layer_mut(index);
-            x = (&x + layer.self_attention.forward(&normed, None, &mask, cache)?)?;
+            x = add(
+                &x,
+                &layer.self_attention.forward(&normed, None, &mask, cache)?,
+            )?;
             let normed = layer.cross_attention_norm.forward(&x)?;
-            x = (&x + layer.cross_attention.forward(&normed, cross)?)?;
+            x = add(&x, &layer.cross_attention.forward(&normed, cross)?)?;
             let normed = layer.mlp_norm.forward(&x)?;
-            x = (&x + layer.mlp.forward(&normed)?)?;
+            x = add(&x, &layer.mlp.forward(&normed)?)?;
         }
         let out = decoder_output(
             &x,
