@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use engine_llm::{forward_costs, LanguageModel, Message, TextTokenizer};
-use spec_core::{AcceptanceRate, ForwardCosts, LookupConfig, LookupDrafter};
+use spec_core::{AcceptanceRate, ForwardCosts, LookupDrafter};
 
 use crate::bias::{AdaptiveBias, BiasInputs};
 use crate::display::{DisplayPolicy, DisplayStage, UpdateView};
@@ -317,16 +317,11 @@ impl<'m> LiveTranslator<'m> {
     /// The lookup continuation's drafter for one update: the previous output is its reference,
     /// and it starts from the acceptance observed so far.
     fn lookup_drafter(&self) -> Result<LookupDrafter> {
-        let mut drafter = LookupDrafter::new(LookupConfig {
-            max_draft: self.config.lookup_draft,
-            ..LookupConfig::default()
-        })?;
-        if let Some(costs) = &self.lookup_costs {
-            drafter = drafter.with_costs(costs.clone());
-        }
-        if let Some(acceptance) = self.lookup_acceptance {
-            drafter = drafter.with_acceptance(acceptance);
-        }
+        let mut drafter = LookupDrafter::continuing(
+            self.config.lookup_draft,
+            self.lookup_costs.as_ref(),
+            self.lookup_acceptance,
+        )?;
         drafter.add_reference(self.previous.clone());
         Ok(drafter)
     }

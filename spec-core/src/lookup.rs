@@ -67,15 +67,28 @@ impl LookupDrafter {
         })
     }
 
+    /// A drafter of at most `max_draft` tokens (the default n-grams) that goes on from earlier
+    /// drafting: cut to what `costs` pay for when they are known, from the `acceptance` observed
+    /// before when there was any.
+    pub fn continuing(
+        max_draft: usize,
+        costs: Option<&ForwardCosts>,
+        acceptance: Option<AcceptanceRate>,
+    ) -> Result<Self> {
+        let mut drafter = Self::new(LookupConfig {
+            max_draft,
+            ..LookupConfig::default()
+        })?;
+        drafter.costs = costs.cloned();
+        if let Some(acceptance) = acceptance {
+            drafter.acceptance = acceptance;
+        }
+        Ok(drafter)
+    }
+
     /// Drafts only as many tokens as pay at the observed acceptance, given these costs.
     pub fn with_costs(mut self, costs: ForwardCosts) -> Self {
         self.costs = Some(costs);
-        self
-    }
-
-    /// Starts from an acceptance estimate carried over from earlier drafting.
-    pub fn with_acceptance(mut self, acceptance: AcceptanceRate) -> Self {
-        self.acceptance = acceptance;
         self
     }
 
@@ -237,5 +250,27 @@ mod tests {
             ..LookupConfig::default()
         })
         .is_err());
+    }
+
+    #[test]
+    fn a_continuing_drafter_keeps_the_costs_and_acceptance_it_is_given() {
+        // 16 tokens cost twice one: drafts pay at α = 0.5, not near 0.
+        let cheap = ForwardCosts::from_points(&[(1, 1.0), (16, 2.0)]).unwrap();
+        // An acceptance learned earlier as nearly zero: no draft pays.
+        let mut poor = AcceptanceRate::new(2.0, 2.0, 0.9);
+        for _ in 0..20 {
+            poor.observe(8, 0);
+        }
+        let mut d = LookupDrafter::continuing(8, Some(&cheap), Some(poor)).unwrap();
+        assert_eq!(d.acceptance(), poor);
+        d.add_reference(vec![1, 2, 3, 4, 5]);
+        assert_eq!(d.draft_tree(&[1], 8).unwrap().tree.len(), 1);
+        // Without an earlier acceptance it starts fresh and drafts the whole match, at most
+        // `max_draft` tokens.
+        let mut d = LookupDrafter::continuing(3, Some(&cheap), None).unwrap();
+        assert_eq!(d.acceptance(), drafter().acceptance());
+        d.add_reference(vec![1, 2, 3, 4, 5]);
+        assert_eq!(d.draft_tree(&[1], 8).unwrap().tree.len(), 4);
+        assert!(LookupDrafter::continuing(0, None, None).is_err());
     }
 }

@@ -19,8 +19,8 @@ use spec_core::sampling::{argmax, softmax};
 use spec_core::{
     forward_continuation, generate, jacobi_generate, speculative_generate,
     tree_speculative_generate, AcceptanceRate, AcceptanceRule, CostAwarePolicy, Decoder,
-    DraftLength, FinishReason, ForwardCosts, Generation, LogitRows, LookupConfig, LookupDrafter,
-    SamplingConfig, SpeculativeConfig, StopConditions,
+    DraftLength, FinishReason, ForwardCosts, Generation, LogitRows, LookupDrafter, SamplingConfig,
+    SpeculativeConfig, StopConditions,
 };
 use spec_nn::forward_costs;
 
@@ -1336,16 +1336,11 @@ impl<'m> PredGen<'m> {
                 gen
             }
             Continuation::Lookup { max_draft } => {
-                let mut drafter = LookupDrafter::new(LookupConfig {
+                let mut drafter = LookupDrafter::continuing(
                     max_draft,
-                    ..LookupConfig::default()
-                })?;
-                if let Some(costs) = &self.costs {
-                    drafter = drafter.with_costs(costs.clone());
-                }
-                if let Some(acceptance) = self.lookup_acceptance {
-                    drafter = drafter.with_acceptance(acceptance);
-                }
+                    self.costs.as_ref(),
+                    self.lookup_acceptance,
+                )?;
                 for guess in drafting.guesses {
                     drafter.add_reference(guess.clone());
                 }
