@@ -39,10 +39,9 @@ pub enum Continuation<'a> {
     /// The previous output keeps drafting after the divergence: where the last decoded tokens
     /// occur in it (the drafter's reference) or earlier in the new output, the tokens that
     /// followed them there are checked in one forward, as many as the drafter's forward costs
-    /// and observed acceptance pay for. A translation of
-    /// a grown source often rejoins the previous one after the words the new source inserted
-    /// (prompt-lookup decoding on the previous translation; the paper discards the draft after
-    /// the divergence).
+    /// and observed acceptance pay for. A translation of a grown source often rejoins the
+    /// previous one after the words the new source inserted (prompt-lookup decoding on the
+    /// previous translation; the paper discards the draft after the divergence).
     Lookup(&'a mut LookupDrafter),
     /// A small model of the same vocabulary drafts `gamma` tokens per step (SSBD + draft-model
     /// speculative decoding, the paper's future work).

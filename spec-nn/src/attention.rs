@@ -228,7 +228,7 @@ const SELF_ROW_BLOCK: usize = 4;
 const CROSS_ROW_BLOCK: usize = MAX_PRODUCT_ROWS;
 
 /// The narrow column group of [`rows_times_matrix`] (one vector), for widths that are not a
-/// multiple of its wide groups.
+/// multiple of [`WIDE_COLUMNS`].
 const LANES: usize = 16;
 
 /// Attention of a few query rows over every key of a cross-attention (no mask), with the keys
@@ -271,11 +271,11 @@ fn weighted_values(weights: &[&[f32]], v: &HeadRows, head: usize, dim: usize, ou
 /// `out[r·width + c] = Σ_i coefficients[r][i] · matrix_row(i)[c]` for up to
 /// [`MAX_PRODUCT_ROWS`] rows, each sum accumulated from zero in the order of i, so a row's
 /// result is bit-identical whatever rows are beside it and however the columns are grouped.
-/// The rows go together through groups of columns whose sums stay in registers (64 columns: 16
-/// vectors of 16 lanes for 4 rows), then groups of [`LANES`], then
-/// single columns: each row of the matrix is read once for all rows, and a group's columns
-/// are independent chains, so the additions of consecutive terms overlap instead of waiting
-/// for each other (one chain of 16 lanes per row was bound by the latency of an addition).
+/// The rows go together through groups of [`WIDE_COLUMNS`] columns whose sums stay in
+/// registers (16 vectors of 16 lanes for 4 rows), then groups of [`LANES`], then single
+/// columns: each row of the matrix is read once for all rows, and a group's columns are
+/// independent chains, so the additions of consecutive terms overlap instead of waiting for
+/// each other (one chain of 16 lanes per row was bound by the latency of an addition).
 fn rows_times_matrix<'m>(
     coefficients: &[&[f32]],
     matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
@@ -284,30 +284,34 @@ fn rows_times_matrix<'m>(
 ) {
     match coefficients.len() {
         0 => {}
-        1 => columns_in_groups::<1, 64>(coefficients, matrix_row, width, out),
-        2 => columns_in_groups::<2, 64>(coefficients, matrix_row, width, out),
-        3 => columns_in_groups::<3, 64>(coefficients, matrix_row, width, out),
-        rows => {
-            assert!(rows <= MAX_PRODUCT_ROWS, "{rows} rows in one product");
-            columns_in_groups::<MAX_PRODUCT_ROWS, 64>(coefficients, matrix_row, width, out)
+        1 => columns_in_groups::<1>(coefficients, matrix_row, width, out),
+        2 => columns_in_groups::<2>(coefficients, matrix_row, width, out),
+        3 => columns_in_groups::<3>(coefficients, matrix_row, width, out),
+        MAX_PRODUCT_ROWS => {
+            columns_in_groups::<MAX_PRODUCT_ROWS>(coefficients, matrix_row, width, out)
         }
+        rows => panic!("{rows} rows in one product, at most {MAX_PRODUCT_ROWS}"),
     }
 }
 
-/// Rows of one [`rows_times_matrix`].
+/// Rows of one [`rows_times_matrix`]; the attention blocks hand it at most this many.
 const MAX_PRODUCT_ROWS: usize = 4;
+const _: () = assert!(SELF_ROW_BLOCK <= MAX_PRODUCT_ROWS && CROSS_ROW_BLOCK <= MAX_PRODUCT_ROWS);
 
-/// [`rows_times_matrix`] for up to `ROWS` rows, `WIDE` columns at a time.
-fn columns_in_groups<'m, const ROWS: usize, const WIDE: usize>(
+/// The wide column group of [`rows_times_matrix`]: four vectors of 16 lanes per row.
+const WIDE_COLUMNS: usize = 64;
+
+/// [`rows_times_matrix`] for `ROWS` rows.
+fn columns_in_groups<'m, const ROWS: usize>(
     coefficients: &[&[f32]],
     matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
     width: usize,
     out: &mut [f32],
 ) {
-    let wide = width - width % WIDE;
+    let wide = width - width % WIDE_COLUMNS;
     let lanes = wide + (width - wide) / LANES * LANES;
-    for start in (0..wide).step_by(WIDE) {
-        column_group::<ROWS, WIDE>(coefficients, matrix_row, start, width, out);
+    for start in (0..wide).step_by(WIDE_COLUMNS) {
+        column_group::<ROWS, WIDE_COLUMNS>(coefficients, matrix_row, start, width, out);
     }
     for start in (wide..lanes).step_by(LANES) {
         column_group::<ROWS, LANES>(coefficients, matrix_row, start, width, out);
@@ -317,7 +321,7 @@ fn columns_in_groups<'m, const ROWS: usize, const WIDE: usize>(
     }
 }
 
-/// Columns `start..start + COLS` of [`rows_times_matrix`] for the (at most `ROWS`) rows of
+/// Columns `start..start + COLS` of [`rows_times_matrix`] for the `ROWS` rows of
 /// `coefficients`.
 #[inline(always)]
 fn column_group<'m, const ROWS: usize, const COLS: usize>(
@@ -328,22 +332,21 @@ fn column_group<'m, const ROWS: usize, const COLS: usize>(
     out: &mut [f32],
 ) {
     let terms = coefficients[0].len();
-    // Rows past the last repeat it (their sums are dropped): a fixed number of rows keeps
-    // every sum in a register.
-    let rows: [&[f32]; ROWS] = std::array::from_fn(|r| coefficients[r.min(coefficients.len() - 1)]);
+    // A fixed number of rows keeps every sum in a register.
+    let rows: &[&[f32]; ROWS] = coefficients.try_into().expect("ROWS rows");
     let mut acc = [[0f32; COLS]; ROWS];
     for i in 0..terms {
         let row: &[f32; COLS] = matrix_row(i)[start..start + COLS]
             .try_into()
             .expect("a group of COLS columns");
-        for (acc, coefficients) in acc.iter_mut().zip(&rows) {
+        for (acc, coefficients) in acc.iter_mut().zip(rows) {
             let c = coefficients[i];
             for l in 0..COLS {
                 acc[l] += c * row[l];
             }
         }
     }
-    for (r, acc) in acc.iter().enumerate().take(coefficients.len()) {
+    for (r, acc) in acc.iter().enumerate() {
         out[r * width + start..r * width + start + COLS].copy_from_slice(acc);
     }
 }
