@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: runs the benchmarks the engines register in their `Cargo.toml`
-//! (`[[package.metadata.specvoice.bench]]`: name, example, args, quick-args), files each report
+//! (`[[package.metadata.specvoice.bench]]`: name, example, args, quick-args, and what must be
+//! trained first: prepare, quick-prepare), files each report
 //! as `results/NAME.json` and `results/NAME.md` with the machine, date and commit, and can
 //! refresh the README section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`.
 
@@ -22,8 +23,53 @@ struct Benchmark {
     args: Vec<String>,
     #[serde(default)]
     quick_args: Vec<String>,
+    /// What the benchmark needs trained into the models folder (heads, drafts) before it runs.
+    #[serde(default)]
+    prepare: Vec<Preparation>,
+    /// The same for `--quick` runs.
+    #[serde(default)]
+    quick_prepare: Vec<Preparation>,
     #[serde(skip)]
     package: String,
+}
+
+/// A folder of the models folder a benchmark needs, and the `cargo xtask` command that makes
+/// it: run on first use, skipped once the folder exists.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct Preparation {
+    creates: String,
+    xtask: Vec<String>,
+}
+
+impl Preparation {
+    /// Runs the command unless `models`/`creates` already exists; returns whether it ran.
+    fn ensure(&self, models: &Path) -> Result<bool> {
+        let target = models.join(&self.creates);
+        if target.exists() {
+            return Ok(false);
+        }
+        println!(
+            "== {} is missing: cargo xtask {}",
+            target.display(),
+            self.xtask.join(" ")
+        );
+        let status = Command::new(std::env::current_exe().context("finding xtask")?)
+            .args(&self.xtask)
+            .status()
+            .context("running xtask")?;
+        if !status.success() {
+            bail!("`cargo xtask {}` failed ({status})", self.xtask.join(" "));
+        }
+        if !target.exists() {
+            bail!(
+                "`cargo xtask {}` finished but {} is still missing",
+                self.xtask.join(" "),
+                target.display()
+            );
+        }
+        Ok(true)
+    }
 }
 
 /// What `results/NAME.json` holds.
@@ -139,6 +185,17 @@ fn run_one<'a>(benchmark: &'a Benchmark, options: &BenchArgs) -> Result<Filed<'a
         benchmark.name,
         std::process::id()
     ));
+    let preparations = if options.quick {
+        &benchmark.quick_prepare
+    } else {
+        &benchmark.prepare
+    };
+    if !preparations.is_empty() {
+        let models = spec_models::models_dir()?;
+        for preparation in preparations {
+            preparation.ensure(&models)?;
+        }
+    }
     let mut args = if options.quick && !benchmark.quick_args.is_empty() {
         benchmark.quick_args.clone()
     } else {
@@ -240,6 +297,44 @@ mod tests {
             "intro\n<!-- bench:llm -->\nnew\n<!-- /bench:llm -->\nrest\n"
         );
         assert!(replace_section(text, "mt", "x").is_none());
+    }
+
+    #[test]
+    fn preparations_run_xtask_commands_into_the_models_folder() {
+        let commands = ["train-heads", "train-ssd-draft"];
+        for b in registered().unwrap() {
+            for p in b.prepare.iter().chain(&b.quick_prepare) {
+                assert!(
+                    Path::new(&p.creates).is_relative(),
+                    "{}: {}",
+                    b.name,
+                    p.creates
+                );
+                assert!(
+                    commands.contains(&p.xtask[0].as_str()),
+                    "{}: cargo xtask {}",
+                    b.name,
+                    p.xtask.join(" ")
+                );
+            }
+        }
+        let heads = registered()
+            .unwrap()
+            .into_iter()
+            .find(|b| b.name == "heads");
+        assert!(!heads.expect("the heads benchmark").prepare.is_empty());
+    }
+
+    #[test]
+    fn a_preparation_whose_folder_exists_does_not_run() {
+        let models = std::env::temp_dir().join(format!("xtask-prepare-{}", std::process::id()));
+        std::fs::create_dir_all(models.join("heads/done")).unwrap();
+        let done = Preparation {
+            creates: "heads/done".into(),
+            xtask: vec!["no-such-command".into()],
+        };
+        assert!(!done.ensure(&models).unwrap());
+        std::fs::remove_dir_all(&models).unwrap();
     }
 
     #[test]
