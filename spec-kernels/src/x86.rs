@@ -125,8 +125,15 @@ compiled_with! {
         // are read from memory once.
         let tiles = Tiles::new(format, rows, acts, out.len());
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
-            tiles.panel::<Ymm<0>>(panel, p, acts, out);
-            tiles.panel::<Ymm<1>>(panel, p, acts, out);
+            if tiles.tokens == 1 {
+                // One token is bound by memory reads: both halves in one pass, so that the
+                // weights stream from memory all the time (a second pass over a panel in the
+                // cache left the memory idle for its duration).
+                tiles.panel::<YmmPair>(panel, p, acts, out);
+            } else {
+                tiles.panel::<Ymm<0>>(panel, p, acts, out);
+                tiles.panel::<Ymm<1>>(panel, p, acts, out);
+            }
         }
     }
 }
@@ -789,6 +796,131 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
     #[inline(always)]
     unsafe fn store(x: __m256, out: &mut [f32; PANEL_ROWS]) {
         _mm256_storeu_ps(out.as_mut_ptr(), x)
+    }
+}
+
+/// All 16 rows of a panel in two 256-bit registers (AVX2): both halves of [`Ymm`] in one
+/// pass, lane for lane the same arithmetic.
+struct YmmPair;
+
+impl Rows for YmmPair {
+    type I = (__m256i, __m256i);
+    type F = (__m256, __m256);
+    const LANES: usize = 16;
+    const FIRST_ROW: usize = 0;
+    const Q8_0_BIAS: i32 = <Ymm<0> as Rows>::Q8_0_BIAS;
+
+    #[inline(always)]
+    unsafe fn zero_i() -> Self::I {
+        (Ymm::<0>::zero_i(), Ymm::<1>::zero_i())
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> Self::F {
+        (Ymm::<0>::zero_f(), Ymm::<1>::zero_f())
+    }
+    #[inline(always)]
+    unsafe fn splat(x: i32) -> Self::I {
+        (Ymm::<0>::splat(x), Ymm::<1>::splat(x))
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I {
+        (Ymm::<0>::or(a.0, b.0), Ymm::<1>::or(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::I, b: Self::I) -> Self::I {
+        (Ymm::<0>::add(a.0, b.0), Ymm::<1>::add(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn nibbles(chunk: *const u8) -> (Self::I, Self::I) {
+        let ((low0, high0), (low1, high1)) = (Ymm::<0>::nibbles(chunk), Ymm::<1>::nibbles(chunk));
+        ((low0, low1), (high0, high1))
+    }
+    #[inline(always)]
+    unsafe fn bytes(chunk: *const u8) -> Self::I {
+        (Ymm::<0>::bytes(chunk), Ymm::<1>::bytes(chunk))
+    }
+    #[inline(always)]
+    unsafe fn q8_0_dot4(acc: Self::I, w: Self::I, a: *const i8) -> Self::I {
+        (
+            Ymm::<0>::q8_0_dot4(acc.0, w.0, a),
+            Ymm::<1>::q8_0_dot4(acc.1, w.1, a),
+        )
+    }
+    #[inline(always)]
+    unsafe fn q5_0_high_bits(masks: *const u8) -> (Self::I, Self::I) {
+        let ((low0, high0), (low1, high1)) = (
+            Ymm::<0>::q5_0_high_bits(masks),
+            Ymm::<1>::q5_0_high_bits(masks),
+        );
+        ((low0, low1), (high0, high1))
+    }
+    #[inline(always)]
+    unsafe fn q6k_high_bits(highs: *const u8) -> (Self::I, Self::I) {
+        let ((low0, high0), (low1, high1)) = (
+            Ymm::<0>::q6k_high_bits(highs),
+            Ymm::<1>::q6k_high_bits(highs),
+        );
+        ((low0, low1), (high0, high1))
+    }
+    #[inline(always)]
+    unsafe fn dot4(acc: Self::I, u: Self::I, a: *const i8) -> Self::I {
+        (Ymm::<0>::dot4(acc.0, u.0, a), Ymm::<1>::dot4(acc.1, u.1, a))
+    }
+    #[inline(always)]
+    unsafe fn mul_add(total: Self::I, sub: Self::I, scale: Self::I) -> Self::I {
+        (
+            Ymm::<0>::mul_add(total.0, sub.0, scale.0),
+            Ymm::<1>::mul_add(total.1, sub.1, scale.1),
+        )
+    }
+    #[inline(always)]
+    unsafe fn u8s(p: *const u8) -> Self::I {
+        (Ymm::<0>::u8s(p), Ymm::<1>::u8s(p))
+    }
+    #[inline(always)]
+    unsafe fn i8s(p: *const u8) -> Self::I {
+        (Ymm::<0>::i8s(p), Ymm::<1>::i8s(p))
+    }
+    #[inline(always)]
+    unsafe fn u8_pairs(p: *const u8) -> Self::I {
+        (Ymm::<0>::u8_pairs(p), Ymm::<1>::u8_pairs(p))
+    }
+    #[inline(always)]
+    unsafe fn pair_dot(acc: Self::I, pairs: Self::I, g: *const i16) -> Self::I {
+        (
+            Ymm::<0>::pair_dot(acc.0, pairs.0, g),
+            Ymm::<1>::pair_dot(acc.1, pairs.1, g),
+        )
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> Self::F {
+        (Ymm::<0>::f16s(p), Ymm::<1>::f16s(p))
+    }
+    #[inline(always)]
+    unsafe fn fma_scaled(acc: Self::F, total: Self::I, d: Self::F, da: f32) -> Self::F {
+        (
+            Ymm::<0>::fma_scaled(acc.0, total.0, d.0, da),
+            Ymm::<1>::fma_scaled(acc.1, total.1, d.1, da),
+        )
+    }
+    #[inline(always)]
+    unsafe fn fma_splat(acc: Self::F, m: Self::F, x: f32) -> Self::F {
+        (
+            Ymm::<0>::fma_splat(acc.0, m.0, x),
+            Ymm::<1>::fma_splat(acc.1, m.1, x),
+        )
+    }
+    #[inline(always)]
+    unsafe fn fnma_scaled(acc: Self::F, x: Self::I, d: Self::F, da: f32) -> Self::F {
+        (
+            Ymm::<0>::fnma_scaled(acc.0, x.0, d.0, da),
+            Ymm::<1>::fnma_scaled(acc.1, x.1, d.1, da),
+        )
+    }
+    #[inline(always)]
+    unsafe fn store(x: Self::F, out: &mut [f32; PANEL_ROWS]) {
+        _mm256_storeu_ps(out.as_mut_ptr(), x.0);
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), x.1);
     }
 }
 
