@@ -125,10 +125,12 @@ compiled_with! {
         // are read from memory once.
         let tiles = Tiles::new(format, rows, acts, out.len());
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
-            if tiles.tokens == 1 {
-                // One token is bound by memory reads: both halves in one pass, so that the
-                // weights stream from memory all the time (a second pass over a panel in the
-                // cache left the memory idle for its duration).
+            if tiles.tokens <= 4 {
+                // Up to one tile of tokens is bound by memory reads: both halves in one pass,
+                // so that the weights stream from memory all the time (a second pass over a
+                // panel in the cache left the memory idle for its duration). Larger batches
+                // keep the halves apart: two halves of four tokens' sums need more registers
+                // than AVX2 has, and no gain showed there.
                 tiles.panel::<YmmPair>(panel, p, acts, out);
             } else {
                 tiles.panel::<Ymm<0>>(panel, p, acts, out);
