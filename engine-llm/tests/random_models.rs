@@ -420,8 +420,15 @@ fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
         .unwrap();
         weights
     };
-    let again = engine_llm::forward_costs(&mut model, &copy("same", &record)).unwrap();
-    assert_eq!(again, measured, "read back from the cache");
+    // Cached costs are kept while a one-token forward timed at load agrees with them (within
+    // 30 % or 1 ms). A debug build of this tiny model, beside the other tests on 2 cores, can
+    // miss that by chance (seen on a slow machine: 5.6 ms cached, 3.9 ms at load), so the read
+    // back gets a few tries, each from a fresh copy of the record.
+    let read_back = (0..5).any(|attempt| {
+        let weights = copy(&format!("same-{attempt}"), &record);
+        engine_llm::forward_costs(&mut model, &weights).unwrap() == measured
+    });
+    assert!(read_back, "the cached costs were never read back");
     // Costs measured on another machine are measured again.
     let mut other_cpu = record.clone();
     other_cpu["cpu"] = "another CPU".into();
