@@ -165,6 +165,10 @@ pub struct VoiceChat<'m> {
     clock: PipelineClock,
     turn: Option<TurnTimes>,
     events: Vec<ChatEvent>,
+    /// When the last partial was reported: a recogniser that fell behind the audio (a slow
+    /// machine) reports a partial after the end of speech was detected, and the end of speech
+    /// is then reported after it, so that events stay in order of time.
+    last_partial_at: Duration,
 }
 
 impl<'m> VoiceChat<'m> {
@@ -184,6 +188,7 @@ impl<'m> VoiceChat<'m> {
             clock: PipelineClock::start(clock),
             turn: None,
             events: Vec::new(),
+            last_partial_at: Duration::ZERO,
         }
     }
 
@@ -343,6 +348,7 @@ impl Pipeline for VoiceChat<'_> {
                 Heard::Partial { text, .. } => {
                     if !text.trim().is_empty() {
                         self.hear_text(&text, false)?;
+                        self.last_partial_at = at;
                         self.events.push(ChatEvent {
                             at,
                             kind: ChatEventKind::Partial { text },
@@ -356,7 +362,7 @@ impl Pipeline for VoiceChat<'_> {
                     ..
                 } => {
                     self.events.push(ChatEvent {
-                        at: detected_at,
+                        at: detected_at.max(self.last_partial_at),
                         kind: ChatEventKind::SpeechEnded { speech_end },
                     });
                     if text.trim().is_empty() {
