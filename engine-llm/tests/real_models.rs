@@ -268,6 +268,7 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
             config(Verifier::Greedy, Continuation::Lookup { max_draft: 8 }),
         ),
     ] {
+        let cost_aware = cfg.cost_aware;
         let mut session = PredGen::new(&mut target, cfg)
             .unwrap()
             .with_draft(&mut draft)
@@ -275,7 +276,12 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
         for (inputs, expected) in inputs.iter().zip(&expected) {
             let turn = session.turn(inputs, &mut tts).unwrap();
             assert_eq!(turn.answer, expected.answer, "{continuation:?}");
-            assert!(turn.tokens_during_input > 0);
+            // Without the cost model PredGen always guesses while the user speaks; with it, a
+            // machine whose forwards are slow next to the pace of the words may decline (seen
+            // on a 2-core machine reading 16–23 GB/s, where a 1.5B forward took ~80 ms).
+            if !cost_aware {
+                assert!(turn.tokens_during_input > 0, "{continuation:?}");
+            }
         }
     }
     // The reflection verifier asks the judge; its answers are the model's own words again.
@@ -332,8 +338,12 @@ fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
 
     let mut target = load(QWEN_LARGE);
     let mut tts = FixedLatencySynthesizer::default();
+    // Without the cost model, so that it guesses while the words come on any machine (with
+    // it, a machine with slow forwards may rightly decline: seen on a 2-core machine reading
+    // 16–23 GB/s).
     let config = PredGenConfig {
         max_answer_tokens: 32,
+        cost_aware: false,
         ..PredGenConfig::with_verifier(Verifier::Greedy)
     };
     // The default continuation, lookup over the turn's discarded guesses.
