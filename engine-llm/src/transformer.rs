@@ -61,7 +61,19 @@ pub struct Transformer {
     max_len: usize,
     /// The last forward's final hidden states, one per new position (for prediction heads).
     hidden: Option<Tensor>,
+    /// How the layers run (values on the CPU when every matrix is on the kernels).
+    layer_path: LayerPath,
     device: Device,
+}
+
+/// How a forward runs the layers. Both give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LayerPath {
+    /// candle tensors between the blocks (any device, any weights).
+    Tensors,
+    /// Plain values between the blocks ([`SelfAttention::forward_rows`] and the like): on the
+    /// CPU with every matrix on the kernels, without a tensor per operation.
+    Rows,
 }
 
 impl Transformer {
@@ -85,6 +97,17 @@ impl Transformer {
             INITIAL_CACHE_CAPACITY.min(max_len),
             max_len,
         );
+        let on_kernels = weights.layers.iter().all(|layer| {
+            let (a, f) = (&layer.attention, &layer.ffn);
+            [&a.q, &a.k, &a.v, &a.o, &f.gate, &f.up, &f.down]
+                .iter()
+                .all(|linear| linear.on_kernels())
+        });
+        let layer_path = if device.is_cpu() && on_kernels {
+            LayerPath::Rows
+        } else {
+            LayerPath::Tensors
+        };
         Ok(Self {
             weights,
             rotary,
@@ -92,6 +115,7 @@ impl Transformer {
             tokens: Vec::new(),
             max_len,
             hidden: None,
+            layer_path,
             device: device.clone(),
             config,
         })
@@ -176,15 +200,39 @@ impl Transformer {
         let mut x = self.embed(&step.input)?;
         let rotary = self.rotary.tables(step.positions)?;
         let mask = AttentionMask::new(step.mask, n, cached, &self.device)?;
-        for (index, layer) in self.weights.layers.iter().enumerate() {
-            let normed = layer.attention_norm.forward(&x)?;
-            let cache = self.cache.layer_mut(index);
-            let attended = layer
-                .attention
-                .forward(&normed, Some(&rotary), &mask, cache)?;
-            x = add(&x, &attended)?;
-            let normed = layer.ffn_norm.forward(&x)?;
-            x = add(&x, &layer.ffn.forward(&normed)?)?;
+        match self.layer_path {
+            LayerPath::Tensors => {
+                for (index, layer) in self.weights.layers.iter().enumerate() {
+                    let normed = layer.attention_norm.forward(&x)?;
+                    let cache = self.cache.layer_mut(index);
+                    let attended = layer
+                        .attention
+                        .forward(&normed, Some(&rotary), &mask, cache)?;
+                    x = add(&x, &attended)?;
+                    let normed = layer.ffn_norm.forward(&x)?;
+                    x = add(&x, &layer.ffn.forward(&normed)?)?;
+                }
+            }
+            LayerPath::Rows => {
+                let shape = x.shape().clone();
+                let mut values: Vec<f32> = x.flatten_all()?.to_vec1()?;
+                // `x + y` value by value, as `add` sums the tensors.
+                let add_to = |values: &mut [f32], y: &[f32]| {
+                    values.iter_mut().zip(y).for_each(|(v, y)| *v += y);
+                };
+                for (index, layer) in self.weights.layers.iter().enumerate() {
+                    let normed = layer.attention_norm.forward_rows(&values)?;
+                    let cache = self.cache.layer_mut(index);
+                    let attended =
+                        layer
+                            .attention
+                            .forward_rows(&normed, n, Some(&rotary), &mask, cache)?;
+                    add_to(&mut values, &attended);
+                    let normed = layer.ffn_norm.forward_rows(&values)?;
+                    add_to(&mut values, &layer.ffn.forward_rows(&normed, n)?);
+                }
+                x = Tensor::from_vec(values, shape, &self.device)?;
+            }
         }
         let full_rows = if self.weights.shortlist.is_some() {
             0
@@ -343,5 +391,52 @@ impl Transformer {
     /// over [`Decoder::forward`]).
     pub fn forward_tokens(&mut self, tokens: &[u32], rows: LogitRows) -> Result<spec_core::Logits> {
         Ok(spec_core::decoder::forward_tokens(self, tokens, rows)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spec_core::{Logits, TokenTree};
+
+    use super::*;
+    use crate::testing::tiny_chat_model;
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let values: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        values.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn layers_on_values_give_the_bits_of_layers_on_tensors() {
+        let mut on_values = tiny_chat_model(7).unwrap().model;
+        let mut on_tensors = tiny_chat_model(7).unwrap().model;
+        assert_eq!(on_values.layer_path, LayerPath::Rows);
+        on_tensors.layer_path = LayerPath::Tensors;
+        let mut tree = TokenTree::new(40);
+        let a = tree.push(0, 41).unwrap();
+        tree.push(0, 42).unwrap();
+        tree.push(a, 43).unwrap();
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 13 + 5) % 90).collect();
+        let mut both = [&mut on_values, &mut on_tensors].map(|model| {
+            let prompt_logits = model.forward_tokens(&prompt, LogitRows::All).unwrap();
+            let step = model.forward_tokens(&[17], LogitRows::All).unwrap();
+            let cached = model.cache.len();
+            let bias = tree
+                .attention_bias(cached, DType::F32, &Device::Cpu)
+                .unwrap();
+            let positions = tree.position_ids(cached);
+            let tree_logits = model
+                .forward_step(&Forward::tokens(tree.tokens(), &positions).with_mask(&bias))
+                .unwrap();
+            let rows = |l: &Logits| l.rows().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (
+                rows(&prompt_logits),
+                rows(&step),
+                bits(&tree_logits),
+                bits(model.hidden.as_ref().unwrap()),
+            )
+        });
+        let [values, tensors] = &mut both;
+        assert_eq!(values, tensors);
     }
 }

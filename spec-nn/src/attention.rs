@@ -57,6 +57,8 @@ struct HeadRows<'a> {
     offset: usize,
     head_stride: usize,
     row_stride: usize,
+    /// Values per row.
+    dim: usize,
 }
 
 impl<'a> HeadRows<'a> {
@@ -73,6 +75,7 @@ impl<'a> HeadRows<'a> {
             offset: layout.start_offset(),
             head_stride: stride[1],
             row_stride: stride[2],
+            dim,
         })
     }
 
@@ -135,6 +138,28 @@ fn attend_row_blocks(
     let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
     let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, key_row)?;
     let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
+    let (out, padded) = attend_blocks(&q, &k, &v, kv_heads, stacked, block_rows, attend_block);
+    drop((q_storage, k_storage, v_storage));
+    let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
+    Ok(if padded == stacked {
+        out
+    } else {
+        out.narrow(2, 0, stacked)?.contiguous()?
+    })
+}
+
+/// [`attend_row_blocks`] on rows already seen as slices: returns `[kv_heads, padded, dim]`
+/// and `padded`, each head's `stacked` rows padded to whole blocks.
+fn attend_blocks(
+    q: &HeadRows,
+    k: &HeadRows,
+    v: &HeadRows,
+    kv_heads: usize,
+    stacked: usize,
+    block_rows: usize,
+    attend_block: &BlockFn<'_>,
+) -> (Vec<f32>, usize) {
+    let dim = q.dim;
     let block_rows = block_rows.clamp(1, stacked.max(1));
     let blocks = stacked.div_ceil(block_rows);
     // Each head's rows padded to whole blocks, so that every task owns one equal chunk.
@@ -143,15 +168,9 @@ fn attend_row_blocks(
     spec_kernels::parallel_chunks_mut(&mut out, block_rows * dim, &|index, out_block| {
         let (head, first) = (index / blocks, (index % blocks) * block_rows);
         let rows = block_rows.min(stacked - first);
-        attend_block(&q, &k, &v, head, first, &mut out_block[..rows * dim])
+        attend_block(q, k, v, head, first, &mut out_block[..rows * dim])
     });
-    drop((q_storage, k_storage, v_storage));
-    let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
-    Ok(if padded == stacked {
-        out
-    } else {
-        out.narrow(2, 0, stacked)?.contiguous()?
-    })
+    (out, padded)
 }
 
 /// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
@@ -176,45 +195,63 @@ fn row_attention(
         values,
         SELF_ROW_BLOCK,
         &|q, k, v, head, first, out| {
-            let rows = out.len() / dim;
-            let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
-            let mut weights = vec![vec![f32::NEG_INFINITY; total]; rows];
-            let mut maxes = vec![f32::NEG_INFINITY; rows];
-            let mut scores = [0f32; SELF_ROW_BLOCK];
-            for key in 0..total {
-                let key_row = k.row(head, key, dim);
-                match rows {
-                    1 => dots::<1>(&queries, key_row, &mut scores),
-                    2 => dots::<2>(&queries, key_row, &mut scores),
-                    3 => dots::<3>(&queries, key_row, &mut scores),
-                    _ => dots::<SELF_ROW_BLOCK>(&queries, key_row, &mut scores),
-                }
-                for (r, row) in weights.iter_mut().enumerate() {
-                    let bias = mask.bias((first + r) % n, key, total);
-                    if bias > f32::NEG_INFINITY {
-                        row[key] = scores[r] + bias;
-                        maxes[r] = maxes[r].max(row[key]);
-                    }
-                }
-            }
-            let mut sums = vec![0f32; rows];
-            for ((row, max), sum) in weights.iter_mut().zip(&maxes).zip(&mut sums) {
-                for w in row.iter_mut() {
-                    *w = if *w > f32::NEG_INFINITY {
-                        exp(*w - max)
-                    } else {
-                        0.0
-                    };
-                    *sum += *w;
-                }
-            }
-            let weights: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
-            weighted_values(&weights, v, head, dim, out);
-            for (out_row, sum) in out.chunks_exact_mut(dim).zip(&sums) {
-                out_row.iter_mut().for_each(|o| *o /= sum);
-            }
+            self_attention_block(q, k, v, head, first, total, n, mask, out)
         },
     )
+}
+
+/// One block of [`row_attention`]: stacked query rows `first..` of key/value head `head` over
+/// its `total` keys, written to `out`.
+#[allow(clippy::too_many_arguments)]
+fn self_attention_block(
+    q: &HeadRows,
+    k: &HeadRows,
+    v: &HeadRows,
+    head: usize,
+    first: usize,
+    total: usize,
+    n: usize,
+    mask: &RowMask<'_>,
+    out: &mut [f32],
+) {
+    let dim = q.dim;
+    let rows = out.len() / dim;
+    let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
+    let mut weights = vec![vec![f32::NEG_INFINITY; total]; rows];
+    let mut maxes = vec![f32::NEG_INFINITY; rows];
+    let mut scores = [0f32; SELF_ROW_BLOCK];
+    for key in 0..total {
+        let key_row = k.row(head, key, dim);
+        match rows {
+            1 => dots::<1>(&queries, key_row, &mut scores),
+            2 => dots::<2>(&queries, key_row, &mut scores),
+            3 => dots::<3>(&queries, key_row, &mut scores),
+            _ => dots::<SELF_ROW_BLOCK>(&queries, key_row, &mut scores),
+        }
+        for (r, row) in weights.iter_mut().enumerate() {
+            let bias = mask.bias((first + r) % n, key, total);
+            if bias > f32::NEG_INFINITY {
+                row[key] = scores[r] + bias;
+                maxes[r] = maxes[r].max(row[key]);
+            }
+        }
+    }
+    let mut sums = vec![0f32; rows];
+    for ((row, max), sum) in weights.iter_mut().zip(&maxes).zip(&mut sums) {
+        for w in row.iter_mut() {
+            *w = if *w > f32::NEG_INFINITY {
+                exp(*w - max)
+            } else {
+                0.0
+            };
+            *sum += *w;
+        }
+    }
+    let weights: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+    weighted_values(&weights, v, head, dim, out);
+    for (out_row, sum) in out.chunks_exact_mut(dim).zip(&sums) {
+        out_row.iter_mut().for_each(|o| *o /= sum);
+    }
 }
 
 /// Query rows of a self-attention handled together (a decoding step's query heads of one
@@ -634,6 +671,105 @@ impl SelfAttention {
         let out = h.attend(&q, Keys::Rows(&keys), &values, Some(mask))?;
         Ok(self.o.forward(&out)?)
     }
+
+    /// [`SelfAttention::forward`] on the CPU with every projection on the kernels, for `n`
+    /// input rows given as values (`x`: `[n, hidden]` row-major) and giving values back: the
+    /// same arithmetic in the same order, so the same bits, without a tensor per step (a
+    /// one-token forward of a small model spent about a fifth of its time on them).
+    /// `Err` when a projection is not on the kernels or `mask` is not a CPU row mask.
+    pub fn forward_rows(
+        &self,
+        x: &[f32],
+        n: usize,
+        rotary: Option<&RotaryTables>,
+        mask: &AttentionMask,
+        cache: &mut LayerKvCache,
+    ) -> Result<Vec<f32>> {
+        let Heads {
+            heads,
+            kv_heads,
+            head_dim: d,
+        } = self.heads;
+        let AttentionMask::Rows { bias, cached } = mask else {
+            return Err(Error::Config("row attention needs a CPU row mask".into()));
+        };
+        let [mut q, mut k, v] = Linear::forward_many_rows([&self.q, &self.k, &self.v], x, n)?;
+        if let Some(tables) = rotary {
+            tables.rotate_rows(&mut q, n, heads, d)?;
+            tables.rotate_rows(&mut k, n, kv_heads, d)?;
+        }
+        // `[n, heads, d]` → `[heads, n, d]`, as the cache and the stacked queries lie.
+        let by_head = |values: &[f32], h: usize| -> Vec<f32> {
+            let mut out = vec![0f32; values.len()];
+            for (t, row) in values.chunks_exact(h * d).enumerate() {
+                for (head, part) in row.chunks_exact(d).enumerate() {
+                    out[(head * n + t) * d..(head * n + t + 1) * d].copy_from_slice(part);
+                }
+            }
+            out
+        };
+        let as_cache = |values: &[f32]| -> Result<Tensor> {
+            Ok(Tensor::from_vec(
+                by_head(values, kv_heads),
+                (1, kv_heads, n, d),
+                &Device::Cpu,
+            )?)
+        };
+        let (keys, values) = cache.append(&as_cache(&k)?, &as_cache(&v)?)?;
+        // The `group` query heads of a key/value head are its stacked rows, scaled as
+        // `Heads::attend` scales them (candle's affine: `q · s + 0`).
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        let stacked_queries: Vec<f32> = by_head(&q, heads)
+            .iter()
+            .map(|&q| q * scale + 0.0)
+            .collect();
+        let total = keys.dim(2)?;
+        let (k_storage, k_layout) = keys.storage_and_layout();
+        let (v_storage, v_layout) = values.storage_and_layout();
+        let (Storage::Cpu(k_cpu), Storage::Cpu(v_cpu)) = (&*k_storage, &*v_storage) else {
+            return Err(Error::Config("row attention runs on the CPU only".into()));
+        };
+        let k_rows = HeadRows::new(k_cpu.as_slice::<f32>()?, k_layout, d)?;
+        let v_rows = HeadRows::new(v_cpu.as_slice::<f32>()?, v_layout, d)?;
+        let group = heads / kv_heads;
+        let q_rows = HeadRows {
+            data: &stacked_queries,
+            offset: 0,
+            head_stride: group * n * d,
+            row_stride: d,
+            dim: d,
+        };
+        let row_mask = match bias {
+            Some(bias) => RowMask::Bias(bias),
+            None => RowMask::Causal { cached: *cached },
+        };
+        let stacked = group * n;
+        let (attended, padded) = attend_blocks(
+            &q_rows,
+            &k_rows,
+            &v_rows,
+            kv_heads,
+            stacked,
+            SELF_ROW_BLOCK,
+            &|q, k, v, head, first, out| {
+                self_attention_block(q, k, v, head, first, total, n, &row_mask, out)
+            },
+        );
+        drop((k_storage, v_storage));
+        // Stacked rows `[kv_heads, padded, d]` (row g·n + t of key/value head h is query head
+        // h·group + g of token t) → `[n, heads · d]`.
+        let mut merged = vec![0f32; n * heads * d];
+        for head in 0..heads {
+            let (kv, g) = (head / group, head % group);
+            for t in 0..n {
+                let from = (kv * padded + g * n + t) * d;
+                merged[(t * heads + head) * d..(t * heads + head + 1) * d]
+                    .copy_from_slice(&attended[from..from + d]);
+            }
+        }
+        let [out] = Linear::forward_many_rows([&self.o], &merged, n)?;
+        Ok(out)
+    }
 }
 
 /// Keys and values of one encoder output for one cross-attention layer, `[1, heads, frames,
@@ -769,6 +905,91 @@ mod tests {
 
     fn values(t: &Tensor) -> Vec<f32> {
         t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn attention_on_values_gives_the_bits_of_attention_on_tensors() {
+        let device = Device::Cpu;
+        for (heads, layout) in [
+            (Heads::new(4, 2, 16).unwrap(), RopeLayout::Halves),
+            (Heads::new(6, 3, 16).unwrap(), RopeLayout::Interleaved),
+            (Heads::new(4, 4, 16).unwrap(), RopeLayout::Halves),
+        ] {
+            let attention = self_attention(heads);
+            let frequencies = (0..heads.head_dim / 2)
+                .map(|i| 0.7f32.powi(i as i32))
+                .collect();
+            let rotary = Rotary::new(frequencies, layout, &device).unwrap();
+            let x = Tensor::randn(0f32, 1.0, (1, 9, HIDDEN), &device).unwrap();
+            let mut on_tensors = LayerKvCache::new(4, 64);
+            let mut on_values = LayerKvCache::new(4, 64);
+            // A 3-row prompt (causal), one decoding row, then a tree of 5 rows whose bias lets
+            // each see the cache and some of the others (siblings share positions).
+            let tree_bias: Vec<f32> = (0..5)
+                .flat_map(|r| {
+                    (0..9).map(move |k| {
+                        let visible =
+                            k < 4 || k - 4 == r || (k == 4 && r > 0) || (r == 4 && k == 6);
+                        if visible {
+                            0.0
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    })
+                })
+                .collect();
+            let tree_mask = Tensor::from_vec(tree_bias, (1, 1, 5, 9), &device).unwrap();
+            let steps: [(usize, usize, Vec<usize>, Option<&Tensor>); 3] = [
+                (0, 3, vec![0, 1, 2], None),
+                (3, 1, vec![3], None),
+                (4, 5, vec![4, 5, 5, 6, 6], Some(&tree_mask)),
+            ];
+            for (first, n, positions, bias) in steps {
+                let cached = on_tensors.len();
+                let mask = AttentionMask::new(bias, n, cached, &device).unwrap();
+                let tables = rotary.tables(&positions).unwrap();
+                let input = x.narrow(1, first, n).unwrap();
+                let expected = attention
+                    .forward(&input, Some(&tables), &mask, &mut on_tensors)
+                    .unwrap();
+                let got = attention
+                    .forward_rows(&values(&input), n, Some(&tables), &mask, &mut on_values)
+                    .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&values(&expected)),
+                    "{heads:?} {layout:?} {n} rows"
+                );
+            }
+            let (k1, v1) = on_tensors.current().unwrap().unwrap();
+            let (k2, v2) = on_values.current().unwrap().unwrap();
+            assert_eq!(values(&k1), values(&k2));
+            assert_eq!(values(&v1), values(&v2));
+        }
+    }
+
+    #[test]
+    fn attention_on_values_needs_kernel_matrices_and_a_row_mask() {
+        let device = Device::Cpu;
+        let heads = Heads::new(2, 1, 32).unwrap();
+        let mut attention = self_attention(heads);
+        let x = vec![0.5f32; HIDDEN];
+        let mut cache = LayerKvCache::new(4, 64);
+        let batched =
+            AttentionMask::Batched(Tensor::zeros((1, 1, 1, 1, 1), DType::F32, &device).unwrap());
+        assert!(attention
+            .forward_rows(&x, 1, None, &batched, &mut cache)
+            .is_err());
+        let w = Tensor::randn(0f32, 0.1, (HIDDEN, 2 * 32), &device).unwrap();
+        attention.o = Linear::new(
+            QLinear::Candle(candle_core::quantized::QMatMul::Tensor(w)),
+            None,
+        );
+        let causal = AttentionMask::new(None, 1, 0, &device).unwrap();
+        assert!(attention
+            .forward_rows(&x, 1, None, &causal, &mut cache)
+            .is_err());
     }
 
     #[test]

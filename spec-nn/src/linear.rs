@@ -185,6 +185,49 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// Whether the product runs on `spec-kernels` (then [`Linear::forward_many_rows`] can run it).
+    pub fn on_kernels(&self) -> bool {
+        matches!(self.weight, QLinear::Kernel(_))
+    }
+
+    /// [`Linear::forward_many`] for `tokens` input rows given as values (`[tokens, in]`
+    /// row-major), giving values (`[tokens, out]` each): one pass on the kernels' pool, each
+    /// bias added as [`add_bias`] adds it. `Err` when a layer is not on the kernels.
+    pub fn forward_many_rows<const N: usize>(
+        linears: [&Linear; N],
+        x: &[f32],
+        tokens: usize,
+    ) -> Result<[Vec<f32>; N]> {
+        let matrices = linears
+            .iter()
+            .map(|linear| match &linear.weight {
+                QLinear::Kernel(m) => Ok(m.as_ref()),
+                QLinear::Candle(_) => Err(crate::Error::Config(
+                    "a product on values needs a matrix on the kernels".into(),
+                )),
+            })
+            .collect::<Result<Vec<&QMatrix>>>()?;
+        let mut outs: [Vec<f32>; N] =
+            std::array::from_fn(|i| vec![0f32; tokens * matrices[i].rows()]);
+        {
+            let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+            QMatrix::matmul_many(&matrices, x, tokens, &mut views)
+                .map_err(candle_core::Error::wrap)?;
+        }
+        for (out, linear) in outs.iter_mut().zip(linears) {
+            if let Some(bias) = &linear.bias {
+                with_cpu_values(bias, |bias| {
+                    for row in out.chunks_exact_mut(bias.len().max(1)) {
+                        row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+                    }
+                })?;
+            }
+        }
+        Ok(outs)
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = self.weight.forward(x)?;

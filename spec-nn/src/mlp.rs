@@ -24,6 +24,15 @@ impl SwiGlu {
         let [gate, up] = Linear::forward_many([&self.gate, &self.up], x)?;
         Ok(self.down.forward(&swiglu(&gate, &up)?)?)
     }
+
+    /// [`SwiGlu::forward`] of `tokens` rows given as values (`[tokens, in]`), every layer on
+    /// the kernels: the same bits, without tensors.
+    pub fn forward_rows(&self, x: &[f32], tokens: usize) -> Result<Vec<f32>> {
+        let [mut gate, up] = Linear::forward_many_rows([&self.gate, &self.up], x, tokens)?;
+        gate_in_place(&mut gate, &up);
+        let [out] = Linear::forward_many_rows([&self.down], &gate, tokens)?;
+        Ok(out)
+    }
 }
 
 /// `fc2(gelu(fc1(x)))` with the exact (erf) GELU.
@@ -86,18 +95,23 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     }
     let out = with_cpu_values(gate, |g| {
         with_cpu_values(up, |u| {
-            let mut out = vec![0f32; g.len()];
-            spec_kernels::parallel_chunks_mut(&mut out, CHUNK, &|index, out| {
-                let start = index * CHUNK;
-                let (g, u) = (&g[start..start + out.len()], &u[start..start + out.len()]);
-                for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-                    *o = g / (1.0 + exp(-g)) * u;
-                }
-            });
+            let mut out = g.to_vec();
+            gate_in_place(&mut out, u);
             out
         })
     })??;
     Ok(Tensor::from_vec(out, gate.shape(), &Device::Cpu)?)
+}
+
+/// `gate ← silu(gate) · up` on the kernels' threads.
+fn gate_in_place(gate: &mut [f32], up: &[f32]) {
+    spec_kernels::parallel_chunks_mut(gate, CHUNK, &|index, gate| {
+        let start = index * CHUNK;
+        let up = &up[start..start + gate.len()];
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = *g / (1.0 + exp(-*g)) * u;
+        }
+    });
 }
 
 #[cfg(test)]
@@ -145,5 +159,40 @@ mod tests {
         let bf16 = Tensor::ones((2, 3), DType::BF16, &device).unwrap();
         let y = swiglu(&bf16, &bf16).unwrap();
         assert_eq!((y.dtype(), y.dims()), (DType::BF16, &[2usize, 3][..]));
+    }
+
+    #[test]
+    fn swiglu_on_values_gives_the_bits_of_swiglu_on_tensors() {
+        use std::sync::Arc;
+
+        use candle_core::quantized::{GgmlDType, QTensor};
+
+        use crate::linear::QLinear;
+
+        let device = Device::Cpu;
+        let linear = |rows: usize, cols: usize| {
+            let w = Tensor::randn(0f32, 0.3, (rows, cols), &device).unwrap();
+            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+            Linear::new(QLinear::new(Arc::new(q), &device).unwrap(), None)
+        };
+        let ffn = SwiGlu {
+            gate: linear(CHUNK + 64, 64),
+            up: linear(CHUNK + 64, 64),
+            down: linear(64, CHUNK + 64),
+        };
+        for tokens in [1, 5] {
+            let x = Tensor::randn(0f32, 1.0, (1, tokens, 64), &device).unwrap();
+            let expected: Vec<f32> = ffn
+                .forward(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let values: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            let got = ffn.forward_rows(&values, tokens).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&expected), "{tokens} tokens");
+        }
     }
 }

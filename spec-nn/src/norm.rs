@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Tensor};
 
+use crate::linear::with_cpu_values;
 use crate::Result;
 
 /// A norm with its learned parameters.
@@ -48,6 +49,28 @@ impl Norm {
     }
 }
 
+impl Norm {
+    /// [`Norm::forward`] of rows given as values (`x`: rows of the weight's width, row-major,
+    /// f32 weights on the CPU), on the calling thread: the same bits as candle's norms.
+    pub fn forward_rows(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let width = self.weight().dims1()?;
+        if width == 0 || !x.len().is_multiple_of(width) {
+            return Err(crate::Error::Config(format!(
+                "a norm of width {width} over {} values",
+                x.len()
+            )));
+        }
+        Ok(match self {
+            Self::Rms { weight, eps } => {
+                with_cpu_values(weight, |weight| rms_norm_rows(x, weight, *eps))?
+            }
+            Self::Layer { weight, bias, eps } => with_cpu_values(weight, |weight| {
+                with_cpu_values(bias, |bias| layer_norm_rows(x, weight, bias, *eps))
+            })??,
+        })
+    }
+}
+
 /// Rows up to which LayerNorm runs on the calling thread.
 const SEQUENTIAL_ROWS: usize = 64;
 
@@ -76,6 +99,13 @@ fn few_rows_layer_norm(
         return Ok(None);
     }
     let values: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    let out = layer_norm_rows(&values, &weight, &bias, eps);
+    Ok(Some(Tensor::from_vec(out, x.shape(), x.device())?))
+}
+
+/// LayerNorm of rows of `weight.len()` values, candle's arithmetic operation for operation.
+fn layer_norm_rows(values: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32> {
+    let width = weight.len();
     let mut out = vec![0f32; values.len()];
     for (src, dst) in values.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
         let (mut sum, mut sum2) = (0f32, 0f32);
@@ -86,11 +116,26 @@ fn few_rows_layer_norm(
         let mean = sum / width as f32;
         let var = sum2 / width as f32 - mean * mean;
         let inv_std = (var + eps).sqrt().recip();
-        for ((d, &s), (&w, &b)) in dst.iter_mut().zip(src).zip(weight.iter().zip(&bias)) {
+        for ((d, &s), (&w, &b)) in dst.iter_mut().zip(src).zip(weight.iter().zip(bias)) {
             *d = (s - mean) * inv_std * w + b;
         }
     }
-    Ok(Some(Tensor::from_vec(out, x.shape(), x.device())?))
+    out
+}
+
+/// RMSNorm of rows of `weight.len()` values, candle's arithmetic operation for operation: the
+/// squares summed in order, `x / √(mean + ε) · w`.
+fn rms_norm_rows(values: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let width = weight.len();
+    let mut out = vec![0f32; values.len()];
+    for (src, dst) in values.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        let sum2 = src.iter().map(|&v| v * v).sum::<f32>();
+        let m = (sum2 / width as f32 + eps).sqrt();
+        for ((d, &s), &w) in dst.iter_mut().zip(src).zip(weight) {
+            *d = s / m * w;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -120,6 +165,33 @@ mod tests {
                 .to_vec1()
                 .unwrap();
             assert_eq!(ours, candle, "{rows} rows");
+        }
+    }
+
+    #[test]
+    fn norms_on_values_give_the_bits_of_norms_on_tensors() {
+        let device = Device::Cpu;
+        let weight = Tensor::randn(1f32, 0.3, 96, &device).unwrap();
+        let bias = Tensor::randn(0f32, 0.3, 96, &device).unwrap();
+        for norm in [
+            Norm::rms(weight.clone(), 1e-6),
+            Norm::layer(weight.clone(), bias.clone(), 1e-5),
+        ] {
+            for rows in [1, 3, 40] {
+                let x = (Tensor::randn(0f32, 2.0, (1, rows, 96), &device).unwrap() + 0.5).unwrap();
+                let values: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+                let expected: Vec<f32> = norm
+                    .forward(&x)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let got = norm.forward_rows(&values).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&expected), "{rows} rows");
+            }
+            assert!(norm.forward_rows(&[1.0; 95]).is_err());
         }
     }
 
