@@ -674,8 +674,8 @@ impl SelfAttention {
 
     /// [`SelfAttention::forward`] on the CPU with every projection on the kernels, for `n`
     /// input rows given as values (`x`: `[n, hidden]` row-major) and giving values back: the
-    /// same arithmetic in the same order, so the same bits, without a tensor per step (a
-    /// one-token forward of a small model spent about a fifth of its time on them).
+    /// same arithmetic in the same order, so the same bits, without a tensor (an allocation
+    /// and a dispatch on the calling thread, while the kernels' worker waits) per step.
     /// `Err` when a projection is not on the kernels or `mask` is not a CPU row mask.
     pub fn forward_rows(
         &self,

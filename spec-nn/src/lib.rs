@@ -10,6 +10,10 @@
 //!   forwards of up to [`ROW_ATTENTION_MAX_ROWS`] rows) is computed row by row in a fixed
 //!   order, so verifying k tokens gives each exactly its decoding logits, and a prompt in one
 //!   forward gives the cache of the same prompt in pieces.
+//! - On the CPU with every matrix on the kernels, the blocks also run on plain f32 rows
+//!   (`forward_rows` of [`Norm`], [`SelfAttention`], [`SwiGlu`], [`Linear`]), with the same
+//!   arithmetic as their tensor forwards, so the same bits, without a candle tensor (an
+//!   allocation and a dispatch) per operation.
 //! - [`sequence_attention`]: attention over a whole sequence without a cache (plain and
 //!   Transformer-XL relative-position), for non-autoregressive blocks.
 //! - [`norm`]: RMSNorm and LayerNorm (with bias).
