@@ -187,15 +187,9 @@ mod tests {
         };
         for tokens in [1, 5] {
             let x = Tensor::randn(0f32, 1.0, (1, tokens, 64), &device).unwrap();
-            let expected: Vec<f32> = ffn
-                .forward(&x)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let values: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
-            let got = ffn.forward_rows(&values, tokens).unwrap();
+            let values = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
+            let expected = values(&ffn.forward(&x).unwrap());
+            let got = ffn.forward_rows(&values(&x), tokens).unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&expected), "{tokens} tokens");
         }

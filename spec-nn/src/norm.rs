@@ -143,6 +143,10 @@ mod tests {
     use super::*;
     use candle_core::{Device, D};
 
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
     #[test]
     fn few_rows_give_candles_layer_norm_bit_for_bit() {
         let device = Device::Cpu;
@@ -151,19 +155,8 @@ mod tests {
         let norm = Norm::layer(weight.clone(), bias.clone(), 1e-5);
         for rows in [1, 5, 64, 65] {
             let x = (Tensor::randn(0f32, 2.0, (1, rows, 96), &device).unwrap() + 0.5).unwrap();
-            let ours: Vec<f32> = norm
-                .forward(&x)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let candle: Vec<f32> = candle_nn::ops::layer_norm(&x, &weight, &bias, 1e-5)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let ours = values(&norm.forward(&x).unwrap());
+            let candle = values(&candle_nn::ops::layer_norm(&x, &weight, &bias, 1e-5).unwrap());
             assert_eq!(ours, candle, "{rows} rows");
         }
     }
@@ -179,15 +172,8 @@ mod tests {
         ] {
             for rows in [1, 3, 40] {
                 let x = (Tensor::randn(0f32, 2.0, (1, rows, 96), &device).unwrap() + 0.5).unwrap();
-                let values: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
-                let expected: Vec<f32> = norm
-                    .forward(&x)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                let got = norm.forward_rows(&values).unwrap();
+                let expected = values(&norm.forward(&x).unwrap());
+                let got = norm.forward_rows(&values(&x)).unwrap();
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&expected), "{rows} rows");
             }
