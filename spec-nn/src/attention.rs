@@ -79,9 +79,9 @@ impl<'a> HeadRows<'a> {
         })
     }
 
-    fn row(&self, head: usize, row: usize, dim: usize) -> &'a [f32] {
+    fn row(&self, head: usize, row: usize) -> &'a [f32] {
         let start = self.offset + head * self.head_stride + row * self.row_stride;
-        &self.data[start..start + dim]
+        &self.data[start..start + self.dim]
     }
 }
 
@@ -138,28 +138,6 @@ fn attend_row_blocks(
     let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
     let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, key_row)?;
     let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
-    let (out, padded) = attend_blocks(&q, &k, &v, kv_heads, stacked, block_rows, attend_block);
-    drop((q_storage, k_storage, v_storage));
-    let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
-    Ok(if padded == stacked {
-        out
-    } else {
-        out.narrow(2, 0, stacked)?.contiguous()?
-    })
-}
-
-/// [`attend_row_blocks`] on rows already seen as slices: returns `[kv_heads, padded, dim]`
-/// and `padded`, each head's `stacked` rows padded to whole blocks.
-fn attend_blocks(
-    q: &HeadRows,
-    k: &HeadRows,
-    v: &HeadRows,
-    kv_heads: usize,
-    stacked: usize,
-    block_rows: usize,
-    attend_block: &BlockFn<'_>,
-) -> (Vec<f32>, usize) {
-    let dim = q.dim;
     let block_rows = block_rows.clamp(1, stacked.max(1));
     let blocks = stacked.div_ceil(block_rows);
     // Each head's rows padded to whole blocks, so that every task owns one equal chunk.
@@ -168,9 +146,15 @@ fn attend_blocks(
     spec_kernels::parallel_chunks_mut(&mut out, block_rows * dim, &|index, out_block| {
         let (head, first) = (index / blocks, (index % blocks) * block_rows);
         let rows = block_rows.min(stacked - first);
-        attend_block(q, k, v, head, first, &mut out_block[..rows * dim])
+        attend_block(&q, &k, &v, head, first, &mut out_block[..rows * dim])
     });
-    (out, padded)
+    drop((q_storage, k_storage, v_storage));
+    let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
+    Ok(if padded == stacked {
+        out
+    } else {
+        out.narrow(2, 0, stacked)?.contiguous()?
+    })
 }
 
 /// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
@@ -216,12 +200,12 @@ fn self_attention_block(
 ) {
     let dim = q.dim;
     let rows = out.len() / dim;
-    let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
+    let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r)).collect();
     let mut weights = vec![vec![f32::NEG_INFINITY; total]; rows];
     let mut maxes = vec![f32::NEG_INFINITY; rows];
     let mut scores = [0f32; SELF_ROW_BLOCK];
     for key in 0..total {
-        let key_row = k.row(head, key, dim);
+        let key_row = k.row(head, key);
         match rows {
             1 => dots::<1>(&queries, key_row, &mut scores),
             2 => dots::<2>(&queries, key_row, &mut scores),
@@ -285,10 +269,10 @@ fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Re
         CROSS_ROW_BLOCK,
         &|q, k, v, head, first, out| {
             let rows = out.len() / dim;
-            let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r, dim)).collect();
+            let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r)).collect();
             // Scores: the queries times the transposed keys, summed over dimensions in order.
             let mut flat = vec![0f32; rows * total];
-            let key_dim = |d: usize| k.row(head, d, total);
+            let key_dim = |d: usize| k.row(head, d);
             rows_times_matrix(&queries, key_dim, total, &mut flat);
             for row in flat.chunks_exact_mut(total) {
                 softmax_in_place(row);
@@ -302,7 +286,7 @@ fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Re
 /// `out` (one row of `dim` per row of `weights`) = each row of `weights` times the values of
 /// `head`, every output column summed over the keys in key order ([`rows_times_matrix`]).
 fn weighted_values(weights: &[&[f32]], v: &HeadRows, head: usize, dim: usize, out: &mut [f32]) {
-    rows_times_matrix(weights, |key| v.row(head, key, dim), dim, out);
+    rows_times_matrix(weights, |key| v.row(head, key), dim, out);
 }
 
 /// `out[r·width + c] = Σ_i coefficients[r][i] · matrix_row(i)[c]` for up to
@@ -524,6 +508,19 @@ impl AttentionMask {
     }
 }
 
+impl AttentionMask {
+    /// Which keys each query row sees, for row attention; `None` for a batched mask.
+    fn row_mask(&self) -> Option<RowMask<'_>> {
+        match self {
+            Self::Rows {
+                bias: Some(bias), ..
+            } => Some(RowMask::Bias(bias)),
+            Self::Rows { bias: None, cached } => Some(RowMask::Causal { cached: *cached }),
+            Self::Batched(_) => None,
+        }
+    }
+}
+
 /// Additive causal mask `[1, 1, n, cached + n]` for n new tokens after `cached` ones.
 fn causal_mask(n: usize, cached: usize, device: &Device) -> Result<Tensor> {
     let width = cached + n;
@@ -594,21 +591,15 @@ impl Heads {
         let (group, n, total) = (heads / kv_heads, q.dim(2)?, keys.dim(2)?);
         // The `group` query heads sharing a key/value head become rows of one matmul.
         let q = (q.reshape((1, kv_heads, group * n, d))? * (1.0 / (d as f64).sqrt()))?;
-        let out = match mask {
-            Some(AttentionMask::Rows { bias, cached }) => {
-                let rows = match bias {
-                    Some(bias) => RowMask::Bias(bias),
-                    None => RowMask::Causal { cached: *cached },
-                };
-                row_attention(&q, keys, values, n, &rows)?
-            }
-            None if q.device().is_cpu() => match transposed {
+        let out = match (mask.and_then(AttentionMask::row_mask), mask) {
+            (Some(rows), _) => row_attention(&q, keys, values, n, &rows)?,
+            (None, None) if q.device().is_cpu() => match transposed {
                 Some(keys_t) if n <= ROW_ATTENTION_MAX_ROWS => {
                     cross_row_attention(&q, keys_t, values)?
                 }
                 _ => blocked_attention(&q, keys, values)?,
             },
-            mask => {
+            (None, mask) => {
                 let scores = q.matmul(&keys.t()?)?;
                 let scores = match mask {
                     Some(AttentionMask::Batched(mask)) => scores
@@ -690,7 +681,7 @@ impl SelfAttention {
             kv_heads,
             head_dim: d,
         } = self.heads;
-        let AttentionMask::Rows { bias, cached } = mask else {
+        let Some(row_mask) = mask.row_mask() else {
             return Err(Error::Config("row attention needs a CPU row mask".into()));
         };
         let [mut q, mut k, v] = Linear::forward_many_rows([&self.q, &self.k, &self.v], x, n)?;
@@ -723,50 +714,22 @@ impl SelfAttention {
             .iter()
             .map(|&q| q * scale + 0.0)
             .collect();
-        let total = keys.dim(2)?;
-        let (k_storage, k_layout) = keys.storage_and_layout();
-        let (v_storage, v_layout) = values.storage_and_layout();
-        let (Storage::Cpu(k_cpu), Storage::Cpu(v_cpu)) = (&*k_storage, &*v_storage) else {
-            return Err(Error::Config("row attention runs on the CPU only".into()));
-        };
-        let k_rows = HeadRows::new(k_cpu.as_slice::<f32>()?, k_layout, d)?;
-        let v_rows = HeadRows::new(v_cpu.as_slice::<f32>()?, v_layout, d)?;
         let group = heads / kv_heads;
-        let q_rows = HeadRows {
-            data: &stacked_queries,
-            offset: 0,
-            head_stride: group * n * d,
-            row_stride: d,
-            dim: d,
-        };
-        let row_mask = match bias {
-            Some(bias) => RowMask::Bias(bias),
-            None => RowMask::Causal { cached: *cached },
-        };
-        let stacked = group * n;
-        let (attended, padded) = attend_blocks(
-            &q_rows,
-            &k_rows,
-            &v_rows,
-            kv_heads,
-            stacked,
-            SELF_ROW_BLOCK,
-            &|q, k, v, head, first, out| {
-                self_attention_block(q, k, v, head, first, total, n, &row_mask, out)
-            },
-        );
-        drop((k_storage, v_storage));
-        // Stacked rows `[kv_heads, padded, d]` (row g·n + t of key/value head h is query head
-        // h·group + g of token t) → `[n, heads · d]`.
+        let stacked = Tensor::from_vec(stacked_queries, (1, kv_heads, group * n, d), &Device::Cpu)?;
+        let attended = row_attention(&stacked, &keys, &values, n, &row_mask)?;
+        // Stacked rows `[kv_heads, group · n, d]` (row g·n + t of key/value head h is query
+        // head h·group + g of token t) → `[n, heads · d]`.
         let mut merged = vec![0f32; n * heads * d];
-        for head in 0..heads {
-            let (kv, g) = (head / group, head % group);
-            for t in 0..n {
-                let from = (kv * padded + g * n + t) * d;
-                merged[(t * heads + head) * d..(t * heads + head + 1) * d]
-                    .copy_from_slice(&attended[from..from + d]);
+        with_cpu_values(&attended, |attended| {
+            for head in 0..heads {
+                let (kv, g) = (head / group, head % group);
+                for t in 0..n {
+                    let from = ((kv * group + g) * n + t) * d;
+                    merged[(t * heads + head) * d..(t * heads + head + 1) * d]
+                        .copy_from_slice(&attended[from..from + d]);
+                }
             }
-        }
+        })?;
         let [out] = Linear::forward_many_rows([&self.o], &merged, n)?;
         Ok(out)
     }

@@ -218,10 +218,18 @@ impl Linear {
         for (out, linear) in outs.iter_mut().zip(linears) {
             if let Some(bias) = &linear.bias {
                 with_cpu_values(bias, |bias| {
+                    if bias.len() * tokens != out.len() {
+                        return Err(crate::Error::ShapeMismatch {
+                            name: "a bias".into(),
+                            got: vec![bias.len()],
+                            expected: vec![out.len() / tokens.max(1)],
+                        });
+                    }
                     for row in out.chunks_exact_mut(bias.len().max(1)) {
                         row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
                     }
-                })?;
+                    Ok(())
+                })??;
             }
         }
         Ok(outs)
@@ -375,5 +383,27 @@ mod tests {
         )
         .unwrap();
         assert!(QLinear::forward_many([&kernels[0], &narrow], &x).is_err());
+    }
+
+    #[test]
+    fn products_on_values_add_their_biases_and_refuse_one_of_another_width() {
+        let device = Device::Cpu;
+        let (_, q) = quantized(GgmlDType::Q8_0);
+        let bias = Tensor::randn(0f32, 1.0, 24, &device).unwrap();
+        let linear = Linear::new(QLinear::new(q.clone(), &device).unwrap(), Some(bias));
+        let x = Tensor::randn(0f32, 1.0, (1, 3, 512), &device).unwrap();
+        let values: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        let [got] = Linear::forward_many_rows([&linear], &values, 3).unwrap();
+        let expected: Vec<f32> = linear
+            .forward(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(got, expected);
+        let wrong = Tensor::randn(0f32, 1.0, 23, &device).unwrap();
+        let linear = Linear::new(QLinear::new(q, &device).unwrap(), Some(wrong));
+        assert!(Linear::forward_many_rows([&linear], &values, 3).is_err());
     }
 }

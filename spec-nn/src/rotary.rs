@@ -3,6 +3,7 @@
 
 use candle_core::{Device, Tensor};
 
+use crate::linear::with_cpu_values;
 use crate::Result;
 
 /// How rotary embeddings pair the dimensions of a head.
@@ -27,9 +28,6 @@ pub struct Rotary {
 pub struct RotaryTables {
     cos: Tensor,
     sin: Tensor,
-    /// The same tables as values, for [`RotaryTables::rotate_rows`].
-    cos_values: Vec<f32>,
-    sin_values: Vec<f32>,
     layout: RopeLayout,
 }
 
@@ -48,12 +46,9 @@ impl Rotary {
         let n = positions.len();
         let angles = Tensor::from_vec(positions, (n, 1), self.inverse_frequencies.device())?
             .broadcast_mul(&self.inverse_frequencies.unsqueeze(0)?)?;
-        let (cos, sin) = (angles.cos()?, angles.sin()?);
         Ok(RotaryTables {
-            cos_values: cos.flatten_all()?.to_vec1()?,
-            sin_values: sin.flatten_all()?.to_vec1()?,
-            cos,
-            sin,
+            cos: angles.cos()?,
+            sin: angles.sin()?,
             layout: self.layout,
         })
     }
@@ -87,31 +82,35 @@ impl RotaryTables {
         head_dim: usize,
     ) -> Result<()> {
         let half = head_dim / 2;
-        if x.len() != n * heads * head_dim
-            || self.cos_values.len() != n * half
-            || !head_dim.is_multiple_of(2)
-        {
-            return Err(crate::Error::Config(format!(
-                "rotary tables of {} angles for {n} rows of {heads} heads of {head_dim}",
-                self.cos_values.len()
-            )));
-        }
-        for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
-            let cos = &self.cos_values[t * half..(t + 1) * half];
-            let sin = &self.sin_values[t * half..(t + 1) * half];
-            for head in row.chunks_exact_mut(head_dim) {
-                for i in 0..half {
-                    let (a, b) = match self.layout {
-                        RopeLayout::Halves => (i, i + half),
-                        RopeLayout::Interleaved => (2 * i, 2 * i + 1),
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * cos[i] - x1 * sin[i];
-                    head[b] = x0 * sin[i] + x1 * cos[i];
+        with_cpu_values(&self.cos, |cos| {
+            with_cpu_values(&self.sin, |sin| {
+                if x.len() != n * heads * head_dim
+                    || cos.len() != n * half
+                    || !head_dim.is_multiple_of(2)
+                {
+                    return Err(crate::Error::Config(format!(
+                        "rotary tables of {} angles for {n} rows of {heads} heads of {head_dim}",
+                        cos.len()
+                    )));
                 }
-            }
-        }
-        Ok(())
+                for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+                    let cos = &cos[t * half..(t + 1) * half];
+                    let sin = &sin[t * half..(t + 1) * half];
+                    for head in row.chunks_exact_mut(head_dim) {
+                        for i in 0..half {
+                            let (a, b) = match self.layout {
+                                RopeLayout::Halves => (i, i + half),
+                                RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+                            };
+                            let (x0, x1) = (head[a], head[b]);
+                            head[a] = x0 * cos[i] - x1 * sin[i];
+                            head[b] = x0 * sin[i] + x1 * cos[i];
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })??
     }
 }
 
