@@ -21,6 +21,10 @@ struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=512))]
     tokens: u64,
 
+    /// Cached tokens before each forward
+    #[arg(long, default_value_t = 64)]
+    context: usize,
+
     /// How long to loop
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
@@ -32,7 +36,11 @@ fn main() -> Result<()> {
     let tokens = args.tokens as usize;
     let loading = Instant::now();
     let mut model = args.model.open()?;
-    let (context, batch) = ForwardCosts::probe_tokens(model.model.vocab_size() as u32, tokens);
+    let vocab = model.model.vocab_size() as u32;
+    let (_, batch) = ForwardCosts::probe_tokens(vocab, tokens);
+    let context: Vec<u32> = (0..args.context as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
     model.model.forward_tokens(&context, LogitRows::Last(1))?;
     model.model.forward_tokens(&batch, LogitRows::All)?;
     model.model.truncate(context.len())?;
@@ -49,8 +57,9 @@ fn main() -> Result<()> {
     }
     let per = started.elapsed().as_secs_f64() / forwards as f64;
     println!(
-        "{}: {forwards} forwards of {tokens} tokens, {:.2} ms each",
+        "{}: {forwards} forwards of {tokens} tokens after {} cached, {:.2} ms each",
         args.model.model,
+        args.context,
         per * 1e3
     );
     Ok(())

@@ -474,37 +474,46 @@ fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
     let weights = trained.into_weights(lm.model.config(), vocab, QWEN_SMALL, &fingerprint, "test");
     let mut draft = lm.model.ssd_draft(&weights).unwrap();
 
-    let prompt = lm
-        .chat_prompt(&[Message::user("Name three uses of a hash map.")])
-        .unwrap();
+    // Lossless on every prompt; useful over all of them (one 40-token answer holds about 13
+    // drafts, and with ~19 % top-1 agreement a single answer can accept none by chance).
     let stop = StopConditions::new(40);
-    lm.model.reset();
-    let greedy = generate(
-        &mut lm.model,
-        &prompt,
-        &SamplingConfig::greedy(),
-        &stop,
-        &mut rng,
-        &mut |_| {},
-    )
-    .unwrap();
-    lm.model.reset();
-    let speculative = speculative_generate(
-        &mut lm.model,
-        &mut draft,
-        &prompt,
-        &SpeculativeConfig {
-            draft_length: DraftLength::Fixed(3),
-            rule: AcceptanceRule::greedy(),
-            sampling: SamplingConfig::greedy(),
-        },
-        &stop,
-        &mut rng,
-        &mut |_| {},
-    )
-    .unwrap();
-    assert_eq!(speculative.tokens, greedy.tokens);
-    assert!(speculative.stats.accepted_tokens() > 0);
+    let mut accepted = 0;
+    for question in [
+        "Name three uses of a hash map.",
+        "Why is the sky blue?",
+        "Give me a tip for learning to cook.",
+    ] {
+        let prompt = lm.chat_prompt(&[Message::user(question)]).unwrap();
+        lm.model.reset();
+        let greedy = generate(
+            &mut lm.model,
+            &prompt,
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut rng,
+            &mut |_| {},
+        )
+        .unwrap();
+        lm.model.reset();
+        draft.reset();
+        let speculative = speculative_generate(
+            &mut lm.model,
+            &mut draft,
+            &prompt,
+            &SpeculativeConfig {
+                draft_length: DraftLength::Fixed(3),
+                rule: AcceptanceRule::greedy(),
+                sampling: SamplingConfig::greedy(),
+            },
+            &stop,
+            &mut rng,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(speculative.tokens, greedy.tokens, "{question}");
+        accepted += speculative.stats.accepted_tokens();
+    }
+    assert!(accepted > 0);
 }
 
 #[test]

@@ -20,7 +20,7 @@ use spec_core::kv_cache::LayerKvCache;
 use crate::linear::{with_cpu_values, Linear};
 use crate::rotary::RotaryTables;
 use crate::{Error, Result};
-use spec_core::math::{exp, softmax_in_place};
+use spec_core::math::{self, exp, softmax_in_place};
 
 /// Largest cross-attention forward whose attention runs row by row (decoder rows over an
 /// encoder's output, bit-identical to one row at a time). Longer ones, an encoder's frames
@@ -37,16 +37,20 @@ enum RowMask<'a> {
 }
 
 impl RowMask<'_> {
-    fn bias(&self, row: usize, key: usize, keys: usize) -> f32 {
+    /// Masks the scores of query `row` over every key: −∞ where it may not look, the bias added
+    /// where one is given.
+    fn apply(&self, row: usize, scores: &mut [f32]) {
         match self {
             Self::Causal { cached } => {
-                if key <= cached + row {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
+                let visible = (cached + row + 1).min(scores.len());
+                scores[visible..].fill(f32::NEG_INFINITY);
+            }
+            Self::Bias(bias) => {
+                let keys = scores.len();
+                for (score, bias) in scores.iter_mut().zip(&bias[row * keys..(row + 1) * keys]) {
+                    *score += bias;
                 }
             }
-            Self::Bias(bias) => bias[row * keys + key],
         }
     }
 }
@@ -85,28 +89,119 @@ impl<'a> HeadRows<'a> {
     }
 }
 
-/// The dot product of each of `ROWS` queries with `key` into `out`: eight accumulation lanes
-/// per row in a fixed order (vectorises; a row's sum does not depend on the rows beside it),
-/// the rows' chains interleaved so that several are in flight.
-fn dots<const ROWS: usize>(queries: &[&[f32]], key: &[f32], out: &mut [f32]) {
-    let mut lanes = [[0f32; 8]; ROWS];
-    let whole = key.len() - key.len() % 8;
-    for start in (0..whole).step_by(8) {
-        let k = &key[start..start + 8];
-        for (lanes, query) in lanes.iter_mut().zip(queries) {
-            let q = &query[start..start + 8];
-            for l in 0..8 {
-                lanes[l] += q[l] * k[l];
-            }
-        }
-    }
-    for ((lanes, query), out) in lanes.iter().zip(queries).zip(out) {
+/// The dot products of `PAIRS` (query, key) pairs: per pair, eight accumulation lanes over
+/// the dimensions in order ([`pair_lanes`]), then the lanes summed as a fixed tree (halves,
+/// quarters, pair) and the tail added. A pair's sum does not depend on the pairs beside it;
+/// taking several together only interleaves their chains, so the additions overlap instead of
+/// waiting for each other.
+#[inline(always)]
+fn pair_dots<const PAIRS: usize>(pairs: [(&[f32], &[f32]); PAIRS]) -> [f32; PAIRS] {
+    let dim = pairs[0].0.len();
+    assert!(pairs.iter().all(|(q, k)| q.len() == dim && k.len() == dim));
+    let whole = dim - dim % 8;
+    let lanes = pair_lanes(&pairs, whole);
+    let mut out = [0f32; PAIRS];
+    for ((out, l), (query, key)) in out.iter_mut().zip(&lanes).zip(&pairs) {
         let tail: f32 = query[whole..]
             .iter()
             .zip(&key[whole..])
             .map(|(x, y)| x * y)
             .sum();
-        *out = lanes.iter().sum::<f32>() + tail;
+        let halves = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+        let quarters = [halves[0] + halves[2], halves[1] + halves[3]];
+        *out = (quarters[0] + quarters[1]) + tail;
+    }
+    out
+}
+
+/// Per pair, `lanes[l] = Σ_c query[8c + l] · key[8c + l]` over the `whole / 8` chunks in order
+/// (a product, then a sum: never fused). With AVX a pair's lanes are one register, so every
+/// pair's chain stays in registers however many there are; without it the same arithmetic in
+/// plain Rust.
+#[inline(always)]
+fn pair_lanes<const PAIRS: usize>(
+    pairs: &[(&[f32], &[f32]); PAIRS],
+    whole: usize,
+) -> [[f32; 8]; PAIRS] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX was just detected; `pair_dots` checked that every slice holds `whole`.
+        return unsafe { avx::pair_lanes(pairs, whole) };
+    }
+    portable_pair_lanes(pairs, whole)
+}
+
+/// [`pair_lanes`] in plain Rust.
+#[inline(always)]
+fn portable_pair_lanes<const PAIRS: usize>(
+    pairs: &[(&[f32], &[f32]); PAIRS],
+    whole: usize,
+) -> [[f32; 8]; PAIRS] {
+    let mut lanes = [[0f32; 8]; PAIRS];
+    for start in (0..whole).step_by(8) {
+        for (lanes, (query, key)) in lanes.iter_mut().zip(pairs) {
+            let q = &query[start..start + 8];
+            let k = &key[start..start + 8];
+            for l in 0..8 {
+                lanes[l] += q[l] * k[l];
+            }
+        }
+    }
+    lanes
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use std::arch::x86_64::*;
+
+    /// [`super::pair_lanes`] on 256-bit registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX, and every slice must hold at least `whole` values.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn pair_lanes<const PAIRS: usize>(
+        pairs: &[(&[f32], &[f32]); PAIRS],
+        whole: usize,
+    ) -> [[f32; 8]; PAIRS] {
+        let mut sums = [_mm256_setzero_ps(); PAIRS];
+        for start in (0..whole).step_by(8) {
+            for (sum, (query, key)) in sums.iter_mut().zip(pairs) {
+                let q = _mm256_loadu_ps(query.as_ptr().add(start));
+                let k = _mm256_loadu_ps(key.as_ptr().add(start));
+                *sum = _mm256_add_ps(*sum, _mm256_mul_ps(q, k));
+            }
+        }
+        let mut lanes = [[0f32; 8]; PAIRS];
+        for (lanes, sum) in lanes.iter_mut().zip(sums) {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+        }
+        lanes
+    }
+}
+
+/// `scores[r·keys + j]` = query `r` · key `j` for every key `0..keys`, by [`pair_dots`] over
+/// groups of `KEYS` keys (`PAIRS` = rows · `KEYS` ≤ 8 chains in registers), then key by key.
+fn block_scores<'k, const KEYS: usize, const PAIRS: usize>(
+    queries: &[&[f32]],
+    key: impl Fn(usize) -> &'k [f32],
+    keys: usize,
+    scores: &mut [f32],
+) {
+    let rows = queries.len();
+    assert_eq!(rows * KEYS, PAIRS, "{rows} rows of {KEYS} keys");
+    let mut first = 0;
+    while first + KEYS <= keys {
+        let pairs: [(&[f32], &[f32]); PAIRS] =
+            std::array::from_fn(|p| (queries[p / KEYS], key(first + p % KEYS)));
+        for (p, dot) in pair_dots(pairs).into_iter().enumerate() {
+            scores[(p / KEYS) * keys + first + p % KEYS] = dot;
+        }
+        first += KEYS;
+    }
+    for j in first..keys {
+        for (r, query) in queries.iter().enumerate() {
+            scores[r * keys + j] = pair_dots([(*query, key(j))])[0];
+        }
     }
 }
 
@@ -201,40 +296,55 @@ fn self_attention_block(
     let dim = q.dim;
     let rows = out.len() / dim;
     let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r)).collect();
-    let mut weights = vec![vec![f32::NEG_INFINITY; total]; rows];
-    let mut maxes = vec![f32::NEG_INFINITY; rows];
-    let mut scores = [0f32; SELF_ROW_BLOCK];
-    for key in 0..total {
-        let key_row = k.row(head, key);
-        match rows {
-            1 => dots::<1>(&queries, key_row, &mut scores),
-            2 => dots::<2>(&queries, key_row, &mut scores),
-            3 => dots::<3>(&queries, key_row, &mut scores),
-            _ => dots::<SELF_ROW_BLOCK>(&queries, key_row, &mut scores),
-        }
-        for (r, row) in weights.iter_mut().enumerate() {
-            let bias = mask.bias((first + r) % n, key, total);
-            if bias > f32::NEG_INFINITY {
-                row[key] = scores[r] + bias;
-                maxes[r] = maxes[r].max(row[key]);
-            }
-        }
-    }
-    let mut sums = vec![0f32; rows];
-    for ((row, max), sum) in weights.iter_mut().zip(&maxes).zip(&mut sums) {
+    let mut weights = vec![0f32; rows * total];
+    let key = |j: usize| k.row(head, j);
+    all_scores(&queries, key, total, &mut weights);
+    for (r, row) in weights.chunks_exact_mut(total).enumerate() {
+        mask.apply((first + r) % n, row);
+        let max = math::max(row);
+        // Masked keys weigh exactly 0 (`exp` clamps, so e^(−∞) would not).
         for w in row.iter_mut() {
             *w = if *w > f32::NEG_INFINITY {
                 exp(*w - max)
             } else {
                 0.0
             };
-            *sum += *w;
         }
     }
-    let weights: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+    let mut sums = [0f32; SELF_ROW_BLOCK];
+    weight_sums(&weights, total, &mut sums[..rows]);
+    let weights: Vec<&[f32]> = weights.chunks_exact(total).collect();
     weighted_values(&weights, v, head, dim, out);
     for (out_row, sum) in out.chunks_exact_mut(dim).zip(&sums) {
         out_row.iter_mut().for_each(|o| *o /= sum);
+    }
+}
+
+/// [`block_scores`] for 1 to [`SELF_ROW_BLOCK`] rows.
+fn all_scores<'k>(
+    queries: &[&[f32]],
+    key: impl Fn(usize) -> &'k [f32],
+    keys: usize,
+    scores: &mut [f32],
+) {
+    match queries.len() {
+        1 => block_scores::<8, 8>(queries, key, keys, scores),
+        2 => block_scores::<4, 8>(queries, key, keys, scores),
+        3 => block_scores::<2, 6>(queries, key, keys, scores),
+        _ => block_scores::<2, { 2 * SELF_ROW_BLOCK }>(queries, key, keys, scores),
+    }
+}
+
+/// Each row's sum of its softmax weights (`weights` holds the rows, `keys` each), in key order:
+/// a masked key's weight of 0 adds exactly nothing wherever it lies, so a token tree's branch
+/// (whose siblings are masked keys in the middle of its row) sums as decoding it alone does.
+/// The rows' chains are interleaved, so their additions overlap.
+fn weight_sums(weights: &[f32], keys: usize, sums: &mut [f32]) {
+    sums.fill(0.0);
+    for key in 0..keys {
+        for (r, sum) in sums.iter_mut().enumerate() {
+            *sum += weights[r * keys + key];
+        }
     }
 }
 
@@ -798,7 +908,7 @@ mod tests {
     use crate::linear::QLinear;
     use crate::rotary::{RopeLayout, Rotary};
 
-    /// The one-row dot product that row attention computed before rows were interleaved.
+    /// One query's dot product with one key, lane by lane as row attention sums it.
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut lanes = [0f32; 8];
         let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -813,27 +923,54 @@ mod tests {
                 lanes[l] += x[l] * y[l];
             }
         }
-        lanes.iter().sum::<f32>() + tail
+        let l = lanes;
+        (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))) + tail
     }
 
     #[test]
-    fn interleaved_rows_give_each_row_its_own_dot_product() {
+    fn lanes_on_registers_are_the_lanes_in_plain_rust() {
+        let vector = |seed: usize| -> Vec<f32> {
+            (0..136)
+                .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 97.0 - 5.1)
+                .collect()
+        };
+        let vectors: Vec<Vec<f32>> = (0..16).map(vector).collect();
+        let pairs: [(&[f32], &[f32]); 8] =
+            std::array::from_fn(|p| (vectors[p].as_slice(), vectors[15 - p].as_slice()));
+        let expected = portable_pair_lanes(&pairs, 136);
+        assert_eq!(
+            pair_lanes(&pairs, 136).map(|l| l.map(f32::to_bits)),
+            expected.map(|l| l.map(f32::to_bits))
+        );
+        assert_ne!(expected[0], [0.0; 8]);
+    }
+
+    #[test]
+    fn interleaved_rows_and_keys_give_each_pair_its_own_dot_product() {
         for dim in [8, 61, 64, 128] {
             let vector = |seed: usize| -> Vec<f32> {
                 (0..dim)
                     .map(|i| (((i + 3) * (seed + 7) * 7919) % 211) as f32 / 37.0 - 2.8)
                     .collect()
             };
-            let key = vector(0);
+            let keys: Vec<Vec<f32>> = (100..111).map(vector).collect();
             let queries: Vec<Vec<f32>> = (1..=SELF_ROW_BLOCK).map(vector).collect();
             let rows: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
-            let mut out = [0f32; SELF_ROW_BLOCK];
-            dots::<SELF_ROW_BLOCK>(&rows, &key, &mut out);
-            let mut one = [0f32; 1];
-            for (query, got) in rows.iter().zip(out) {
-                dots::<1>(&[*query], &key, &mut one);
-                assert_eq!(got.to_bits(), dot(query, &key).to_bits(), "{dim}");
-                assert_eq!(one[0].to_bits(), got.to_bits(), "{dim}");
+            let expected: Vec<Vec<u32>> = rows
+                .iter()
+                .map(|q| keys.iter().map(|k| dot(q, k).to_bits()).collect())
+                .collect();
+            for rows_in_block in 1..=SELF_ROW_BLOCK {
+                let mut scores = vec![0f32; rows_in_block * keys.len()];
+                let key = |j: usize| keys[j].as_slice();
+                all_scores(&rows[..rows_in_block], key, keys.len(), &mut scores);
+                for (r, row) in scores.chunks(keys.len()).enumerate() {
+                    let bits: Vec<u32> = row.iter().map(|s| s.to_bits()).collect();
+                    assert_eq!(
+                        bits, expected[r],
+                        "dim {dim}, {rows_in_block} rows, row {r}"
+                    );
+                }
             }
         }
     }
@@ -1006,6 +1143,69 @@ mod tests {
             );
         }
         assert_eq!(together.len(), 7);
+    }
+
+    #[test]
+    fn a_token_tree_gives_each_branch_the_bits_of_decoding_it_alone() {
+        let device = Device::Cpu;
+        let attention = self_attention(Heads::new(4, 2, 16).unwrap());
+        let rotary = Rotary::new(
+            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
+            RopeLayout::Halves,
+            &device,
+        )
+        .unwrap();
+        let prompt_len = 37;
+        let x = Tensor::randn(0f32, 1.0, (1, prompt_len + 3, HIDDEN), &device).unwrap();
+        let prompt = x.narrow(1, 0, prompt_len).unwrap();
+        let positions: Vec<usize> = (0..prompt_len).collect();
+        let mut tree_cache = LayerKvCache::new(4, 64);
+        let mut alone = LayerKvCache::new(4, 64);
+        for cache in [&mut tree_cache, &mut alone] {
+            let mask = AttentionMask::new(None, prompt_len, 0, &device).unwrap();
+            let tables = rotary.tables(&positions).unwrap();
+            attention
+                .forward(&prompt, Some(&tables), &mask, cache)
+                .unwrap();
+        }
+        // Two siblings at the prompt's end, and a child of the second: the child does not see
+        // the first sibling, a masked key between the prompt and its parent.
+        let keys = prompt_len + 3;
+        let mut bias = vec![0f32; 3 * keys];
+        for (row, hidden) in [(0, [1, 2]), (1, [0, 2]), (2, [0, 3])] {
+            for node in hidden.into_iter().filter(|&node| node < 3) {
+                bias[row * keys + prompt_len + node] = f32::NEG_INFINITY;
+            }
+        }
+        let mask = Tensor::from_vec(bias, (1, 1, 3, keys), &device).unwrap();
+        let mask = AttentionMask::new(Some(&mask), 3, prompt_len, &device).unwrap();
+        let tables = rotary
+            .tables(&[prompt_len, prompt_len, prompt_len + 1])
+            .unwrap();
+        let tree = attention
+            .forward(
+                &x.narrow(1, prompt_len, 3).unwrap(),
+                Some(&tables),
+                &mask,
+                &mut tree_cache,
+            )
+            .unwrap();
+        for (node, position) in [(1, prompt_len), (2, prompt_len + 1)] {
+            let mask = AttentionMask::new(None, 1, position, &device).unwrap();
+            let single = attention
+                .forward(
+                    &x.narrow(1, prompt_len + node, 1).unwrap(),
+                    Some(&rotary.tables(&[position]).unwrap()),
+                    &mask,
+                    &mut alone,
+                )
+                .unwrap();
+            assert_eq!(
+                values(&tree.narrow(1, node, 1).unwrap()),
+                values(&single),
+                "node {node}"
+            );
+        }
     }
 
     #[test]
