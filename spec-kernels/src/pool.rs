@@ -2,6 +2,10 @@
 //! counter they spin on between matmuls (a forward runs hundreds of matmuls a few
 //! microseconds apart, too short for sleeping threads to wake in time) and park on when idle.
 //! The calling thread takes part, so `threads` includes it.
+//!
+//! Between jobs the caller does serial work (norms, attention, activation quantization) while
+//! the memory bus sits idle; a worker that has finished its tasks spends that time pulling the
+//! bytes the next job is expected to read ([`Pool::expect_next`]) into the caches.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,6 +14,24 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
+
+/// Most byte ranges (matrices of the next matmuls) the idle workers are told to warm.
+pub(crate) const MAX_WARM_RANGES: usize = 16;
+
+/// Most bytes an idle worker pulls toward the caches for one prediction: a quarter of a large
+/// L3, so what it warms is still there when the jobs read it.
+const MAX_WARM_BYTES: usize = 8 << 20;
+
+/// Bytes a worker prefetches between looks at whether the next job has started.
+const WARM_STRIDE: usize = 4096;
+
+/// The memory the next job is expected to read, `generation` counting the predictions.
+#[derive(Clone, Copy, Default)]
+struct WarmRanges {
+    ranges: [(usize, usize); MAX_WARM_RANGES],
+    count: usize,
+    generation: u64,
+}
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -25,6 +47,7 @@ struct Shared {
     /// Whether a task of the current job panicked (the caller panics in turn).
     panicked: AtomicBool,
     sleeping: Vec<AtomicBool>,
+    warm: Mutex<WarmRanges>,
 }
 
 /// A job pointer with its lifetime erased; `run` waits for every task before returning, so
@@ -80,6 +103,7 @@ impl Pool {
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             sleeping: (1..threads).map(|_| AtomicBool::new(false)).collect(),
+            warm: Mutex::new(WarmRanges::default()),
         });
         let workers = (1..threads)
             .map(|i| {
@@ -102,6 +126,18 @@ impl Pool {
     /// Threads that run tasks, the caller included.
     pub fn threads(&self) -> usize {
         self.workers.len() + 1
+    }
+
+    /// Tells idle workers which memory the jobs after the one about to run are expected to read
+    /// (the `(address, length)` of each of their matrices), so they warm the caches with it once
+    /// their tasks are done. Only a hint: the workers prefetch, which never faults, so a range whose
+    /// memory has been freed since is harmless.
+    pub fn expect_next(&self, ranges: &[(usize, usize)]) {
+        let mut warm = self.shared.warm.lock().unwrap_or_else(|e| e.into_inner());
+        let count = ranges.len().min(MAX_WARM_RANGES);
+        warm.ranges[..count].copy_from_slice(&ranges[..count]);
+        warm.count = count;
+        warm.generation += 1;
     }
 
     /// Runs `job(0..tasks)` on the pool's threads and the caller's; returns when all are done.
@@ -165,6 +201,7 @@ fn take_tasks(s: &Shared, job: &(dyn Fn(usize) + Sync), tasks: usize, epoch: u64
 
 fn worker(s: &Shared, index: usize) {
     let mut seen = 0;
+    let mut warmed = (0, 0);
     loop {
         let started = Instant::now();
         let mut spins = 0u32;
@@ -186,8 +223,51 @@ fn worker(s: &Shared, index: usize) {
             // keeps the job alive until every taken task has finished.
             take_tasks(s, unsafe { &*job }, tasks, epoch);
         }
+        warm_caches(s, seen, &mut warmed);
     }
 }
+
+/// Prefetches the memory the next job is expected to read, from where this worker left off
+/// for the same prediction (`warmed`: its generation and the bytes done); stops as soon as a
+/// job after epoch `seen` starts.
+fn warm_caches(s: &Shared, seen: u64, warmed: &mut (u64, usize)) {
+    let warm = *s.warm.lock().unwrap_or_else(|e| e.into_inner());
+    if warm.generation != warmed.0 {
+        *warmed = (warm.generation, 0);
+    }
+    let mut skip = warmed.1;
+    let mut budget = MAX_WARM_BYTES.saturating_sub(skip);
+    for &(start, len) in &warm.ranges[..warm.count] {
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let (start, len) = (start + skip, (len - skip).min(budget));
+        skip = 0;
+        budget -= len;
+        for chunk in (start..start + len).step_by(WARM_STRIDE) {
+            if s.state.load(Ordering::Relaxed) >> 32 != seen {
+                return;
+            }
+            let bytes = WARM_STRIDE.min(start + len - chunk);
+            prefetch(chunk, bytes);
+            warmed.1 += bytes;
+        }
+    }
+}
+
+/// Asks for the cache lines of `len` bytes at `address` (a hint; it cannot fault).
+#[cfg(target_arch = "x86_64")]
+fn prefetch(address: usize, len: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    for line in (address..address + len).step_by(64) {
+        // SAFETY: a prefetch is a hint that never faults and reads nothing into the program.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line as *const i8) };
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn prefetch(_address: usize, _len: usize) {}
 
 #[cfg(test)]
 mod tests {

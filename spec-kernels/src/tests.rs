@@ -375,3 +375,45 @@ fn parallel_chunks_visit_every_chunk_once() {
         assert_eq!(out, (0..len).collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn the_matmul_order_predicts_what_followed_last_time() {
+    let mut rng = StdRng::seed_from_u64(7);
+    // Three small matmuls (well under the look-ahead) and one larger than it, in a loop.
+    let small: Vec<QMatrix> = (0..3)
+        .map(|_| random_matrix(Format::Q8_0, 32, 64, &mut rng))
+        .collect();
+    let large = random_matrix(Format::Q8_0, 16 * 1024, 64, &mut rng);
+    let list = |ms: &[&QMatrix]| crate::WarmList::of(ms);
+    let mut order = crate::MatmulOrder::default();
+    let sequence = [vec![&small[0], &small[1]], vec![&small[2]], vec![&large]];
+    for step in &sequence {
+        assert_eq!(order.record(step).as_slice(), &[], "nothing is known yet");
+    }
+    // The second time round, each matmul predicts those after it until the look-ahead is read,
+    // and never wraps around to itself.
+    let mut expected = list(&[&small[2]]);
+    assert!(expected.extend(&list(&[&large])));
+    assert_eq!(order.record(&sequence[0]), expected);
+    assert_eq!(order.record(&sequence[1]), list(&[&large]));
+    let mut expected = list(&[&small[0], &small[1]]);
+    assert!(expected.extend(&list(&[&small[2]])));
+    assert_eq!(order.record(&sequence[2]), expected);
+    // A change of order is learned at once: now the large matmul was followed by the third.
+    order.record(&sequence[1]);
+    assert_eq!(order.record(&sequence[2]), list(&[&small[2]]));
+}
+
+#[test]
+fn warming_freed_memory_is_harmless() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let x = random_input(1, 64, &mut rng);
+    let mut out = vec![0f32; 32];
+    for _ in 0..50 {
+        // Each matrix is dropped while the pool still expects its successor to be the next.
+        let w = random_matrix(Format::Q4_0, 32, 64, &mut rng);
+        w.matmul(&x, 1, &mut out).unwrap();
+        let reference = matmul(&w, Isa::Portable, &x, 1);
+        assert_eq!(out, reference);
+    }
+}
