@@ -38,9 +38,7 @@ fn main() -> Result<()> {
     let mut model = args.model.open()?;
     let vocab = model.model.vocab_size() as u32;
     let (_, batch) = ForwardCosts::probe_tokens(vocab, tokens);
-    let context: Vec<u32> = (0..args.context as u32)
-        .map(|i| (i * 7919 + 13) % vocab)
-        .collect();
+    let context = ForwardCosts::probe_context(vocab, args.context);
     model.model.forward_tokens(&context, LogitRows::Last(1))?;
     model.model.forward_tokens(&batch, LogitRows::All)?;
     model.model.truncate(context.len())?;

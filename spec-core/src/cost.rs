@@ -59,11 +59,17 @@ impl ForwardCosts {
     /// `max_tokens` new tokens, spread over a vocabulary of `vocab`. Other implementations'
     /// costs measured on these tokens compare with ours.
     pub fn probe_tokens(vocab: u32, max_tokens: usize) -> (Vec<u32>, Vec<u32>) {
-        let context = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let context = Self::probe_context(vocab, 64);
         let batch = (0..max_tokens as u32)
             .map(|i| (i * 104_729 + 5) % vocab)
             .collect();
         (context, batch)
+    }
+
+    /// The first `len` tokens of the probe's context (the context of [`Self::probe_tokens`] is
+    /// the first 64), for timing forwards after a longer or shorter one.
+    pub fn probe_context(vocab: u32, len: usize) -> Vec<u32> {
+        (0..len as u32).map(|i| (i * 7919 + 13) % vocab).collect()
     }
 
     /// Times forwards of 1 to `max_tokens` tokens after a 64-token context (best of `repeats`),

@@ -616,9 +616,7 @@ impl AttentionMask {
             }
         })
     }
-}
 
-impl AttentionMask {
     /// Which keys each query row sees, for row attention; `None` for a batched mask.
     fn row_mask(&self) -> Option<RowMask<'_>> {
         match self {
@@ -1172,8 +1170,9 @@ mod tests {
         // the first sibling, a masked key between the prompt and its parent.
         let keys = prompt_len + 3;
         let mut bias = vec![0f32; 3 * keys];
-        for (row, hidden) in [(0, [1, 2]), (1, [0, 2]), (2, [0, 3])] {
-            for node in hidden.into_iter().filter(|&node| node < 3) {
+        let hidden: [&[usize]; 3] = [&[1, 2], &[0, 2], &[0]];
+        for (row, nodes) in hidden.iter().enumerate() {
+            for node in nodes.iter() {
                 bias[row * keys + prompt_len + node] = f32::NEG_INFINITY;
             }
         }
