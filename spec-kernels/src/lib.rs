@@ -447,12 +447,21 @@ pub fn threads() -> usize {
 }
 
 /// This machine's memory read bandwidth in GB/s with `threads` threads (best of twenty sums
-/// over a 512 MiB buffer, 16 times the L3 of the machines here, read the way the kernels read
-/// weights): the limit of one-token decoding, which reads every weight once.
+/// over a 512 MiB buffer, 16 times the L3 of the machines here, held and read the way the
+/// kernels hold and read weights): the limit of one-token decoding, which reads every weight
+/// once.
 pub fn read_bandwidth_gbs(threads: usize) -> f64 {
     let threads = threads.max(1);
-    let words = (512usize << 20) / 8;
-    let buffer: Vec<u64> = (0..words as u64).collect();
+    // In the buffer the weights live in, so that it reads through the same pages.
+    let mut bytes = CacheAligned::zeroed(512 << 20);
+    // SAFETY: any eight bytes are a valid u64, and the buffer is 64-byte aligned, so all of
+    // it is words.
+    let (_, words, _) = unsafe { bytes.as_mut_slice().align_to_mut::<u64>() };
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = i as u64;
+    }
+    let buffer: &[u64] = words;
+    let words = buffer.len();
     let mut best = 0f64;
     for _ in 0..20 {
         let started = std::time::Instant::now();

@@ -285,6 +285,63 @@ fn matrices_hold_the_values_of_their_ggml_blocks() {
     }
 }
 
+/// The largest quants against the largest activations: the kernels' narrow 16-bit sums are
+/// filled to their bound (eight products of nibbles 15, four of 5-bit quants 31, two of 6-bit
+/// quants 63, each times 127), and every instruction set still gives the exact integer sums.
+#[test]
+fn the_largest_quants_and_activations_do_not_overflow() {
+    let cols = 512;
+    for format in Format::ALL {
+        for fill in [0xFF, 0x80, 0x7F] {
+            let mut blocks = random_blocks(format, 16, cols, &mut StdRng::seed_from_u64(1));
+            let scale_at = match format {
+                Format::Q6K => 208,
+                _ => 0,
+            };
+            for block in blocks.chunks_exact_mut(format.block_bytes()) {
+                block.fill(fill);
+                block[scale_at..scale_at + 2]
+                    .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                if matches!(format, Format::Q4_1 | Format::Q4K) {
+                    block[2..4].copy_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
+                }
+            }
+            let w = QMatrix::new(format, 16, cols, blocks).unwrap();
+            let weights = dequantized(&w);
+            let signs: [fn(usize) -> f32; 3] =
+                [|_| 1.0, |_| -1.0, |c| if c % 8 < 4 { 1.0 } else { -1.0 }];
+            for sign in signs {
+                let x: Vec<f32> = (0..5 * cols).map(|i| sign(i % cols)).collect();
+                let portable = matmul(&w, Isa::Portable, &x, 5);
+                for (r, row) in weights.chunks_exact(cols).enumerate() {
+                    let exact: f64 = row
+                        .iter()
+                        .enumerate()
+                        .map(|(c, &w)| w as f64 * sign(c) as f64)
+                        .sum();
+                    let magnitude: f64 = row.iter().map(|&w| w.abs() as f64).sum();
+                    let y = portable[r] as f64;
+                    assert!(
+                        (y - exact).abs() <= 1e-5 * magnitude + 1e-9,
+                        "{format:?} {fill:#x} row {r}: {y} vs {exact}"
+                    );
+                }
+                for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+                    for tokens in [1, 5] {
+                        let got = matmul(&w, isa, &x[..tokens * cols], tokens);
+                        assert!(
+                            got.iter()
+                                .zip(&portable)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{isa:?} {format:?} {fill:#x} {tokens} tokens: {got:?} vs {portable:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn zero_activations_give_zero() {
     let mut rng = StdRng::seed_from_u64(5);

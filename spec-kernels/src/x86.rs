@@ -2,9 +2,10 @@
 //! [`crate::panels::panel_dot`], with each row of a panel in a lane. VNNI machines hold all 16
 //! rows in a 512-bit register and add four products per lane with one `vpdpbusd` (unsigned
 //! quants times signed activations; a format's offset is taken off the block's total, from the
-//! activations' sum); AVX2 takes the rows eight at a time and sums the four products with
-//! `vpmaddubsw` + `vpmaddwd`, exactly (no nibble quant exceeds 63, so no 16-bit pair
-//! saturates; Q8_0's signed bytes go through `vpsignb` so they cannot either).
+//! activations' sum); AVX2 takes the rows eight at a time, multiplies byte pairs into 16-bit
+//! sums with `vpmaddubsw` and adds several of those in 16 bits before one `vpmaddwd` widens
+//! them (times the sub-block's scale where there is one), exactly: see [`Rows::narrow_dot4`]
+//! for how many fit. Q8_0's signed bytes go through `vpsignb` so that no pair saturates.
 //! Tokens come in tiles of up to four: each chunk of weights is unpacked once per tile.
 
 use std::arch::x86_64::*;
@@ -322,8 +323,10 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
         let (d, dmin) = (R::f16s(p.add(q4k::D)), R::f16s(p.add(q4k::DMIN)));
         let mut total = [R::zero_i(); TILE];
         for j in 0..8 {
-            // Low and high nibbles add into separate sums: two dependency chains of `vpdpbusd`
-            // instead of one twice as long (integer sums: the same total either way).
+            // Low and high nibbles add into separate sums: two dependency chains instead of
+            // one twice as long (integer sums: the same total either way). Each holds four
+            // chunks' products of nibbles, and both together eight: within what a narrow sum
+            // holds.
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 4 * j..4 * j + 4 {
@@ -331,13 +334,13 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q4K, chunk)));
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
-                    sub[t] = R::dot4(sub[t], low, a);
-                    sub_high[t] = R::dot4(sub_high[t], high, a.add(4));
+                    sub[t] = R::narrow_dot4(sub[t], low, a);
+                    sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
                 }
             }
-            let scale = R::u8s(p.add(q4k::SCALES + 16 * j));
+            let scale = R::u8_scales(p.add(q4k::SCALES + 16 * j));
             for t in 0..TILE {
-                total[t] = R::mul_add(total[t], R::add(sub[t], sub_high[t]), scale);
+                total[t] = R::widen_scaled(total[t], R::narrow_add(sub[t], sub_high[t]), scale);
             }
         }
         for (t, acc) in acc.iter_mut().enumerate() {
@@ -365,8 +368,9 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
         let p = panel.as_ptr().add(b * q6k::BYTES);
         let mut total = [R::zero_i(); TILE];
         for j in 0..16 {
-            let mut sub: [R::I; TILE] =
-                std::array::from_fn(|t| R::splat(*tokens.q6k_offsets[t].add(16 * b + j)));
+            // Two chunks' products of 6-bit quants in each narrow sum, the most one holds: the
+            // low and high halves are widened separately.
+            let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 2 * j..2 * j + 2 {
                 prefetch_ahead(p.add(chunk_at(Format::Q6K, chunk)));
@@ -375,14 +379,17 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
                 let (low, high) = (R::or(low, low_top), R::or(high, high_top));
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
-                    sub[t] = R::dot4(sub[t], low, a);
-                    sub_high[t] = R::dot4(sub_high[t], high, a.add(4));
+                    sub[t] = R::narrow_dot4(sub[t], low, a);
+                    sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
                 }
             }
             prefetch_ahead(p.add(q6k_highs_at(2 * j)));
-            let scale = R::i8s(p.add(q6k::SCALES + 16 * j));
+            let scale = R::i8_scales(p.add(q6k::SCALES + 16 * j));
             for t in 0..TILE {
-                total[t] = R::mul_add(total[t], R::add(sub[t], sub_high[t]), scale);
+                let offset = *tokens.q6k_offsets[t].add(16 * b + j);
+                let sum = R::widen_scaled(total[t], sub[t], scale);
+                let sum = R::widen_scaled(sum, sub_high[t], scale);
+                total[t] = R::q6k_offset_scaled(sum, offset, scale);
             }
         }
         let d = R::f16s(p.add(q6k::D));
@@ -413,7 +420,8 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
         let p = panel.as_ptr().add(b * bytes);
         let mut total: [R::I; TILE] =
             std::array::from_fn(|t| R::splat(offset * *tokens.group_sums[t].add(b) as i32));
-        let mut total_high = [R::zero_i(); TILE];
+        let mut sub = [R::zero_i(); TILE];
+        let mut sub_high = [R::zero_i(); TILE];
         for chunk in 0..4 {
             prefetch_ahead(p.add(chunk_at(format, chunk)));
             let (mut low, mut high) = R::nibbles(p.add(chunk_at(format, chunk)));
@@ -423,12 +431,18 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
             }
             for t in 0..TILE {
                 let a = tokens.quants[t].add(32 * b + 8 * chunk);
-                total[t] = R::dot4(total[t], low, a);
-                total_high[t] = R::dot4(total_high[t], high, a.add(4));
+                sub[t] = R::narrow_dot4(sub[t], low, a);
+                sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
             }
         }
         for t in 0..TILE {
-            total[t] = R::add(total[t], total_high[t]);
+            // Four chunks' products in each narrow sum; eight of 4-bit quants fit in one, but
+            // Q5_0's 5-bit ones only four, so its halves are widened separately.
+            total[t] = if format == Format::Q5_0 {
+                R::widen(R::widen(total[t], sub[t]), sub_high[t])
+            } else {
+                R::widen(total[t], R::narrow_add(sub[t], sub_high[t]))
+            };
         }
         let d = R::f16s(p.add(small::D));
         let mins = (format == Format::Q4_1).then(|| R::f16s(p.add(small::Q4_1_MINS)));
@@ -506,14 +520,26 @@ trait Rows {
     unsafe fn q5_0_high_bits(masks: *const u8) -> (Self::I, Self::I);
     /// Q6_K's high bit pairs of a chunk, in place (bits 4–5) to be or-ed onto its nibbles.
     unsafe fn q6k_high_bits(highs: *const u8) -> (Self::I, Self::I);
-    /// `acc` + in each lane the four unsigned bytes of `u` times the four signed bytes at `a`.
-    unsafe fn dot4(acc: Self::I, u: Self::I, a: *const i8) -> Self::I;
-    /// `total + sub · scale`.
-    unsafe fn mul_add(total: Self::I, sub: Self::I, scale: Self::I) -> Self::I;
-    /// Unsigned bytes, one per row.
-    unsafe fn u8s(p: *const u8) -> Self::I;
-    /// Signed bytes, one per row.
-    unsafe fn i8s(p: *const u8) -> Self::I;
+    /// A narrow sum `acc` + in each lane the four unsigned bytes of `u` times the four signed
+    /// bytes at `a`. On AVX2 a narrow lane is two 16-bit sums of byte-pair products (a pair
+    /// of quants ≤ q times activations ≤ 127 in magnitude adds at most 254·q), so one holds
+    /// ⌊32767 / (254·q)⌋ products: eight of 4-bit quants, four of 5-bit, two of 6-bit. With
+    /// VNNI it is the 32-bit sum itself.
+    unsafe fn narrow_dot4(acc: Self::I, u: Self::I, a: *const i8) -> Self::I;
+    /// Two narrow sums added (within what one holds).
+    unsafe fn narrow_add(a: Self::I, b: Self::I) -> Self::I;
+    /// `total` + the narrow sum `narrow` in 32 bits.
+    unsafe fn widen(total: Self::I, narrow: Self::I) -> Self::I;
+    /// `total` + the narrow sum `narrow` times each row's scale from [`Rows::u8_scales`] or
+    /// [`Rows::i8_scales`].
+    unsafe fn widen_scaled(total: Self::I, narrow: Self::I, scale: Self::I) -> Self::I;
+    /// `total` + `offset` times each row's scale, for an even `offset` of magnitude ≤ 65024
+    /// (Q6_K's −32 · Σa over 16 activations).
+    unsafe fn q6k_offset_scaled(total: Self::I, offset: i32, scale: Self::I) -> Self::I;
+    /// Unsigned bytes, one scale per row.
+    unsafe fn u8_scales(p: *const u8) -> Self::I;
+    /// Signed bytes, one scale per row.
+    unsafe fn i8_scales(p: *const u8) -> Self::I;
     /// Unsigned byte pairs, one pair per row, as 16-bit halves.
     unsafe fn u8_pairs(p: *const u8) -> Self::I;
     /// `acc` + each lane's 16-bit pair times the two i16 at `g`.
@@ -575,7 +601,7 @@ impl Rows for Zmm {
     }
     #[inline(always)]
     unsafe fn q8_0_dot4(acc: __m512i, w: __m512i, a: *const i8) -> __m512i {
-        Self::dot4(acc, w, a)
+        Self::narrow_dot4(acc, w, a)
     }
     #[inline(always)]
     unsafe fn q5_0_high_bits(masks: *const u8) -> (__m512i, __m512i) {
@@ -598,7 +624,7 @@ impl Rows for Zmm {
         )
     }
     #[inline(always)]
-    unsafe fn dot4(acc: __m512i, u: __m512i, a: *const i8) -> __m512i {
+    unsafe fn narrow_dot4(acc: __m512i, u: __m512i, a: *const i8) -> __m512i {
         _mm512_dpbusd_epi32(
             acc,
             u,
@@ -606,15 +632,27 @@ impl Rows for Zmm {
         )
     }
     #[inline(always)]
-    unsafe fn mul_add(total: __m512i, sub: __m512i, scale: __m512i) -> __m512i {
-        _mm512_add_epi32(total, _mm512_mullo_epi32(sub, scale))
+    unsafe fn narrow_add(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
     }
     #[inline(always)]
-    unsafe fn u8s(p: *const u8) -> __m512i {
+    unsafe fn widen(total: __m512i, narrow: __m512i) -> __m512i {
+        _mm512_add_epi32(total, narrow)
+    }
+    #[inline(always)]
+    unsafe fn widen_scaled(total: __m512i, narrow: __m512i, scale: __m512i) -> __m512i {
+        _mm512_add_epi32(total, _mm512_mullo_epi32(narrow, scale))
+    }
+    #[inline(always)]
+    unsafe fn q6k_offset_scaled(total: __m512i, offset: i32, scale: __m512i) -> __m512i {
+        Self::widen_scaled(total, _mm512_set1_epi32(offset), scale)
+    }
+    #[inline(always)]
+    unsafe fn u8_scales(p: *const u8) -> __m512i {
         _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
     }
     #[inline(always)]
-    unsafe fn i8s(p: *const u8) -> __m512i {
+    unsafe fn i8_scales(p: *const u8) -> __m512i {
         _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))
     }
     #[inline(always)]
@@ -745,22 +783,39 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
         )
     }
     #[inline(always)]
-    unsafe fn dot4(acc: __m256i, u: __m256i, a: *const i8) -> __m256i {
+    unsafe fn narrow_dot4(acc: __m256i, u: __m256i, a: *const i8) -> __m256i {
         let a = _mm256_set1_epi32((a as *const i32).read_unaligned());
-        let pairs = _mm256_maddubs_epi16(u, a);
-        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, a))
     }
     #[inline(always)]
-    unsafe fn mul_add(total: __m256i, sub: __m256i, scale: __m256i) -> __m256i {
-        _mm256_add_epi32(total, _mm256_mullo_epi32(sub, scale))
+    unsafe fn narrow_add(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi16(a, b)
     }
     #[inline(always)]
-    unsafe fn u8s(p: *const u8) -> __m256i {
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * HALF) as *const __m128i))
+    unsafe fn widen(total: __m256i, narrow: __m256i) -> __m256i {
+        _mm256_add_epi32(total, _mm256_madd_epi16(narrow, _mm256_set1_epi16(1)))
     }
     #[inline(always)]
-    unsafe fn i8s(p: *const u8) -> __m256i {
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * HALF) as *const __m128i))
+    unsafe fn widen_scaled(total: __m256i, narrow: __m256i, scale: __m256i) -> __m256i {
+        _mm256_add_epi32(total, _mm256_madd_epi16(narrow, scale))
+    }
+    #[inline(always)]
+    unsafe fn q6k_offset_scaled(total: __m256i, offset: i32, scale: __m256i) -> __m256i {
+        // offset · s = (offset / 2) · s + (offset / 2) · s, each half within 16 bits.
+        Self::widen_scaled(total, _mm256_set1_epi16((offset / 2) as i16), scale)
+    }
+    /// Each scale in both 16-bit halves of its lane, the factor `vpmaddwd` applies to both
+    /// sums of a narrow lane.
+    #[inline(always)]
+    unsafe fn u8_scales(p: *const u8) -> __m256i {
+        let scales = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * HALF) as *const __m128i));
+        _mm256_or_si256(scales, _mm256_slli_epi32(scales, 16))
+    }
+    /// As [`Rows::u8_scales`], the high half a copy of the sign-extended low half.
+    #[inline(always)]
+    unsafe fn i8_scales(p: *const u8) -> __m256i {
+        let scales = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8 * HALF) as *const __m128i));
+        _mm256_blend_epi16::<0b1010_1010>(scales, _mm256_slli_epi32(scales, 16))
     }
     #[inline(always)]
     unsafe fn u8_pairs(p: *const u8) -> __m256i {
@@ -865,23 +920,47 @@ impl Rows for YmmPair {
         ((low0, low1), (high0, high1))
     }
     #[inline(always)]
-    unsafe fn dot4(acc: Self::I, u: Self::I, a: *const i8) -> Self::I {
-        (Ymm::<0>::dot4(acc.0, u.0, a), Ymm::<1>::dot4(acc.1, u.1, a))
-    }
-    #[inline(always)]
-    unsafe fn mul_add(total: Self::I, sub: Self::I, scale: Self::I) -> Self::I {
+    unsafe fn narrow_dot4(acc: Self::I, u: Self::I, a: *const i8) -> Self::I {
         (
-            Ymm::<0>::mul_add(total.0, sub.0, scale.0),
-            Ymm::<1>::mul_add(total.1, sub.1, scale.1),
+            Ymm::<0>::narrow_dot4(acc.0, u.0, a),
+            Ymm::<1>::narrow_dot4(acc.1, u.1, a),
         )
     }
     #[inline(always)]
-    unsafe fn u8s(p: *const u8) -> Self::I {
-        (Ymm::<0>::u8s(p), Ymm::<1>::u8s(p))
+    unsafe fn narrow_add(a: Self::I, b: Self::I) -> Self::I {
+        (
+            Ymm::<0>::narrow_add(a.0, b.0),
+            Ymm::<1>::narrow_add(a.1, b.1),
+        )
     }
     #[inline(always)]
-    unsafe fn i8s(p: *const u8) -> Self::I {
-        (Ymm::<0>::i8s(p), Ymm::<1>::i8s(p))
+    unsafe fn widen(total: Self::I, narrow: Self::I) -> Self::I {
+        (
+            Ymm::<0>::widen(total.0, narrow.0),
+            Ymm::<1>::widen(total.1, narrow.1),
+        )
+    }
+    #[inline(always)]
+    unsafe fn widen_scaled(total: Self::I, narrow: Self::I, scale: Self::I) -> Self::I {
+        (
+            Ymm::<0>::widen_scaled(total.0, narrow.0, scale.0),
+            Ymm::<1>::widen_scaled(total.1, narrow.1, scale.1),
+        )
+    }
+    #[inline(always)]
+    unsafe fn q6k_offset_scaled(total: Self::I, offset: i32, scale: Self::I) -> Self::I {
+        (
+            Ymm::<0>::q6k_offset_scaled(total.0, offset, scale.0),
+            Ymm::<1>::q6k_offset_scaled(total.1, offset, scale.1),
+        )
+    }
+    #[inline(always)]
+    unsafe fn u8_scales(p: *const u8) -> Self::I {
+        (Ymm::<0>::u8_scales(p), Ymm::<1>::u8_scales(p))
+    }
+    #[inline(always)]
+    unsafe fn i8_scales(p: *const u8) -> Self::I {
+        (Ymm::<0>::i8_scales(p), Ymm::<1>::i8_scales(p))
     }
     #[inline(always)]
     unsafe fn u8_pairs(p: *const u8) -> Self::I {
