@@ -452,15 +452,12 @@ pub fn threads() -> usize {
 /// once.
 pub fn read_bandwidth_gbs(threads: usize) -> f64 {
     let threads = threads.max(1);
-    // In the buffer the weights live in, so that it reads through the same pages.
-    let mut bytes = CacheAligned::zeroed(512 << 20);
+    // In the buffer the weights live in, so that it reads through the same pages (zeroed by
+    // writing, so they are in memory, not the shared zero page).
+    let bytes = CacheAligned::zeroed(512 << 20);
     // SAFETY: any eight bytes are a valid u64, and the buffer is 64-byte aligned, so all of
     // it is words.
-    let (_, words, _) = unsafe { bytes.as_mut_slice().align_to_mut::<u64>() };
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = i as u64;
-    }
-    let buffer: &[u64] = words;
+    let (_, buffer, _) = unsafe { bytes.as_slice().align_to::<u64>() };
     let words = buffer.len();
     let mut best = 0f64;
     for _ in 0..20 {

@@ -387,9 +387,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
             let scale = R::i8_scales(p.add(q6k::SCALES + 16 * j));
             for t in 0..TILE {
                 let offset = *tokens.q6k_offsets[t].add(16 * b + j);
-                let sum = R::widen_scaled(total[t], sub[t], scale);
-                let sum = R::widen_scaled(sum, sub_high[t], scale);
-                total[t] = R::q6k_offset_scaled(sum, offset, scale);
+                total[t] = R::q6k_widen_scaled(total[t], sub[t], sub_high[t], offset, scale);
             }
         }
         let d = R::f16s(p.add(q6k::D));
@@ -533,9 +531,16 @@ trait Rows {
     /// `total` + the narrow sum `narrow` times each row's scale from [`Rows::u8_scales`] or
     /// [`Rows::i8_scales`].
     unsafe fn widen_scaled(total: Self::I, narrow: Self::I, scale: Self::I) -> Self::I;
-    /// `total` + `offset` times each row's scale, for an even `offset` of magnitude ≤ 65024
-    /// (Q6_K's −32 · Σa over 16 activations).
-    unsafe fn q6k_offset_scaled(total: Self::I, offset: i32, scale: Self::I) -> Self::I;
+    /// `total` + (`low` + `high` + `offset`) times each row's scale: a Q6_K sub-block, its
+    /// two narrow sums full (each widened on its own on AVX2) and `offset` its −32 · Σa over
+    /// 16 activations (even, of magnitude ≤ 65024).
+    unsafe fn q6k_widen_scaled(
+        total: Self::I,
+        low: Self::I,
+        high: Self::I,
+        offset: i32,
+        scale: Self::I,
+    ) -> Self::I;
     /// Unsigned bytes, one scale per row.
     unsafe fn u8_scales(p: *const u8) -> Self::I;
     /// Signed bytes, one scale per row.
@@ -633,19 +638,28 @@ impl Rows for Zmm {
     }
     #[inline(always)]
     unsafe fn narrow_add(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_add_epi32(a, b)
+        Self::add(a, b)
     }
     #[inline(always)]
     unsafe fn widen(total: __m512i, narrow: __m512i) -> __m512i {
-        _mm512_add_epi32(total, narrow)
+        // A narrow sum is already 32-bit here.
+        Self::add(total, narrow)
     }
     #[inline(always)]
     unsafe fn widen_scaled(total: __m512i, narrow: __m512i, scale: __m512i) -> __m512i {
         _mm512_add_epi32(total, _mm512_mullo_epi32(narrow, scale))
     }
     #[inline(always)]
-    unsafe fn q6k_offset_scaled(total: __m512i, offset: i32, scale: __m512i) -> __m512i {
-        Self::widen_scaled(total, _mm512_set1_epi32(offset), scale)
+    unsafe fn q6k_widen_scaled(
+        total: __m512i,
+        low: __m512i,
+        high: __m512i,
+        offset: i32,
+        scale: __m512i,
+    ) -> __m512i {
+        // 32-bit sums: one product by the scale for all three.
+        let sum = Self::add(Self::add(low, high), _mm512_set1_epi32(offset));
+        Self::widen_scaled(total, sum, scale)
     }
     #[inline(always)]
     unsafe fn u8_scales(p: *const u8) -> __m512i {
@@ -800,7 +814,14 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
         _mm256_add_epi32(total, _mm256_madd_epi16(narrow, scale))
     }
     #[inline(always)]
-    unsafe fn q6k_offset_scaled(total: __m256i, offset: i32, scale: __m256i) -> __m256i {
+    unsafe fn q6k_widen_scaled(
+        total: __m256i,
+        low: __m256i,
+        high: __m256i,
+        offset: i32,
+        scale: __m256i,
+    ) -> __m256i {
+        let total = Self::widen_scaled(Self::widen_scaled(total, low, scale), high, scale);
         // offset · s = (offset / 2) · s + (offset / 2) · s, each half within 16 bits.
         Self::widen_scaled(total, _mm256_set1_epi16((offset / 2) as i16), scale)
     }
@@ -948,10 +969,16 @@ impl Rows for YmmPair {
         )
     }
     #[inline(always)]
-    unsafe fn q6k_offset_scaled(total: Self::I, offset: i32, scale: Self::I) -> Self::I {
+    unsafe fn q6k_widen_scaled(
+        total: Self::I,
+        low: Self::I,
+        high: Self::I,
+        offset: i32,
+        scale: Self::I,
+    ) -> Self::I {
         (
-            Ymm::<0>::q6k_offset_scaled(total.0, offset, scale.0),
-            Ymm::<1>::q6k_offset_scaled(total.1, offset, scale.1),
+            Ymm::<0>::q6k_widen_scaled(total.0, low.0, high.0, offset, scale.0),
+            Ymm::<1>::q6k_widen_scaled(total.1, low.1, high.1, offset, scale.1),
         )
     }
     #[inline(always)]
