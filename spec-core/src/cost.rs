@@ -27,6 +27,9 @@ const MEASURED_LENGTHS: [usize; 9] = [1, 2, 3, 4, 6, 8, 12, 16, 32];
 
 impl ForwardCosts {
     /// Costs from measured `(tokens, seconds)` points, linearly interpolated up to the largest.
+    /// A point above a longer forward's is lowered to it: a forward over more tokens does at
+    /// least the same work, so such a point was slowed by something else (on a shared machine,
+    /// a neighbour), and a cost that falls with length would make every draft look free.
     pub fn from_points(points: &[(usize, f64)]) -> Result<Self> {
         let mut points = points.to_vec();
         points.sort_by_key(|p| p.0);
@@ -38,6 +41,9 @@ impl ForwardCosts {
             return Err(Error::InvalidConfig(format!(
                 "forward costs need distinct lengths starting at 1 with positive times, got {points:?}"
             )));
+        }
+        for i in (1..points.len()).rev() {
+            points[i - 1].1 = points[i - 1].1.min(points[i].1);
         }
         let max = points.last().expect("checked non-empty").0;
         let seconds = (1..=max)
@@ -73,7 +79,9 @@ impl ForwardCosts {
     }
 
     /// Times forwards of 1 to `max_tokens` tokens after a 64-token context (best of `repeats`),
-    /// rolling each back. Leaves the model's cache empty.
+    /// rolling each back. Leaves the model's cache empty. Each round times every length once,
+    /// so a slow spell of the machine (they last seconds here) slows one round of all lengths
+    /// rather than every repeat of a few, which the best of the repeats then ignores.
     pub fn measure<D: Decoder + ?Sized>(
         model: &mut D,
         max_tokens: usize,
@@ -85,16 +93,18 @@ impl ForwardCosts {
         // One untimed forward lets lazily prepared weights (repacking) settle.
         forward_tokens(model, &batch[..1], LogitRows::All)?;
         model.truncate(context.len())?;
-        let mut points = Vec::new();
-        for &k in MEASURED_LENGTHS.iter().filter(|&&k| k <= max_tokens) {
-            let mut best = f64::INFINITY;
-            for _ in 0..repeats.max(1) {
+        let mut points: Vec<(usize, f64)> = MEASURED_LENGTHS
+            .iter()
+            .filter(|&&k| k <= max_tokens)
+            .map(|&k| (k, f64::INFINITY))
+            .collect();
+        for _ in 0..repeats.max(1) {
+            for (k, best) in points.iter_mut() {
                 let started = Instant::now();
-                forward_tokens(model, &batch[..k], LogitRows::All)?;
-                best = best.min(started.elapsed().as_secs_f64());
+                forward_tokens(model, &batch[..*k], LogitRows::All)?;
+                *best = best.min(started.elapsed().as_secs_f64());
                 model.truncate(context.len())?;
             }
-            points.push((k, best));
         }
         model.reset();
         Self::from_points(&points)
@@ -270,6 +280,14 @@ mod tests {
         assert!((c.cost(16) - 0.048).abs() < 1e-12);
         assert_eq!(c.cost(0), 0.0);
         assert!(ForwardCosts::from_points(&[(2, 0.1)]).is_err());
+        // A point slower than a longer forward was slowed by something else: it is lowered.
+        let noisy = costs(&[(1, 0.109), (2, 0.112), (4, 0.082), (8, 0.296)]);
+        assert_eq!(
+            noisy.table()[..4],
+            [(1, 0.082), (2, 0.082), (3, 0.082), (4, 0.082)]
+        );
+        assert_eq!(noisy.cost(8), 0.296);
+        assert!((1..8).all(|k| noisy.cost(k) <= noisy.cost(k + 1)));
         assert!(ForwardCosts::from_points(&[(1, 0.1), (1, 0.2)]).is_err());
     }
 
