@@ -64,7 +64,7 @@ fn sizes() -> impl Strategy<Value = (usize, usize, usize, usize, u64)> {
         0..Format::ALL.len(),
         1usize..37,
         1usize..5,
-        1usize..10,
+        1usize..18,
         any::<u64>(),
     )
 }
