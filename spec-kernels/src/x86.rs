@@ -124,17 +124,11 @@ compiled_with! {
         acts: &QuantizedTokens,
         out: &mut [f32],
     ) {
-        // Tiles of up to eight tokens share each chunk's unpacking among more tokens, where
-        // their sums still fit the registers: one 8960 × 1536 product with 2 threads took
-        // 5–20 % less time for 5–8 tokens in Q6_K, Q5_0 and Q8_0 (and Q6_K 16 tokens 3 %
-        // less). The 4-bit formats hold two 16-bit sums per token and half, and their tiles of
-        // six to eight were 10–20 % slower than tiles of four; only a lone fifth token joins
-        // a tile (4–9 % less for Q4_K, within the noise for Q4_0 and Q4_1) instead of a pass of
-        // its own.
-        let tiling = match format {
-            Format::Q4K | Format::Q4_0 | Format::Q4_1 => Tiling::FoursJoiningOne,
-            Format::Q6K | Format::Q5_0 | Format::Q8_0 => Tiling::Even { max: 8 },
-        };
+        // Tiles of up to eight tokens share each chunk's unpacking among more tokens than
+        // tiles of four and a rest: one 8960 × 1536 product with 2 threads took 5–20 % less
+        // time for 5–8 tokens in Q6_K, Q5_0 and Q8_0, and (with one sum a token, below) 5–24 %
+        // less for 6–16 tokens in Q4_K, Q4_1 and Q4_0.
+        let tiling = Tiling::Even { max: 8 };
         let tiles = Tiles::new(format, rows, acts, out.len(), tiling);
         // Both halves of a panel one after the other, while it is in the cache: the weights
         // are read from memory once.
@@ -163,8 +157,6 @@ compiled_with! {
 enum Tiling {
     /// Tiles of four and a last one of one to three.
     Fours,
-    /// Tiles of four, a last token left over riding with the last of them (a tile of five).
-    FoursJoiningOne,
     /// As few tiles of at most `max` tokens as the tokens need, their sizes differing by one
     /// at most.
     Even { max: usize },
@@ -174,12 +166,10 @@ impl Tiling {
     /// Sizes of the tiles of `n` tokens, in order.
     fn sizes(self, n: usize) -> Vec<usize> {
         match self {
-            Tiling::Fours | Tiling::FoursJoiningOne => {
+            Tiling::Fours => {
                 let mut sizes = vec![4; n / 4];
-                match (n % 4, sizes.last_mut()) {
-                    (0, _) => {}
-                    (1, Some(last)) if self == Tiling::FoursJoiningOne => *last += 1,
-                    (rest, _) => sizes.push(rest),
+                if !n.is_multiple_of(4) {
+                    sizes.push(n % 4);
                 }
                 sizes
             }
@@ -404,7 +394,13 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
                     sub[t] = R::narrow_dot4(sub[t], low, a);
-                    sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
+                    if TILE > 4 {
+                        // Enough tokens for independent chains: one sum a token leaves the
+                        // registers to the tile.
+                        sub[t] = R::narrow_dot4(sub[t], high, a.add(4));
+                    } else {
+                        sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
+                    }
                 }
             }
             let scale = R::u8_scales(p.add(q4k::SCALES + 16 * j));
@@ -499,7 +495,12 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
             for t in 0..TILE {
                 let a = tokens.quants[t].add(32 * b + 8 * chunk);
                 sub[t] = R::narrow_dot4(sub[t], low, a);
-                sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
+                if TILE > 4 && format != Format::Q5_0 {
+                    // As in the Q4_K kernel: one sum a token in a wide tile.
+                    sub[t] = R::narrow_dot4(sub[t], high, a.add(4));
+                } else {
+                    sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
+                }
             }
         }
         for t in 0..TILE {
@@ -1120,16 +1121,12 @@ mod tests {
     #[test]
     fn tiles_cover_every_token_once_in_one_to_eight() {
         assert_eq!(Tiling::Fours.sizes(9), [4, 4, 1]);
-        assert_eq!(Tiling::FoursJoiningOne.sizes(9), [4, 5]);
-        assert_eq!(Tiling::FoursJoiningOne.sizes(1), [1]);
-        assert_eq!(Tiling::FoursJoiningOne.sizes(6), [4, 2]);
-        assert_eq!(Tiling::Even { max: 8 }.sizes(17), [6, 6, 5]);
+        assert_eq!(Tiling::Fours.sizes(3), [3]);
+        assert_eq!(Tiling::Even { max: 8 }.sizes(5), [5]);
+        assert_eq!(Tiling::Even { max: 8 }.sizes(9), [5, 4]);
         assert_eq!(Tiling::Even { max: 8 }.sizes(16), [8, 8]);
-        for tiling in [
-            Tiling::Fours,
-            Tiling::FoursJoiningOne,
-            Tiling::Even { max: 8 },
-        ] {
+        assert_eq!(Tiling::Even { max: 8 }.sizes(17), [6, 6, 5]);
+        for tiling in [Tiling::Fours, Tiling::Even { max: 8 }] {
             for n in 1..=40 {
                 let sizes = tiling.sizes(n);
                 assert_eq!(sizes.iter().sum::<usize>(), n, "{tiling:?} {n}");
