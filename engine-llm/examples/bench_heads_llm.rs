@@ -5,7 +5,7 @@
 //! per depth and whether every answer is identical.
 //!
 //! ```sh
-//! cargo run --release -p engine-llm --example bench_heads -- [--model qwen2.5-coder-1.5b-instruct]
+//! cargo run --release -p engine-llm --example bench_heads_llm -- [--model qwen2.5-coder-1.5b-instruct]
 //!     [--heads latent-4] [--questions 10] [--tokens 128] [--json PATH]
 //! ```
 //!
@@ -176,7 +176,7 @@ fn main() -> Result<()> {
     }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads -- --model {} --heads {} --questions {} --tokens {}{}",
+            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {} --tokens {}{}",
             args.model,
             args.heads,
             args.questions,

@@ -4,7 +4,7 @@
 //! are fitted with the trunk frozen (`spec_nn::heads::train`).
 //!
 //! ```sh
-//! cargo run --release -p engine-llm --example train_heads -- qwen2.5-coder-1.5b-instruct \
+//! cargo run --release -p engine-llm --example train_heads_llm -- qwen2.5-coder-1.5b-instruct \
 //!     --heads 4 --kind latent [--max-tokens 160]
 //! ```
 //!
