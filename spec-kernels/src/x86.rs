@@ -127,8 +127,8 @@ compiled_with! {
         // Tiles of up to eight tokens share each chunk's unpacking among more tokens than
         // tiles of four and a rest: one 8960 × 1536 product with 2 threads took 5–20 % less
         // time for 5–8 tokens in Q6_K and Q5_0, and (with one sum a token, below) 5–24 % less
-        // for 6–16 tokens in Q4_K, Q4_1 and Q4_0. Q8_0's were 10–15 % slower at 5, 8 and 16
-        // tokens in two of three runs (one sum a token did not help it): it keeps tiles of four.
+        // for 6–16 tokens in Q4_K, Q4_1 and Q4_0. Q8_0's were 3–15 % slower at 5, 8, 12 and 16
+        // tokens in three of four runs (one sum a token did not help it): it keeps tiles of four.
         let tiling = match format {
             Format::Q8_0 => Tiling::Fours,
             _ => Tiling::Even { max: 8 },
