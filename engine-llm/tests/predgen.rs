@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use candle_core::quantized::GgmlDType;
 use common::{Family, Tiny};
-use engine_llm::predgen::EventKind;
 use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
+use engine_llm::predgen::{EventKind, Status};
 use engine_llm::{
     Continuation, Error, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
 };
@@ -460,4 +460,50 @@ fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
     // the continuation.
     let (linear, flat) = checks.split_at(checks.len() / 2);
     assert!(linear.iter().zip(flat).all(|(l, f)| l > f), "{checks:?}");
+}
+
+#[test]
+fn no_step_while_listening_runs_more_than_one_forward() {
+    // Completing the question included: it takes a token a step, so a step still running at
+    // the last word delays the answer by one forward at most.
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(scratch.path(), 9);
+    let cfg = PredGenConfig {
+        tokens_per_step: 1,
+        cost_aware: false,
+        ..config(Verifier::Greedy, Continuation::Autoregressive)
+    };
+    assert!(cfg.complete_questions);
+    let mut session = PredGen::new(&mut model, cfg).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    session
+        .begin_turn(engine_llm::TurnClock::Simulated)
+        .unwrap();
+    let inputs = corrected_inputs("what is 1 + 23?");
+    let (last, partials) = inputs.split_last().unwrap();
+    let mut working_steps = 0;
+    for partial in partials {
+        session.wait_until(partial.at);
+        session.hear(partial.clone()).unwrap();
+        for _ in 0..6 {
+            match session.step(&mut tts).unwrap().status {
+                Status::Working => working_steps += 1,
+                Status::Idle => break,
+                Status::Done(_) => panic!("done before the final partial"),
+            }
+        }
+    }
+    session.wait_until(last.at);
+    session.hear(last.clone()).unwrap();
+    let turn = loop {
+        if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
+            break turn;
+        }
+    };
+    assert!(turn.forwards_during_input > 0, "no work while listening");
+    assert!(
+        turn.forwards_during_input <= working_steps,
+        "{} forwards in {working_steps} steps while listening",
+        turn.forwards_during_input
+    );
 }

@@ -158,7 +158,10 @@ pub struct PredGenConfig {
     /// that completed question; while new words fit the completion, the guess stands without
     /// a check, and if the user ends the question as guessed, the guess is the answer with no
     /// verification at all. Greedy PredGen stays lossless: an answer for another question is
-    /// verified against the real one as always.
+    /// verified against the real one as always. The completion runs a token a step (at most
+    /// [`MAX_COMPLETION_TOKENS`]), so one still running at the last word delays the answer by
+    /// one forward at most; it goes on while the newer words heard are the ones it foresaw,
+    /// and starts again from them otherwise.
     pub complete_questions: bool,
 }
 

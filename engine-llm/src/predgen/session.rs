@@ -618,10 +618,10 @@ impl<'m> PredGen<'m> {
             self.guess_on(turn)?;
         } else if let Some(partial) = turn.pending.take() {
             if self.config.complete_questions && turn.question_for(&partial.text).is_none() {
-                // A step of its own, so that no step grows long: the partial is verified
-                // against the completed question next.
+                // Steps of their own, a token each, so that no step grows long: the partial is
+                // verified against the completed question once the completion ends.
                 let started = Instant::now();
-                self.complete_question(turn, &partial.text)?;
+                self.complete_question_step(turn, &partial.text)?;
                 turn.clock.charge(started.elapsed());
                 turn.pending = Some(partial);
                 return Ok(Status::Working);
@@ -672,37 +672,56 @@ impl<'m> PredGen<'m> {
         Ok(())
     }
 
-    /// Asks the model how the user will finish `heard`: its own continuation of the user's
-    /// words up to its end of turn (at most [`MAX_COMPLETION_TOKENS`]), kept as the turn's
-    /// completed question; none when the model would not end the question that soon.
-    fn complete_question(&mut self, turn: &mut TurnState, heard: &str) -> Result<()> {
-        turn.completion_tried = Some(heard.to_string());
-        let prompt = self.prompt_for(heard)?;
-        let opening = self.assistant_opening_len()?;
-        let words_end = prompt.len().saturating_sub(opening);
+    /// One token of the model's completion of the words `heard`: its own continuation of the
+    /// user's words up to its end of turn, kept as the turn's completed question once it ends,
+    /// none when the model does not end the question within [`MAX_COMPLETION_TOKENS`]. A
+    /// completion begun for earlier words goes on while what it says so far holds every word
+    /// heard since; otherwise (newer words it did not foresee) it is dropped for one of `heard`.
+    fn complete_question_step(&mut self, turn: &mut TurnState, heard: &str) -> Result<()> {
+        let mut completing = match turn.completing.take() {
+            Some(c) if c.words == heard || keeps_words(heard, &self.completing_text(&c)?) => c,
+            _ => {
+                let prompt = self.prompt_for(heard)?;
+                let words_end = prompt.len().saturating_sub(self.assistant_opening_len()?);
+                Completing {
+                    words: heard.to_string(),
+                    context: prompt[..words_end].to_vec(),
+                    tokens: Vec::new(),
+                }
+            }
+        };
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
-        let stop = StopConditions::new(MAX_COMPLETION_TOKENS).with_eos(end_tokens.iter().copied());
+        let context: Vec<u32> = completing
+            .context
+            .iter()
+            .chain(&completing.tokens)
+            .copied()
+            .collect();
         let gen = generate(
             &mut self.model.model,
-            &prompt[..words_end],
+            &context,
             &SamplingConfig::greedy(),
-            &stop,
+            &StopConditions::new(1),
             &mut StdRng::seed_from_u64(0),
             &mut |_| {},
         )?;
         turn.forwards_during_input += gen.stats.target_forwards;
-        let ending = gen
-            .tokens
-            .split_last()
-            .and_then(|(last, rest)| end_tokens.contains(last).then_some(rest));
-        let completed = match ending {
-            Some(rest) => {
-                let rest = self.model.tokenizer.decode_text(rest)?;
+        let completed = match gen.tokens.first() {
+            Some(token) if end_tokens.contains(token) => {
+                let text = self.completing_text(&completing)?;
+                let rest = &text[completing.words.len()..];
                 // A completion that starts a new line is something else than the question's end.
-                (!rest.contains('\n')).then(|| format!("{heard}{rest}").trim().to_string())
+                (!rest.contains('\n')).then(|| text.trim().to_string())
             }
-            None => None,
+            Some(&token) if completing.tokens.len() + 1 < MAX_COMPLETION_TOKENS => {
+                completing.tokens.push(token);
+                turn.completing = Some(completing);
+                return Ok(());
+            }
+            // Too long, or a full context: no completion.
+            _ => None,
         };
+        turn.completion_tried = Some(heard.to_string());
         if let Some(question) = &completed {
             turn.timeline.push(turn.event(EventKind::Completed {
                 question: question.clone(),
@@ -710,6 +729,12 @@ impl<'m> PredGen<'m> {
         }
         turn.completed = completed;
         Ok(())
+    }
+
+    /// The words a completion continues and what it says after them so far.
+    fn completing_text(&self, completing: &Completing) -> Result<String> {
+        let rest = self.model.tokenizer.decode_text(&completing.tokens)?;
+        Ok(format!("{}{rest}", completing.words))
     }
 
     /// How many tokens a chat prompt has after the user's words: the end of the user's turn and
@@ -1486,6 +1511,16 @@ enum Phase {
     Rest,
 }
 
+/// The model's completion of the user's words, being generated a token a step.
+struct Completing {
+    /// The words it completes.
+    words: String,
+    /// The chat prompt up to the end of those words.
+    context: Vec<u32>,
+    /// What the model said after them so far (no end token).
+    tokens: Vec<u32>,
+}
+
 /// A turn in progress.
 struct TurnState {
     clock: Clock,
@@ -1503,8 +1538,11 @@ struct TurnState {
     heard_text: String,
     /// The question as the model completed it last.
     completed: Option<String>,
-    /// The words the model was last asked to complete.
+    /// The words the model last completed, or would not end within
+    /// [`MAX_COMPLETION_TOKENS`].
     completion_tried: Option<String>,
+    /// A completion in progress, a token a step.
+    completing: Option<Completing>,
     /// The guess, and after the final partial the answer.
     guess: Answer,
     /// The rejected part of the last guess: Jacobi's starting guess.
@@ -1562,6 +1600,7 @@ impl TurnState {
             heard_text: String::new(),
             completed: None,
             completion_tried: None,
+            completing: None,
             guess: Answer::default(),
             rejected_tail: Vec::new(),
             recycled: Vec::new(),
