@@ -226,6 +226,23 @@ fn run_question(
         .collect()
 }
 
+/// The options that chose the questions, as the report's command gives them.
+fn question_args(options: &Options) -> String {
+    let questions = match options.all {
+        true => "--all".to_string(),
+        false => format!("--questions {}", options.count),
+    };
+    let conversations = options
+        .conversations
+        .map(|n| format!(" --conversations {n}"))
+        .unwrap_or_default();
+    match options.set {
+        Sets::Both => format!("{questions}{conversations}"),
+        Sets::MtBench => format!("--set mt-bench {questions}"),
+        Sets::Voice => format!("--set voice{conversations}"),
+    }
+}
+
 fn seconds(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -668,10 +685,7 @@ fn main() -> Result<()> {
     let mut report = Report {
         command: format!(
             "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}{}",
-            match count {
-                Some(n) => format!("--questions {n}"),
-                None => "--all".into(),
-            },
+            question_args(&options),
             options.max_tokens,
             options.repeats,
             if options.methods.is_empty() {
