@@ -105,9 +105,7 @@ compiled_with! {
         acts: &QuantizedTokens,
         out: &mut [f32],
     ) {
-        // Tiles of four, as the AVX-512 path was tuned (the AVX2 tilings below were measured
-        // on a machine without AVX-512).
-        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::Fours);
+        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format));
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
             tiles.panel::<Zmm>(panel, p, acts, out);
         }
@@ -124,16 +122,7 @@ compiled_with! {
         acts: &QuantizedTokens,
         out: &mut [f32],
     ) {
-        // Tiles of up to eight tokens share each chunk's unpacking among more tokens than
-        // tiles of four and a rest: one 8960 × 1536 product with 2 threads took 5–20 % less
-        // time for 5–8 tokens in Q6_K and Q5_0, and (with one sum a token, below) 5–24 % less
-        // for 6–16 tokens in Q4_K, Q4_1 and Q4_0. Q8_0's were 3–15 % slower at 5, 8, 12 and 16
-        // tokens in three of four runs (one sum a token did not help it): it keeps tiles of four.
-        let tiling = match format {
-            Format::Q8_0 => Tiling::Fours,
-            _ => Tiling::Even { max: 8 },
-        };
-        let tiles = Tiles::new(format, rows, acts, out.len(), tiling);
+        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format));
         // Both halves of a panel one after the other, while it is in the cache: the weights
         // are read from memory once.
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
@@ -167,6 +156,22 @@ enum Tiling {
 }
 
 impl Tiling {
+    /// The tiling of `format`'s products. Tiles of up to eight tokens share each chunk's
+    /// unpacking among more tokens than tiles of four and a rest. On AVX2, one 8960 × 1536
+    /// product with 2 threads took 5–20 % less time for 5–8 tokens in Q6_K and Q5_0, and (with
+    /// one sum a token, below) 5–24 % less for 6–16 tokens in Q4_K, Q4_1 and Q4_0; Q8_0's were
+    /// 3–15 % slower at 5, 8, 12 and 16 tokens in three of four runs (one sum a token did not
+    /// help it). On a Zen 5 machine with AVX-512 VNNI, whole forwards of 5–16 tokens took
+    /// 7–14 % less time with the Qwen 1.5B (Q4_K, Q6_K) and 5–12 % less with the 0.5B than
+    /// with tiles of four everywhere; SmolLM2, a fifth of whose bytes are Q8_0, was 7–18 %
+    /// slower at 8 and 16 tokens until Q8_0 kept its tiles of four there too.
+    fn of(format: Format) -> Self {
+        match format {
+            Format::Q8_0 => Tiling::Fours,
+            _ => Tiling::Even { max: 8 },
+        }
+    }
+
     /// Sizes of the tiles of `n` tokens, in order.
     fn sizes(self, n: usize) -> Vec<usize> {
         match self {
