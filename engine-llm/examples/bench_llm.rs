@@ -69,13 +69,6 @@ struct LlamaCpp {
     binary: std::path::PathBuf,
 }
 
-/// What llama.cpp measured for one model: decode tokens/s and the ms of a forward over each of
-/// [`FORWARD_LENGTHS`] new tokens.
-struct LlamaCppFigures {
-    decode: f64,
-    forward_ms: Vec<Option<f64>>,
-}
-
 impl LlamaCpp {
     fn from_env() -> Option<Self> {
         std::env::var_os("SPECVOICE_LLAMA_BENCH").map(|binary| Self {
@@ -102,10 +95,11 @@ impl LlamaCpp {
         serde_json::from_slice(&output.stdout).context("llama-bench's JSON output")
     }
 
-    fn measure(&self, gguf: &Path) -> Result<LlamaCppFigures> {
+    /// The ms of a forward over each of [`FORWARD_LENGTHS`] new tokens on an empty context.
+    fn forward_ms(&self, gguf: &Path) -> Result<Vec<Option<f64>>> {
         let lengths: Vec<String> = FORWARD_LENGTHS.iter().map(|k| k.to_string()).collect();
         let forwards = self.run(gguf, &["-n", "0", "-p", &lengths.join(",")])?;
-        let forward_ms = FORWARD_LENGTHS
+        Ok(FORWARD_LENGTHS
             .iter()
             .map(|&k| {
                 forwards
@@ -114,13 +108,16 @@ impl LlamaCpp {
                     .and_then(|r| r["avg_ns"].as_f64())
                     .map(|ns| ns / 1e6)
             })
-            .collect();
+            .collect())
+    }
+
+    /// Decode tokens/s (`tg128`).
+    fn decode(&self, gguf: &Path) -> Result<f64> {
         let decode = self.run(gguf, &["-p", "0", "-n", "128"])?;
-        let decode = decode
+        decode
             .first()
             .and_then(|r| r["avg_ts"].as_f64())
-            .context("llama-bench reported no decode rate")?;
-        Ok(LlamaCppFigures { decode, forward_ms })
+            .context("llama-bench reported no decode rate")
     }
 }
 
@@ -293,7 +290,6 @@ fn main() -> Result<()> {
     let mut weight_bytes = std::collections::HashMap::new();
     let mut cost_rows = Vec::new();
     let llama_cpp = LlamaCpp::from_env();
-    let mut llama_cpp_decode = std::collections::HashMap::new();
     let cost_row = |name: &str, who: &str, ms: Vec<Option<f64>>| {
         let mut row = vec![name.to_string(), who.to_string()];
         row.extend(
@@ -323,9 +319,8 @@ fn main() -> Result<()> {
             theirs.iter().map(|&s| Some(s * 1e3)).collect(),
         ));
         if let Some(llama_cpp) = &llama_cpp {
-            let figures = llama_cpp.measure(&model.weights)?;
-            cost_rows.push(cost_row(name, "llama.cpp (this run)", figures.forward_ms));
-            llama_cpp_decode.insert(name, figures.decode);
+            let forward_ms = llama_cpp.forward_ms(&model.weights)?;
+            cost_rows.push(cost_row(name, "llama.cpp (this run)", forward_ms));
         } else if let Some((_, ms)) = LLAMA_CPP_FORWARD_MS.iter().find(|(n, _)| *n == name) {
             cost_rows.push(cost_row(name, "llama.cpp (recorded)", ms.to_vec()));
         }
@@ -351,10 +346,16 @@ fn main() -> Result<()> {
             .iter()
             .map(|q| model.chat_prompt(&[Message::user(q.clone())]))
             .collect::<engine_llm::Result<_>>()?;
-        // The memory probe right before and after the decoding it bounds, the better of the two:
-        // this machine's bandwidth drifts by 10-20 % over minutes.
+        // The memory probe right before and after the decoding it bounds, the better of the two,
+        // and llama.cpp's decoding of the same model between them: this machine's bandwidth
+        // drifts by 10-20 % over minutes (once from 69 to 45 GB/s within twenty), so figures
+        // measured minutes apart do not compare.
         let before = spec_kernels::read_bandwidth_gbs(2);
         let ours = autoregressive(model, &prompts, max_tokens)?;
+        let llama_cpp_decode = match &llama_cpp {
+            Some(llama_cpp) => Some(llama_cpp.decode(&model.weights)?),
+            None => None,
+        };
         let bandwidth = before.max(spec_kernels::read_bandwidth_gbs(2));
         let mut ours_stats = DecodeStats::default();
         ours.iter().for_each(|g| ours_stats.merge(&g.stats));
@@ -365,7 +366,7 @@ fn main() -> Result<()> {
         for p in &prompts {
             theirs.merge(&reference.generate(p, max_tokens, &end)?);
         }
-        let llama_cpp = llama_cpp_decode.get(name).copied().unwrap_or_else(|| {
+        let llama_cpp_rate = llama_cpp_decode.unwrap_or_else(|| {
             LLAMA_CPP_DECODE
                 .iter()
                 .find(|(n, _)| *n == name)
@@ -381,8 +382,9 @@ fn main() -> Result<()> {
             format!("{bandwidth:.1}"),
             format!("{their_decode:.1}"),
             format!("{:.2}×", decode / their_decode),
-            format!("{llama_cpp:.1}"),
-            format!("{:.2}", decode / llama_cpp),
+            format!("{llama_cpp_rate:.1}"),
+            format!("{:.0} %", 100.0 * llama_cpp_rate / limit),
+            format!("{:.2}", decode / llama_cpp_rate),
             format!("{:.1}", ours_stats.tokens_per_second()),
             format!("{:.1}", theirs.tokens_per_second()),
         ]);
@@ -391,7 +393,7 @@ fn main() -> Result<()> {
         }
     }
     tables.push(Table {
-        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens: decoding rate (tokens/s after the first token, as llama-bench's tg), and overall with the prompt's prefill; bandwidth limit = the memory read rate measured right before and after the model's decoding (the better of the two) ÷ its weight bytes per token"),
+        caption: format!("Greedy autoregressive decoding, {questions} MT-Bench first turns, up to {max_tokens} new tokens: decoding rate (tokens/s after the first token, as llama-bench's tg), and overall with the prompt's prefill; bandwidth limit = the memory read rate measured right before and after the model's decoding and llama.cpp's (the better of the two) ÷ its weight bytes per token"),
         columns: [
             "model",
             "SpecVoice decode",
@@ -400,6 +402,7 @@ fn main() -> Result<()> {
             "candle-transformers decode",
             "ratio",
             if llama_cpp.is_some() { "llama.cpp tg128 (this run)" } else { "llama.cpp tg128 (recorded)" },
+            "llama.cpp of the limit",
             "ratio to llama.cpp",
             "SpecVoice with prompt",
             "candle-transformers with prompt",
