@@ -5,6 +5,7 @@ mod ci;
 mod demo;
 mod machine;
 mod models;
+mod peers;
 mod train;
 
 use std::io::IsTerminal;
@@ -53,6 +54,9 @@ enum Command {
     /// Train a Speech Speculative Decoding draft (the model's own lower and upper layers, the
     /// lower ones and a shortlist head retrained on its outputs) into the models folder
     TrainSsdDraft(train::TrainArgs),
+    /// Build llama.cpp's `llama-bench` (the peer `bench_llm` measures in the same run when
+    /// SPECVOICE_LLAMA_BENCH names it) and print that setting
+    LlamaBench(peers::LlamaBenchArgs),
     /// What CI runs: fmt check, clippy -D warnings, the workspace tests, and the real-model
     /// tests when the models are present
     Ci {
@@ -81,6 +85,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => bench::run(&args),
         Command::TrainHeads(args) => train::heads(&args),
         Command::TrainSsdDraft(args) => train::ssd_draft(&args),
+        Command::LlamaBench(args) => peers::llama_bench(&args),
         Command::Ci { require_models } => ci::run(require_models),
     }
 }
