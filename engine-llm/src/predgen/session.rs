@@ -708,10 +708,9 @@ impl<'m> PredGen<'m> {
         turn.forwards_during_input += gen.stats.target_forwards;
         let completed = match gen.tokens.first() {
             Some(token) if end_tokens.contains(token) => {
-                let rest = self.model.tokenizer.decode_text(&completing.tokens)?;
+                let text = self.completing_text(&completing)?;
                 // A completion that starts a new line is something else than the question's end.
-                (!rest.contains('\n'))
-                    .then(|| format!("{}{rest}", completing.words).trim().to_string())
+                (!text[completing.words.len()..].contains('\n')).then(|| text.trim().to_string())
             }
             Some(&token) if completing.tokens.len() + 1 < MAX_COMPLETION_TOKENS => {
                 completing.tokens.push(token);
