@@ -352,10 +352,10 @@ fn main() -> Result<()> {
         // measured minutes apart do not compare.
         let before = spec_kernels::read_bandwidth_gbs(2);
         let ours = autoregressive(model, &prompts, max_tokens)?;
-        let llama_cpp_decode = match &llama_cpp {
-            Some(llama_cpp) => Some(llama_cpp.decode(&model.weights)?),
-            None => None,
-        };
+        let llama_cpp_decode = llama_cpp
+            .as_ref()
+            .map(|llama_cpp| llama_cpp.decode(&model.weights))
+            .transpose()?;
         let bandwidth = before.max(spec_kernels::read_bandwidth_gbs(2));
         let mut ours_stats = DecodeStats::default();
         ours.iter().for_each(|g| ours_stats.merge(&g.stats));

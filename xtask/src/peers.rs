@@ -72,7 +72,7 @@ fn build(dir: &Path, source: &Path) -> Result<()> {
         "-DLLAMA_BUILD_TESTS=OFF",
     ]))?;
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tracing::info!("building llama-bench with {jobs} jobs (about ten minutes on two cores)");
+    tracing::info!("building llama-bench with {jobs} jobs (3-10 minutes on two cores)");
     run(Command::new("cmake")
         .current_dir(source)
         .args(["--build", "build", "--target", "llama-bench", "-j"])
