@@ -311,8 +311,8 @@ fn the_largest_quants_and_activations_do_not_overflow() {
             let signs: [fn(usize) -> f32; 3] =
                 [|_| 1.0, |_| -1.0, |c| if c % 8 < 4 { 1.0 } else { -1.0 }];
             for sign in signs {
-                let x: Vec<f32> = (0..8 * cols).map(|i| sign(i % cols)).collect();
-                let portable = matmul(&w, Isa::Portable, &x, 8);
+                let x: Vec<f32> = (0..12 * cols).map(|i| sign(i % cols)).collect();
+                let portable = matmul(&w, Isa::Portable, &x, 12);
                 for (r, row) in weights.chunks_exact(cols).enumerate() {
                     let exact: f64 = row
                         .iter()
@@ -320,20 +320,20 @@ fn the_largest_quants_and_activations_do_not_overflow() {
                         .map(|(c, &w)| w as f64 * sign(c) as f64)
                         .sum();
                     let magnitude: f64 = row.iter().map(|&w| w.abs() as f64).sum();
-                    let y = portable[8 * r] as f64;
+                    let y = portable[12 * r] as f64;
                     assert!(
                         (y - exact).abs() <= 1e-5 * magnitude + 1e-9,
                         "{format:?} {fill:#x} row {r}: {y} vs {exact}"
                     );
                 }
                 for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
-                    // One token, and the widest tiles of every format.
-                    for tokens in [1, 5, 8] {
+                    // One token, and the widest tiles of every format and instruction set.
+                    for tokens in [1, 5, 8, 12] {
                         let got = matmul(&w, isa, &x[..tokens * cols], tokens);
                         assert!(
                             (0..16 * tokens).all(|i| {
                                 let (r, t) = (i / tokens, i % tokens);
-                                got[i].to_bits() == portable[8 * r + t].to_bits()
+                                got[i].to_bits() == portable[12 * r + t].to_bits()
                             }),
                             "{isa:?} {format:?} {fill:#x} {tokens} tokens: {got:?} vs {portable:?}"
                         );

@@ -105,7 +105,7 @@ compiled_with! {
         acts: &QuantizedTokens,
         out: &mut [f32],
     ) {
-        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format));
+        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format, Isa::Avx512Vnni));
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
             tiles.panel::<Zmm>(panel, p, acts, out);
         }
@@ -122,7 +122,7 @@ compiled_with! {
         acts: &QuantizedTokens,
         out: &mut [f32],
     ) {
-        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format));
+        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format, Isa::Avx2));
         // Both halves of a panel one after the other, while it is in the cache: the weights
         // are read from memory once.
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
@@ -156,18 +156,27 @@ enum Tiling {
 }
 
 impl Tiling {
-    /// The tiling of `format`'s products. Tiles of up to eight tokens share each chunk's
-    /// unpacking among more tokens than tiles of four and a rest. On AVX2, one 8960 × 1536
-    /// product with 2 threads took 5–20 % less time for 5–8 tokens in Q6_K and Q5_0, and (with
-    /// one sum a token, below) 5–24 % less for 6–16 tokens in Q4_K, Q4_1 and Q4_0; Q8_0's were
-    /// 3–15 % slower at 5, 8, 12 and 16 tokens in three of four runs (one sum a token did not
-    /// help it). On a Zen 5 machine with AVX-512 VNNI, whole forwards of 5–16 tokens took
+    /// The tiling of `format`'s products on `isa`. Tiles of up to eight tokens share each
+    /// chunk's unpacking among more tokens than tiles of four and a rest. On AVX2, one 8960 ×
+    /// 1536 product with 2 threads took 5–20 % less time for 5–8 tokens in Q6_K and Q5_0, and
+    /// (with one sum a token, below) 5–24 % less for 6–16 tokens in Q4_K, Q4_1 and Q4_0; Q8_0's
+    /// were 3–15 % slower at 5, 8, 12 and 16 tokens in three of four runs (one sum a token did
+    /// not help it). On a Zen 5 machine with AVX-512 VNNI, whole forwards of 5–16 tokens took
     /// 7–14 % less time with the Qwen 1.5B (Q4_K, Q6_K) and 5–12 % less with the 0.5B than
     /// with tiles of four everywhere; SmolLM2, a fifth of whose bytes are Q8_0, was 7–18 %
     /// slower at 8 and 16 tokens until Q8_0 kept its tiles of four there too.
-    fn of(format: Format) -> Self {
-        match format {
-            Format::Q8_0 => Tiling::Fours,
+    ///
+    /// VNNI's 32 registers hold tiles of up to twelve: there, a second tile unpacks every
+    /// panel again, and the 1.5B's forwards of 10–12 tokens took 9–13 % less time in one tile
+    /// than in two (20–24 tokens 8–12 % less), the 0.5B's 3–9 % less at 10–16 tokens; tiles
+    /// of sixteen made the 0.5B's 16-token forward 11 % slower (its Q5_0 and Q6_K keep two
+    /// sums a token, which then no longer fit the registers), and sixteen for the formats of
+    /// one sum a token only (Q4_K, Q4_0, Q4_1) took 3–7 % off the 1.5B's 14 and 16 tokens but
+    /// made SmolLM2's 16 tokens 9 % slower. AVX2's sixteen registers keep tiles of eight.
+    fn of(format: Format, isa: Isa) -> Self {
+        match (format, isa) {
+            (Format::Q8_0, _) => Tiling::Fours,
+            (_, Isa::Avx512Vnni) => Tiling::Even { max: 12 },
             _ => Tiling::Even { max: 8 },
         }
     }
@@ -260,11 +269,12 @@ impl Tiles {
                                 first,
                             )
                         })+
-                        _ => unreachable!("tiles hold one to eight tokens"),
+                        _ => unreachable!("tiles hold one to twelve tokens"),
                     }
                 };
             }
-            tile!(1 | 2 | 3 | 4 | 5 | 6 | 7 | 8);
+            // Tiles of nine to twelve come only from VNNI's tiling.
+            tile!(1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 12);
         }
     }
 }
@@ -1128,18 +1138,28 @@ mod tests {
     }
 
     #[test]
-    fn tiles_cover_every_token_once_in_one_to_eight() {
+    fn tiles_cover_every_token_once_within_their_bound() {
         assert_eq!(Tiling::Fours.sizes(9), [4, 4, 1]);
         assert_eq!(Tiling::Fours.sizes(3), [3]);
         assert_eq!(Tiling::Even { max: 8 }.sizes(5), [5]);
         assert_eq!(Tiling::Even { max: 8 }.sizes(9), [5, 4]);
         assert_eq!(Tiling::Even { max: 8 }.sizes(16), [8, 8]);
         assert_eq!(Tiling::Even { max: 8 }.sizes(17), [6, 6, 5]);
-        for tiling in [Tiling::Fours, Tiling::Even { max: 8 }] {
+        assert_eq!(Tiling::Even { max: 12 }.sizes(12), [12]);
+        assert_eq!(Tiling::Even { max: 12 }.sizes(16), [8, 8]);
+        assert_eq!(Tiling::Even { max: 12 }.sizes(25), [9, 8, 8]);
+        for (tiling, max) in [
+            (Tiling::Fours, 4),
+            (Tiling::Even { max: 8 }, 8),
+            (Tiling::Even { max: 12 }, 12),
+        ] {
             for n in 1..=40 {
                 let sizes = tiling.sizes(n);
                 assert_eq!(sizes.iter().sum::<usize>(), n, "{tiling:?} {n}");
-                assert!(sizes.iter().all(|s| (1..=8).contains(s)), "{tiling:?} {n}");
+                assert!(
+                    sizes.iter().all(|s| (1..=max).contains(s)),
+                    "{tiling:?} {n}"
+                );
             }
         }
     }
