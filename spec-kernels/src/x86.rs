@@ -167,12 +167,13 @@ impl Tiling {
     /// slower at 8 and 16 tokens until Q8_0 kept its tiles of four there too.
     ///
     /// VNNI's 32 registers hold tiles of up to twelve: there, a second tile unpacks every
-    /// panel again, and the 1.5B's forwards of 10–12 tokens took 9–13 % less time in one tile
-    /// than in two (20–24 tokens 8–12 % less), the 0.5B's 3–9 % less at 10–16 tokens; tiles
-    /// of sixteen made the 0.5B's 16-token forward 11 % slower (its Q5_0 and Q6_K keep two
-    /// sums a token, which then no longer fit the registers), and sixteen for the formats of
-    /// one sum a token only (Q4_K, Q4_0, Q4_1) took 3–7 % off the 1.5B's 14 and 16 tokens but
-    /// made SmolLM2's 16 tokens 9 % slower. AVX2's sixteen registers keep tiles of eight.
+    /// panel again, and the 1.5B's forwards of 10–12 tokens took 10–15 % less time in one tile
+    /// than in two (20–24 tokens, two tiles instead of three, 4–12 % less), the 0.5B's 3–13 %
+    /// less at 10–16 tokens; tiles of sixteen made the 0.5B's 16-token forward 11 % slower (its
+    /// Q5_0 and Q6_K keep two sums a token, which then no longer fit the registers), and
+    /// sixteen for the formats of one sum a token only (Q4_K, Q4_0, Q4_1) took 3–7 % off the
+    /// 1.5B's 14 and 16 tokens but made SmolLM2's 16 tokens 9 % slower. AVX2's sixteen
+    /// registers keep tiles of eight.
     fn of(format: Format, isa: Isa) -> Self {
         match (format, isa) {
             (Format::Q8_0, _) => Tiling::Fours,
