@@ -240,17 +240,9 @@ impl QMatrix {
             .record(matrices);
         pool.expect_next(ahead.as_slice());
         let tasks = guided_tasks(matrices, pool.threads());
-        // One token's results are laid out as a pass's; batches go through `[rows, n]`
-        // buffers, in chunks that bound the activations a row meets to what stays in L1/L2,
-        // and each task moves its rows into the caller's `[tokens, rows]` layout itself.
-        let chunk = tokens.min(MAX_TOKENS_PER_PASS);
-        let mut passes: Vec<Vec<f32>> = match tokens {
-            1 => Vec::new(),
-            _ => matrices
-                .iter()
-                .map(|m| vec![0f32; m.rows * chunk])
-                .collect(),
-        };
+        // Batches go in chunks that bound the activations a row meets to what stays in L1/L2;
+        // each task writes its rows of every token of a chunk into the caller's `[tokens,
+        // rows]` layout, where a token's 16 rows of a panel are one contiguous run.
         let finals: Vec<SharedOut<f32>> = outs.iter_mut().map(|out| SharedOut::new(out)).collect();
         for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
             let n = MAX_TOKENS_PER_PASS.min(tokens - first);
@@ -260,8 +252,6 @@ impl QMatrix {
                 needed.then(|| QuantizedTokens::new(x, n, cols, block))
             };
             let (by_32, by_256) = (quantized(32), quantized(256));
-            let pass_buffers: Vec<SharedOut<f32>> =
-                passes.iter_mut().map(|pass| SharedOut::new(pass)).collect();
             pool.run(tasks.len(), &|task| {
                 let (i, rows) = &tasks[task];
                 let m = matrices[*i];
@@ -270,27 +260,23 @@ impl QMatrix {
                     _ => by_256.as_ref(),
                 };
                 let acts = acts.expect("quantized for every block length in use");
-                if tokens == 1 {
-                    // SAFETY: tasks write disjoint row ranges of their matrix's output.
-                    let out = unsafe { finals[*i].range(rows.clone()) };
-                    m.rows_dot(isa, rows.clone(), acts, out);
-                } else {
-                    // SAFETY: tasks write disjoint row ranges of their matrix's pass buffer,
-                    // then those rows of the tokens `first..first + n` of its output.
-                    unsafe {
-                        let pass = pass_buffers[*i].range(rows.start * n..rows.end * n);
-                        m.rows_dot(isa, rows.clone(), acts, pass);
-                        scatter_to_tokens(&finals[*i], pass, m.rows, rows.start, first, n);
-                    }
-                }
+                let out = TaskOut {
+                    out: &finals[*i],
+                    total_rows: m.rows,
+                    first_row: rows.start,
+                    rows: rows.len(),
+                    first_token: first,
+                    tokens: n,
+                };
+                m.rows_dot(isa, rows.clone(), acts, &out);
             });
         }
         Ok(())
     }
 
-    /// `out[i · n + t]` = row `rows.start + i` · token t, for the n tokens of `acts`
+    /// Row `rows.start + i` · token t into `out`'s row i of token t, for the tokens of `acts`
     /// (`rows.start` a multiple of 16).
-    fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &mut [f32]) {
+    fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &TaskOut) {
         let panel_bytes = self.panel_bytes();
         let panels = rows.start / panels::PANEL_ROWS..rows.end.div_ceil(panels::PANEL_ROWS);
         let data = &self.data.as_slice()[panels.start * panel_bytes..panels.end * panel_bytes];
@@ -300,12 +286,10 @@ impl QMatrix {
                 x86::panels_dot(isa, self.format, data, rows.len(), acts, out)
             }
             _ => {
-                let n = out.len() / rows.len();
                 for (p, panel) in data.chunks_exact(panel_bytes).enumerate() {
                     let first = p * panels::PANEL_ROWS;
                     let here = panels::PANEL_ROWS.min(rows.len() - first);
-                    let out = &mut out[first * n..(first + here) * n];
-                    panels::panel_dot(self.format, panel, here, acts, out);
+                    panels::panel_dot(self.format, panel, here, acts, out, first);
                 }
             }
         }
@@ -564,35 +548,32 @@ impl<T> SharedOut<T> {
     }
 }
 
-/// Rows a task moves from its `[rows, n]` results into the `[tokens, rows]` output at once: a
-/// tile of 16 rows × n tokens reads whole cache lines of both.
-const SCATTER_ROWS: usize = 16;
-
-/// Writes `pass` (`[r, n]`: r rows from row `first_row` on, n tokens) into `out` (`[tokens,
-/// total_rows]`) at tokens `first_token..first_token + n`.
-///
-/// # Safety
-/// `out` must hold the `(first_token + n) · total_rows` values of its buffer, and no other live
-/// write may touch these rows of these tokens.
-unsafe fn scatter_to_tokens(
-    out: &SharedOut<f32>,
-    pass: &[f32],
+/// One task's share of a `[tokens, total_rows]` output: rows `first_row..first_row + rows` of
+/// tokens `first_token..first_token + tokens`. Tasks own disjoint rows of the same tokens.
+pub(crate) struct TaskOut<'a> {
+    out: &'a SharedOut<f32>,
     total_rows: usize,
     first_row: usize,
+    rows: usize,
     first_token: usize,
-    n: usize,
-) {
-    let rows = pass.len() / n;
-    assert!(first_row + rows <= total_rows && (first_token + n) * total_rows <= out.len);
-    for tile in (0..rows).step_by(SCATTER_ROWS) {
-        let tile_rows = SCATTER_ROWS.min(rows - tile);
-        for t in 0..n {
-            let start = (first_token + t) * total_rows + first_row + tile;
-            let dst = std::slice::from_raw_parts_mut(out.ptr.add(start), tile_rows);
-            for (r, d) in dst.iter_mut().enumerate() {
-                *d = pass[(tile + r) * n + t];
-            }
-        }
+    tokens: usize,
+}
+
+impl TaskOut<'_> {
+    /// Tokens of the task.
+    pub(crate) fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// The task's rows `row..row + len` of its token `t`, contiguous in the output.
+    ///
+    /// # Safety
+    /// No other live slice of the task's may overlap it (other tasks own other rows).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn rows_of(&self, t: usize, row: usize, len: usize) -> &mut [f32] {
+        assert!(t < self.tokens && row + len <= self.rows);
+        let start = (self.first_token + t) * self.total_rows + self.first_row + row;
+        self.out.range(start..start + len)
     }
 }
 

@@ -42,6 +42,7 @@
 use crate::activations::QuantizedTokens;
 use crate::aligned::CacheAligned;
 use crate::formats::{f16_at, nibble, q4k_scale_min, q6k_quant, Format};
+use crate::TaskOut;
 
 /// Rows per panel.
 pub(crate) const PANEL_ROWS: usize = 16;
@@ -289,19 +290,20 @@ pub(crate) fn dequantize_row(format: Format, block: &[u8], r: usize, out: &mut [
     }
 }
 
-/// `out[r · n + t]` = row r · token t for the first `rows` rows of one panel (all its blocks in
-/// `panel`) and the n tokens of `acts`, in plain Rust: the reference arithmetic.
+/// Row r · token t for the first `rows` rows of one panel (all its blocks in `panel`) and the
+/// tokens of `acts`, into `out`'s row `first_row + r` of token t, in plain Rust: the reference
+/// arithmetic.
 pub(crate) fn panel_dot(
     format: Format,
     panel: &[u8],
     rows: usize,
     acts: &QuantizedTokens,
-    out: &mut [f32],
+    out: &TaskOut,
+    first_row: usize,
 ) {
-    let n = out.len() / rows;
     let (bytes, len) = (panel_block_bytes(format), format.block_len());
-    for (r, out) in out.chunks_exact_mut(n).enumerate() {
-        for (t, o) in out.iter_mut().enumerate() {
+    for r in 0..rows {
+        for t in 0..out.tokens() {
             let (a, scales) = (acts.quants_of(t), acts.scales_of(t));
             let mut acc = 0f32;
             for (b, block) in panel.chunks_exact(bytes).enumerate() {
@@ -346,7 +348,8 @@ pub(crate) fn panel_dot(
                     }
                 }
             }
-            *o = acc;
+            // SAFETY: one value at a time, in the task's own rows.
+            unsafe { out.rows_of(t, first_row + r, 1)[0] = acc };
         }
     }
 }

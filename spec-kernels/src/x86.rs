@@ -9,12 +9,13 @@
 //! Tokens come in tiles of up to four: each chunk of weights is unpacked once per tile.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use crate::activations::QuantizedTokens;
 use crate::panels::{
     chunk_at, panel_block_bytes, q4k, q5_0_highs_at, q6k, q6k_highs_at, small, PANEL_ROWS,
 };
-use crate::{Format, Isa};
+use crate::{Format, Isa, TaskOut};
 
 /// The instruction-set extensions `isa`'s kernels are compiled with (`target_feature` names):
 /// what [`available`] checks. Each list is the one its kernel's `#[target_feature]` is made
@@ -70,15 +71,16 @@ macro_rules! compiled_with {
     };
 }
 
-/// `out[r · n + t]` = row r · token t for the first `rows` rows of `panels` (whole panels of
-/// `blocks` blocks) and the n tokens of `acts`. The caller has checked that `isa` is available.
+/// Row r · token t for the first `rows` rows of `panels` (whole panels of `blocks` blocks) and
+/// the tokens of `acts`, into `out`'s row r of token t. The caller has checked that `isa` is
+/// available.
 pub(crate) fn panels_dot(
     isa: Isa,
     format: Format,
     panels: &[u8],
     rows: usize,
     acts: &QuantizedTokens,
-    out: &mut [f32],
+    out: &TaskOut,
 ) {
     debug_assert!(isa.available());
     // SAFETY: the instruction set was checked by `QMatrix::matmul_with`; every load below stays
@@ -103,9 +105,9 @@ compiled_with! {
         panels: &[u8],
         rows: usize,
         acts: &QuantizedTokens,
-        out: &mut [f32],
+        out: &TaskOut,
     ) {
-        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format, Isa::Avx512Vnni));
+        let tiles = Tiles::new(format, rows, acts, out.tokens(), Tiling::of(format, Isa::Avx512Vnni));
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
             tiles.panel::<Zmm>(panel, p, acts, out);
         }
@@ -120,9 +122,9 @@ compiled_with! {
         panels: &[u8],
         rows: usize,
         acts: &QuantizedTokens,
-        out: &mut [f32],
+        out: &TaskOut,
     ) {
-        let tiles = Tiles::new(format, rows, acts, out.len(), Tiling::of(format, Isa::Avx2));
+        let tiles = Tiles::new(format, rows, acts, out.tokens(), Tiling::of(format, Isa::Avx2));
         // Both halves of a panel one after the other, while it is in the cache: the weights
         // are read from memory once.
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
@@ -218,10 +220,9 @@ impl Tiles {
         format: Format,
         rows: usize,
         acts: &QuantizedTokens,
-        outputs: usize,
+        tokens: usize,
         tiling: Tiling,
     ) -> Self {
-        let tokens = outputs / rows;
         let blocks = acts.cols / format.block_len();
         let tiles = tiling
             .sizes(tokens)
@@ -243,20 +244,13 @@ impl Tiles {
 
     /// Panel `p`'s rows that `R` covers against every token.
     #[inline(always)]
-    unsafe fn panel<R: Rows>(
-        &self,
-        panel: &[u8],
-        p: usize,
-        acts: &QuantizedTokens,
-        out: &mut [f32],
-    ) {
-        let (format, blocks, n) = (self.format, self.blocks, self.tokens);
+    unsafe fn panel<R: Rows>(&self, panel: &[u8], p: usize, acts: &QuantizedTokens, out: &TaskOut) {
+        let (format, blocks) = (self.format, self.blocks);
         let first_row = p * PANEL_ROWS + R::FIRST_ROW;
         let here = self.rows.saturating_sub(first_row).min(R::LANES);
         if here == 0 {
             return;
         }
-        let out = &mut out[first_row * n..(first_row + here) * n];
         for &(first, size) in &self.tiles {
             macro_rules! tile {
                 ($($size:literal)|+) => {
@@ -266,7 +260,7 @@ impl Tiles {
                             write::<R, $size>(
                                 kernel::<R, $size>(format, panel, blocks, &tokens),
                                 out,
-                                n,
+                                first_row..first_row + here,
                                 first,
                             )
                         })+
@@ -318,21 +312,21 @@ unsafe fn sum_words_avx2(words: &[u64]) -> u64 {
         .fold(total, |a, &x| a.wrapping_add(x))
 }
 
-/// A tile's results (lane r = row r of the register's rows) into `out[r · n + first + t]`.
+/// A tile's results (lane r = row `rows.start + r`) into `rows` of the tokens `first..`: each
+/// token's rows are one contiguous run of the `[tokens, rows]` output.
 #[inline(always)]
 unsafe fn write<R: Rows, const TILE: usize>(
     results: [R::F; TILE],
-    out: &mut [f32],
-    n: usize,
+    out: &TaskOut,
+    rows: Range<usize>,
     first: usize,
 ) {
-    let rows = out.len() / n;
     for (t, result) in results.into_iter().enumerate() {
         let mut lanes = [0f32; PANEL_ROWS];
         R::store(result, &mut lanes);
-        for (r, &v) in lanes[..rows].iter().enumerate() {
-            out[r * n + first + t] = v;
-        }
+        // SAFETY: one run at a time, in the task's own rows.
+        out.rows_of(first + t, rows.start, rows.len())
+            .copy_from_slice(&lanes[..rows.len()]);
     }
 }
 
