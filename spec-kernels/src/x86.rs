@@ -107,7 +107,8 @@ compiled_with! {
         acts: &QuantizedTokens,
         out: &TaskOut,
     ) {
-        let tiles = Tiles::new(format, rows, acts, out.tokens(), Tiling::of(format, Isa::Avx512Vnni));
+        let tiling = Tiling::of(format, Isa::Avx512Vnni);
+        let tiles = Tiles::new(format, rows, acts, out.tokens(), tiling);
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
             tiles.panel::<Zmm>(panel, p, acts, out);
         }
