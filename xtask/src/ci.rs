@@ -68,7 +68,7 @@ pub fn run(require_models: bool) -> Result<()> {
 /// Runs `cargo ARGS…`, echoing its output; counts test results when asked.
 fn step(args: &[&str], tally: Option<&mut Tally>) -> Result<()> {
     println!("$ cargo {}", args.join(" "));
-    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut command = Command::new(crate::cargo());
     command.args(args);
     let status = match tally {
         None => command.status()?,
