@@ -6,7 +6,7 @@
 //! sums with `vpmaddubsw` and adds several of those in 16 bits before one `vpmaddwd` widens
 //! them (times the sub-block's scale where there is one), exactly: see [`Rows::narrow_dot4`]
 //! for how many fit. Q8_0's signed bytes go through `vpsignb` so that no pair saturates.
-//! Tokens come in tiles of up to four: each chunk of weights is unpacked once per tile.
+//! Tokens come in tiles (see `Tiling`): each chunk of weights is unpacked once per tile.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -110,7 +110,7 @@ compiled_with! {
         let tiling = Tiling::of(format, Isa::Avx512Vnni);
         let tiles = Tiles::new(format, rows, acts, out.tokens(), tiling);
         for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
-            tiles.panel::<Zmm>(panel, p, acts, out);
+            tiles.panel::<Zmm>(panel, p, out);
         }
     }
 }
@@ -138,10 +138,10 @@ compiled_with! {
                 // against one pass per half, and as much for Q6_K, Q4_1 and Q8_0. Q5_0's fifth
                 // bits take the registers that two halves of a tile's sums would need: its
                 // batches beyond one tile go half by half (the single pass was 10–30 % slower).
-                tiles.panel::<YmmPair>(panel, p, acts, out);
+                tiles.panel::<YmmPair>(panel, p, out);
             } else {
-                tiles.panel::<Ymm<0>>(panel, p, acts, out);
-                tiles.panel::<Ymm<1>>(panel, p, acts, out);
+                tiles.panel::<Ymm<0>>(panel, p, out);
+                tiles.panel::<Ymm<1>>(panel, p, out);
             }
         }
     }
@@ -212,8 +212,7 @@ struct Tiles {
     tokens: usize,
     blocks: usize,
     panel_bytes: usize,
-    /// First token and size of each tile.
-    tiles: Vec<(usize, usize)>,
+    tiles: Vec<Tile>,
 }
 
 impl Tiles {
@@ -230,7 +229,7 @@ impl Tiles {
             .into_iter()
             .scan(0, |first, size| {
                 *first += size;
-                Some((*first - size, size))
+                Some(Tile::new(acts, *first - size, size))
             })
             .collect();
         Tiles {
@@ -245,26 +244,23 @@ impl Tiles {
 
     /// Panel `p`'s rows that `R` covers against every token.
     #[inline(always)]
-    unsafe fn panel<R: Rows>(&self, panel: &[u8], p: usize, acts: &QuantizedTokens, out: &TaskOut) {
+    unsafe fn panel<R: Rows>(&self, panel: &[u8], p: usize, out: &TaskOut) {
         let (format, blocks) = (self.format, self.blocks);
         let first_row = p * PANEL_ROWS + R::FIRST_ROW;
         let here = self.rows.saturating_sub(first_row).min(R::LANES);
         if here == 0 {
             return;
         }
-        for &(first, size) in &self.tiles {
+        for tile in &self.tiles {
             macro_rules! tile {
                 ($($size:literal)|+) => {
-                    match size {
-                        $($size => {
-                            let tokens = Tokens::<$size>::new(acts, first);
-                            write::<R, $size>(
-                                kernel::<R, $size>(format, panel, blocks, &tokens),
-                                out,
-                                first_row..first_row + here,
-                                first,
-                            )
-                        })+
+                    match tile.size {
+                        $($size => write::<R, $size>(
+                            kernel::<R, $size>(format, panel, blocks, tile),
+                            out,
+                            first_row..first_row + here,
+                            tile.first,
+                        ),)+
                         _ => unreachable!("tiles hold one to twelve tokens"),
                     }
                 };
@@ -336,7 +332,7 @@ unsafe fn kernel<R: Rows, const TILE: usize>(
     format: Format,
     panel: &[u8],
     blocks: usize,
-    tokens: &Tokens<TILE>,
+    tokens: &Tile,
 ) -> [R::F; TILE] {
     match format {
         Format::Q4K => q4k_kernel::<R, TILE>(panel, blocks, tokens),
@@ -349,22 +345,33 @@ unsafe fn kernel<R: Rows, const TILE: usize>(
     }
 }
 
-/// Pointers to the activations of a tile of tokens.
-struct Tokens<const TILE: usize> {
-    quants: [*const i8; TILE],
-    scales: [*const f32; TILE],
-    group_sums: [*const i16; TILE],
-    q6k_offsets: [*const i32; TILE],
+/// The most tokens a tile holds (VNNI's tiling).
+const MAX_TILE: usize = 12;
+
+/// A tile of tokens and pointers to their activations (the first `size` of each array), made
+/// once per product rather than once per panel: with twelve tokens, making them for every
+/// panel took 4 % of a whole forward's time.
+struct Tile {
+    first: usize,
+    size: usize,
+    quants: [*const i8; MAX_TILE],
+    scales: [*const f32; MAX_TILE],
+    group_sums: [*const i16; MAX_TILE],
+    q6k_offsets: [*const i32; MAX_TILE],
 }
 
-impl<const TILE: usize> Tokens<TILE> {
-    fn new(acts: &QuantizedTokens, first: usize) -> Self {
+impl Tile {
+    fn new(acts: &QuantizedTokens, first: usize, size: usize) -> Self {
+        assert!(size <= MAX_TILE, "a tile of {size} tokens");
+        let token = |t: usize| first + t.min(size - 1);
         Self {
-            quants: std::array::from_fn(|t| acts.quants_of(first + t).as_ptr()),
-            scales: std::array::from_fn(|t| acts.scales_of(first + t).as_ptr()),
-            group_sums: std::array::from_fn(|t| acts.group_sums_of(first + t).as_ptr()),
+            first,
+            size,
+            quants: std::array::from_fn(|t| acts.quants_of(token(t)).as_ptr()),
+            scales: std::array::from_fn(|t| acts.scales_of(token(t)).as_ptr()),
+            group_sums: std::array::from_fn(|t| acts.group_sums_of(token(t)).as_ptr()),
             q6k_offsets: std::array::from_fn(|t| match acts.block {
-                256 => acts.q6k_offsets_of(first + t).as_ptr(),
+                256 => acts.q6k_offsets_of(token(t)).as_ptr(),
                 _ => std::ptr::null(),
             }),
         }
@@ -388,7 +395,7 @@ unsafe fn prefetch_ahead(chunk: *const u8) {
 unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
-    tokens: &Tokens<TILE>,
+    tokens: &Tile,
 ) -> [R::F; TILE] {
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
@@ -441,15 +448,17 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
 unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
-    tokens: &Tokens<TILE>,
+    tokens: &Tile,
 ) -> [R::F; TILE] {
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * q6k::BYTES);
         let mut total = [R::zero_i(); TILE];
         for j in 0..16 {
-            // Two chunks' products of 6-bit quants in each narrow sum, the most one holds: the
-            // low and high halves are widened separately.
+            // Two chunks' products of 6-bit quants in each narrow sum, the most AVX2's holds:
+            // the low and high halves are widened separately there. VNNI's 32-bit sums hold
+            // all four, and with enough tokens for independent chains one sum a token leaves
+            // the registers to the tile (tiles of twelve kept 36 sums and spilled).
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 2 * j..2 * j + 2 {
@@ -460,7 +469,11 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
                     sub[t] = R::narrow_dot4(sub[t], low, a);
-                    sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
+                    if R::WIDE_NARROW && TILE > 4 {
+                        sub[t] = R::narrow_dot4(sub[t], high, a.add(4));
+                    } else {
+                        sub_high[t] = R::narrow_dot4(sub_high[t], high, a.add(4));
+                    }
                 }
             }
             prefetch_ahead(p.add(q6k_highs_at(2 * j)));
@@ -484,7 +497,7 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
     format: Format,
     panel: &[u8],
     blocks: usize,
-    tokens: &Tokens<TILE>,
+    tokens: &Tile,
 ) -> [R::F; TILE] {
     // The stored quants are q; Q4_0's weights are q − 8, Q5_0's q − 16.
     let offset = match format {
@@ -545,7 +558,7 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
 unsafe fn q8_0_kernel<R: Rows, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
-    tokens: &Tokens<TILE>,
+    tokens: &Tile,
 ) -> [R::F; TILE] {
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
@@ -588,6 +601,9 @@ trait Rows {
     /// What [`Rows::q8_0_dot4`] adds to each product beyond w · a, times a: the block's total
     /// starts at −bias · Σa.
     const Q8_0_BIAS: i32;
+    /// Whether a narrow sum ([`Rows::narrow_dot4`]) is the 32-bit sum itself, which holds every
+    /// product of a block.
+    const WIDE_NARROW: bool;
     unsafe fn zero_i() -> Self::I;
     unsafe fn zero_f() -> Self::F;
     unsafe fn splat(x: i32) -> Self::I;
@@ -655,6 +671,7 @@ impl Rows for Zmm {
     const LANES: usize = 16;
     const FIRST_ROW: usize = 0;
     const Q8_0_BIAS: i32 = 128;
+    const WIDE_NARROW: bool = true;
 
     #[inline(always)]
     unsafe fn zero_i() -> __m512i {
@@ -802,6 +819,7 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
     const LANES: usize = 8;
     const FIRST_ROW: usize = 8 * HALF;
     const Q8_0_BIAS: i32 = 0;
+    const WIDE_NARROW: bool = false;
 
     #[inline(always)]
     unsafe fn zero_i() -> __m256i {
@@ -972,6 +990,7 @@ impl Rows for YmmPair {
     const LANES: usize = 16;
     const FIRST_ROW: usize = 0;
     const Q8_0_BIAS: i32 = <Ymm<0> as Rows>::Q8_0_BIAS;
+    const WIDE_NARROW: bool = false;
 
     #[inline(always)]
     unsafe fn zero_i() -> Self::I {
