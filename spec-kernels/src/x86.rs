@@ -224,12 +224,18 @@ impl Tiles {
         tiling: Tiling,
     ) -> Self {
         let blocks = acts.cols / format.block_len();
+        let panel_bytes = blocks * panel_block_bytes(format);
         let tiles = tiling
             .sizes(tokens)
             .into_iter()
             .scan(0, |first, size| {
+                let ahead = if *first == 0 {
+                    PREFETCH_AHEAD
+                } else {
+                    panel_bytes
+                };
                 *first += size;
-                Some(Tile::new(acts, *first - size, size))
+                Some(Tile::new(acts, *first - size, size, ahead))
             })
             .collect();
         Tiles {
@@ -237,7 +243,7 @@ impl Tiles {
             rows,
             tokens,
             blocks,
-            panel_bytes: blocks * panel_block_bytes(format),
+            panel_bytes,
             tiles,
         }
     }
@@ -354,6 +360,10 @@ const MAX_TILE: usize = 12;
 struct Tile {
     first: usize,
     size: usize,
+    /// How far ahead of a chunk its kernel prefetches: the first tile streams the panel from
+    /// memory ([`PREFETCH_AHEAD`]); later ones, which find it in the cache, fetch the next
+    /// panel (a panel's length ahead), so that memory is not idle while they run.
+    ahead: usize,
     quants: [*const i8; MAX_TILE],
     scales: [*const f32; MAX_TILE],
     group_sums: [*const i16; MAX_TILE],
@@ -361,12 +371,13 @@ struct Tile {
 }
 
 impl Tile {
-    fn new(acts: &QuantizedTokens, first: usize, size: usize) -> Self {
+    fn new(acts: &QuantizedTokens, first: usize, size: usize, ahead: usize) -> Self {
         assert!(size <= MAX_TILE, "a tile of {size} tokens");
         let token = |t: usize| first + t.min(size - 1);
         Self {
             first,
             size,
+            ahead,
             quants: std::array::from_fn(|t| acts.quants_of(token(t)).as_ptr()),
             scales: std::array::from_fn(|t| acts.scales_of(token(t)).as_ptr()),
             group_sums: std::array::from_fn(|t| acts.group_sums_of(token(t)).as_ptr()),
@@ -388,7 +399,13 @@ const PREFETCH_AHEAD: usize = 4096;
 /// it is a no-op: a prefetch never faults, and the address is only computed, not dereferenced).
 #[inline(always)]
 unsafe fn prefetch_ahead(chunk: *const u8) {
-    _mm_prefetch::<_MM_HINT_T0>(chunk.wrapping_add(PREFETCH_AHEAD) as *const i8);
+    prefetch_at(chunk, PREFETCH_AHEAD);
+}
+
+/// Asks for the cache line `ahead` bytes after `chunk` (see [`prefetch_ahead`]).
+#[inline(always)]
+unsafe fn prefetch_at(chunk: *const u8, ahead: usize) {
+    _mm_prefetch::<_MM_HINT_T0>(chunk.wrapping_add(ahead) as *const i8);
 }
 
 #[inline(always)]
@@ -411,7 +428,7 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 4 * j..4 * j + 4 {
-                prefetch_ahead(p.add(chunk_at(Format::Q4K, chunk)));
+                prefetch_at(p.add(chunk_at(Format::Q4K, chunk)), tokens.ahead);
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q4K, chunk)));
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
@@ -462,7 +479,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 2 * j..2 * j + 2 {
-                prefetch_ahead(p.add(chunk_at(Format::Q6K, chunk)));
+                prefetch_at(p.add(chunk_at(Format::Q6K, chunk)), tokens.ahead);
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q6K, chunk)));
                 let (low_top, high_top) = R::q6k_high_bits(p.add(q6k_highs_at(chunk)));
                 let (low, high) = (R::or(low, low_top), R::or(high, high_top));
@@ -476,7 +493,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
                     }
                 }
             }
-            prefetch_ahead(p.add(q6k_highs_at(2 * j)));
+            prefetch_at(p.add(q6k_highs_at(2 * j)), tokens.ahead);
             let scale = R::i8_scales(p.add(q6k::SCALES + 16 * j));
             for t in 0..TILE {
                 let offset = *tokens.q6k_offsets[t].add(16 * b + j);
@@ -514,7 +531,7 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
         let mut sub = [R::zero_i(); TILE];
         let mut sub_high = [R::zero_i(); TILE];
         for chunk in 0..4 {
-            prefetch_ahead(p.add(chunk_at(format, chunk)));
+            prefetch_at(p.add(chunk_at(format, chunk)), tokens.ahead);
             let (mut low, mut high) = R::nibbles(p.add(chunk_at(format, chunk)));
             if format == Format::Q5_0 {
                 let (low_top, high_top) = R::q5_0_high_bits(p.add(q5_0_highs_at(chunk)));
@@ -567,7 +584,7 @@ unsafe fn q8_0_kernel<R: Rows, const TILE: usize>(
             std::array::from_fn(|t| R::splat(-R::Q8_0_BIAS * *tokens.group_sums[t].add(b) as i32));
         let mut total_odd = [R::zero_i(); TILE];
         for chunk in 0..8 {
-            prefetch_ahead(p.add(chunk_at(Format::Q8_0, chunk)));
+            prefetch_at(p.add(chunk_at(Format::Q8_0, chunk)), tokens.ahead);
             let weights = R::bytes(p.add(chunk_at(Format::Q8_0, chunk)));
             let sums = if chunk % 2 == 0 {
                 &mut total
