@@ -325,11 +325,17 @@ unsafe fn write<R: Rows, const TILE: usize>(
     first: usize,
 ) {
     for (t, result) in results.into_iter().enumerate() {
-        let mut lanes = [0f32; PANEL_ROWS];
-        R::store(result, &mut lanes);
         // SAFETY: one run at a time, in the task's own rows.
-        out.rows_of(first + t, rows.start, rows.len())
-            .copy_from_slice(&lanes[..rows.len()]);
+        let run = out.rows_of(first + t, rows.start, rows.len());
+        if run.len() == R::LANES {
+            // A whole register's rows: stored in place (copying a short run through a buffer
+            // called `memmove` for every token and panel).
+            R::store(result, run);
+        } else {
+            let mut lanes = [0f32; PANEL_ROWS];
+            R::store(result, &mut lanes[..R::LANES]);
+            run.copy_from_slice(&lanes[..run.len()]);
+        }
     }
 }
 
@@ -675,8 +681,8 @@ trait Rows {
     unsafe fn fma_splat(acc: Self::F, m: Self::F, x: f32) -> Self::F;
     /// `fma(−x, d · da, acc)`.
     unsafe fn fnma_scaled(acc: Self::F, x: Self::I, d: Self::F, da: f32) -> Self::F;
-    /// The lanes into `out[..LANES]`.
-    unsafe fn store(x: Self::F, out: &mut [f32; PANEL_ROWS]);
+    /// The lanes into `out`, which holds `LANES` values.
+    unsafe fn store(x: Self::F, out: &mut [f32]);
 }
 
 /// All 16 rows in a 512-bit register (AVX-512 BW + VNNI).
@@ -822,7 +828,8 @@ impl Rows for Zmm {
         )
     }
     #[inline(always)]
-    unsafe fn store(x: __m512, out: &mut [f32; PANEL_ROWS]) {
+    unsafe fn store(x: __m512, out: &mut [f32]) {
+        assert_eq!(out.len(), Self::LANES);
         _mm512_storeu_ps(out.as_mut_ptr(), x)
     }
 }
@@ -992,7 +999,8 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
         )
     }
     #[inline(always)]
-    unsafe fn store(x: __m256, out: &mut [f32; PANEL_ROWS]) {
+    unsafe fn store(x: __m256, out: &mut [f32]) {
+        assert_eq!(out.len(), Self::LANES);
         _mm256_storeu_ps(out.as_mut_ptr(), x)
     }
 }
@@ -1147,7 +1155,8 @@ impl Rows for YmmPair {
         )
     }
     #[inline(always)]
-    unsafe fn store(x: Self::F, out: &mut [f32; PANEL_ROWS]) {
+    unsafe fn store(x: Self::F, out: &mut [f32]) {
+        assert_eq!(out.len(), Self::LANES);
         _mm256_storeu_ps(out.as_mut_ptr(), x.0);
         _mm256_storeu_ps(out.as_mut_ptr().add(8), x.1);
     }
