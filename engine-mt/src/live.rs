@@ -203,8 +203,10 @@ pub struct LiveTranslator<'m> {
     /// The target's measured forward costs, when the lookup continuation is on: its drafts are
     /// cut to the length they pay for.
     lookup_costs: Option<ForwardCosts>,
-    /// The lookup continuation's acceptance so far, carried from update to update.
+    /// The lookup continuation's acceptance so far, of its lookups and of the target's own
+    /// guesses, carried from update to update.
     lookup_acceptance: Option<AcceptanceRate>,
+    guess_acceptance: Option<AcceptanceRate>,
 }
 
 impl<'m> LiveTranslator<'m> {
@@ -227,6 +229,7 @@ impl<'m> LiveTranslator<'m> {
             forced_so_far: 0,
             lookup_costs,
             lookup_acceptance: None,
+            guess_acceptance: None,
         })
     }
 
@@ -281,6 +284,7 @@ impl<'m> LiveTranslator<'m> {
         )?;
         if let Some(drafter) = lookup {
             self.lookup_acceptance = Some(drafter.acceptance());
+            self.guess_acceptance = Some(drafter.guess_acceptance());
         }
         let tokenizer = &self.model.tokenizer;
         let output = tokenizer.decode_text(&decode.tokens)?;
@@ -322,6 +326,9 @@ impl<'m> LiveTranslator<'m> {
             self.lookup_costs.as_ref(),
             self.lookup_acceptance,
         )?;
+        if let Some(acceptance) = self.guess_acceptance {
+            drafter = drafter.with_guess_acceptance(acceptance);
+        }
         drafter.add_reference(self.previous.clone());
         Ok(drafter)
     }

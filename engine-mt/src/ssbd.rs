@@ -15,7 +15,7 @@ use spec_core::decoder::rewind_to_prefix;
 use spec_core::draft::{advance, catch_up};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows, LookupDrafter,
+    forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows, Logits, LookupDrafter,
     TreeDrafter,
 };
 
@@ -41,7 +41,11 @@ pub enum Continuation<'a> {
     /// followed them there are checked in one forward, as many as the drafter's forward costs
     /// and observed acceptance pay for. A translation of a grown source often rejoins the
     /// previous one after the words the new source inserted (prompt-lookup decoding on the
-    /// previous translation; the paper discards the draft after the divergence).
+    /// previous translation; the paper discards the draft after the divergence). Where nothing
+    /// matches, the drafter is offered the target's own guess of the token after the next one
+    /// (Jacobi iteration): its argmax at the first position past the token the last forward
+    /// kept, or, when that forward had none, the next token repeated, so that the forward
+    /// yields such a guess.
     Lookup(&'a mut LookupDrafter),
     /// A small model of the same vocabulary drafts `gamma` tokens per step (SSBD + draft-model
     /// speculative decoding, the paper's future work).
@@ -95,6 +99,7 @@ pub fn decode_update<T: Decoder + ?Sized>(
     let started = Instant::now();
     let is_end = |t: &u32| end_tokens.contains(t);
     let mut out = UpdateDecode::default();
+    let mut guess = Vec::new();
 
     // The verification pass: the prompt's new tokens and the draft, in one forward.
     let finished = match decoding {
@@ -136,6 +141,9 @@ pub fn decode_update<T: Decoder + ?Sized>(
             };
             // Roll back past an end token inside the draft (the next token is not cached yet).
             target.truncate(prompt.len() + kept)?;
+            if kept == verdict.accepted {
+                guess = guess_past(&logits, kept + 1);
+            }
             finished
         }
         _ => max_tokens == 0,
@@ -149,6 +157,7 @@ pub fn decode_update<T: Decoder + ?Sized>(
             end_tokens,
             max_tokens,
             &mut out,
+            guess,
         )?;
     }
     out.time = started.elapsed();
@@ -157,7 +166,8 @@ pub fn decode_update<T: Decoder + ?Sized>(
 
 /// Greedy decoding of `prompt + out.tokens` onward until an end token or `max_tokens`, each
 /// step one target forward over the uncached tokens and a draft from `continuation`, keeping
-/// the draft while it is the target's argmax. Stops early, as [`spec_core::generate`] does,
+/// the draft while it is the target's argmax. `guess` is the verification forward's guess for
+/// the token after the next one ([`guess_past`]). Stops early, as [`spec_core::generate`] does,
 /// when the cache is full.
 fn continue_decoding<T: Decoder + ?Sized>(
     target: &mut T,
@@ -166,6 +176,7 @@ fn continue_decoding<T: Decoder + ?Sized>(
     end_tokens: &[u32],
     max_tokens: usize,
     out: &mut UpdateDecode,
+    mut guess: Vec<u32>,
 ) -> Result<()> {
     let mut context: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
     let mut first = true;
@@ -190,6 +201,12 @@ fn continue_decoding<T: Decoder + ?Sized>(
             // Looked up in the output only: a match in the prompt's template or source words
             // rarely continues into the translation.
             Continuation::Lookup(drafter) if !out.tokens.is_empty() => {
+                // With no guess from the last forward, the next token repeated starts the
+                // iteration (the row after it guesses the token after that).
+                match guess.is_empty() {
+                    true => drafter.offer_probe(*context.last().expect("a prompt is never empty")),
+                    false => drafter.offer_guess(std::mem::take(&mut guess)),
+                }
                 drafter.draft_tree(&out.tokens, limit)?.tree.tokens()[1..].to_vec()
             }
             Continuation::Lookup(_) => Vec::new(),
@@ -217,6 +234,7 @@ fn continue_decoding<T: Decoder + ?Sized>(
             let matched = draft.get(i) == Some(&token);
             out.continuation_accepted += usize::from(matched);
             if !matched || out.tokens.len() >= max_tokens {
+                guess = guess_past(&logits, i + 1);
                 break;
             }
         }
@@ -230,6 +248,13 @@ fn continue_decoding<T: Decoder + ?Sized>(
         drafter.finish(&out.tokens)?;
     }
     Ok(())
+}
+
+/// The target's argmax at the first row from `row` on: the token it predicts after a position
+/// whose input was a rejected draft token, a guess of the token after the one that replaces it
+/// (empty when the forward has no such row).
+fn guess_past(logits: &Logits, row: usize) -> Vec<u32> {
+    logits.rows().nth(row).map(argmax).into_iter().collect()
 }
 
 /// `gamma` tokens greedily drafted by `model` after `context`.

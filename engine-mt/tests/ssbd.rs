@@ -466,6 +466,30 @@ fn the_previous_output_drafts_again_after_the_divergence() {
     );
 }
 
+/// With nothing to copy, the lookup continuation drafts the target's own guess of the token
+/// after the next one (Jacobi iteration), judges it, and the output stays greedy.
+#[test]
+fn with_nothing_to_copy_the_target_guesses_ahead() {
+    let config = MockConfig::target(48, 9);
+    let prompt = [3, 1, 4, 1, 5];
+    let expected = greedy(&config, &prompt, 24);
+    let previous = vec![47; 6];
+    assert!(!expected.contains(&47));
+    let mut drafter = lookup_drafter(8, &previous).unwrap();
+    let prior = drafter.guess_acceptance();
+    let out = ssbd_with(
+        &mut MockDecoder::new(config.clone()),
+        Continuation::Lookup(&mut drafter),
+        &prompt,
+        &previous,
+        0.0,
+        24,
+    );
+    assert_eq!(out.tokens, expected);
+    assert!(out.continuation_drafted > 0, "{out:?}");
+    assert_ne!(drafter.guess_acceptance(), prior);
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let mut model = MockDecoder::new(MockConfig::target(16, 1));

@@ -32,20 +32,40 @@ impl Default for LookupConfig {
 
 /// A [`TreeDrafter`] proposing a chain copied from where the committed tokens' suffix occurred
 /// before: in the references (most recently added first), then earlier in the committed tokens
-/// themselves (latest occurrence first); longer matches are preferred. With forward costs, the
-/// draft is cut to the length that maximises expected tokens per second at the acceptance rate
-/// observed so far (eq. 1 of Leviathan et al. 2023 with a draft that costs nothing).
+/// themselves (latest occurrence first); longer matches are preferred. Where nothing matches, a
+/// guess the caller offered from the model's own last forward ([`LookupDrafter::offer_guess`])
+/// is the draft. With forward costs, the draft is cut to the length that maximises expected
+/// tokens per second at the acceptance rate observed so far for its kind (eq. 1 of Leviathan et
+/// al. 2023 with a draft that costs nothing).
 #[derive(Clone, Debug)]
 pub struct LookupDrafter {
     config: LookupConfig,
     references: Vec<Vec<u32>>,
     costs: Option<ForwardCosts>,
     acceptance: AcceptanceRate,
-    /// The last draft and the committed length it followed: its outcome is read from the next
-    /// call's committed tokens.
-    pending: Option<(usize, Vec<u32>)>,
+    /// The guess (or the probe) offered for the next call, and how often guesses were kept.
+    guess: Vec<u32>,
+    probe: Option<u32>,
+    guess_acceptance: AcceptanceRate,
+    pending: Option<Pending>,
     drafted: usize,
     accepted: usize,
+}
+
+/// The last draft, the committed length it followed and where it came from: its outcome is
+/// read from the next call's committed tokens.
+#[derive(Clone, Debug)]
+struct Pending {
+    base: usize,
+    draft: Vec<u32>,
+    source: Source,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    Lookup,
+    Guess,
+    Probe,
 }
 
 impl LookupDrafter {
@@ -61,6 +81,12 @@ impl LookupDrafter {
             costs: None,
             // α = 0.5 with the weight of a few tokens; past steps weigh 0.9 per step.
             acceptance: AcceptanceRate::new(2.0, 2.0, 0.9),
+            guess: Vec::new(),
+            probe: None,
+            // A guess past a rejected token is kept far less often: α = 0.1 to begin with, and
+            // a long memory, so that a run of misses does not stop guessing for good (a guess
+            // not drafted is not judged either).
+            guess_acceptance: AcceptanceRate::new(1.0, 9.0, 0.99),
             pending: None,
             drafted: 0,
             accepted: 0,
@@ -95,6 +121,35 @@ impl LookupDrafter {
     /// The acceptance estimate so far.
     pub fn acceptance(&self) -> AcceptanceRate {
         self.acceptance
+    }
+
+    /// The acceptance estimate of offered guesses so far.
+    pub fn guess_acceptance(&self) -> AcceptanceRate {
+        self.guess_acceptance
+    }
+
+    /// Starts from an acceptance of guesses observed before (a drafter per request that learns
+    /// across requests).
+    pub fn with_guess_acceptance(mut self, acceptance: AcceptanceRate) -> Self {
+        self.guess_acceptance = acceptance;
+        self
+    }
+
+    /// Offers the next call a guess of the tokens after the next one, drafted when no lookup
+    /// matches and it pays: e.g. the model's argmax in its last forward at the positions past
+    /// the token it kept, whose inputs were a rejected draft — one step of Jacobi iteration
+    /// (Santilli et al. 2023), which a forward of two tokens costs little more than one. A
+    /// guess serves one call.
+    pub fn offer_guess(&mut self, guess: Vec<u32>) {
+        self.guess = guess;
+    }
+
+    /// Offers the next call, where neither a lookup nor a guess is at hand, `token` as a probe:
+    /// a token drafted while guesses pay only so that the forward yields a guess for the
+    /// position after it (Jacobi iteration's starting guess, e.g. the next token repeated). A
+    /// probe is not counted in the guesses' acceptance.
+    pub fn offer_probe(&mut self, token: u32) {
+        self.probe = Some(token);
     }
 
     /// Adds a sequence to copy from (it is searched before earlier references).
@@ -133,12 +188,13 @@ impl LookupDrafter {
         Vec::new()
     }
 
-    /// The draft length with the best expected tokens per second, at most `available`.
-    fn paying_length(&self, available: usize) -> usize {
+    /// The draft length with the best expected tokens per second at `acceptance`, at most
+    /// `available`.
+    fn paying_length(&self, available: usize, acceptance: AcceptanceRate) -> usize {
         let Some(costs) = &self.costs else {
             return available;
         };
-        let alpha = self.acceptance.rate();
+        let alpha = acceptance.rate();
         let rate = |gamma: usize| expected_tokens(gamma, alpha) / costs.cost(gamma + 1);
         (0..=available)
             .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
@@ -147,12 +203,21 @@ impl LookupDrafter {
 
     /// Reads how much of the last draft was kept from the tokens committed since.
     fn observe(&mut self, committed: &[u32]) {
-        if let Some((base, draft)) = self.pending.take() {
+        if let Some(Pending {
+            base,
+            draft,
+            source,
+        }) = self.pending.take()
+        {
             let Some(after) = committed.get(base..) else {
                 return;
             };
             let kept = draft.iter().zip(after).take_while(|(d, c)| d == c).count();
-            self.acceptance.observe(draft.len(), kept);
+            match source {
+                Source::Lookup => self.acceptance.observe(draft.len(), kept),
+                Source::Guess => self.guess_acceptance.observe(draft.len(), kept),
+                Source::Probe => {}
+            }
             self.drafted += draft.len();
             self.accepted += kept;
         }
@@ -174,10 +239,30 @@ impl TreeDrafter for LookupDrafter {
             "a lookup draft needs at least one committed token",
         ))?;
         self.observe(committed);
-        let found = self.lookup(committed, max_depth.min(self.config.max_draft));
-        let draft = &found[..self.paying_length(found.len())];
+        let most = max_depth.min(self.config.max_draft);
+        let found = self.lookup(committed, most);
+        let guess = std::mem::take(&mut self.guess);
+        let probe: Vec<u32> = self.probe.take().into_iter().collect();
+        let (draft, source) = if !found.is_empty() {
+            (
+                &found[..self.paying_length(found.len(), self.acceptance)],
+                Source::Lookup,
+            )
+        } else if !guess.is_empty() {
+            let guess = &guess[..guess.len().min(most)];
+            let paying = self.paying_length(guess.len(), self.guess_acceptance);
+            (&guess[..paying], Source::Guess)
+        } else {
+            let probe = &probe[..probe.len().min(most)];
+            let paying = self.paying_length(probe.len(), self.guess_acceptance);
+            (&probe[..paying], Source::Probe)
+        };
         if !draft.is_empty() {
-            self.pending = Some((committed.len(), draft.to_vec()));
+            self.pending = Some(Pending {
+                base: committed.len(),
+                draft: draft.to_vec(),
+                source,
+            });
         }
         Ok(TreeDraft {
             tree: TokenTree::linear(root, draft),
@@ -250,6 +335,51 @@ mod tests {
             ..LookupConfig::default()
         })
         .is_err());
+    }
+
+    #[test]
+    fn an_offered_guess_drafts_only_where_no_lookup_matches_and_learns_apart() {
+        let mut d = drafter();
+        d.add_reference(vec![1, 2, 3]);
+        // A match wins over the guess, and the guess is gone after the call.
+        d.offer_guess(vec![9]);
+        assert_eq!(d.draft_tree(&[1], 8).unwrap().tree.tokens(), [1, 2, 3]);
+        assert_eq!(d.draft_tree(&[1, 2, 3, 7], 8).unwrap().tree.tokens(), [7]);
+        // No match: the guess is the draft, cut to the depth asked for.
+        d.offer_guess(vec![5, 6]);
+        assert_eq!(
+            d.draft_tree(&[1, 2, 3, 7, 8], 1).unwrap().tree.tokens(),
+            [8, 5]
+        );
+        let (lookups, guesses) = (d.acceptance().rate(), d.guess_acceptance().rate());
+        // The guess was kept: only the guesses' estimate moves.
+        d.finish(&[1, 2, 3, 7, 8, 5]).unwrap();
+        assert_eq!(d.acceptance().rate(), lookups);
+        assert!(d.guess_acceptance().rate() > guesses);
+        // Where a forward of two tokens costs twice one, a guess never pays.
+        let costs = ForwardCosts::from_points(&[(1, 1.0), (16, 16.0)]).unwrap();
+        let mut d = drafter().with_costs(costs);
+        d.offer_guess(vec![5]);
+        assert_eq!(d.draft_tree(&[4], 8).unwrap().tree.len(), 1);
+        // Where it costs 3 % more, a guess kept one time in ten does.
+        let costs = ForwardCosts::from_points(&[(1, 1.0), (2, 1.03), (16, 3.0)]).unwrap();
+        let mut d = drafter().with_costs(costs);
+        d.offer_guess(vec![5]);
+        assert_eq!(d.draft_tree(&[4], 8).unwrap().tree.tokens(), [4, 5]);
+        // A probe is drafted where no guess is at hand, and its miss is not counted.
+        let guesses = d.guess_acceptance();
+        d.offer_probe(6);
+        assert_eq!(d.draft_tree(&[4, 7], 8).unwrap().tree.tokens(), [7, 6]);
+        d.finish(&[4, 7, 8]).unwrap();
+        assert!(
+            d.guess_acceptance().rate() < guesses.rate(),
+            "the guess 5 missed"
+        );
+        let guesses = d.guess_acceptance();
+        d.offer_probe(9);
+        d.draft_tree(&[4, 7, 8], 8).unwrap();
+        d.finish(&[4, 7, 8, 1]).unwrap();
+        assert_eq!(d.guess_acceptance(), guesses);
     }
 
     #[test]
