@@ -60,6 +60,24 @@ fn ssbd_with(
     .unwrap()
 }
 
+/// A β = 0 update of 24 tokens at most on a fresh `config` model, drafted by `previous` and
+/// continued by `drafter`'s lookups.
+fn lookup_update(
+    config: &MockConfig,
+    prompt: &[u32],
+    previous: &[u32],
+    drafter: &mut LookupDrafter,
+) -> engine_mt::UpdateDecode {
+    ssbd_with(
+        &mut MockDecoder::new(config.clone()),
+        Continuation::Lookup(drafter),
+        prompt,
+        previous,
+        0.0,
+        24,
+    )
+}
+
 /// One sentence's outputs the way `LiveTranslator` produces them, on one decoder: update `i`
 /// decodes `source[..ends[i]]` (the last update is final) with
 /// `config.decoding_for(is_final, …)` (source tokens standing for words), drafted by the
@@ -445,14 +463,11 @@ fn the_previous_output_drafts_again_after_the_divergence() {
         0.0,
         24,
     );
-    let mut drafter = lookup_drafter(8, &previous).unwrap();
-    let lookup = ssbd_with(
-        &mut MockDecoder::new(config.clone()),
-        Continuation::Lookup(&mut drafter),
+    let lookup = lookup_update(
+        &config,
         &prompt,
         &previous,
-        0.0,
-        24,
+        &mut lookup_drafter(8, &previous).unwrap(),
     );
     assert_eq!(plain.tokens, expected);
     assert_eq!(lookup.tokens, expected);
@@ -477,14 +492,7 @@ fn with_nothing_to_copy_the_target_guesses_ahead() {
     assert!(!expected.contains(&47));
     let mut drafter = lookup_drafter(8, &previous).unwrap();
     let prior = drafter.guess_acceptance();
-    let out = ssbd_with(
-        &mut MockDecoder::new(config.clone()),
-        Continuation::Lookup(&mut drafter),
-        &prompt,
-        &previous,
-        0.0,
-        24,
-    );
+    let out = lookup_update(&config, &prompt, &previous, &mut drafter);
     assert_eq!(out.tokens, expected);
     assert!(out.continuation_drafted > 0, "{out:?}");
     assert_ne!(drafter.guess_acceptance(), prior);
