@@ -250,9 +250,8 @@ fn continue_decoding<T: Decoder + ?Sized>(
     Ok(())
 }
 
-/// The target's argmax at the first row from `row` on: the token it predicts after a position
-/// whose input was a rejected draft token, a guess of the token after the one that replaces it
-/// (empty when the forward has no such row).
+/// The target's argmax at row `row`, the one after a rejected draft token: a guess of the
+/// token after the one that replaces it (empty when the forward has no such row).
 fn guess_past(logits: &Logits, row: usize) -> Vec<u32> {
     logits.rows().nth(row).map(argmax).into_iter().collect()
 }

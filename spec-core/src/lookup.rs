@@ -43,9 +43,9 @@ pub struct LookupDrafter {
     references: Vec<Vec<u32>>,
     costs: Option<ForwardCosts>,
     acceptance: AcceptanceRate,
-    /// The guess (or the probe) offered for the next call, and how often guesses were kept.
-    guess: Vec<u32>,
-    probe: Option<u32>,
+    /// The guess or probe offered for the next call (its source `Guess` or `Probe`), and how
+    /// often guesses were kept.
+    offered: Option<(Vec<u32>, Source)>,
     guess_acceptance: AcceptanceRate,
     pending: Option<Pending>,
     drafted: usize,
@@ -81,8 +81,7 @@ impl LookupDrafter {
             costs: None,
             // α = 0.5 with the weight of a few tokens; past steps weigh 0.9 per step.
             acceptance: AcceptanceRate::new(2.0, 2.0, 0.9),
-            guess: Vec::new(),
-            probe: None,
+            offered: None,
             // A guess past a rejected token is kept far less often: α = 0.1 to begin with, and
             // a long memory, so that a run of misses does not stop guessing for good (a guess
             // not drafted is not judged either).
@@ -141,15 +140,16 @@ impl LookupDrafter {
     /// (Santilli et al. 2023), which a forward of two tokens costs little more than one. A
     /// guess serves one call.
     pub fn offer_guess(&mut self, guess: Vec<u32>) {
-        self.guess = guess;
+        self.offered = Some((guess, Source::Guess));
     }
 
-    /// Offers the next call, where neither a lookup nor a guess is at hand, `token` as a probe:
-    /// a token drafted while guesses pay only so that the forward yields a guess for the
+    /// Offers the next call, where no guess is at hand, `token` as a probe: a token drafted
+    /// when no lookup matches and guesses pay, only so that the forward yields a guess for the
     /// position after it (Jacobi iteration's starting guess, e.g. the next token repeated). A
-    /// probe is not counted in the guesses' acceptance.
+    /// probe is not counted in the guesses' acceptance. It replaces an offered guess, as a
+    /// guess replaces it.
     pub fn offer_probe(&mut self, token: u32) {
-        self.probe = Some(token);
+        self.offered = Some((vec![token], Source::Probe));
     }
 
     /// Adds a sequence to copy from (it is searched before earlier references).
@@ -241,21 +241,19 @@ impl TreeDrafter for LookupDrafter {
         self.observe(committed);
         let most = max_depth.min(self.config.max_draft);
         let found = self.lookup(committed, most);
-        let guess = std::mem::take(&mut self.guess);
-        let probe: Vec<u32> = self.probe.take().into_iter().collect();
-        let (draft, source) = if !found.is_empty() {
-            (
+        let offered = self.offered.take();
+        let (draft, source) = match &offered {
+            _ if !found.is_empty() => (
                 &found[..self.paying_length(found.len(), self.acceptance)],
                 Source::Lookup,
-            )
-        } else if !guess.is_empty() {
-            let guess = &guess[..guess.len().min(most)];
-            let paying = self.paying_length(guess.len(), self.guess_acceptance);
-            (&guess[..paying], Source::Guess)
-        } else {
-            let probe = &probe[..probe.len().min(most)];
-            let paying = self.paying_length(probe.len(), self.guess_acceptance);
-            (&probe[..paying], Source::Probe)
+            ),
+            // Guesses and probes are cut by the guesses' acceptance.
+            Some((tokens, source)) => {
+                let tokens = &tokens[..tokens.len().min(most)];
+                let paying = self.paying_length(tokens.len(), self.guess_acceptance);
+                (&tokens[..paying], *source)
+            }
+            None => (&found[..], Source::Lookup), // empty: nothing to draft
         };
         if !draft.is_empty() {
             self.pending = Some(Pending {

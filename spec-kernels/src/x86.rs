@@ -297,7 +297,7 @@ unsafe fn sum_words_avx2(words: &[u64]) -> u64 {
     for step in &mut steps {
         let p = step.as_ptr() as *const u8;
         for line in 0..4 {
-            prefetch_ahead(p.add(64 * line));
+            prefetch_at(p.add(64 * line), PREFETCH_AHEAD);
         }
         for (k, sum) in sums.iter_mut().enumerate() {
             *sum = _mm256_add_epi64(*sum, _mm256_loadu_si256(p.add(32 * k) as *const __m256i));
@@ -401,14 +401,8 @@ impl Tile {
 /// product of 8960 × 1536 from memory went from 36 to 64 GB/s (2 threads, one A/B run).
 const PREFETCH_AHEAD: usize = 4096;
 
-/// Asks for the cache line [`PREFETCH_AHEAD`] bytes after `chunk` (past the end of the weights
-/// it is a no-op: a prefetch never faults, and the address is only computed, not dereferenced).
-#[inline(always)]
-unsafe fn prefetch_ahead(chunk: *const u8) {
-    prefetch_at(chunk, PREFETCH_AHEAD);
-}
-
-/// Asks for the cache line `ahead` bytes after `chunk` (see [`prefetch_ahead`]).
+/// Asks for the cache line `ahead` bytes after `chunk` (past the end of the weights it is a
+/// no-op: a prefetch never faults, and the address is only computed, not dereferenced).
 #[inline(always)]
 unsafe fn prefetch_at(chunk: *const u8, ahead: usize) {
     _mm_prefetch::<_MM_HINT_T0>(chunk.wrapping_add(ahead) as *const i8);
