@@ -10,7 +10,7 @@ use engine_llm::{Error, LoadOptions, Requantize, Transformer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
+    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Branches, Decoder,
     DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig, SparseTreeConfig,
     SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
 };
@@ -114,6 +114,68 @@ fn tree_forward_gives_each_node_the_logits_of_its_path() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         assert!(diff < 1e-4, "{family:?}: after compaction {diff}");
+    }
+}
+
+/// Branches decoded in lockstep (PredGen's candidate questions): each computes exactly the
+/// logits of decoding it alone, step by step, and the selected one continues as if never
+/// branched.
+#[test]
+fn lockstep_branches_give_each_the_logits_of_decoding_it_alone() {
+    let prefix = [11u32, 22, 33, 44];
+    let openings: [&[u32]; 3] = [&[50], &[51, 52, 53], &[54, 55]];
+    for family in FAMILIES {
+        let mut model = gguf_model(family, 3, GgmlDType::Q8_0);
+        model.forward_tokens(&prefix, LogitRows::Last(1)).unwrap();
+        let mut branches = Branches::new(prefix.len()).unwrap();
+        let mut lockstep: Vec<Vec<Vec<f32>>> = vec![Vec::new(); openings.len()];
+        for opening in openings {
+            branches.open(opening.to_vec());
+        }
+        for _ in 0..4 {
+            for out in branches.step(&mut model).unwrap() {
+                let next = spec_core::sampling::argmax(&out.logits);
+                lockstep[out.branch].push(out.logits);
+                branches.push(out.branch, next).unwrap();
+            }
+        }
+        for (b, opening) in openings.iter().enumerate() {
+            let tokens = branches.tokens(b);
+            let mut alone = gguf_model(family, 3, GgmlDType::Q8_0);
+            alone.forward_tokens(&prefix, LogitRows::Last(1)).unwrap();
+            let mut expected = vec![alone
+                .forward_tokens(opening, LogitRows::Last(1))
+                .unwrap()
+                .into_last_row()];
+            for &t in &tokens[opening.len()..tokens.len() - 1] {
+                expected.push(
+                    alone
+                        .forward_tokens(&[t], LogitRows::Last(1))
+                        .unwrap()
+                        .into_last_row(),
+                );
+            }
+            assert_eq!(lockstep[b], expected, "{family:?} branch {b}");
+        }
+        let tokens = branches.tokens(1).to_vec();
+        branches.select(&mut model, 1).unwrap();
+        let after = model
+            .forward_tokens(&tokens[tokens.len() - 1..], LogitRows::Last(1))
+            .unwrap()
+            .into_last_row();
+        let mut linear = gguf_model(family, 3, GgmlDType::Q8_0);
+        linear.forward_tokens(&prefix, LogitRows::Last(1)).unwrap();
+        linear
+            .forward_tokens(&tokens[..3], LogitRows::Last(1))
+            .unwrap();
+        let mut last = Vec::new();
+        for &t in &tokens[3..] {
+            last = linear
+                .forward_tokens(&[t], LogitRows::Last(1))
+                .unwrap()
+                .into_last_row();
+        }
+        assert_eq!(after, last, "{family:?}: after selecting a branch");
     }
 }
 

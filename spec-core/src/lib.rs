@@ -21,6 +21,7 @@
 //!   reference sequences such as a rejected guess), cut to the length that pays.
 
 pub mod acceptance;
+pub mod branches;
 pub mod continuation;
 pub mod cost;
 pub mod decoder;
@@ -41,6 +42,7 @@ pub mod stats;
 pub mod tree;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
+pub use branches::{BranchLogits, Branches};
 pub use continuation::{forward_continuation, verify_continuation};
 pub use cost::{AcceptanceRate, CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};

@@ -1,0 +1,327 @@
+//! Several continuations of one context decoded in lockstep: one forward advances every open
+//! branch by its pending tokens (beyond the papers: PredGen answers several candidate
+//! completions of a question being spoken this way).
+//!
+//! The branches share the decoder's first `shared` cached positions; each branch's own
+//! positions lie after them, interleaved with the other branches' in the order they were
+//! forwarded. A branch's rows attend to the shared context and to its own positions only, with
+//! the position ids it would have alone, so on a batch-invariant model every branch computes
+//! exactly what decoding it alone computes. [`Branches::select`] compacts the cache to one
+//! branch, which then continues as an ordinary sequence.
+
+use candle_core::Tensor;
+
+use crate::decoder::{Decoder, Forward, LogitRows};
+use crate::logits::Logits;
+use crate::{Error, Result};
+
+/// Branches after a shared context; see the module documentation.
+#[derive(Clone, Debug)]
+pub struct Branches {
+    shared: usize,
+    branches: Vec<Branch>,
+    /// Cached positions the decoder holds once every forwarded token is in it.
+    cached: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Branch {
+    /// Cache position of each forwarded token, in order.
+    slots: Vec<usize>,
+    /// The forwarded tokens (one per slot), then the pending ones.
+    tokens: Vec<u32>,
+    open: bool,
+}
+
+/// What a [`Branches::step`] gave one branch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BranchLogits {
+    pub branch: usize,
+    /// The logits after the branch's last token.
+    pub logits: Vec<f32>,
+}
+
+impl Branches {
+    /// Branches continuing the decoder's first `shared` cached positions (at least one: a
+    /// branch set continues a context).
+    pub fn new(shared: usize) -> Result<Self> {
+        if shared == 0 {
+            return Err(Error::EmptyInput(
+                "branches continue a context of at least one cached position",
+            ));
+        }
+        Ok(Self {
+            shared,
+            branches: Vec::new(),
+            cached: shared,
+        })
+    }
+
+    /// Positions every branch shares.
+    pub fn shared(&self) -> usize {
+        self.shared
+    }
+
+    /// Number of branches opened so far (closed ones included).
+    pub fn len(&self) -> usize {
+        self.branches.len()
+    }
+
+    /// True before the first branch is opened.
+    pub fn is_empty(&self) -> bool {
+        self.branches.is_empty()
+    }
+
+    /// Opens a branch whose first tokens are `tokens` (forwarded by the next step) and returns
+    /// its index.
+    pub fn open(&mut self, tokens: Vec<u32>) -> usize {
+        self.branches.push(Branch {
+            slots: Vec::new(),
+            tokens,
+            open: true,
+        });
+        self.branches.len() - 1
+    }
+
+    /// Appends a token to `branch`, forwarded by the next step.
+    pub fn push(&mut self, branch: usize, token: u32) -> Result<()> {
+        self.branch_mut(branch)?.tokens.push(token);
+        Ok(())
+    }
+
+    /// Stops forwarding `branch`: its positions stay cached (masked from the others) until
+    /// [`Branches::select`].
+    pub fn close(&mut self, branch: usize) -> Result<()> {
+        self.branch_mut(branch)?.open = false;
+        Ok(())
+    }
+
+    /// Whether `branch` is still forwarded.
+    pub fn is_open(&self, branch: usize) -> bool {
+        self.branches.get(branch).is_some_and(|b| b.open)
+    }
+
+    /// True while some open branch has tokens to forward.
+    pub fn has_pending(&self) -> bool {
+        self.branches
+            .iter()
+            .any(|b| b.open && b.tokens.len() > b.slots.len())
+    }
+
+    /// Every token of `branch` after the shared context, forwarded or pending.
+    pub fn tokens(&self, branch: usize) -> &[u32] {
+        self.branches.get(branch).map_or(&[], |b| &b.tokens)
+    }
+
+    /// Positions the decoder must hold before the next step.
+    pub fn cached_len(&self) -> usize {
+        self.cached
+    }
+
+    /// One forward of every open branch's pending tokens; returns the logits after each
+    /// forwarded branch's last token, by branch. Fails if the decoder's cache changed since the
+    /// last step.
+    pub fn step<D: Decoder + ?Sized>(&mut self, decoder: &mut D) -> Result<Vec<BranchLogits>> {
+        if decoder.cached_len() != self.cached {
+            return Err(Error::InputShape(format!(
+                "the branches expect {} cached positions, the decoder holds {}",
+                self.cached,
+                decoder.cached_len()
+            )));
+        }
+        let forwarded: Vec<(usize, usize)> = self
+            .branches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.open && b.tokens.len() > b.slots.len())
+            .map(|(i, b)| (i, b.tokens.len() - b.slots.len()))
+            .collect();
+        let n: usize = forwarded.iter().map(|&(_, pending)| pending).sum();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let width = self.cached + n;
+        let mut bias = vec![f32::NEG_INFINITY; n * width];
+        let mut inputs = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut last_rows = Vec::with_capacity(forwarded.len());
+        for &(index, pending) in &forwarded {
+            let branch = &self.branches[index];
+            let first_new = self.cached + inputs.len();
+            let first_row = inputs.len();
+            for j in 0..pending {
+                let row = &mut bias[(first_row + j) * width..(first_row + j + 1) * width];
+                row[..self.shared].fill(0.0);
+                for &slot in &branch.slots {
+                    row[slot] = 0.0;
+                }
+                row[first_new..=first_new + j].fill(0.0);
+                positions.push(self.shared + branch.slots.len() + j);
+            }
+            inputs.extend_from_slice(&branch.tokens[branch.slots.len()..]);
+            last_rows.push(first_row + pending - 1);
+        }
+        let mask = Tensor::from_vec(bias, (1, 1, n, width), decoder.device())?;
+        let step = Forward::tokens(&inputs, &positions).with_mask(&mask);
+        let step = Forward {
+            logits: LogitRows::All,
+            ..step
+        };
+        let rows = step.validate(self.cached)?;
+        let logits = Logits::from_tensor(&decoder.forward(&step)?, rows, decoder.vocab_size())?;
+        let mut slot = self.cached;
+        for &(index, pending) in &forwarded {
+            let branch = &mut self.branches[index];
+            branch.slots.extend(slot..slot + pending);
+            slot += pending;
+        }
+        self.cached = slot;
+        Ok(forwarded
+            .iter()
+            .zip(last_rows)
+            .map(|(&(branch, _), row)| BranchLogits {
+                branch,
+                logits: logits.row(row).to_vec(),
+            })
+            .collect())
+    }
+
+    /// Keeps the shared context and `branch`'s forwarded tokens in the decoder's cache, in
+    /// order, dropping every other branch: the decoder then holds the branch as one sequence.
+    pub fn select<D: Decoder + ?Sized>(self, decoder: &mut D, branch: usize) -> Result<()> {
+        let chosen = self.branches.get(branch).ok_or_else(|| {
+            Error::InvalidConfig(format!("no branch {branch} among {}", self.branches.len()))
+        })?;
+        if decoder.cached_len() != self.cached {
+            return Err(Error::InputShape(format!(
+                "the branches expect {} cached positions, the decoder holds {}",
+                self.cached,
+                decoder.cached_len()
+            )));
+        }
+        if chosen.slots.is_empty() {
+            return decoder.truncate(self.shared);
+        }
+        // The last shared position leads the list: everything before it stays where it is.
+        let mut keep = Vec::with_capacity(chosen.slots.len() + 1);
+        keep.push(self.shared - 1);
+        keep.extend_from_slice(&chosen.slots);
+        decoder.keep_positions(&keep)
+    }
+
+    fn branch_mut(&mut self, branch: usize) -> Result<&mut Branch> {
+        let count = self.branches.len();
+        self.branches
+            .get_mut(branch)
+            .ok_or_else(|| Error::InvalidConfig(format!("no branch {branch} among {count}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::forward_tokens;
+    use crate::mock::{MockConfig, MockDecoder};
+    use crate::sampling::argmax;
+    use proptest::prelude::*;
+
+    /// Greedy decoding of `first` then `steps` more tokens after `context`, alone.
+    fn alone(model: &MockDecoder, context: &[u32], first: &[u32], steps: usize) -> Vec<u32> {
+        let mut model = model.clone();
+        model.truncate(0).unwrap();
+        forward_tokens(&mut model, context, LogitRows::Last(1)).unwrap();
+        let mut tokens = first.to_vec();
+        let mut feed = first.to_vec();
+        for _ in 0..steps {
+            let logits = forward_tokens(&mut model, &feed, LogitRows::Last(1)).unwrap();
+            let next = argmax(&logits.into_last_row());
+            tokens.push(next);
+            feed = vec![next];
+        }
+        tokens
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Every branch decodes what it decodes alone, whatever the other branches hold and
+        /// however many tokens each starts with; selecting one leaves the decoder holding it
+        /// as one sequence, from which it continues as if never branched.
+        #[test]
+        fn lockstep_branches_decode_as_each_alone(
+            seed in 0u64..1000,
+            context_len in 1usize..6,
+            openings in prop::collection::vec(prop::collection::vec(0u32..40, 1..4), 1..5),
+            closed_after in prop::collection::vec(1usize..6, 4),
+            chosen in 0usize..4,
+        ) {
+            let mut model = MockDecoder::new(MockConfig::target(40, seed));
+            let context: Vec<u32> = (0..context_len as u32).map(|t| (t * 7 + 3) % 40).collect();
+            forward_tokens(&mut model, &context, LogitRows::Last(1)).unwrap();
+            let mut branches = Branches::new(context.len()).unwrap();
+            for opening in &openings {
+                branches.open(opening.clone());
+            }
+            let mut steps = vec![0usize; openings.len()];
+            while branches.has_pending() {
+                for out in branches.step(&mut model).unwrap() {
+                    let b = out.branch;
+                    steps[b] += 1;
+                    branches.push(b, argmax(&out.logits)).unwrap();
+                    if steps[b] == closed_after[b] {
+                        branches.close(b).unwrap();
+                    }
+                }
+            }
+            for (b, opening) in openings.iter().enumerate() {
+                let expected = alone(&model, &context, opening, steps[b]);
+                prop_assert_eq!(branches.tokens(b), expected.as_slice());
+            }
+            let chosen = chosen % openings.len();
+            let tokens = branches.tokens(chosen).to_vec();
+            branches.select(&mut model, chosen).unwrap();
+            // The chosen branch's last token was never forwarded (it was closed with it pending).
+            let forwarded = &tokens[..tokens.len() - 1];
+            let expected: Vec<u32> = context.iter().chain(forwarded).copied().collect();
+            prop_assert_eq!(model.cached_tokens(), expected.as_slice());
+            let next = forward_tokens(&mut model, &tokens[tokens.len() - 1..], LogitRows::Last(1))
+                .unwrap()
+                .into_last_row();
+            let whole = alone(&model, &context, &openings[chosen], steps[chosen] + 1);
+            prop_assert_eq!(argmax(&next), *whole.last().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_changed_cache_and_an_empty_context_are_errors() {
+        assert!(Branches::new(0).is_err());
+        let mut model = MockDecoder::new(MockConfig::target(20, 1));
+        forward_tokens(&mut model, &[1, 2, 3], LogitRows::Last(1)).unwrap();
+        let mut branches = Branches::new(3).unwrap();
+        assert!(branches.step(&mut model).unwrap().is_empty());
+        branches.open(vec![4]);
+        branches.open(vec![5, 6]);
+        let out = branches.step(&mut model).unwrap();
+        assert_eq!(out.iter().map(|o| o.branch).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(model.cached_len(), 6);
+        assert_eq!(model.forward_count(), 2);
+        model.truncate(5).unwrap();
+        branches.push(0, 7).unwrap();
+        assert!(branches.step(&mut model).is_err());
+        assert!(branches.push(9, 1).is_err());
+        assert!(branches.clone().select(&mut model, 0).is_err());
+        assert!(branches.select(&mut model, 7).is_err());
+    }
+
+    #[test]
+    fn a_branch_with_nothing_forwarded_selects_the_shared_context() {
+        let mut model = MockDecoder::new(MockConfig::target(20, 2));
+        forward_tokens(&mut model, &[1, 2, 3], LogitRows::Last(1)).unwrap();
+        let mut branches = Branches::new(3).unwrap();
+        branches.open(vec![4, 5]);
+        let unforwarded = branches.open(Vec::new());
+        branches.step(&mut model).unwrap();
+        branches.select(&mut model, unforwarded).unwrap();
+        assert_eq!(model.cached_tokens(), &[1, 2, 3]);
+    }
+}
