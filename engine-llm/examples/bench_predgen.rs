@@ -45,6 +45,9 @@ struct Setup {
     method: Option<(Verifier, Continuation)>,
     /// Guess the end of the question first (`PredGenConfig::complete_questions`).
     complete_questions: bool,
+    /// Answer candidate questions ahead (`PredGenConfig::question_candidates` from
+    /// `--question-candidates`).
+    candidate_questions: bool,
 }
 
 fn setups() -> Vec<Setup> {
@@ -53,6 +56,7 @@ fn setups() -> Vec<Setup> {
         key,
         method: Some((verifier, continuation)),
         complete_questions: true,
+        candidate_questions: false,
     };
     vec![
         Setup {
@@ -60,6 +64,7 @@ fn setups() -> Vec<Setup> {
             key: "cascade",
             method: None,
             complete_questions: false,
+            candidate_questions: false,
         },
         predgen(
             "Greedy",
@@ -106,6 +111,24 @@ fn setups() -> Vec<Setup> {
             Verifier::Greedy,
             Continuation::Lookup { max_draft: 8 },
         ),
+        Setup {
+            candidate_questions: true,
+            ..predgen(
+                "Greedy, candidate questions",
+                "greedy-candidates",
+                Verifier::Greedy,
+                Continuation::Autoregressive,
+            )
+        },
+        Setup {
+            candidate_questions: true,
+            ..predgen(
+                "Greedy + lookup, candidate questions",
+                "lookup-candidates",
+                Verifier::Greedy,
+                Continuation::Lookup { max_draft: 8 },
+            )
+        },
     ]
 }
 
@@ -174,9 +197,14 @@ struct Options {
     repeats: u64,
 
     /// The methods to run beside the cascade (always run), by name: greedy,
-    /// greedy-no-completion, top3, reflection, jacobi, draft, lookup [default: all]
+    /// greedy-no-completion, top3, reflection, jacobi, draft, lookup, greedy-candidates,
+    /// lookup-candidates [default: all]
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
+
+    /// Candidate questions the `*-candidates` methods answer ahead
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=16))]
+    question_candidates: u64,
 
     /// Speaking rate in characters per minute
     #[arg(long, default_value_t = DEFAULT_CHARS_PER_MINUTE)]
@@ -207,6 +235,10 @@ fn run_question(
         continuation,
         max_answer_tokens: options.max_tokens,
         complete_questions: setup.complete_questions,
+        question_candidates: match setup.candidate_questions {
+            true => options.question_candidates as usize,
+            false => 1,
+        },
         ..PredGenConfig::default()
     };
     let mut session = PredGen::new(model, config)?;
@@ -684,7 +716,7 @@ fn main() -> Result<()> {
     }
     let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}{}",
+            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}{}{}",
             question_args(&options),
             options.max_tokens,
             options.repeats,
@@ -692,6 +724,10 @@ fn main() -> Result<()> {
                 String::new()
             } else {
                 format!(" --methods {}", options.methods.join(","))
+            },
+            match setups.iter().any(|s| s.candidate_questions) {
+                true => format!(" --question-candidates {}", options.question_candidates),
+                false => String::new(),
             }
         ),
         ..Report::default()

@@ -53,6 +53,10 @@ struct Args {
     #[arg(long, default_value = "lookup")]
     continuation: Continuation,
 
+    /// Candidate completions of the question answered ahead (1: the greedy completion alone)
+    #[arg(long, default_value_t = PredGenConfig::default().question_candidates)]
+    question_candidates: usize,
+
     /// A question to speak word by word (repeat for a conversation)
     #[arg(long)]
     question: Vec<String>,
@@ -88,6 +92,7 @@ impl Args {
             verifier: self.verifier,
             continuation: self.continuation,
             max_answer_tokens: self.max_tokens,
+            question_candidates: self.question_candidates,
             ..PredGenConfig::default()
         }
     }

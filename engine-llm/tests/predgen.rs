@@ -465,45 +465,165 @@ fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
 #[test]
 fn no_step_while_listening_runs_more_than_one_forward() {
     // Completing the question included: it takes a token a step, so a step still running at
-    // the last word delays the answer by one forward at most.
+    // the last word delays the answer by one forward at most; so do candidate questions, all
+    // advancing in one forward.
     let scratch = tempfile::tempdir().unwrap();
-    let mut model = tiny_chat_model(scratch.path(), 9);
-    let cfg = PredGenConfig {
-        tokens_per_step: 1,
-        cost_aware: false,
-        ..config(Verifier::Greedy, Continuation::Autoregressive)
-    };
-    assert!(cfg.complete_questions);
-    let mut session = PredGen::new(&mut model, cfg).unwrap();
-    let mut tts = FixedLatencySynthesizer::default();
-    session
-        .begin_turn(engine_llm::TurnClock::Simulated)
-        .unwrap();
-    let inputs = corrected_inputs("what is 1 + 23?");
-    let (last, partials) = inputs.split_last().unwrap();
-    let mut working_steps = 0;
-    for partial in partials {
-        session.wait_until(partial.at);
-        session.hear(partial.clone()).unwrap();
-        for _ in 0..6 {
-            match session.step(&mut tts).unwrap().status {
-                Status::Working => working_steps += 1,
-                Status::Idle => break,
-                Status::Done(_) => panic!("done before the final partial"),
+    for candidates in [1, 4] {
+        let mut model = tiny_chat_model(scratch.path(), 9);
+        let cfg = PredGenConfig {
+            tokens_per_step: 1,
+            cost_aware: false,
+            question_candidates: candidates,
+            ..config(Verifier::Greedy, Continuation::Autoregressive)
+        };
+        assert!(cfg.complete_questions);
+        let mut session = PredGen::new(&mut model, cfg).unwrap();
+        let mut tts = FixedLatencySynthesizer::default();
+        session
+            .begin_turn(engine_llm::TurnClock::Simulated)
+            .unwrap();
+        let inputs = corrected_inputs("what is 1 + 23?");
+        let (last, partials) = inputs.split_last().unwrap();
+        let mut working_steps = 0;
+        for partial in partials {
+            session.wait_until(partial.at);
+            session.hear(partial.clone()).unwrap();
+            for _ in 0..6 {
+                match session.step(&mut tts).unwrap().status {
+                    Status::Working => working_steps += 1,
+                    Status::Idle => break,
+                    Status::Done(_) => panic!("done before the final partial"),
+                }
+            }
+        }
+        session.wait_until(last.at);
+        session.hear(last.clone()).unwrap();
+        let turn = loop {
+            if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
+                break turn;
+            }
+        };
+        assert!(
+            turn.forwards_during_input > 0,
+            "{candidates}: no work while listening"
+        );
+        assert!(
+            turn.forwards_during_input <= working_steps,
+            "{candidates}: {} forwards in {working_steps} steps while listening",
+            turn.forwards_during_input
+        );
+    }
+}
+
+fn with_candidates(continuation: Continuation, candidates: usize) -> PredGenConfig {
+    PredGenConfig {
+        question_candidates: candidates,
+        ..config(Verifier::Greedy, continuation)
+    }
+}
+
+#[test]
+fn candidate_questions_answer_exactly_as_the_plain_cascade() {
+    let scratch = tempfile::tempdir().unwrap();
+    let turns = vec![
+        corrected_inputs("what is 1 + 23?"),
+        spoken_at_rate("and what is it times four, roughly?", 600.0).unwrap(),
+        spoken_at_rate("why", 600.0).unwrap(),
+    ];
+    let mut reference_model = tiny_chat_model(scratch.path(), 9);
+    let mut reference = PredGen::new(
+        &mut reference_model,
+        config(Verifier::Greedy, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let expected = run_turns(&mut reference, &turns, true);
+    for continuation in [
+        Continuation::Autoregressive,
+        Continuation::Lookup { max_draft: 4 },
+    ] {
+        for candidates in [2, 4] {
+            let mut model = tiny_chat_model(scratch.path(), 9);
+            let cfg = with_candidates(continuation, candidates);
+            let mut session = PredGen::new(&mut model, cfg).unwrap();
+            let got = run_turns(&mut session, &turns, false);
+            for (turn, (got, expected)) in got.iter().zip(&expected).enumerate() {
+                let case = format!("{continuation:?}, {candidates} candidates, turn {turn}");
+                assert_eq!(got.answer, expected.answer, "{case}");
+                assert_eq!(got.first_sentence, expected.first_sentence, "{case}");
+                // The one-word question has nothing before its final partial.
+                let spoken_before_the_end = turn < 2;
+                assert_eq!(
+                    got.forwards_during_input > 0,
+                    spoken_before_the_end,
+                    "{case}"
+                );
+                assert!(got.timeline.windows(2).all(|w| w[0].at <= w[1].at));
+            }
+            assert_eq!(session.history(), reference.history());
+        }
+    }
+}
+
+/// The candidate questions the model completed `heard` into (the turn's `Completed` events
+/// after hearing it), likeliest first.
+fn completed_questions(turn: &Turn) -> Vec<String> {
+    let mut questions = Vec::new();
+    for event in &turn.timeline {
+        if let EventKind::Completed { question } = &event.kind {
+            if !questions.contains(question) {
+                questions.push(question.clone());
             }
         }
     }
-    session.wait_until(last.at);
-    session.hear(last.clone()).unwrap();
-    let turn = loop {
-        if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
-            break turn;
-        }
-    };
-    assert!(turn.forwards_during_input > 0, "no work while listening");
+    questions
+}
+
+#[test]
+fn the_candidate_the_user_asks_is_the_answer_with_nothing_to_verify() {
+    let scratch = tempfile::tempdir().unwrap();
+    let heard = "what is the";
+    let partial = Partial::new(Duration::ZERO, heard, false);
+    let mut tts = FixedLatencySynthesizer::default();
+    // Some seed's model completes the words into at least two questions; the user then asks
+    // one that is not the likeliest.
+    let found = (0..8).find_map(|seed| {
+        let mut model = tiny_chat_model(scratch.path(), seed);
+        let cfg = with_candidates(Continuation::Autoregressive, 4);
+        let mut session = PredGen::new(&mut model, cfg).unwrap();
+        let probe = vec![
+            partial.clone(),
+            Partial::new(Duration::from_secs(30), "what is the answer", true),
+        ];
+        let questions = completed_questions(&session.turn(&probe, &mut tts).unwrap());
+        (questions.len() >= 2).then(|| (seed, questions[questions.len() - 1].clone()))
+    });
+    let (seed, asked) = found.expect("no seed completes the words into two questions");
+    let inputs = vec![
+        partial,
+        Partial::new(Duration::from_secs(30), asked.clone(), true),
+    ];
+    let mut reference_model = tiny_chat_model(scratch.path(), seed);
+    let mut reference = PredGen::new(
+        &mut reference_model,
+        config(Verifier::Greedy, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let expected = reference.baseline_turn(&inputs, &mut tts).unwrap();
+    let mut model = tiny_chat_model(scratch.path(), seed);
+    let mut session =
+        PredGen::new(&mut model, with_candidates(Continuation::Autoregressive, 4)).unwrap();
+    let got = session.turn(&inputs, &mut tts).unwrap();
+    assert_eq!(got.guessed_question.as_deref(), Some(asked.as_str()));
+    assert_eq!(got.answer, expected.answer);
+    // Thirty seconds were time enough to answer every candidate: the asked one's guess is
+    // kept whole without a verifying forward.
+    assert!(got.guessed_at_end > 0);
+    assert_eq!(got.kept_at_end, got.guessed_at_end);
     assert!(
-        turn.forwards_during_input <= working_steps,
-        "{} forwards in {working_steps} steps while listening",
-        turn.forwards_during_input
+        !got.timeline
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::Verified { kept, guessed, .. } if kept < guessed)),
+        "{:?}",
+        got.timeline
     );
 }

@@ -133,7 +133,7 @@ fn lockstep_branches_give_each_the_logits_of_decoding_it_alone() {
             branches.open(opening.to_vec());
         }
         for _ in 0..4 {
-            for out in branches.step(&mut model).unwrap() {
+            for out in branches.step(&mut model, 16).unwrap() {
                 let next = spec_core::sampling::argmax(&out.logits);
                 lockstep[out.branch].push(out.logits);
                 branches.push(out.branch, next).unwrap();

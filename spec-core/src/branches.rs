@@ -118,10 +118,20 @@ impl Branches {
         self.cached
     }
 
-    /// One forward of every open branch's pending tokens; returns the logits after each
-    /// forwarded branch's last token, by branch. Fails if the decoder's cache changed since the
-    /// last step.
-    pub fn step<D: Decoder + ?Sized>(&mut self, decoder: &mut D) -> Result<Vec<BranchLogits>> {
+    /// One forward of the open branches' pending tokens, at most `max_inputs` of them (the
+    /// branches in order, the last one taken perhaps only in part, so that no step grows long);
+    /// returns the logits after the last token of each branch forwarded whole, by branch. Fails
+    /// if the decoder's cache changed since the last step.
+    pub fn step<D: Decoder + ?Sized>(
+        &mut self,
+        decoder: &mut D,
+        max_inputs: usize,
+    ) -> Result<Vec<BranchLogits>> {
+        if max_inputs == 0 {
+            return Err(Error::InvalidConfig(
+                "a step of branches needs room for at least one input".into(),
+            ));
+        }
         if decoder.cached_len() != self.cached {
             return Err(Error::InputShape(format!(
                 "the branches expect {} cached positions, the decoder holds {}",
@@ -129,14 +139,19 @@ impl Branches {
                 decoder.cached_len()
             )));
         }
-        let forwarded: Vec<(usize, usize)> = self
-            .branches
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.open && b.tokens.len() > b.slots.len())
-            .map(|(i, b)| (i, b.tokens.len() - b.slots.len()))
-            .collect();
-        let n: usize = forwarded.iter().map(|&(_, pending)| pending).sum();
+        // (branch, tokens forwarded now, whether that is all it has pending)
+        let mut forwarded: Vec<(usize, usize, bool)> = Vec::new();
+        let mut room = max_inputs;
+        for (index, branch) in self.branches.iter().enumerate() {
+            let pending = branch.tokens.len() - branch.slots.len();
+            if !branch.open || pending == 0 || room == 0 {
+                continue;
+            }
+            let taken = pending.min(room);
+            room -= taken;
+            forwarded.push((index, taken, taken == pending));
+        }
+        let n = max_inputs - room;
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -145,11 +160,11 @@ impl Branches {
         let mut inputs = Vec::with_capacity(n);
         let mut positions = Vec::with_capacity(n);
         let mut last_rows = Vec::with_capacity(forwarded.len());
-        for &(index, pending) in &forwarded {
+        for &(index, taken, _) in &forwarded {
             let branch = &self.branches[index];
             let first_new = self.cached + inputs.len();
             let first_row = inputs.len();
-            for j in 0..pending {
+            for j in 0..taken {
                 let row = &mut bias[(first_row + j) * width..(first_row + j + 1) * width];
                 row[..self.shared].fill(0.0);
                 for &slot in &branch.slots {
@@ -158,8 +173,9 @@ impl Branches {
                 row[first_new..=first_new + j].fill(0.0);
                 positions.push(self.shared + branch.slots.len() + j);
             }
-            inputs.extend_from_slice(&branch.tokens[branch.slots.len()..]);
-            last_rows.push(first_row + pending - 1);
+            let first_taken = branch.slots.len();
+            inputs.extend_from_slice(&branch.tokens[first_taken..first_taken + taken]);
+            last_rows.push(first_row + taken - 1);
         }
         let mask = Tensor::from_vec(bias, (1, 1, n, width), decoder.device())?;
         let step = Forward::tokens(&inputs, &positions).with_mask(&mask);
@@ -170,16 +186,17 @@ impl Branches {
         let rows = step.validate(self.cached)?;
         let logits = Logits::from_tensor(&decoder.forward(&step)?, rows, decoder.vocab_size())?;
         let mut slot = self.cached;
-        for &(index, pending) in &forwarded {
+        for &(index, taken, _) in &forwarded {
             let branch = &mut self.branches[index];
-            branch.slots.extend(slot..slot + pending);
-            slot += pending;
+            branch.slots.extend(slot..slot + taken);
+            slot += taken;
         }
         self.cached = slot;
         Ok(forwarded
             .iter()
             .zip(last_rows)
-            .map(|(&(branch, _), row)| BranchLogits {
+            .filter(|((_, _, whole), _)| *whole)
+            .map(|(&(branch, _, _), row)| BranchLogits {
                 branch,
                 logits: logits.row(row).to_vec(),
             })
@@ -244,8 +261,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
-        /// Every branch decodes what it decodes alone, whatever the other branches hold and
-        /// however many tokens each starts with; selecting one leaves the decoder holding it
+        /// Every branch decodes what it decodes alone, whatever the other branches hold, however
+        /// many tokens each starts with and however few a step takes; selecting one leaves the decoder holding it
         /// as one sequence, from which it continues as if never branched.
         #[test]
         fn lockstep_branches_decode_as_each_alone(
@@ -254,6 +271,7 @@ mod tests {
             openings in prop::collection::vec(prop::collection::vec(0u32..40, 1..4), 1..5),
             closed_after in prop::collection::vec(1usize..6, 4),
             chosen in 0usize..4,
+            max_inputs in 1usize..8,
         ) {
             let mut model = MockDecoder::new(MockConfig::target(40, seed));
             let context: Vec<u32> = (0..context_len as u32).map(|t| (t * 7 + 3) % 40).collect();
@@ -264,7 +282,7 @@ mod tests {
             }
             let mut steps = vec![0usize; openings.len()];
             while branches.has_pending() {
-                for out in branches.step(&mut model).unwrap() {
+                for out in branches.step(&mut model, max_inputs).unwrap() {
                     let b = out.branch;
                     steps[b] += 1;
                     branches.push(b, argmax(&out.logits)).unwrap();
@@ -298,16 +316,20 @@ mod tests {
         let mut model = MockDecoder::new(MockConfig::target(20, 1));
         forward_tokens(&mut model, &[1, 2, 3], LogitRows::Last(1)).unwrap();
         let mut branches = Branches::new(3).unwrap();
-        assert!(branches.step(&mut model).unwrap().is_empty());
+        assert!(branches.step(&mut model, 4).unwrap().is_empty());
         branches.open(vec![4]);
         branches.open(vec![5, 6]);
-        let out = branches.step(&mut model).unwrap();
-        assert_eq!(out.iter().map(|o| o.branch).collect::<Vec<_>>(), [0, 1]);
+        assert!(branches.step(&mut model, 0).is_err());
+        // Two inputs: branch 0 whole, branch 1 only in part (no logits for it yet).
+        let out = branches.step(&mut model, 2).unwrap();
+        assert_eq!(out.iter().map(|o| o.branch).collect::<Vec<_>>(), [0]);
+        let out = branches.step(&mut model, 2).unwrap();
+        assert_eq!(out.iter().map(|o| o.branch).collect::<Vec<_>>(), [1]);
         assert_eq!(model.cached_len(), 6);
-        assert_eq!(model.forward_count(), 2);
+        assert_eq!(model.forward_count(), 3);
         model.truncate(5).unwrap();
         branches.push(0, 7).unwrap();
-        assert!(branches.step(&mut model).is_err());
+        assert!(branches.step(&mut model, 4).is_err());
         assert!(branches.push(9, 1).is_err());
         assert!(branches.clone().select(&mut model, 0).is_err());
         assert!(branches.select(&mut model, 7).is_err());
@@ -320,7 +342,7 @@ mod tests {
         let mut branches = Branches::new(3).unwrap();
         branches.open(vec![4, 5]);
         let unforwarded = branches.open(Vec::new());
-        branches.step(&mut model).unwrap();
+        branches.step(&mut model, 4).unwrap();
         branches.select(&mut model, unforwarded).unwrap();
         assert_eq!(model.cached_tokens(), &[1, 2, 3]);
     }

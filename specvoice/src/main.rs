@@ -153,6 +153,11 @@ struct ChatArgs {
     #[arg(long)]
     draft: Option<String>,
 
+    /// Candidate completions of the question answered ahead, each first sentence synthesized
+    /// ahead (1: the greedy completion alone)
+    #[arg(long, default_value_t = PredGenConfig::default().question_candidates)]
+    question_candidates: usize,
+
     /// Most tokens of an answer
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
@@ -212,6 +217,11 @@ struct ServeArgs {
     /// How guesses are verified: greedy (lossless), topK, reflection
     #[arg(long, default_value = "greedy")]
     verifier: Verifier,
+
+    /// Candidate completions of the question answered ahead, each first sentence synthesized
+    /// ahead (1: the greedy completion alone)
+    #[arg(long, default_value_t = PredGenConfig::default().question_candidates)]
+    question_candidates: usize,
 
     /// Most tokens of an answer
     #[arg(long, default_value_t = 64)]
@@ -274,6 +284,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         predgen: PredGenConfig {
             verifier: args.verifier,
             max_answer_tokens: args.max_tokens,
+            question_candidates: args.question_candidates,
             ..PredGenConfig::default()
         },
         chat_mode: match args.cascade {
@@ -338,6 +349,7 @@ fn chat(args: ChatArgs) -> Result<()> {
         verifier: args.verifier,
         continuation: args.continuation,
         max_answer_tokens: args.max_tokens,
+        question_candidates: args.question_candidates,
         ..PredGenConfig::default()
     };
     let mut run = |mode: ChatMode, show: bool| -> Result<Vec<VoiceTurn>> {

@@ -163,6 +163,15 @@ pub struct PredGenConfig {
     /// one forward at most; it goes on while the newer words heard are the ones it foresaw,
     /// and starts again from them otherwise.
     pub complete_questions: bool,
+    /// With `complete_questions`, how many candidate completions of the question are answered
+    /// ahead (beyond the paper): the model's likeliest next tokens after the words heard, each
+    /// completed greedily, and each completed question answered greedily, all advancing
+    /// together, one forward per step ([`spec_core::Branches`]); at the last word the one the
+    /// user asked is the answer, with nothing to verify. A forward of a few tokens costs
+    /// little more than one on a CPU, and the asked question is often the second or third
+    /// likeliest completion. Every candidate's first sentence goes to TTS ahead of time.
+    /// 1: the greedy completion alone, answered with the configured continuation and verifier.
+    pub question_candidates: usize,
 }
 
 impl Default for PredGenConfig {
@@ -176,6 +185,7 @@ impl Default for PredGenConfig {
             max_answer_tokens: 256,
             cost_aware: true,
             complete_questions: true,
+            question_candidates: 1,
         }
     }
 }
@@ -202,6 +212,7 @@ impl PredGenConfig {
             _ if self.tokens_per_step == 0 => bad("tokens_per_step must be >= 1"),
             _ if self.max_guess_tokens == 0 => bad("max_guess_tokens must be >= 1"),
             _ if self.max_answer_tokens == 0 => bad("max_answer_tokens must be >= 1"),
+            _ if self.question_candidates == 0 => bad("question_candidates must be >= 1"),
             _ => Ok(()),
         }
     }

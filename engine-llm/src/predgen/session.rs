@@ -35,6 +35,10 @@ use crate::tokenizer::TextTokenizer;
 use crate::transformer::CacheState;
 use crate::{Error, Result};
 
+mod candidates;
+
+use candidates::Candidates;
+
 /// Something that happened during a turn, at a time of the session clock (from the turn's
 /// first input).
 #[derive(Clone, Debug, PartialEq)]
@@ -605,6 +609,12 @@ impl<'m> PredGen<'m> {
         if turn.kind == TurnKind::Cascade {
             return Ok(Status::Idle);
         }
+        if self.config.complete_questions && self.config.question_candidates > 1 {
+            return Ok(match self.listen_with_candidates(turn, tts)? {
+                true => Status::Working,
+                false => Status::Idle,
+            });
+        }
         let generate_now = turn.just_verified || turn.pending.is_none();
         turn.just_verified = false;
         if generate_now && turn.guess.unsettled() && turn.heard_prompt.is_some() {
@@ -789,17 +799,27 @@ impl<'m> PredGen<'m> {
         turn: &mut TurnState,
         tts: &mut dyn SentenceSynthesizer,
     ) -> Result<()> {
-        let Some(sentence) = self.first_sentence(&turn.guess)? else {
-            return Ok(());
-        };
-        if turn.prepared.as_ref().is_some_and(|p| p.matches(&sentence)) {
+        match self.first_sentence(&turn.guess)? {
+            Some(sentence) => self.prepare_sentence(turn, sentence, tts),
+            None => Ok(()),
+        }
+    }
+
+    /// Synthesizes `sentence` ahead of time, unless it was already.
+    fn prepare_sentence(
+        &mut self,
+        turn: &mut TurnState,
+        sentence: String,
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<()> {
+        if turn.prepared.iter().any(|p| p.matches(&sentence)) {
             return Ok(());
         }
         let synthesis = tts.synthesize(&sentence)?;
         let ready_at = turn.clock.now() + synthesis.first_audio_after;
         turn.timeline
             .push(turn.event(EventKind::Prepared { sentence, ready_at }));
-        turn.prepared = Some(PreparedAudio {
+        turn.prepared.push(PreparedAudio {
             synthesis,
             ready_at,
         });
@@ -812,6 +832,11 @@ impl<'m> PredGen<'m> {
         turn.input_end = final_input.at;
         turn.timeline.push(turn.event(heard_event(final_input)));
         let prompt = self.prompt_for(&final_input.text)?;
+        if turn.kind == TurnKind::Speculative {
+            let started = Instant::now();
+            self.settle_candidates(turn, &prompt)?;
+            turn.clock.charge(started.elapsed());
+        }
         match turn.kind {
             TurnKind::Speculative if turn.heard_prompt.as_ref() == Some(&prompt) => {
                 // The question is the one the guess was made for (completed rightly, or heard
@@ -918,8 +943,9 @@ impl<'m> PredGen<'m> {
         }));
         let prepared = turn
             .prepared
-            .take()
-            .filter(|p| !first_sentence.is_empty() && p.matches(&first_sentence));
+            .iter()
+            .position(|p| !first_sentence.is_empty() && p.matches(&first_sentence))
+            .map(|i| turn.prepared.swap_remove(i));
         turn.prepared_audio_used = prepared.is_some();
         let (audio_at, audio) = match prepared {
             Some(p) => (p.ready_at.max(first_at), Some(p.synthesis)),
@@ -1551,7 +1577,10 @@ struct TurnState {
     /// its drafts, since a guess made for an earlier partial often says what the answer to
     /// the whole question says a few words later.
     recycled: Vec<Vec<u32>>,
-    prepared: Option<PreparedAudio>,
+    /// First sentences synthesized ahead of time.
+    prepared: Vec<PreparedAudio>,
+    /// Candidate questions answered ahead, with `question_candidates` above 1.
+    candidates: Option<Candidates>,
     timeline: Vec<Event>,
     /// Events already returned by a step.
     reported: usize,
@@ -1603,7 +1632,8 @@ impl TurnState {
             guess: Answer::default(),
             rejected_tail: Vec::new(),
             recycled: Vec::new(),
-            prepared: None,
+            prepared: Vec::new(),
+            candidates: None,
             timeline: Vec::new(),
             reported: 0,
             tokens_during_input: 0,
