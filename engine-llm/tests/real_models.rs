@@ -301,6 +301,62 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
         .unwrap());
 }
 
+/// Candidate questions answered ahead in lockstep: the answers are the cascade's, and the
+/// question the model completes among its candidates is answered with nothing to verify.
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn predgen_candidate_questions_give_the_cascades_answer_on_real_weights() {
+    use engine_llm::predgen::spoken_at_rate;
+    use engine_llm::predgen::FixedLatencySynthesizer;
+    use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
+
+    let mut target = load(QWEN_LARGE);
+    let mut tts = FixedLatencySynthesizer::default();
+    let config = |continuation, question_candidates| PredGenConfig {
+        verifier: Verifier::Greedy,
+        continuation,
+        max_answer_tokens: 32,
+        question_candidates,
+        ..PredGenConfig::default()
+    };
+    let turns = [
+        "My tomato plants have yellow leaves. What's wrong?",
+        "How often should I feed them?",
+    ];
+    let inputs: Vec<_> = turns
+        .iter()
+        .map(|t| spoken_at_rate(t, 600.0).unwrap())
+        .collect();
+    let mut cascade = PredGen::new(&mut target, config(Continuation::Autoregressive, 1)).unwrap();
+    let expected: Vec<_> = inputs
+        .iter()
+        .map(|i| cascade.baseline_turn(i, &mut tts).unwrap())
+        .collect();
+    drop(cascade);
+    for (continuation, candidates) in [
+        (Continuation::Lookup { max_draft: 8 }, 4),
+        (Continuation::Autoregressive, 3),
+    ] {
+        let mut session = PredGen::new(&mut target, config(continuation, candidates)).unwrap();
+        for (t, (inputs, expected)) in inputs.iter().zip(&expected).enumerate() {
+            let turn = session.turn(inputs, &mut tts).unwrap();
+            assert_eq!(turn.answer, expected.answer, "{continuation:?}, turn {t}");
+        }
+    }
+    // "What's" is completed into "What's wrong?" among the candidates (the greedy completion
+    // on this model): the guess is the answer to the asked question, kept whole.
+    let mut session = PredGen::new(
+        &mut target,
+        config(Continuation::Lookup { max_draft: 8 }, 4),
+    )
+    .unwrap();
+    let turn = session.turn(&inputs[0], &mut tts).unwrap();
+    assert_eq!(turn.guessed_question.as_deref(), Some(turns[0]));
+    assert!(turn.guessed_at_end > 0);
+    assert_eq!(turn.kept_at_end, turn.guessed_at_end);
+    assert_eq!(turn.answer, expected[0].answer);
+}
+
 /// A guess of a whole 64-token answer is verified in one forward of over 64 rows; the cascade
 /// computed the same positions one token at a time. They once took different attention paths
 /// (batched beyond 64 rows), and this answer parted from the cascade's at a near-tie.

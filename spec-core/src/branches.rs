@@ -132,13 +132,7 @@ impl Branches {
                 "a step of branches needs room for at least one input".into(),
             ));
         }
-        if decoder.cached_len() != self.cached {
-            return Err(Error::InputShape(format!(
-                "the branches expect {} cached positions, the decoder holds {}",
-                self.cached,
-                decoder.cached_len()
-            )));
-        }
+        self.check_cache(decoder)?;
         // (branch, tokens forwarded now, whether that is all it has pending)
         let mut forwarded: Vec<(usize, usize, bool)> = Vec::new();
         let mut room = max_inputs;
@@ -209,13 +203,7 @@ impl Branches {
         let chosen = self.branches.get(branch).ok_or_else(|| {
             Error::InvalidConfig(format!("no branch {branch} among {}", self.branches.len()))
         })?;
-        if decoder.cached_len() != self.cached {
-            return Err(Error::InputShape(format!(
-                "the branches expect {} cached positions, the decoder holds {}",
-                self.cached,
-                decoder.cached_len()
-            )));
-        }
+        self.check_cache(decoder)?;
         if chosen.slots.is_empty() {
             return decoder.truncate(self.shared);
         }
@@ -224,6 +212,18 @@ impl Branches {
         keep.push(self.shared - 1);
         keep.extend_from_slice(&chosen.slots);
         decoder.keep_positions(&keep)
+    }
+
+    /// Fails if the decoder's cache changed since the last step.
+    fn check_cache<D: Decoder + ?Sized>(&self, decoder: &D) -> Result<()> {
+        match decoder.cached_len() == self.cached {
+            true => Ok(()),
+            false => Err(Error::InputShape(format!(
+                "the branches expect {} cached positions, the decoder holds {}",
+                self.cached,
+                decoder.cached_len()
+            ))),
+        }
     }
 
     fn branch_mut(&mut self, branch: usize) -> Result<&mut Branch> {
