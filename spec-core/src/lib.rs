@@ -4,6 +4,8 @@
 //!
 //! - [`KvCache`]: per-layer key/value storage with amortised appends, O(1) rollback
 //!   ([`KvCache::truncate`]) and compaction of an accepted tree path ([`KvCache::keep_positions`]);
+//! - [`Branches`]: several continuations of one context decoded in lockstep, one forward per
+//!   step, each branch computing what it would alone;
 //! - [`TokenTree`]: candidate continuations as pure data, with their attention masks, position
 //!   ids and longest-accepted-path search;
 //! - acceptance rules ([`AcceptanceRule`]): greedy, top-k, threshold, speculative sampling with a
