@@ -224,7 +224,7 @@ pub enum OutputRows {
 }
 
 /// Verifies `tree` (rooted at the last committed token, not yet in the target's cache) in one
-/// forward, as [`verify_tree_adjusted`](crate::verify_tree_adjusted) does, with the output rows
+/// forward, as [`verify_tree_adjusted`] does, with the output rows
 /// computed as `output_rows` says. Compacts the cache to the accepted path and returns the
 /// verdict, the judged rows and the hidden state after the path's last node (`[1, hidden]`),
 /// which the heads read next.
@@ -274,7 +274,7 @@ pub fn check_heads<H: TokenHeads + ?Sized, D: HiddenStates + ?Sized>(
 /// Decoding with prediction heads: each step the heads' tree after the target's next token is
 /// verified in one target forward, which also gives the hidden state for the next step's heads.
 /// With [`AcceptanceRule::Greedy`] the output is exactly that of greedy
-/// [`generate`](crate::generate); top-k and threshold acceptance (§III-A, eqs. 9–10) trade
+/// [`generate`](crate::generate()); top-k and threshold acceptance (§III-A, eqs. 9–10) trade
 /// exactness for longer accepted runs.
 pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
     target: &mut T,

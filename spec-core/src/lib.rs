@@ -11,7 +11,7 @@
 //! - acceptance rules ([`AcceptanceRule`]): greedy, top-k, threshold, speculative sampling with a
 //!   tolerance factor, biased verification;
 //! - the [`Decoder`] trait that model engines implement, and [`mock::MockDecoder`] for tests;
-//! - generic loops ([`generate`], [`speculative_generate`], [`tree_speculative_generate`],
+//! - generic loops ([`generate()`], [`speculative_generate`], [`tree_speculative_generate`],
 //!   [`jacobi_generate`]) and their [`DecodeStats`];
 //! - [`verify_continuation`]: one forward that prefills a changed prompt and verifies a previous
 //!   output after it (live re-translation, input-time speculation);

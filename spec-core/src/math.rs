@@ -24,7 +24,7 @@ pub fn exp(x: f32) -> f32 {
 /// Lanes of the vectorised reductions below (their order of accumulation is fixed).
 const LANES: usize = 16;
 
-/// The largest value (−∞ for an empty slice), reduced over [`LANES`] lanes.
+/// The largest value (−∞ for an empty slice), reduced over `LANES` lanes.
 #[inline]
 pub fn max(values: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
@@ -42,7 +42,7 @@ pub fn max(values: &[f32]) -> f32 {
     lanes.iter().copied().fold(tail, f32::max)
 }
 
-/// The sum, accumulated over [`LANES`] lanes.
+/// The sum, accumulated over `LANES` lanes.
 #[inline]
 pub fn sum(values: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
