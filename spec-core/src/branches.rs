@@ -11,7 +11,7 @@
 
 use candle_core::Tensor;
 
-use crate::decoder::{Decoder, Forward, LogitRows};
+use crate::decoder::{Decoder, Forward};
 use crate::logits::Logits;
 use crate::{Error, Result};
 
@@ -62,16 +62,6 @@ impl Branches {
         self.shared
     }
 
-    /// Number of branches opened so far (closed ones included).
-    pub fn len(&self) -> usize {
-        self.branches.len()
-    }
-
-    /// True before the first branch is opened.
-    pub fn is_empty(&self) -> bool {
-        self.branches.is_empty()
-    }
-
     /// Opens a branch whose first tokens are `tokens` (forwarded by the next step) and returns
     /// its index.
     pub fn open(&mut self, tokens: Vec<u32>) -> usize {
@@ -96,11 +86,6 @@ impl Branches {
         Ok(())
     }
 
-    /// Whether `branch` is still forwarded.
-    pub fn is_open(&self, branch: usize) -> bool {
-        self.branches.get(branch).is_some_and(|b| b.open)
-    }
-
     /// True while some open branch has tokens to forward.
     pub fn has_pending(&self) -> bool {
         self.branches
@@ -111,11 +96,6 @@ impl Branches {
     /// Every token of `branch` after the shared context, forwarded or pending.
     pub fn tokens(&self, branch: usize) -> &[u32] {
         self.branches.get(branch).map_or(&[], |b| &b.tokens)
-    }
-
-    /// Positions the decoder must hold before the next step.
-    pub fn cached_len(&self) -> usize {
-        self.cached
     }
 
     /// One forward of the open branches' pending tokens, at most `max_inputs` of them (the
@@ -173,10 +153,6 @@ impl Branches {
         }
         let mask = Tensor::from_vec(bias, (1, 1, n, width), decoder.device())?;
         let step = Forward::tokens(&inputs, &positions).with_mask(&mask);
-        let step = Forward {
-            logits: LogitRows::All,
-            ..step
-        };
         let rows = step.validate(self.cached)?;
         let logits = Logits::from_tensor(&decoder.forward(&step)?, rows, decoder.vocab_size())?;
         let mut slot = self.cached;
@@ -237,7 +213,7 @@ impl Branches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decoder::forward_tokens;
+    use crate::decoder::{forward_tokens, LogitRows};
     use crate::mock::{MockConfig, MockDecoder};
     use crate::sampling::argmax;
     use proptest::prelude::*;
@@ -262,8 +238,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// Every branch decodes what it decodes alone, whatever the other branches hold, however
-        /// many tokens each starts with and however few a step takes; selecting one leaves the decoder holding it
-        /// as one sequence, from which it continues as if never branched.
+        /// many tokens each starts with and however few a step takes; selecting one leaves the
+        /// decoder holding it as one sequence, from which it continues as if never branched.
         #[test]
         fn lockstep_branches_decode_as_each_alone(
             seed in 0u64..1000,

@@ -648,10 +648,15 @@ impl<'m> PredGen<'m> {
     /// Whether guessing on is worth a step: a partial has been verified, and the guess is
     /// neither finished, nor at its length limit, nor holding a complete first sentence.
     fn guess_wanted(&self, turn: &TurnState) -> Result<bool> {
-        Ok(turn.heard_prompt.is_some()
-            && !turn.guess.done
-            && turn.guess.tokens.len() < self.config.max_guess_tokens
-            && self.first_sentence(&turn.guess)?.is_none())
+        Ok(turn.heard_prompt.is_some() && !self.guess_complete(&turn.guess)?)
+    }
+
+    /// Whether a guess needs no more tokens: it is finished, at its length limit, or holds a
+    /// complete first sentence.
+    fn guess_complete(&self, guess: &Answer) -> Result<bool> {
+        Ok(guess.done
+            || guess.tokens.len() >= self.config.max_guess_tokens
+            || self.first_sentence(guess)?.is_some())
     }
 
     fn verify_partial(&mut self, turn: &mut TurnState, partial: &Partial) -> Result<()> {
@@ -718,9 +723,7 @@ impl<'m> PredGen<'m> {
         turn.forwards_during_input += gen.stats.target_forwards;
         let completed = match gen.tokens.first() {
             Some(token) if end_tokens.contains(token) => {
-                let text = self.completing_text(&completing)?;
-                // A completion that starts a new line is something else than the question's end.
-                (!text[completing.words.len()..].contains('\n')).then(|| text.trim().to_string())
+                self.completed_question(&completing.words, &completing.tokens)?
             }
             Some(&token) if completing.tokens.len() + 1 < MAX_COMPLETION_TOKENS => {
                 completing.tokens.push(token);
@@ -738,6 +741,13 @@ impl<'m> PredGen<'m> {
         }
         turn.completed = completed;
         Ok(())
+    }
+
+    /// The question that `words` and the model's ended `completion` of them ask, trimmed;
+    /// none when the completion starts a new line (something else than the question's end).
+    fn completed_question(&self, words: &str, completion: &[u32]) -> Result<Option<String>> {
+        let rest = self.model.tokenizer.decode_text(completion)?;
+        Ok((!rest.contains('\n')).then(|| format!("{words}{rest}").trim().to_string()))
     }
 
     /// The words a completion continues and what it says after them so far.

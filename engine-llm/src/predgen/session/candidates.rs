@@ -40,9 +40,9 @@ pub(super) struct Candidates {
 }
 
 struct Candidate {
+    /// Its branch: the completion (no end token), then, once the question is complete, the
+    /// rest of its prompt and the answer.
     branch: usize,
-    /// The completion (no end token).
-    completion: Vec<u32>,
     /// The completed question and its chat prompt, once the completion ended.
     question: Option<(String, Vec<u32>)>,
     answer: Answer,
@@ -116,7 +116,9 @@ impl PredGen<'_> {
                 None => format!(
                     "{}{}",
                     set.words,
-                    self.model.tokenizer.decode_text(&c.completion)?
+                    self.model
+                        .tokenizer
+                        .decode_text(branches.tokens(c.branch))?
                 ),
             };
             if !keeps_words(heard, &said) {
@@ -166,7 +168,7 @@ impl PredGen<'_> {
         let keep = rewind_to_prefix(&mut self.model.model, &context)?;
         let logits = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?;
         turn.forwards_during_input += 1;
-        let end_tokens = self.model.tokenizer.end_tokens().to_vec();
+        let end_tokens = self.model.tokenizer.end_tokens();
         let mut branches = Branches::new(context.len())?;
         set.candidates.clear();
         for token in top_k_tokens(&logits.into_last_row(), self.config.question_candidates) {
@@ -178,7 +180,6 @@ impl PredGen<'_> {
             } else {
                 set.candidates.push(Candidate {
                     branch: branches.open(vec![token]),
-                    completion: vec![token],
                     question: None,
                     answer: Answer::default(),
                     alive: true,
@@ -238,39 +239,40 @@ impl PredGen<'_> {
         branches: &mut Branches,
         token: u32,
     ) -> Result<()> {
-        let end_tokens = self.model.tokenizer.end_tokens();
         let c = &set.candidates[i];
-        if !end_tokens.contains(&token) {
-            if c.completion.len() + 1 < MAX_COMPLETION_TOKENS {
-                branches.push(c.branch, token)?;
-                set.candidates[i].completion.push(token);
-            } else {
-                branches.close(c.branch)?;
-                set.candidates[i].alive = false;
+        let completion = branches.tokens(c.branch).to_vec();
+        if !self.model.tokenizer.end_tokens().contains(&token) {
+            match completion.len() + 1 < MAX_COMPLETION_TOKENS {
+                true => branches.push(c.branch, token)?,
+                false => {
+                    branches.close(c.branch)?;
+                    set.candidates[i].alive = false;
+                }
             }
             return Ok(());
         }
-        let rest = self.model.tokenizer.decode_text(&c.completion)?;
-        let question = format!("{}{rest}", set.words).trim().to_string();
-        let asked_already = set
-            .candidates
-            .iter()
-            .any(|o| o.alive && o.question.as_ref().is_some_and(|(q, _)| *q == question));
-        // A completion that starts a new line is something else than the question's end.
-        let prompt = match rest.contains('\n') || asked_already {
-            true => None,
-            false => Some(self.prompt_for(&question)?),
+        let asked = |question: &str| {
+            set.candidates
+                .iter()
+                .any(|o| o.alive && o.question.as_ref().is_some_and(|(q, _)| q == question))
         };
-        // The branch goes on only if the question's prompt continues it (the words and the
-        // completion tokenize as they were generated, as they do but at odd word boundaries).
-        let answer_start = context.len() + c.completion.len();
-        let continues = |p: &Vec<u32>| {
+        let prompt = match self.completed_question(&set.words, &completion)? {
+            Some(question) if !asked(&question) => {
+                let prompt = self.prompt_for(&question)?;
+                Some((question, prompt))
+            }
+            _ => None,
+        };
+        // The branch goes on only if the question's prompt continues it (it does unless
+        // tokenizing the words and the completion together merges tokens at their boundary).
+        let answer_start = context.len() + completion.len();
+        let continues = |(_, p): &(String, Vec<u32>)| {
             p.len() > answer_start
                 && p.starts_with(context)
-                && p[context.len()..].starts_with(&c.completion)
+                && p[context.len()..].starts_with(&completion)
         };
         match prompt.filter(continues) {
-            Some(prompt) => {
+            Some((question, prompt)) => {
                 for &t in &prompt[answer_start..] {
                     branches.push(c.branch, t)?;
                 }
@@ -302,8 +304,7 @@ impl PredGen<'_> {
             branches.push(c.branch, token)?;
             turn.tokens_during_input += 1;
         }
-        let full = c.answer.tokens.len() >= self.config.max_guess_tokens;
-        if c.answer.done || full || self.first_sentence(&c.answer)?.is_some() {
+        if self.guess_complete(&c.answer)? {
             branches.close(c.branch)?;
             let text = self.model.tokenizer.decode_text(&c.answer.tokens)?;
             turn.timeline.push(turn.event(EventKind::Generated {
@@ -380,7 +381,6 @@ fn answering(
 ) -> Option<Candidate> {
     (prompt.len() > context.len() && prompt.starts_with(context)).then(|| Candidate {
         branch: branches.open(prompt[context.len()..].to_vec()),
-        completion: Vec::new(),
         question: Some((question, prompt)),
         answer: Answer::default(),
         alive: true,
