@@ -15,12 +15,12 @@
 use std::time::{Duration, Instant};
 
 use spec_core::decoder::forward_tokens;
-use spec_core::sampling::argmax;
+use spec_core::sampling::{argmax, log_probability};
 use spec_core::{forward_continuation, Decoder, LogitRows};
 use spec_nn::ROW_ATTENTION_MAX_ROWS;
 
 use crate::mel::{WhisperInput, HOP};
-use crate::whisper::decode::{extend_window, log_probability, Candidate};
+use crate::whisper::decode::{extend_window, Candidate};
 use crate::whisper::{TranscribeOptions, Transcriber};
 use crate::{Error, Result, SAMPLE_RATE};
 

@@ -176,6 +176,26 @@ fn lockstep_branches_give_each_the_logits_of_decoding_it_alone() {
                 .into_last_row();
         }
         assert_eq!(after, last, "{family:?}: after selecting a branch");
+
+        // A fork shares the first tokens of its branch, cache positions and all.
+        let mut model = gguf_model(family, 3, GgmlDType::Q8_0);
+        model.forward_tokens(&prefix, LogitRows::Last(1)).unwrap();
+        let mut branches = Branches::new(prefix.len()).unwrap();
+        let parent = branches.open(vec![51, 52, 53]);
+        branches.open(vec![54]);
+        branches.step(&mut model, 16).unwrap();
+        let fork = branches.fork(parent, 2).unwrap();
+        branches.push(fork, 60).unwrap();
+        let out = branches.step(&mut model, 16).unwrap();
+        let mut alone = gguf_model(family, 3, GgmlDType::Q8_0);
+        alone.forward_tokens(&prefix, LogitRows::Last(1)).unwrap();
+        let expected = alone
+            .forward_tokens(&[51, 52, 60], LogitRows::Last(1))
+            .unwrap()
+            .into_last_row();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].branch, fork);
+        assert_eq!(out[0].logits, expected, "{family:?}: a fork");
     }
 }
 

@@ -6,8 +6,10 @@
 //! positions lie after them, interleaved with the other branches' in the order they were
 //! forwarded. A branch's rows attend to the shared context and to its own positions only, with
 //! the position ids it would have alone, so on a batch-invariant model every branch computes
-//! exactly what decoding it alone computes. [`Branches::select`] compacts the cache to one
-//! branch, which then continues as an ordinary sequence.
+//! exactly what decoding it alone computes. A branch can fork: the fork shares the forwarded
+//! tokens it starts with, positions and all, so a tree of continuations costs each token
+//! once. [`Branches::select`] compacts the cache to one branch, which then continues as an
+//! ordinary sequence.
 
 use candle_core::Tensor;
 
@@ -71,6 +73,25 @@ impl Branches {
             open: true,
         });
         self.branches.len() - 1
+    }
+
+    /// Opens a branch that shares the first `len` tokens of `branch`, already forwarded, with
+    /// their cache positions (nothing is forwarded again), and returns its index.
+    pub fn fork(&mut self, branch: usize, len: usize) -> Result<usize> {
+        let parent = self.branch_mut(branch)?;
+        if len > parent.slots.len() {
+            return Err(Error::InvalidConfig(format!(
+                "a fork of branch {branch} shares {len} tokens, but {} are forwarded",
+                parent.slots.len()
+            )));
+        }
+        let fork = Branch {
+            slots: parent.slots[..len].to_vec(),
+            tokens: parent.tokens[..len].to_vec(),
+            open: true,
+        };
+        self.branches.push(fork);
+        Ok(self.branches.len() - 1)
     }
 
     /// Appends a token to `branch`, forwarded by the next step.
@@ -238,21 +259,25 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// Every branch decodes what it decodes alone, whatever the other branches hold, however
-        /// many tokens each starts with and however few a step takes; selecting one leaves the
-        /// decoder holding it as one sequence, from which it continues as if never branched.
+        /// many tokens each starts with and however few a step takes, forks included (sharing
+        /// all or the first of their branch's tokens, then another token); selecting one
+        /// leaves the decoder holding it as one sequence, from which it continues as if never
+        /// branched.
         #[test]
         fn lockstep_branches_decode_as_each_alone(
             seed in 0u64..1000,
             context_len in 1usize..6,
             openings in prop::collection::vec(prop::collection::vec(0u32..40, 1..4), 1..5),
-            closed_after in prop::collection::vec(1usize..6, 4),
-            chosen in 0usize..4,
+            closed_after in prop::collection::vec(1usize..6, 8),
+            forks in prop::collection::vec((0usize..8, 1usize..4, 0usize..3), 0..4),
+            chosen in 0usize..8,
             max_inputs in 1usize..8,
         ) {
             let mut model = MockDecoder::new(MockConfig::target(40, seed));
             let context: Vec<u32> = (0..context_len as u32).map(|t| (t * 7 + 3) % 40).collect();
             forward_tokens(&mut model, &context, LogitRows::Last(1)).unwrap();
             let mut branches = Branches::new(context.len()).unwrap();
+            let mut openings = openings;
             for opening in &openings {
                 branches.open(opening.clone());
             }
@@ -261,7 +286,16 @@ mod tests {
                 for out in branches.step(&mut model, max_inputs).unwrap() {
                     let b = out.branch;
                     steps[b] += 1;
-                    branches.push(b, argmax(&out.logits)).unwrap();
+                    let next = argmax(&out.logits);
+                    let fork_at = forks.iter().find(|&&(fb, at, _)| (fb, at) == (b, steps[b]));
+                    if let Some(&(_, _, unshared)) = fork_at.filter(|_| openings.len() < 8) {
+                        let shared = branches.tokens(b).len().saturating_sub(unshared);
+                        let fork = branches.fork(b, shared).unwrap();
+                        branches.push(fork, (next + 1) % 40).unwrap();
+                        openings.push(branches.tokens(fork).to_vec());
+                        steps.push(0);
+                    }
+                    branches.push(b, next).unwrap();
                     if steps[b] == closed_after[b] {
                         branches.close(b).unwrap();
                     }
@@ -307,6 +341,10 @@ mod tests {
         branches.push(0, 7).unwrap();
         assert!(branches.step(&mut model, 4).is_err());
         assert!(branches.push(9, 1).is_err());
+        assert!(branches.fork(9, 0).is_err());
+        // Branch 0's last token is pending: a fork may share only what is forwarded.
+        assert!(branches.fork(0, 2).is_err());
+        assert_eq!(branches.fork(0, 1).unwrap(), 2);
         assert!(branches.clone().select(&mut model, 0).is_err());
         assert!(branches.select(&mut model, 7).is_err());
     }

@@ -5,7 +5,7 @@
 //! - [`KvCache`]: per-layer key/value storage with amortised appends, O(1) rollback
 //!   ([`KvCache::truncate`]) and compaction of an accepted tree path ([`KvCache::keep_positions`]);
 //! - [`Branches`]: several continuations of one context decoded in lockstep, one forward per
-//!   step, each branch computing what it would alone;
+//!   step, each branch computing what it would alone, forks sharing their branch's positions;
 //! - [`TokenTree`]: candidate continuations as pure data, with their attention masks, position
 //!   ids and longest-accepted-path search;
 //! - acceptance rules ([`AcceptanceRule`]): greedy, top-k, threshold, speculative sampling with a

@@ -51,6 +51,42 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
     probs
 }
 
+/// The log-probabilities of `tokens` under `softmax(logits)`, in order: one vectorised pass
+/// for the normaliser (its exponentials within 2 ulp of `f32::exp`), cheap enough to rank
+/// continuations over a large vocabulary step after step.
+pub fn log_probabilities(logits: &[f32], tokens: &[u32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let ln_sum = exp_sum(logits, max).ln();
+    tokens
+        .iter()
+        .map(|&t| logits[t as usize] - max - ln_sum)
+        .collect()
+}
+
+/// `log_softmax(logits)[token]`, with `f32::exp`.
+pub fn log_probability(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+    logits[token as usize] - max - sum.ln()
+}
+
+/// `sum(exp(logits - max))` in sixteen lanes the compiler vectorises.
+fn exp_sum(logits: &[f32], max: f32) -> f32 {
+    let mut total = [0f32; 16];
+    let chunks = logits.chunks_exact(16);
+    let tail: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| crate::math::exp(v - max))
+        .sum();
+    for chunk in chunks {
+        for (t, &v) in total.iter_mut().zip(chunk) {
+            *t += crate::math::exp(v - max);
+        }
+    }
+    total.iter().sum::<f32>() + tail
+}
+
 /// Largest value of `softmax(logits)`, without allocating.
 pub fn max_probability(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -72,20 +108,11 @@ pub fn top_two_confidence(logits: &[f32]) -> (u32, Option<u32>, f32) {
             second = Some((i as u32, v));
         }
     }
-    let mut total = [0f32; 16];
-    let chunks = logits.chunks_exact(16);
-    let tail: f32 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| crate::math::exp(v - best.1))
-        .sum();
-    for chunk in chunks {
-        for (t, &v) in total.iter_mut().zip(chunk) {
-            *t += crate::math::exp(v - best.1);
-        }
-    }
-    let sum = total.iter().sum::<f32>() + tail;
-    (best.0, second.map(|(t, _)| t), 1.0 / sum)
+    (
+        best.0,
+        second.map(|(t, _)| t),
+        1.0 / exp_sum(logits, best.1),
+    )
 }
 
 /// Whether `token` is among the `k` largest logits (ties counted in its favour).
@@ -96,18 +123,35 @@ pub fn in_top_k(logits: &[f32], token: u32, k: usize) -> bool {
     logits.iter().filter(|&&v| v > value).count() < k
 }
 
-/// The `k` most likely tokens, most likely first.
+/// The `k` most likely tokens, most likely first (of equal logits, the lower token first).
 pub fn top_k_tokens(logits: &[f32], k: usize) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    let k = k.min(order.len());
-    if k == 0 {
-        return Vec::new();
+    let k = k.min(logits.len());
+    let beats = |a: f32, b: f32| a.total_cmp(&b).is_gt();
+    if k > 32 {
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        let by_logit_desc = |a: &u32, b: &u32| {
+            let (a, b) = (*a, *b);
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        };
+        order.select_nth_unstable_by(k - 1, by_logit_desc);
+        order.truncate(k);
+        order.sort_by(by_logit_desc);
+        return order;
     }
-    let by_logit_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-    order.select_nth_unstable_by(k - 1, by_logit_desc);
-    order.truncate(k);
-    order.sort_by(by_logit_desc);
-    order
+    // One pass keeping the best `k` in order: for the few tokens callers ask for, a
+    // comparison per logit instead of ordering an index of the whole vocabulary.
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (token, &value) in logits.iter().enumerate() {
+        if best.len() == k && best.last().is_none_or(|&(last, _)| !beats(value, last)) {
+            continue;
+        }
+        let at = best.partition_point(|&(kept, _)| !beats(value, kept));
+        best.insert(at, (value, token as u32));
+        best.truncate(k);
+    }
+    best.into_iter().map(|(_, token)| token).collect()
 }
 
 /// Draws an index from a probability vector (inverse CDF with one uniform number).
@@ -314,6 +358,21 @@ mod tests {
     use rand::SeedableRng;
 
     #[test]
+    fn log_probabilities_are_the_logs_of_the_softmax() {
+        let row: Vec<f32> = (0..40)
+            .map(|i| ((i * 13) % 7) as f32 * 0.7 - 2.0)
+            .chain([f32::NEG_INFINITY])
+            .collect();
+        let probs = softmax(&row);
+        let logs = log_probabilities(&row, &[1, 0, 17, 40]);
+        for (log, token) in logs.iter().zip([1, 0, 17]) {
+            assert!((log - probs[token].ln()).abs() < 1e-5);
+            assert!((log - log_probability(&row, token as u32)).abs() < 1e-5);
+        }
+        assert_eq!(logs[3], f32::NEG_INFINITY);
+    }
+
+    #[test]
     fn top_two_confidence_agrees_with_the_separate_functions() {
         for row in [
             vec![0.5, 3.0, -1.0, 2.0, 2.5],
@@ -359,6 +418,20 @@ mod tests {
     fn top_k_membership_and_order() {
         let logits = [0.1, 0.9, 0.5, 0.7, 0.2];
         assert_eq!(top_k_tokens(&logits, 3), vec![1, 3, 2]);
+        assert_eq!(top_k_tokens(&logits, 9), vec![1, 3, 2, 4, 0]);
+        assert!(top_k_tokens(&logits, 0).is_empty());
+        // Ties: the lower token first, in both the one-pass and the sorting path.
+        let tied = [1.0, 3.0, 1.0, 3.0, f32::NEG_INFINITY, 1.0];
+        assert_eq!(top_k_tokens(&tied, 4), vec![1, 3, 0, 2]);
+        let wide: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32).collect();
+        let mut expected: Vec<u32> = (0..100).collect();
+        expected.sort_by(|&a, &b| {
+            wide[b as usize]
+                .total_cmp(&wide[a as usize])
+                .then(a.cmp(&b))
+        });
+        assert_eq!(top_k_tokens(&wide, 32), expected[..32]);
+        assert_eq!(top_k_tokens(&wide, 40), expected[..40]);
         assert!(in_top_k(&logits, 2, 3));
         assert!(!in_top_k(&logits, 4, 3));
         assert!(!in_top_k(&logits, 99, 3));

@@ -14,7 +14,7 @@ pub use partial::{
     DEFAULT_CHARS_PER_MINUTE,
 };
 pub use script::{parse_conversations, read_conversations};
-pub use sentence::{first_sentence_end, split_sentences, SentenceStream};
+pub use sentence::{first_sentence_end, first_streamed_sentence, split_sentences, SentenceStream};
 pub use synth::{
     write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,
 };

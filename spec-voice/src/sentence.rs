@@ -213,6 +213,28 @@ pub struct SentenceStream {
     sentences: usize,
 }
 
+/// The first sentence of a text arriving in pieces (a token's text each), as a stream to
+/// speech synthesis finds it: the first one complete after some piece (so `Yes!` ends one
+/// even when the next piece begins with a letter), with how many pieces it takes. With
+/// `complete` (the pieces are the whole text) the end of the text ends one too. The same
+/// pieces give the same sentence however many of them are known.
+pub fn first_streamed_sentence<S: AsRef<str>>(
+    pieces: &[S],
+    complete: bool,
+) -> Option<(usize, String)> {
+    let mut stream = SentenceStream::new();
+    for (n, piece) in pieces.iter().enumerate() {
+        if let Some(sentence) = stream.push(piece.as_ref()).into_iter().next() {
+            return Some((n + 1, sentence));
+        }
+    }
+    let whole = stream.text();
+    complete
+        .then(|| first_sentence_end(whole, true))
+        .flatten()
+        .map(|end| (pieces.len(), whole[..end].trim().to_string()))
+}
+
 impl SentenceStream {
     /// An empty text.
     pub fn new() -> Self {
@@ -269,6 +291,28 @@ mod tests {
 
     fn split(text: &str, complete: bool) -> (Vec<String>, String) {
         split_sentences(text, complete)
+    }
+
+    #[test]
+    fn a_streamed_sentence_ends_where_the_stream_first_sees_it_end() {
+        let pieces = ["Yes", "!", "Vs", " are", " fun."];
+        assert_eq!(first_sentence_end("Yes!Vs are fun.", false), Some(15));
+        for known in 2..=pieces.len() {
+            assert_eq!(
+                first_streamed_sentence(&pieces[..known], false),
+                Some((2, "Yes!".to_string()))
+            );
+        }
+        assert_eq!(first_streamed_sentence(&pieces[..1], false), None);
+        // A period after a digit may be a decimal point until the text is known to end.
+        let pieces = ["It", " costs", " 3", "."];
+        assert_eq!(first_streamed_sentence(&pieces, false), None);
+        assert_eq!(
+            first_streamed_sentence(&pieces, true),
+            Some((4, "It costs 3.".to_string()))
+        );
+        assert_eq!(first_streamed_sentence(&["no end"], true), None);
+        assert_eq!(first_streamed_sentence::<&str>(&[], true), None);
     }
 
     fn sentences(text: &str) -> Vec<String> {

@@ -13,7 +13,7 @@ use candle_core::Tensor;
 use rand::rngs::StdRng;
 use spec_core::decoder::forward_tokens;
 use spec_core::heads::{verify_tree_hidden, HeadsDrafter, HiddenStates, OutputRows, TokenHeads};
-use spec_core::sampling::{argmax, sample, softmax, top_k_tokens};
+use spec_core::sampling::{argmax, log_probability, sample, softmax, top_k_tokens};
 use spec_core::{
     Acceptance, AcceptanceRule, DecodeStats, Decoder, Forward, LogitRows, Logits, StepRecord,
     TokenTree,
@@ -41,13 +41,6 @@ impl Candidate {
     pub fn avg_logprob(&self) -> f32 {
         self.sum_logprob / (self.tokens.len() + 1) as f32
     }
-}
-
-/// `log_softmax(logits)[token]`.
-pub fn log_probability(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
-    logits[token as usize] - max - sum.ln()
 }
 
 /// The gzip-style compression ratio of a text (bytes / deflated bytes), Whisper's

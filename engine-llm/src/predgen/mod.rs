@@ -164,13 +164,14 @@ pub struct PredGenConfig {
     /// and starts again from them otherwise.
     pub complete_questions: bool,
     /// With `complete_questions`, how many candidate completions of the question are answered
-    /// ahead (beyond the paper): the model's likeliest next tokens after the words heard, each
-    /// completed greedily, and each completed question answered greedily, all advancing
-    /// together, one forward per step ([`spec_core::Branches`]); at the last word the one the
-    /// user asked is the answer, with nothing to verify. A forward of a few tokens costs
-    /// little more than one on a CPU, and the asked question is often the second or third
-    /// likeliest completion. Every candidate's first sentence goes to TTS ahead of time.
-    /// 1: the greedy completion alone, answered with the configured continuation and verifier.
+    /// ahead (beyond the paper): the likeliest completed questions, found by a beam search of
+    /// this width over the model's completions of the words heard, each answered greedily as
+    /// soon as it is complete, all advancing together, one forward per step
+    /// ([`spec_core::Branches`]); at the last word the one the user asked is the answer, with
+    /// nothing to verify. A forward of a few tokens costs little more than one on a CPU, and
+    /// the asked question is often the second or third likeliest completion. Every
+    /// candidate's first sentence goes to TTS ahead of time. 1: the greedy completion alone,
+    /// answered with the configured continuation and verifier.
     pub question_candidates: usize,
 }
 

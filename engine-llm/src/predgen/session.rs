@@ -25,7 +25,7 @@ use spec_core::{
 use spec_nn::forward_costs;
 
 use spec_voice::{
-    first_sentence_end, keeps_words, split_sentences, Partial, PreparedAudio, SentenceStream,
+    first_streamed_sentence, keeps_words, split_sentences, Partial, PreparedAudio, SentenceStream,
     SentenceSynthesizer, SimClock, Synthesis,
 };
 
@@ -1105,15 +1105,27 @@ impl<'m> PredGen<'m> {
 
     /// The first complete sentence of the part of `answer` that holds for the prompt.
     fn settled_first_sentence(&self, answer: &Answer) -> Result<Option<String>> {
-        let text = self.model.tokenizer.decode_text(answer.settled_tokens())?;
         let complete = answer.done && !answer.unsettled();
-        Ok(first_sentence_end(&text, complete).map(|end| text[..end].trim().to_string()))
+        let found = self.first_sentence_in(answer.settled_tokens(), complete)?;
+        Ok(found.map(|(_, sentence)| sentence))
     }
 
     /// The first complete sentence of `answer`, if it has one.
     fn first_sentence(&self, answer: &Answer) -> Result<Option<String>> {
-        let text = self.model.tokenizer.decode_text(&answer.tokens)?;
-        Ok(first_sentence_end(&text, answer.done).map(|end| text[..end].trim().to_string()))
+        let found = self.first_sentence_in(&answer.tokens, answer.done)?;
+        Ok(found.map(|(_, sentence)| sentence))
+    }
+
+    /// The first sentence of `tokens` as the cascade finds it, streaming them to TTS
+    /// ([`first_streamed_sentence`]), with how many tokens it takes; `complete`: the tokens
+    /// are the whole answer.
+    fn first_sentence_in(&self, tokens: &[u32], complete: bool) -> Result<Option<(usize, String)>> {
+        let mut text = self.model.tokenizer.stream();
+        let pieces = tokens
+            .iter()
+            .map(|&t| Ok(text.push(t)?.unwrap_or_default()))
+            .collect::<Result<Vec<String>>>()?;
+        Ok(first_streamed_sentence(&pieces, complete))
     }
 
     /// Verifies the guess against `prompt` with the configured verifier and keeps what holds:
@@ -1149,7 +1161,7 @@ impl<'m> PredGen<'m> {
         if self.config.verifier == Verifier::Reflection {
             // The judge is asked only when greedy verification loses part of the first
             // sentence: where greedy keeps it all, the judge could keep nothing more.
-            if let Some(sentence_len) = self.first_sentence_tokens(&guess.tokens)? {
+            if let Some((sentence_len, _)) = self.first_sentence_in(&guess.tokens, false)? {
                 if settled + kept < sentence_len {
                     let sentence = self
                         .model
@@ -1248,17 +1260,6 @@ impl<'m> PredGen<'m> {
             }
         }
         best
-    }
-
-    /// How many tokens of `tokens` make up its first complete sentence.
-    fn first_sentence_tokens(&self, tokens: &[u32]) -> Result<Option<usize>> {
-        for n in 1..=tokens.len() {
-            let prefix = self.model.tokenizer.decode_text(&tokens[..n])?;
-            if first_sentence_end(&prefix, false).is_some() {
-                return Ok(Some(n));
-            }
-        }
-        Ok(None)
     }
 
     /// The reflection verifier's question: is `answer` consistent with the (possibly partial)

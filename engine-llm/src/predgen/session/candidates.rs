@@ -1,20 +1,23 @@
 //! Several candidate questions answered ahead in lockstep (beyond the paper;
 //! [`PredGenConfig::question_candidates`](super::PredGenConfig::question_candidates) above 1).
 //!
-//! While the user speaks, the model's likeliest next tokens after the words heard each start a
-//! candidate completion of the question, completed greedily; as soon as a completion ends, the
-//! same branch goes on with the end of the user's turn and the answer to its question, greedily.
-//! All candidates advance together, one forward per step ([`spec_core::Branches`]: each attends
-//! to the shared conversation and its own tokens only, so each answer is exactly the model's
-//! greedy answer to its question). Newer words drop the candidates they contradict; when none
-//! is left the words heard start new ones. At the last word the candidate the user asked, if
-//! any, becomes the guess with nothing left to verify; otherwise the likeliest one's answer is
-//! verified against the question as usual.
+//! While the user speaks, a beam search over the model's completions of the words heard looks
+//! for the likeliest completed questions: each open completion grows by its likeliest next
+//! tokens, an end token completes a question, and only the `question_candidates` likeliest
+//! completed questions are kept, with as many open completions as could still beat them. As
+//! soon as a question is complete, its branch goes on with the end of the user's turn and the
+//! answer to it, greedily. Everything advances together, one forward per step
+//! ([`spec_core::Branches`]: each branch attends to the shared conversation and its own tokens
+//! only, so each answer is exactly the model's greedy answer to its question; a completion's
+//! continuations fork its branch, computing nothing twice). Newer words drop the candidates
+//! they contradict; when none is left the words heard start new ones. At the last word the
+//! candidate the user asked, if any, becomes the guess with nothing left to verify; otherwise
+//! the likeliest one's answer is verified against the question as usual.
 
 use std::time::Instant;
 
 use spec_core::decoder::{forward_tokens, rewind_to_prefix};
-use spec_core::sampling::{argmax, top_k_tokens};
+use spec_core::sampling::{argmax, log_probabilities, top_k_tokens};
 use spec_core::{Branches, Decoder, LogitRows};
 use spec_voice::{keeps_words, Partial, SentenceSynthesizer};
 
@@ -33,7 +36,7 @@ pub(super) struct Candidates {
     /// The chat prompt up to the end of the words (the branches' shared context) and the
     /// branches, once the first step has read the likeliest next tokens.
     branches: Option<(Vec<u32>, Branches)>,
-    /// Likeliest first.
+    /// Open completions and completed questions, live and dropped.
     candidates: Vec<Candidate>,
     /// No completion ended: the words themselves are answered as the question.
     answering_words: bool,
@@ -43,11 +46,15 @@ struct Candidate {
     /// Its branch: the completion (no end token), then, once the question is complete, the
     /// rest of its prompt and the answer.
     branch: usize,
+    /// The completion's log-probability given the words (its end token included once the
+    /// question is complete): the beam search's ranking.
+    score: f32,
     /// The completed question and its chat prompt, once the completion ended.
     question: Option<(String, Vec<u32>)>,
     answer: Answer,
-    /// Consistent with every word heard, and not dropped (a completion that did not end,
-    /// or ended in a question another candidate asks).
+    /// Consistent with every word heard, and not dropped (grown into its continuations, out
+    /// of the beam, not ended within [`MAX_COMPLETION_TOKENS`], or ended in a question another
+    /// candidate asks).
     alive: bool,
 }
 
@@ -140,9 +147,7 @@ impl PredGen<'_> {
             let keep = branches.shared().min(self.model.model.cached_len());
             self.model.model.truncate(keep)?;
         }
-        for c in set.candidates.into_iter().rev().filter(|c| c.alive) {
-            turn.recycle(Some(c.answer.tokens));
-        }
+        recycle_answers(turn, set.candidates);
         Ok(())
     }
 
@@ -159,8 +164,7 @@ impl PredGen<'_> {
         worked
     }
 
-    /// The model's likeliest next tokens after the words: one candidate each (an end token
-    /// one that answers the words as the whole question).
+    /// The beam search's first step: the words' own continuations.
     fn start_candidates(&mut self, turn: &mut TurnState, set: &mut Candidates) -> Result<()> {
         let prompt = self.prompt_for(&set.words)?;
         let words_end = prompt.len().saturating_sub(self.assistant_opening_len()?);
@@ -168,33 +172,24 @@ impl PredGen<'_> {
         let keep = rewind_to_prefix(&mut self.model.model, &context)?;
         let logits = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?;
         turn.forwards_during_input += 1;
-        let end_tokens = self.model.tokenizer.end_tokens();
         let mut branches = Branches::new(context.len())?;
         set.candidates.clear();
-        for token in top_k_tokens(&logits.into_last_row(), self.config.question_candidates) {
-            if end_tokens.contains(&token) {
-                let question = set.words.trim().to_string();
-                let prompt = self.prompt_for(&question)?;
-                set.candidates
-                    .extend(answering(&mut branches, &context, question, prompt));
-            } else {
-                set.candidates.push(Candidate {
-                    branch: branches.open(vec![token]),
-                    question: None,
-                    answer: Answer::default(),
-                    alive: true,
-                });
-            }
-        }
+        self.grow(
+            turn,
+            set,
+            &context,
+            &mut branches,
+            None,
+            &logits.into_last_row(),
+        )?;
         set.branches = Some((context, branches));
         Ok(())
     }
 
-    /// One forward of every live branch: a token of each completion (an end token turns it
-    /// to the answer of its question; a new line, a question another candidate asks, or
-    /// [`MAX_COMPLETION_TOKENS`] without an end drop it) and of each answer (which stops at its
-    /// end, a complete first sentence or the guess's length limit). With no completion left,
-    /// the words themselves are answered.
+    /// One forward of every live branch: each open completion grows into its continuations
+    /// ([`PredGen::grow`]), each answer by a token (it stops at its end, a complete first
+    /// sentence or the guess's length limit). With no candidate left, the words themselves are
+    /// answered.
     fn candidates_step(&mut self, turn: &mut TurnState, set: &mut Candidates) -> Result<bool> {
         let Some((context, mut branches)) = set.branches.take() else {
             return Ok(false);
@@ -204,15 +199,19 @@ impl PredGen<'_> {
             let outputs = branches.step(&mut self.model.model, MAX_STEP_INPUTS)?;
             turn.forwards_during_input += 1;
             for out in outputs {
-                let Some(i) = set.candidates.iter().position(|c| c.branch == out.branch) else {
+                let Some(i) = set
+                    .candidates
+                    .iter()
+                    .position(|c| c.alive && c.branch == out.branch)
+                else {
                     continue;
                 };
-                let token = argmax(&out.logits);
                 match set.candidates[i].question.is_some() {
                     true => {
+                        let token = argmax(&out.logits);
                         self.answer_token(turn, &mut set.candidates[i], &mut branches, token)?
                     }
-                    false => self.completion_token(turn, set, i, &context, &mut branches, token)?,
+                    false => self.grow(turn, set, &context, &mut branches, Some(i), &out.logits)?,
                 }
             }
         }
@@ -229,62 +228,122 @@ impl PredGen<'_> {
         Ok(worked || opened)
     }
 
-    /// The next token of candidate `i`'s completion.
-    fn completion_token(
+    /// A step of the beam search: the open completion `parent` (or, with none, the words
+    /// themselves) grows into its `question_candidates` likeliest continuations, each on a fork
+    /// of its branch. An end token completes a question, which goes on with the rest of its
+    /// prompt and its answer; it is dropped if it starts a new line, another candidate asks it,
+    /// its re-tokenized prompt does not continue the branch, or enough likelier questions are
+    /// complete. Then the beam keeps the likeliest completed questions and the open completions
+    /// that could still beat them ([`PredGen::prune`]).
+    fn grow(
         &mut self,
         turn: &mut TurnState,
         set: &mut Candidates,
-        i: usize,
         context: &[u32],
         branches: &mut Branches,
-        token: u32,
+        parent: Option<usize>,
+        logits: &[f32],
     ) -> Result<()> {
-        let c = &set.candidates[i];
-        let completion = branches.tokens(c.branch).to_vec();
-        if !self.model.tokenizer.end_tokens().contains(&token) {
-            match completion.len() + 1 < MAX_COMPLETION_TOKENS {
-                true => branches.push(c.branch, token)?,
-                false => {
-                    branches.close(c.branch)?;
-                    set.candidates[i].alive = false;
-                }
-            }
-            return Ok(());
-        }
-        let asked = |question: &str| {
-            set.candidates
-                .iter()
-                .any(|o| o.alive && o.question.as_ref().is_some_and(|(q, _)| q == question))
-        };
-        let prompt = match self.completed_question(&set.words, &completion)? {
-            Some(question) if !asked(&question) => {
-                let prompt = self.prompt_for(&question)?;
-                Some((question, prompt))
-            }
-            _ => None,
-        };
-        // The branch goes on only if the question's prompt continues it (it does unless
-        // tokenizing the words and the completion together merges tokens at their boundary).
-        let answer_start = context.len() + completion.len();
-        let continues = |(_, p): &(String, Vec<u32>)| {
-            p.len() > answer_start
-                && p.starts_with(context)
-                && p[context.len()..].starts_with(&completion)
-        };
-        match prompt.filter(continues) {
-            Some((question, prompt)) => {
-                for &t in &prompt[answer_start..] {
-                    branches.push(c.branch, t)?;
-                }
-                turn.timeline.push(turn.event(EventKind::Completed {
-                    question: question.clone(),
-                }));
-                set.candidates[i].question = Some((question, prompt));
-            }
-            None => {
+        let (parent_branch, parent_score) = match parent {
+            Some(i) => {
+                let c = &mut set.candidates[i];
+                c.alive = false;
                 branches.close(c.branch)?;
-                set.candidates[i].alive = false;
+                (Some(c.branch), c.score)
             }
+            None => (None, 0.0),
+        };
+        let completion = parent_branch
+            .map_or(&[][..], |b| branches.tokens(b))
+            .to_vec();
+        let fork = |branches: &mut Branches| match parent_branch {
+            Some(b) => branches.fork(b, completion.len()),
+            None => Ok(branches.open(Vec::new())),
+        };
+        let tokens = top_k_tokens(logits, self.config.question_candidates);
+        let scores = log_probabilities(logits, &tokens);
+        for (token, score) in tokens
+            .into_iter()
+            .zip(scores.into_iter().map(|s| parent_score + s))
+        {
+            if !self.model.tokenizer.end_tokens().contains(&token) {
+                if completion.len() + 1 < MAX_COMPLETION_TOKENS {
+                    let branch = fork(branches)?;
+                    branches.push(branch, token)?;
+                    set.candidates.push(Candidate {
+                        branch,
+                        score,
+                        question: None,
+                        answer: Answer::default(),
+                        alive: true,
+                    });
+                }
+                continue;
+            }
+            let completed = set.completed().map(|i| &set.candidates[i]);
+            let outranked = completed.clone().filter(|c| c.score >= score).count()
+                >= self.config.question_candidates;
+            let Some(question) = self.completed_question(&set.words, &completion)? else {
+                continue;
+            };
+            if outranked || completed.clone().any(|c| c.question_is(&question)) {
+                continue;
+            }
+            let prompt = self.prompt_for(&question)?;
+            // The branch goes on only if the question's prompt continues it (it does unless
+            // tokenizing the words and the completion together merges tokens at their boundary).
+            let answer_start = context.len() + completion.len();
+            let continues = prompt.len() > answer_start
+                && prompt.starts_with(context)
+                && prompt[context.len()..].starts_with(&completion);
+            if !continues {
+                continue;
+            }
+            let branch = fork(branches)?;
+            for &t in &prompt[answer_start..] {
+                branches.push(branch, t)?;
+            }
+            turn.timeline.push(turn.event(EventKind::Completed {
+                question: question.clone(),
+            }));
+            set.candidates.push(Candidate {
+                branch,
+                score,
+                question: Some((question, prompt)),
+                answer: Answer::default(),
+                alive: true,
+            });
+        }
+        self.prune(turn, set, branches)
+    }
+
+    /// Keeps the `question_candidates` likeliest completed questions and, of the open
+    /// completions, as many likeliest as could still beat the least likely of those (a
+    /// completion only grows less likely); drops the others.
+    fn prune(
+        &mut self,
+        turn: &mut TurnState,
+        set: &mut Candidates,
+        branches: &mut Branches,
+    ) -> Result<()> {
+        let width = self.config.question_candidates;
+        let completed = set.completed().collect::<Vec<_>>();
+        let bar = match completed.len() >= width {
+            true => set.candidates[completed[width - 1]].score,
+            false => f32::NEG_INFINITY,
+        };
+        let open = set.by_score(|c| c.question.is_none());
+        let dropped = completed.into_iter().skip(width).chain(
+            open.into_iter()
+                .enumerate()
+                .filter(|&(rank, i)| rank >= width || set.candidates[i].score <= bar)
+                .map(|(_, i)| i),
+        );
+        for i in dropped.collect::<Vec<_>>() {
+            let c = &mut set.candidates[i];
+            c.alive = false;
+            branches.close(c.branch)?;
+            turn.recycle(Some(std::mem::take(&mut c.answer.tokens)));
         }
         Ok(())
     }
@@ -342,12 +401,12 @@ impl PredGen<'_> {
         let Some(mut set) = turn.candidates.take() else {
             return Ok(());
         };
-        let answering = |c: &Candidate| c.alive && c.question.is_some();
-        let chosen = set
-            .candidates
-            .iter()
-            .position(|c| answering(c) && c.question.as_ref().is_some_and(|(_, p)| p == prompt))
-            .or_else(|| set.candidates.iter().position(answering));
+        let completed = set.completed().collect::<Vec<_>>();
+        let asked = |&&i: &&usize| {
+            let question = &set.candidates[i].question;
+            question.as_ref().is_some_and(|(_, p)| p == prompt)
+        };
+        let chosen = completed.iter().find(asked).or(completed.first()).copied();
         let Some(chosen) = chosen else {
             turn.candidates = Some(set);
             return self.drop_candidates(turn);
@@ -358,16 +417,50 @@ impl PredGen<'_> {
         let c = set.candidates.remove(chosen);
         branches.select(&mut self.model.model, c.branch)?;
         // The other candidates' answers often say what the answer to the asked question says:
-        // the lookup continuation may copy from them, the likeliest last (looked up first).
-        for other in set.candidates.into_iter().rev().filter(|c| c.alive) {
-            turn.recycle(Some(other.answer.tokens));
-        }
+        // the lookup continuation may copy from them.
+        recycle_answers(turn, set.candidates);
         let (question, question_prompt) = c.question.unwrap_or_default();
         turn.heard_text = question.clone();
         turn.completed = Some(question);
         turn.heard_prompt = Some(question_prompt);
         turn.guess = c.answer;
         Ok(())
+    }
+}
+
+impl Candidates {
+    /// The live candidates that `keep` keeps, likeliest first.
+    fn by_score(&self, keep: impl Fn(&Candidate) -> bool) -> Vec<usize> {
+        let mut chosen: Vec<usize> = (0..self.candidates.len())
+            .filter(|&i| self.candidates[i].alive && keep(&self.candidates[i]))
+            .collect();
+        chosen.sort_by(|&a, &b| {
+            self.candidates[b]
+                .score
+                .total_cmp(&self.candidates[a].score)
+        });
+        chosen
+    }
+
+    /// The live completed questions, likeliest first.
+    fn completed(&self) -> impl Iterator<Item = usize> + Clone {
+        self.by_score(|c| c.question.is_some()).into_iter()
+    }
+}
+
+impl Candidate {
+    fn question_is(&self, question: &str) -> bool {
+        self.question.as_ref().is_some_and(|(q, _)| q == question)
+    }
+}
+
+/// The live candidates' answers, as lookup references with the likeliest last (looked up
+/// first).
+fn recycle_answers(turn: &mut TurnState, mut candidates: Vec<Candidate>) {
+    candidates.retain(|c| c.alive);
+    candidates.sort_by(|a, b| a.score.total_cmp(&b.score));
+    for c in candidates {
+        turn.recycle(Some(c.answer.tokens));
     }
 }
 
@@ -381,6 +474,7 @@ fn answering(
 ) -> Option<Candidate> {
     (prompt.len() > context.len() && prompt.starts_with(context)).then(|| Candidate {
         branch: branches.open(prompt[context.len()..].to_vec()),
+        score: 0.0,
         question: Some((question, prompt)),
         answer: Answer::default(),
         alive: true,
