@@ -74,9 +74,9 @@ fn logits_after(model: &mut LanguageModel, context: &[u32], tokens: &[u32]) -> R
         .into_last_row())
 }
 
-/// The completions of `heard` starting with each of the `candidates` likeliest first tokens,
-/// likeliest first; `None` where the model would not end the question within
-/// [`MAX_COMPLETION_TOKENS`].
+/// The completions of the words `context` opens, starting with each of the `candidates`
+/// likeliest first tokens, likeliest first; `None` where the model would not end the question
+/// within [`MAX_COMPLETION_TOKENS`].
 fn first_token_completions(
     model: &mut LanguageModel,
     context: &[u32],
