@@ -45,12 +45,25 @@ pub fn max(values: &[f32]) -> f32 {
 /// The sum, accumulated over `LANES` lanes.
 #[inline]
 pub fn sum(values: &[f32]) -> f32 {
+    lane_sum(values, |v| v)
+}
+
+/// `sum(exp(values - shift))` with [`exp`], accumulated over `LANES` lanes: a softmax's
+/// normaliser after subtracting the largest value, without storing the exponentials.
+#[inline]
+pub fn exp_sum(values: &[f32], shift: f32) -> f32 {
+    lane_sum(values, |v| exp(v - shift))
+}
+
+/// The sum of `term` over `values`, accumulated over `LANES` lanes in a fixed order.
+#[inline]
+fn lane_sum(values: &[f32], term: impl Fn(f32) -> f32) -> f32 {
     let mut lanes = [0f32; LANES];
     let chunks = values.chunks_exact(LANES);
-    let tail: f32 = chunks.remainder().iter().sum();
+    let tail: f32 = chunks.remainder().iter().map(|&v| term(v)).sum();
     for chunk in chunks {
         for (l, &v) in lanes.iter_mut().zip(chunk) {
-            *l += v;
+            *l += term(v);
         }
     }
     lanes.iter().sum::<f32>() + tail
@@ -85,6 +98,8 @@ mod tests {
             assert!((o - (v - top).exp() / total).abs() < 1e-6);
         }
         assert!((sum(&ours) - 1.0).abs() < 1e-5);
+        let shifted: Vec<f32> = row.iter().map(|v| exp(v - top)).collect();
+        assert_eq!(exp_sum(&row, top), sum(&shifted));
         assert_eq!(max(&[]), f32::NEG_INFINITY);
         assert_eq!(max(&row), top);
     }

@@ -55,8 +55,8 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
 /// for the normaliser (its exponentials within 2 ulp of `f32::exp`), cheap enough to rank
 /// continuations over a large vocabulary step after step.
 pub fn log_probabilities(logits: &[f32], tokens: &[u32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let ln_sum = exp_sum(logits, max).ln();
+    let max = crate::math::max(logits);
+    let ln_sum = crate::math::exp_sum(logits, max).ln();
     tokens
         .iter()
         .map(|&t| logits[t as usize] - max - ln_sum)
@@ -68,23 +68,6 @@ pub fn log_probability(logits: &[f32], token: u32) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
     logits[token as usize] - max - sum.ln()
-}
-
-/// `sum(exp(logits - max))` in sixteen lanes the compiler vectorises.
-fn exp_sum(logits: &[f32], max: f32) -> f32 {
-    let mut total = [0f32; 16];
-    let chunks = logits.chunks_exact(16);
-    let tail: f32 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| crate::math::exp(v - max))
-        .sum();
-    for chunk in chunks {
-        for (t, &v) in total.iter_mut().zip(chunk) {
-            *t += crate::math::exp(v - max);
-        }
-    }
-    total.iter().sum::<f32>() + tail
 }
 
 /// Largest value of `softmax(logits)`, without allocating.
@@ -111,7 +94,7 @@ pub fn top_two_confidence(logits: &[f32]) -> (u32, Option<u32>, f32) {
     (
         best.0,
         second.map(|(t, _)| t),
-        1.0 / exp_sum(logits, best.1),
+        1.0 / crate::math::exp_sum(logits, best.1),
     )
 }
 

@@ -220,7 +220,7 @@ impl PredGen<'_> {
             set.answering_words = true;
             let question = set.words.trim().to_string();
             let prompt = self.prompt_for(&question)?;
-            let candidate = answering(&mut branches, &context, question, prompt);
+            let candidate = answering(&mut branches, &context, None, &[], question, prompt, 0.0)?;
             opened = candidate.is_some();
             set.candidates.extend(candidate);
         }
@@ -256,10 +256,6 @@ impl PredGen<'_> {
         let completion = parent_branch
             .map_or(&[][..], |b| branches.tokens(b))
             .to_vec();
-        let fork = |branches: &mut Branches| match parent_branch {
-            Some(b) => branches.fork(b, completion.len()),
-            None => Ok(branches.open(Vec::new())),
-        };
         let tokens = top_k_tokens(logits, self.config.question_candidates);
         let scores = log_probabilities(logits, &tokens);
         for (token, score) in tokens
@@ -268,7 +264,7 @@ impl PredGen<'_> {
         {
             if !self.model.tokenizer.end_tokens().contains(&token) {
                 if completion.len() + 1 < MAX_COMPLETION_TOKENS {
-                    let branch = fork(branches)?;
+                    let branch = continuation_branch(branches, parent_branch, completion.len())?;
                     branches.push(branch, token)?;
                     set.candidates.push(Candidate {
                         branch,
@@ -290,29 +286,22 @@ impl PredGen<'_> {
                 continue;
             }
             let prompt = self.prompt_for(&question)?;
-            // The branch goes on only if the question's prompt continues it (it does unless
-            // tokenizing the words and the completion together merges tokens at their boundary).
-            let answer_start = context.len() + completion.len();
-            let continues = prompt.len() > answer_start
-                && prompt.starts_with(context)
-                && prompt[context.len()..].starts_with(&completion);
-            if !continues {
-                continue;
-            }
-            let branch = fork(branches)?;
-            for &t in &prompt[answer_start..] {
-                branches.push(branch, t)?;
-            }
-            turn.timeline.push(turn.event(EventKind::Completed {
+            let event = EventKind::Completed {
                 question: question.clone(),
-            }));
-            set.candidates.push(Candidate {
-                branch,
+            };
+            let candidate = answering(
+                branches,
+                context,
+                parent_branch,
+                &completion,
+                question,
+                prompt,
                 score,
-                question: Some((question, prompt)),
-                answer: Answer::default(),
-                alive: true,
-            });
+            )?;
+            if let Some(candidate) = candidate {
+                turn.timeline.push(turn.event(event));
+                set.candidates.push(candidate);
+            }
         }
         self.prune(turn, set, branches)
     }
@@ -464,19 +453,48 @@ fn recycle_answers(turn: &mut TurnState, mut candidates: Vec<Candidate>) {
     }
 }
 
-/// A candidate answering `question`: its branch forwards the prompt after the shared
-/// `context`; none if the prompt does not continue that context.
+/// A new branch for a continuation of the completion on `parent` (its first `len` tokens), or
+/// of the words themselves.
+fn continuation_branch(
+    branches: &mut Branches,
+    parent: Option<usize>,
+    len: usize,
+) -> Result<usize> {
+    Ok(match parent {
+        Some(b) => branches.fork(b, len)?,
+        None => branches.open(Vec::new()),
+    })
+}
+
+/// A candidate answering `question`, whose chat `prompt` continues the shared `context` and
+/// the words' `completion` (forwarded on `parent`, if any): its branch goes on with the rest of
+/// the prompt. None if the prompt does not continue them (tokenizing the words and the
+/// completion together can merge tokens at their boundary).
 fn answering(
     branches: &mut Branches,
     context: &[u32],
+    parent: Option<usize>,
+    completion: &[u32],
     question: String,
     prompt: Vec<u32>,
-) -> Option<Candidate> {
-    (prompt.len() > context.len() && prompt.starts_with(context)).then(|| Candidate {
-        branch: branches.open(prompt[context.len()..].to_vec()),
-        score: 0.0,
+    score: f32,
+) -> Result<Option<Candidate>> {
+    let answer_start = context.len() + completion.len();
+    let continues = prompt.len() > answer_start
+        && prompt.starts_with(context)
+        && prompt[context.len()..].starts_with(completion);
+    if !continues {
+        return Ok(None);
+    }
+    let branch = continuation_branch(branches, parent, completion.len())?;
+    for &t in &prompt[answer_start..] {
+        branches.push(branch, t)?;
+    }
+    Ok(Some(Candidate {
+        branch,
+        score,
         question: Some((question, prompt)),
         answer: Answer::default(),
         alive: true,
-    })
+    }))
 }
