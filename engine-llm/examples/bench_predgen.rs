@@ -6,8 +6,9 @@
 //! - voice: everyday questions a voice assistant hears (`engine-llm/data/voice_questions.txt`,
 //!   written for this benchmark: short, single and two-turn conversations).
 //!
-//! Every setup answers a conversation back to back, so the machine's drift hits all of them
-//! alike.
+//! Every setup answers a conversation back to back, and the cascade answers it again after
+//! every method: a method's turn is compared with the two cascade runs right around it, so the
+//! machine's drift over a round does not decide a turn's comparison.
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example bench_predgen -- [--questions 4 | --all] \
@@ -129,9 +130,9 @@ fn setups() -> Vec<Setup> {
                 Continuation::Lookup { max_draft: 8 },
             )
         },
-        // The cascade against itself, last in each round so that it is as far in time from the
-        // first cascade as any method: how often this machine's noise alone makes a turn more
-        // than 5 % slower, the floor under every method's count of such turns.
+        // The cascade against itself, measured like every method between two cascade runs: how
+        // often this machine's noise alone makes a turn more than 5 % slower, the floor under
+        // every method's count of such turns.
         Setup {
             label: "Plain cascade again (noise floor)",
             key: "cascade-again",
@@ -208,7 +209,7 @@ struct Options {
 
     /// The methods to run beside the cascade (always run), by name: greedy,
     /// greedy-no-completion, top3, reflection, jacobi, draft, lookup, greedy-candidates,
-    /// lookup-candidates, cascade-again (the cascade once more, last: the noise floor of
+    /// lookup-candidates, cascade-again (the cascade once more, like a method: the noise floor of
     /// "turns > 5 % slower") [default: all]
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
@@ -375,17 +376,17 @@ fn latency_svg(rows: &[(&str, Vec<f64>)], caption: &str) -> String {
     svg
 }
 
-/// A scatter of every turn: the cascade's audio latency across, each method's up, with the
-/// line where they are equal and the one 5 % above it.
-fn turns_svg(cascade: &[f64], methods: &[(&str, Vec<f64>)], caption: &str) -> String {
+/// A scatter of every turn: the audio latency of the cascade runs around a method's run
+/// across, the method's up, with the line where they are equal and the one 5 % above it.
+fn turns_svg(methods: &[(&str, Vec<(f64, f64)>)], caption: &str) -> String {
     const COLOURS: [&str; 6] = [
         "#c0392b", "#2471a3", "#1e8449", "#b9770e", "#7d3c98", "#566573",
     ];
     let (left, top, size) = (60.0, 40.0, 420.0);
-    let max = cascade
+    let max = methods
         .iter()
-        .chain(methods.iter().flat_map(|(_, v)| v))
-        .fold(0.5f64, |a, &b| a.max(b));
+        .flat_map(|(_, v)| v)
+        .fold(0.5f64, |a, &(c, m)| a.max(c).max(m));
     let step = [0.25, 0.5, 1.0, 2.0, 5.0]
         .into_iter()
         .find(|s| max / s <= 8.0)
@@ -423,7 +424,7 @@ fn turns_svg(cascade: &[f64], methods: &[(&str, Vec<f64>)], caption: &str) -> St
     );
     let _ = writeln!(
         svg,
-        r#"<text x="{}" y="{}" text-anchor="middle">cascade's audio latency (s)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">method's audio latency (s)</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">audio latency of the cascade runs around it (s)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">method's audio latency (s)</text>"#,
         left + size / 2.0,
         top + size + 40.0,
         top + size / 2.0,
@@ -439,7 +440,7 @@ fn turns_svg(cascade: &[f64], methods: &[(&str, Vec<f64>)], caption: &str) -> St
             left + size + 42.0,
             top + 25.0 + i as f64 * 22.0
         );
-        for (&c, &v) in cascade.iter().zip(values) {
+        for &(c, v) in values {
             let _ = writeln!(
                 svg,
                 r#"<circle cx="{}" cy="{}" r="3.5" fill="{colour}" fill-opacity="0.7"/>"#,
@@ -465,10 +466,32 @@ struct SetRun {
     title: String,
     /// Per setup, every turn in order.
     results: Vec<Vec<Turn>>,
+    /// Per setup, every turn's cascade latency right around the kept run (s): the mean of the
+    /// cascade's runs just before and just after it (the cascade's own kept latency for the
+    /// cascade).
+    adjacent: Vec<Vec<f64>>,
 }
 
-/// Runs every setup on every conversation of a set, back to back per conversation,
-/// `options.repeats` times over (the setups interleaved), keeping each turn's median run.
+impl SetRun {
+    /// A turn's audio latency over the cascade's right around it.
+    fn ratio(&self, setup: usize, turn: usize) -> f64 {
+        seconds(self.results[setup][turn].audio_latency) / self.adjacent[setup][turn].max(1e-9)
+    }
+}
+
+/// One run of a method on a conversation, with the cascade's latencies just before and after.
+struct BracketedRun {
+    turns: Vec<Turn>,
+    /// Per turn, the mean of the two cascade runs' audio latencies (s).
+    adjacent: Vec<f64>,
+}
+
+/// Runs every setup on every conversation of a set, `options.repeats` times over. In each
+/// round the cascade answers the conversation first and again after every method, and a
+/// method's turn is compared with the mean of the two cascade runs around it: this machine's
+/// speed drifts over seconds, and the cascade a whole round earlier is not a fair yardstick.
+/// The cascade keeps each turn's median over all its runs; a method keeps, per turn, the run
+/// whose ratio to its adjacent cascades is the median.
 fn run_set(
     model: &mut LanguageModel,
     draft: &mut LanguageModel,
@@ -476,19 +499,42 @@ fn run_set(
     conversations: &[Vec<String>],
     options: &Options,
     name: &'static str,
-) -> Result<Vec<Vec<Turn>>> {
+    title: String,
+) -> Result<SetRun> {
+    let (cascade, methods) = setups.split_first().context("no cascade")?;
     let mut results: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
+    let mut adjacent: Vec<Vec<f64>> = setups.iter().map(|_| Vec::new()).collect();
     let bar = progress_bar(conversations.len(), name);
+    let mut run =
+        |setup: &Setup, turns: &[String]| run_question(model, draft, setup, turns, options);
     for (i, turns) in conversations.iter().enumerate() {
-        // Per setup, per repeat, the conversation's turns.
-        let mut runs: Vec<Vec<Vec<Turn>>> = setups.iter().map(|_| Vec::new()).collect();
+        let mut cascade_runs: Vec<Vec<Turn>> = Vec::new();
+        let mut method_runs: Vec<Vec<BracketedRun>> = methods.iter().map(|_| Vec::new()).collect();
         for _ in 0..options.repeats {
-            for (setup, setup_runs) in setups.iter().zip(runs.iter_mut()) {
-                setup_runs.push(run_question(model, draft, setup, turns, options)?);
+            let mut before = run(cascade, turns)?;
+            for (setup, runs) in methods.iter().zip(method_runs.iter_mut()) {
+                let method_turns = run(setup, turns)?;
+                let after = run(cascade, turns)?;
+                let adjacent = before
+                    .iter()
+                    .zip(&after)
+                    .map(|(b, a)| (seconds(b.audio_latency) + seconds(a.audio_latency)) / 2.0)
+                    .collect();
+                runs.push(BracketedRun {
+                    turns: method_turns,
+                    adjacent,
+                });
+                cascade_runs.push(std::mem::replace(&mut before, after));
             }
+            cascade_runs.push(before);
         }
-        for (setup_runs, result) in runs.into_iter().zip(results.iter_mut()) {
-            result.extend(median_turns(setup_runs));
+        let cascade_turns = median_turns(cascade_runs);
+        adjacent[0].extend(cascade_turns.iter().map(|t| seconds(t.audio_latency)));
+        results[0].extend(cascade_turns);
+        for (s, runs) in method_runs.into_iter().enumerate() {
+            let (turns, around) = median_ratio_turns(runs);
+            results[s + 1].extend(turns);
+            adjacent[s + 1].extend(around);
         }
         bar.inc(1);
         let latest = |s: usize| seconds(results[s].last().unwrap().audio_latency);
@@ -505,7 +551,12 @@ fn run_set(
         );
     }
     bar.finish_and_clear();
-    Ok(results)
+    Ok(SetRun {
+        name,
+        title,
+        results,
+        adjacent,
+    })
 }
 
 /// Turn by turn, the run with the median audio latency (the lower middle of an even count).
@@ -518,6 +569,21 @@ fn median_turns(runs: Vec<Vec<Turn>>) -> Vec<Turn> {
             candidates[(candidates.len() - 1) / 2].clone()
         })
         .collect()
+}
+
+/// Turn by turn, the run whose latency over its adjacent cascades' is the median (the lower
+/// middle of an even count), with those cascades' mean latency.
+fn median_ratio_turns(runs: Vec<BracketedRun>) -> (Vec<Turn>, Vec<f64>) {
+    let turns = runs.first().map_or(0, |run| run.turns.len());
+    (0..turns)
+        .map(|t| {
+            let ratio = |run: &BracketedRun| seconds(run.turns[t].audio_latency) / run.adjacent[t];
+            let mut candidates: Vec<&BracketedRun> = runs.iter().collect();
+            candidates.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+            let kept = candidates[(candidates.len() - 1) / 2];
+            (kept.turns[t].clone(), kept.adjacent[t])
+        })
+        .unzip()
 }
 
 /// The paper's Table 1 for one set.
@@ -543,7 +609,7 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             "tokens during input",
         ],
     );
-    for (setup, turns) in setups.iter().zip(&run.results) {
+    for (s, (setup, turns)) in setups.iter().zip(&run.results).enumerate() {
         let latencies: Vec<f64> = turns.iter().map(|t| seconds(t.audio_latency)).collect();
         let latency = mean(latencies.iter().copied());
         let same = |f: &dyn Fn(&Turn, &Turn) -> bool| {
@@ -568,7 +634,7 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             format!("{:.2}×", baseline_latency / latency.max(1e-9)),
             format!(
                 "{}/{turn_count}",
-                same(&|a, b| a.audio_latency.as_secs_f64() > 1.05 * b.audio_latency.as_secs_f64())
+                (0..turn_count).filter(|&t| run.ratio(s, t) > 1.05).count()
             ),
             format!(
                 "{}/{turn_count}",
@@ -611,6 +677,9 @@ fn turns_table(run: &SetRun, setups: &[Setup]) -> Table {
         columns.push(format!("{} (ms)", setup.label));
     }
     for setup in &setups[1..] {
+        columns.push(format!("{}: ÷ adjacent cascades", setup.label));
+    }
+    for setup in &setups[1..] {
         columns.push(format!("{}: answer = baseline", setup.label));
     }
     let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
@@ -620,6 +689,9 @@ fn turns_table(run: &SetRun, setups: &[Setup]) -> Table {
         let mut row = vec![(i + 1).to_string(), turn.question.clone()];
         for turns in &run.results {
             row.push(format!("{:.0}", seconds(turns[i].audio_latency) * 1e3));
+        }
+        for s in 1..run.results.len() {
+            row.push(format!("{:.2}", run.ratio(s, i)));
         }
         for turns in &run.results[1..] {
             row.push((turns[i].answer == turn.answer).to_string());
@@ -636,16 +708,13 @@ fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
     setups
         .iter()
         .zip(&run.results)
+        .enumerate()
         .skip(1)
-        .map(|(setup, turns)| {
+        .map(|(s, (setup, turns))| {
             let latency = mean(turns.iter().map(|t| seconds(t.audio_latency)));
-            let worst = turns
-                .iter()
-                .zip(baseline)
-                .map(|(a, b)| seconds(a.audio_latency) / seconds(b.audio_latency).max(1e-9))
-                .fold(0.0, f64::max);
+            let worst = (0..turn_count).map(|t| run.ratio(s, t)).fold(0.0, f64::max);
             format!(
-                "{}, {}: audio latency {:.2} s against {:.2} s, {:.2}× faster than the plain cascade; slowest turn {:.2}× the cascade's latency; {} of {} answers identical to it.",
+                "{}, {}: audio latency {:.2} s against {:.2} s, {:.2}× faster than the plain cascade; slowest turn {:.2}× the latency of the cascade runs right before and after it; {} of {} answers identical to it.",
                 run.name,
                 setup.label,
                 latency,
@@ -675,9 +744,22 @@ fn write_plots(run: &SetRun, setups: &[Setup], folder: &Path) -> Result<()> {
             run.name
         ),
     );
+    let pairs: Vec<(&str, Vec<(f64, f64)>)> = rows[1..]
+        .iter()
+        .zip(&run.adjacent[1..])
+        .map(|((label, latencies), around)| {
+            (
+                *label,
+                around
+                    .iter()
+                    .copied()
+                    .zip(latencies.iter().copied())
+                    .collect(),
+            )
+        })
+        .collect();
     let scatter = turns_svg(
-        &rows[0].1,
-        &rows[1..],
+        &pairs,
         &format!(
             "PredGen: each turn against the cascade, {} ({turns} turns)",
             run.name
@@ -744,22 +826,19 @@ fn main() -> Result<()> {
         ..Report::default()
     };
     for (name, title, conversations) in sets {
-        let results = run_set(
+        let title = format!(
+                "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms, {} run(s) per turn and method, each between two runs of the cascade (a turn keeps its median ratio to them)",
+            options.rate, options.model.model, options.draft, options.max_tokens, options.repeats
+        );
+        let run = run_set(
             &mut model,
             &mut draft,
             &setups,
             &conversations,
             &options,
             name,
+            title,
         )?;
-        let run = SetRun {
-            name,
-            title: format!(
-                "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms, median of {} run(s) per turn",
-                options.rate, options.model.model, options.draft, options.max_tokens, options.repeats
-            ),
-            results,
-        };
         report.tables.push(summary_table(&run, &setups));
         report.details.push(turns_table(&run, &setups));
         report.notes.extend(set_notes(&run, &setups));
