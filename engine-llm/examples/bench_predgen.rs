@@ -38,6 +38,9 @@ use engine_llm::{
 use spec_core::report::{Report, Table};
 use spec_models::mt_bench;
 
+const DEFAULT_VOICE_QUESTIONS: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/data/voice_questions.txt");
+
 struct Setup {
     label: &'static str,
     /// Its name for `--methods`.
@@ -195,7 +198,7 @@ struct Options {
     conversations: Option<usize>,
 
     /// The voice set's file: one conversation per block, one question per line
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/voice_questions.txt"))]
+    #[arg(long, default_value = DEFAULT_VOICE_QUESTIONS)]
     voice_questions: PathBuf,
 
     /// Most tokens per answer
@@ -276,10 +279,16 @@ fn question_args(options: &Options) -> String {
         true => "--all".to_string(),
         false => format!("--questions {}", options.count),
     };
-    let conversations = options
+    let mut conversations = options
         .conversations
         .map(|n| format!(" --conversations {n}"))
         .unwrap_or_default();
+    if options.voice_questions != Path::new(DEFAULT_VOICE_QUESTIONS) {
+        conversations = format!(
+            " --voice-questions {}{conversations}",
+            options.voice_questions.display()
+        );
+    }
     match options.set {
         Sets::Both => format!("{questions}{conversations}"),
         Sets::MtBench => format!("--set mt-bench {questions}"),
