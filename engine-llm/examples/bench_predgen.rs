@@ -586,7 +586,9 @@ fn median_ratio_turns(runs: Vec<BracketedRun>) -> (Vec<Turn>, Vec<f64>) {
     let turns = runs.first().map_or(0, |run| run.turns.len());
     (0..turns)
         .map(|t| {
-            let ratio = |run: &BracketedRun| seconds(run.turns[t].audio_latency) / run.adjacent[t];
+            let ratio = |run: &BracketedRun| {
+                seconds(run.turns[t].audio_latency) / run.adjacent[t].max(1e-9)
+            };
             let mut candidates: Vec<&BracketedRun> = runs.iter().collect();
             candidates.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
             let kept = candidates[(candidates.len() - 1) / 2];
