@@ -484,8 +484,13 @@ struct SetRun {
 impl SetRun {
     /// A turn's audio latency over the cascade's right around it.
     fn ratio(&self, setup: usize, turn: usize) -> f64 {
-        seconds(self.results[setup][turn].audio_latency) / self.adjacent[setup][turn].max(1e-9)
+        ratio_to_adjacent(&self.results[setup][turn], self.adjacent[setup][turn])
     }
+}
+
+/// A turn's audio latency over `adjacent`, the mean latency of the cascade runs around it (s).
+fn ratio_to_adjacent(turn: &Turn, adjacent: f64) -> f64 {
+    seconds(turn.audio_latency) / adjacent.max(1e-9)
 }
 
 /// One run of a method on a conversation, with the cascade's latencies just before and after.
@@ -568,14 +573,19 @@ fn run_set(
     })
 }
 
+/// The item with the median `key` (the lower middle of an even count).
+fn lower_median<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    items.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    items.swap_remove((items.len() - 1) / 2)
+}
+
 /// Turn by turn, the run with the median audio latency (the lower middle of an even count).
 fn median_turns(runs: Vec<Vec<Turn>>) -> Vec<Turn> {
     let turns = runs.first().map_or(0, Vec::len);
     (0..turns)
         .map(|t| {
-            let mut candidates: Vec<&Turn> = runs.iter().map(|run| &run[t]).collect();
-            candidates.sort_by_key(|turn| turn.audio_latency);
-            candidates[(candidates.len() - 1) / 2].clone()
+            let candidates: Vec<&Turn> = runs.iter().map(|run| &run[t]).collect();
+            lower_median(candidates, |turn| seconds(turn.audio_latency)).clone()
         })
         .collect()
 }
@@ -586,12 +596,9 @@ fn median_ratio_turns(runs: Vec<BracketedRun>) -> (Vec<Turn>, Vec<f64>) {
     let turns = runs.first().map_or(0, |run| run.turns.len());
     (0..turns)
         .map(|t| {
-            let ratio = |run: &BracketedRun| {
-                seconds(run.turns[t].audio_latency) / run.adjacent[t].max(1e-9)
-            };
-            let mut candidates: Vec<&BracketedRun> = runs.iter().collect();
-            candidates.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-            let kept = candidates[(candidates.len() - 1) / 2];
+            let kept = lower_median(runs.iter().collect(), |run: &&BracketedRun| {
+                ratio_to_adjacent(&run.turns[t], run.adjacent[t])
+            });
             (kept.turns[t].clone(), kept.adjacent[t])
         })
         .unzip()
@@ -838,7 +845,7 @@ fn main() -> Result<()> {
     };
     for (name, title, conversations) in sets {
         let title = format!(
-                "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms, {} run(s) per turn and method, each between two runs of the cascade (a turn keeps its median ratio to them)",
+            "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms, {} run(s) per turn and method, each between two runs of the cascade (a turn keeps its median ratio to them)",
             options.rate, options.model.model, options.draft, options.max_tokens, options.repeats
         );
         let run = run_set(
