@@ -28,9 +28,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, progress_bar, ModelArgs};
-use engine_llm::predgen::answer_similarity;
 use engine_llm::predgen::spoken_at_rate;
 use engine_llm::predgen::FixedLatencySynthesizer;
+use engine_llm::predgen::{answer_similarity, EventKind};
 use engine_llm::spec_voice::DEFAULT_CHARS_PER_MINUTE;
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
@@ -625,6 +625,7 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             "audio prepared ahead",
             "question guessed",
             "tokens during input",
+            "step in flight at the last word: abandoned / longest wait (ms)",
         ],
     );
     for (s, (setup, turns)) in setups.iter().zip(&run.results).enumerate() {
@@ -682,6 +683,17 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             format!(
                 "{:.1}",
                 mean(turns.iter().map(|t| t.tokens_during_input as f64))
+            ),
+            format!(
+                "{}/{turn_count} / {:.1}",
+                turns
+                    .iter()
+                    .filter(|t| t.timeline.iter().any(|e| e.kind == EventKind::Interrupted))
+                    .count(),
+                turns
+                    .iter()
+                    .map(|t| t.final_partial_wait.as_secs_f64() * 1e3)
+                    .fold(0.0, f64::max)
             ),
         ]);
     }

@@ -19,13 +19,14 @@
 //! event as it happens (the live pipeline's way of driving it).
 
 use std::path::PathBuf;
-use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
 use engine_llm::cli::{init_logging, open_model, ModelArgs};
-use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
+use engine_llm::predgen::{
+    partial_channel, spoken_at_rate, FixedLatencySynthesizer, Partial, PartialReceiver,
+};
 use engine_llm::spec_voice::{read_partials, DEFAULT_CHARS_PER_MINUTE};
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, Turn, Verifier,
@@ -130,8 +131,8 @@ fn summary(label: &str, turn: &Turn) -> String {
 }
 
 /// Speaks `partials` in real time from another thread: each is sent at its time.
-fn speak(partials: Vec<Partial>) -> Receiver<Partial> {
-    let (sender, receiver) = std::sync::mpsc::channel();
+fn speak(partials: Vec<Partial>) -> PartialReceiver {
+    let (sender, receiver) = partial_channel();
     std::thread::spawn(move || {
         let start = Instant::now();
         for partial in partials {

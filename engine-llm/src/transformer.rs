@@ -12,7 +12,7 @@
 use candle_core::{DType, Device, Tensor, D};
 use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
-use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, LogitRows};
+use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, Interrupt, KvCache, LogitRows};
 use spec_nn::elementwise::add;
 use spec_nn::{
     decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention, ShortlistOutput,
@@ -63,6 +63,9 @@ pub struct Transformer {
     hidden: Option<Tensor>,
     /// How the layers run (values on the CPU when every matrix is on the kernels).
     layer_path: LayerPath,
+    /// Asked before each layer and before the output: a forward it stops fails with
+    /// [`spec_core::Error::Interrupted`].
+    interrupt: Option<Interrupt>,
     device: Device,
 }
 
@@ -116,6 +119,7 @@ impl Transformer {
             max_len,
             hidden: None,
             layer_path,
+            interrupt: None,
             device: device.clone(),
             config,
         })
@@ -177,7 +181,24 @@ impl Transformer {
         &self.weights.final_norm
     }
 
-    /// Runs the model; on failure the cache is left as it was.
+    /// From now on, every forward asks `interrupt` before each layer and before the output,
+    /// and is abandoned with [`spec_core::Error::Interrupted`] (the cache as it was) once it
+    /// says stop; `None` lets forwards run to their end.
+    pub fn set_interrupt(&mut self, interrupt: Option<Interrupt>) {
+        self.interrupt = interrupt;
+    }
+
+    /// Fails with [`spec_core::Error::Interrupted`] if the interrupt says stop.
+    fn check_interrupt(&self) -> Result<()> {
+        match &self.interrupt {
+            Some(interrupt) if interrupt.requested() => {
+                Err(Error::Core(spec_core::Error::Interrupted))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the model; on failure (an interrupt included) the cache is left as it was.
     pub fn forward_step(&mut self, step: &Forward<'_>) -> Result<Tensor> {
         let start = self.cache.len();
         match self.forward_inner(step) {
@@ -203,6 +224,7 @@ impl Transformer {
         match self.layer_path {
             LayerPath::Tensors => {
                 for (index, layer) in self.weights.layers.iter().enumerate() {
+                    self.check_interrupt()?;
                     let normed = layer.attention_norm.forward(&x)?;
                     let cache = self.cache.layer_mut(index);
                     let attended = layer
@@ -221,6 +243,7 @@ impl Transformer {
                     values.iter_mut().zip(y).for_each(|(v, y)| *v += y);
                 };
                 for (index, layer) in self.weights.layers.iter().enumerate() {
+                    self.check_interrupt()?;
                     let normed = layer.attention_norm.forward_rows(&values)?;
                     let cache = self.cache.layer_mut(index);
                     let attended =
@@ -234,6 +257,7 @@ impl Transformer {
                 x = Tensor::from_vec(values, shape, &self.device)?;
             }
         }
+        self.check_interrupt()?;
         let full_rows = if self.weights.shortlist.is_some() {
             0
         } else {
@@ -438,5 +462,40 @@ mod tests {
         });
         let [values, tensors] = &mut both;
         assert_eq!(values, tensors);
+    }
+
+    #[test]
+    fn an_interrupted_forward_leaves_the_cache_as_it_was() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 7 + 3) % 90).collect();
+        let mut plain = tiny_chat_model(3).unwrap().model;
+        plain.forward_tokens(&prompt, LogitRows::All).unwrap();
+        let expected = plain.forward_tokens(&[11, 12], LogitRows::All).unwrap();
+
+        let mut model = tiny_chat_model(3).unwrap().model;
+        model.forward_tokens(&prompt, LogitRows::All).unwrap();
+        let layers = model.config().num_layers;
+        // Stop after each number of layers in turn, the output's check included.
+        for allowed in 0..=layers {
+            let asked = Arc::new(AtomicUsize::new(0));
+            model.set_interrupt(Some(Interrupt::new({
+                let asked = asked.clone();
+                move || asked.fetch_add(1, Ordering::Relaxed) >= allowed
+            })));
+            let err = model.forward_tokens(&[11, 12], LogitRows::All).unwrap_err();
+            assert!(
+                matches!(err, Error::Core(spec_core::Error::Interrupted)),
+                "{err}"
+            );
+            assert_eq!(asked.load(Ordering::Relaxed), allowed + 1);
+            assert_eq!(model.cached_tokens(), prompt.as_slice());
+            assert_eq!(model.cache.len(), prompt.len());
+        }
+        model.set_interrupt(None);
+        let resumed = model.forward_tokens(&[11, 12], LogitRows::All).unwrap();
+        let rows = |l: &Logits| l.rows().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(rows(&resumed), rows(&expected));
     }
 }

@@ -263,8 +263,8 @@ fn bad_input_is_a_clear_error() {
 /// fourfold, the partials came 25–100 ms apart, and a debug build on a slow 2-core machine,
 /// with the other tests of this file running beside it, did not speculate before the final
 /// partial.
-fn speak_live(inputs: Vec<Partial>) -> std::sync::mpsc::Receiver<Partial> {
-    let (sender, receiver) = std::sync::mpsc::channel();
+fn speak_live(inputs: Vec<Partial>) -> engine_llm::predgen::PartialReceiver {
+    let (sender, receiver) = engine_llm::predgen::partial_channel();
     std::thread::spawn(move || {
         let start = std::time::Instant::now();
         for partial in inputs {
@@ -397,7 +397,7 @@ fn live_api_misuse_is_a_clear_error() {
         Err(Error::Input(_))
     ));
     // A live turn whose speaker hangs up before finishing.
-    let (sender, receiver) = std::sync::mpsc::channel();
+    let (sender, receiver) = engine_llm::predgen::partial_channel();
     sender.send(partial(0, "what is", false)).unwrap();
     drop(sender);
     let err = session
@@ -625,5 +625,123 @@ fn the_candidate_the_user_asks_is_the_answer_with_nothing_to_verify() {
             .any(|e| matches!(e.kind, EventKind::Verified { kept, guessed, .. } if kept < guessed)),
         "{:?}",
         got.timeline
+    );
+}
+
+/// The words of `question` a few hundred microseconds apart, the final partial `final_after`
+/// the last of them: on a tiny model a step of work ahead is then in flight at many a final.
+fn hurried_inputs(question: &str, gap: Duration, final_after: Duration) -> Vec<Partial> {
+    let words: Vec<&str> = question.split_whitespace().collect();
+    let mut inputs: Vec<Partial> = (1..words.len())
+        .map(|n| Partial::new(gap * n as u32, words[..n].join(" "), false))
+        .collect();
+    let last = inputs.last().map_or(Duration::ZERO, |p| p.at);
+    inputs.push(Partial::new(last + final_after, question, true));
+    inputs
+}
+
+#[test]
+fn a_step_in_flight_at_the_final_partial_is_abandoned_and_the_answer_stays_the_cascades() {
+    let scratch = tempfile::tempdir().unwrap();
+    let question = "what is one plus twenty three and why";
+    let mut reference_model = tiny_chat_model(scratch.path(), 9);
+    let mut reference = PredGen::new(
+        &mut reference_model,
+        config(Verifier::Greedy, Continuation::Autoregressive),
+    )
+    .unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    let quiet = spoken_at_rate(question, 600.0).unwrap();
+    let expected = reference.baseline_turn(&quiet, &mut tts).unwrap();
+    assert!(expected.answer.len() > 10, "{expected:?}");
+    // The question asked again after it.
+    let expected_again = reference.turn(&quiet, &mut tts).unwrap();
+
+    let mut draft = tiny_chat_model(scratch.path(), 2);
+    let no_completion = PredGenConfig {
+        complete_questions: false,
+        ..config(Verifier::Greedy, Continuation::Autoregressive)
+    };
+    let configs = [
+        config(Verifier::Greedy, Continuation::Autoregressive),
+        no_completion,
+        config(Verifier::Greedy, Continuation::Jacobi { window: 4 }),
+        config(Verifier::Greedy, Continuation::DraftModel { gamma: 3 }),
+        config(Verifier::Greedy, Continuation::Lookup { max_draft: 4 }),
+        with_candidates(Continuation::Lookup { max_draft: 4 }, 3),
+    ];
+    for cfg in configs {
+        let mut interrupted = 0;
+        for final_after_us in [0, 40, 90, 150, 230, 350, 500, 800, 1300, 2100] {
+            let final_after = Duration::from_micros(final_after_us);
+            let inputs = hurried_inputs(question, Duration::from_micros(700), final_after);
+            let final_at = inputs.last().unwrap().at;
+            let mut model = tiny_chat_model(scratch.path(), 9);
+            let mut session = PredGen::new(&mut model, cfg.clone())
+                .unwrap()
+                .with_draft(&mut draft)
+                .unwrap();
+            let got = session.turn(&inputs, &mut tts).unwrap();
+            let case = format!("{cfg:?}, final {final_after_us} µs after the last word");
+            assert_eq!(got.answer, expected.answer, "{case}");
+            assert_eq!(got.first_sentence, expected.first_sentence, "{case}");
+            let abandoned: Vec<_> = got
+                .timeline
+                .iter()
+                .filter(|e| e.kind == EventKind::Interrupted)
+                .collect();
+            // Only the step in flight at the final partial, and never before it arrived.
+            assert!(abandoned.len() <= 1, "{case}: {abandoned:?}");
+            if let Some(event) = abandoned.first() {
+                assert!(event.at >= final_at, "{case}: abandoned early");
+                interrupted += 1;
+            }
+            // A forward run to its end or abandoned, the cache holds the same conversation.
+            let again = session.turn(&quiet, &mut tts).unwrap();
+            assert_eq!(again.answer, expected_again.answer, "{case}: the next turn");
+        }
+        assert!(
+            interrupted > 0,
+            "{cfg:?}: no step was in flight at a final partial"
+        );
+    }
+}
+
+#[test]
+fn a_live_step_in_flight_is_abandoned_when_the_final_partial_is_sent() {
+    let scratch = tempfile::tempdir().unwrap();
+    let question = "what is one plus twenty three and why";
+    let cfg = config(Verifier::Greedy, Continuation::Lookup { max_draft: 4 });
+    let mut reference_model = tiny_chat_model(scratch.path(), 9);
+    let mut reference = PredGen::new(&mut reference_model, cfg.clone()).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    let quiet = spoken_at_rate(question, 600.0).unwrap();
+    let expected = reference.baseline_turn(&quiet, &mut tts).unwrap();
+
+    let mut model = tiny_chat_model(scratch.path(), 9);
+    let mut session = PredGen::new(&mut model, cfg).unwrap();
+    let mut interrupted = 0;
+    for final_after_us in (0..20).map(|i| 60 * i) {
+        let inputs = hurried_inputs(
+            question,
+            Duration::from_micros(500),
+            Duration::from_micros(final_after_us),
+        );
+        let mut abandoned = false;
+        let turn = session
+            .live_turn(&speak_live(inputs), &mut tts, &mut |e| {
+                abandoned |= e.kind == EventKind::Interrupted;
+            })
+            .unwrap();
+        assert_eq!(
+            turn.answer, expected.answer,
+            "final {final_after_us} µs late"
+        );
+        interrupted += usize::from(abandoned);
+        session.clear_history().unwrap();
+    }
+    assert!(
+        interrupted > 0,
+        "no step was in flight when a final partial was sent"
     );
 }

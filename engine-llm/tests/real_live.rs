@@ -50,7 +50,7 @@ fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
     let mut live = PredGen::new(&mut target, config).unwrap();
     let mut worked_during_input = 0;
     for (inputs, expected) in inputs.iter().zip(&expected) {
-        let (sender, receiver) = std::sync::mpsc::channel();
+        let (sender, receiver) = engine_llm::predgen::partial_channel();
         let speaker = {
             let inputs = inputs.clone();
             std::thread::spawn(move || {

@@ -55,6 +55,11 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
 
+    /// A forward was abandoned part-way because its [`Interrupt`](crate::Interrupt) said stop;
+    /// the model's cache is as it was before the forward.
+    #[error("interrupted: the forward was abandoned part-way")]
+    Interrupted,
+
     /// An error from a model implementation (weights, tokenizer, ...).
     #[error("model error: {0}")]
     Model(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -20,7 +20,9 @@
 //! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
 //!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]);
 //! - [`lookup`]: drafts copied from tokens already seen (prompt lookup over the context and
-//!   reference sequences such as a rejected guess), cut to the length that pays.
+//!   reference sequences such as a rejected guess), cut to the length that pays;
+//! - [`Interrupt`]: a check a model asks between its layers, to abandon a forward part-way
+//!   ([`Error::Interrupted`]) with its cache as it was.
 
 pub mod acceptance;
 pub mod branches;
@@ -31,6 +33,7 @@ pub mod draft;
 mod error;
 pub mod generate;
 pub mod heads;
+pub mod interrupt;
 pub mod jacobi;
 pub mod kv_cache;
 pub mod logits;
@@ -58,6 +61,7 @@ pub use heads::{
     heads_generate, verify_tree_hidden, HeadsDrafter, HeadsTree, HiddenStates, OutputRows,
     TokenHeads,
 };
+pub use interrupt::Interrupt;
 pub use jacobi::jacobi_generate;
 pub use kv_cache::{KvCache, LayerKvCache};
 pub use logits::Logits;

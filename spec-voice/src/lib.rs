@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod channel;
 pub mod clock;
 mod error;
 pub mod partial;
@@ -7,6 +8,7 @@ pub mod script;
 pub mod sentence;
 pub mod synth;
 
+pub use channel::{partial_channel, FinalSignal, PartialReceiver, PartialSender};
 pub use clock::SimClock;
 pub use error::{Error, Result};
 pub use partial::{

@@ -12,10 +12,12 @@
 //! once.
 //!
 //! A turn runs step by step: a live pipeline feeds it partial transcripts as they arrive
-//! ([`PredGen::hear`]) and lets it work whenever it is free ([`PredGen::step`]), on the wall
-//! clock; benchmarks replay recorded turns through the same steps on a simulated clock
-//! ([`PredGen::turn`]), where time advances by the measured compute of each step and jumps to
-//! the next input when the model is idle. Partial transcripts, sentence splitting and speech
+//! ([`PredGen::hear`], or a [`partial_channel`] with [`PredGen::live_turn`]) and lets it work
+//! whenever it is free ([`PredGen::step`]), on the wall clock; benchmarks replay recorded turns
+//! through the same steps on a simulated clock ([`PredGen::turn`]), where time advances by the
+//! measured compute of each step and jumps to the next input when the model is idle. Live and
+//! replayed turns abandon the forward working ahead as soon as the final partial arrives
+//! ([`spec_core::Interrupt`]), so the answer starts within a layer's time of the last word. Partial transcripts, sentence splitting and speech
 //! synthesis are `spec-voice`'s types, re-exported here.
 
 mod session;
@@ -24,8 +26,8 @@ pub use session::{
     Event, EventKind, PredGen, Progress, Status, Turn, TurnClock, MAX_COMPLETION_TOKENS,
 };
 pub use spec_voice::{
-    spoken_at_rate, AudioChunk, FixedLatencySynthesizer, Partial, PreparedAudio,
-    SentenceSynthesizer, Synthesis,
+    partial_channel, spoken_at_rate, AudioChunk, FinalSignal, FixedLatencySynthesizer, Partial,
+    PartialReceiver, PartialSender, PreparedAudio, SentenceSynthesizer, Synthesis,
 };
 
 use crate::{Error, Result};
@@ -136,11 +138,13 @@ pub struct PredGenConfig {
     /// does); [`PARTIAL_INPUT_SYSTEM_PROMPT`] by default.
     pub system_prompt: String,
     /// Tokens generated per step while input is still arriving, before checking for new input.
-    /// A step still running when the input ends delays the answer by up to this many forwards
-    /// (on average half of them), so the default is 1 rather than the reference
-    /// implementation's 10: a forward of a 1.5B model takes about 30 ms on a 2-core CPU, 5 % of
-    /// a short question's answer latency, against a few ms on a GPU; a step costs nothing
-    /// besides its forwards.
+    /// Replayed and live turns abandon a step in flight at the final partial within a layer;
+    /// where a step cannot be interrupted (partials handed over with [`PredGen::hear`]), one
+    /// still running when the input ends delays the answer by up to this many forwards (on
+    /// average half of them), so the default is 1 rather than the reference implementation's
+    /// 10: a forward of a 1.5B model takes about 30 ms on a 2-core CPU, 5 % of a short
+    /// question's answer latency, against a few ms on a GPU; a step costs nothing besides its
+    /// forwards.
     pub tokens_per_step: usize,
     /// Most tokens guessed ahead while input arrives; speculation also stops once the guess
     /// holds a complete first sentence. Longer guesses cost more to verify.
@@ -159,8 +163,8 @@ pub struct PredGenConfig {
     /// a check, and if the user ends the question as guessed, the guess is the answer with no
     /// verification at all. Greedy PredGen stays lossless: an answer for another question is
     /// verified against the real one as always. The completion runs a token a step (at most
-    /// [`MAX_COMPLETION_TOKENS`]), so one still running at the last word delays the answer by
-    /// one forward at most; it goes on while the newer words heard are the ones it foresaw,
+    /// [`MAX_COMPLETION_TOKENS`]), so even where a step cannot be interrupted, one still
+    /// running at the last word delays the answer by one forward at most; it goes on while the newer words heard are the ones it foresaw,
     /// and starts again from them otherwise.
     pub complete_questions: bool,
     /// With `complete_questions`, how many candidate completions of the question are answered

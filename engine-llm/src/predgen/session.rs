@@ -7,7 +7,7 @@
 //! replays a recorded turn through the same steps on a simulated clock, for benchmarks.
 
 use std::fmt;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::TryRecvError;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -19,14 +19,14 @@ use spec_core::sampling::{argmax, softmax};
 use spec_core::{
     forward_continuation, generate, jacobi_generate, speculative_generate,
     tree_speculative_generate, AcceptanceRate, AcceptanceRule, CostAwarePolicy, Decoder,
-    DraftLength, FinishReason, ForwardCosts, Generation, LogitRows, LookupDrafter, SamplingConfig,
-    SpeculativeConfig, StopConditions,
+    DraftLength, FinishReason, ForwardCosts, Generation, Interrupt, LogitRows, LookupDrafter,
+    SamplingConfig, SpeculativeConfig, StopConditions,
 };
 use spec_nn::forward_costs;
 
 use spec_voice::{
-    first_streamed_sentence, keeps_words, split_sentences, Partial, PreparedAudio, SentenceStream,
-    SentenceSynthesizer, SimClock, Synthesis,
+    first_streamed_sentence, keeps_words, split_sentences, FinalSignal, Partial, PartialReceiver,
+    PreparedAudio, SentenceStream, SentenceSynthesizer, SimClock, Synthesis,
 };
 
 use super::{Continuation, PredGenConfig, Verifier, JUDGE_PROMPT};
@@ -81,6 +81,9 @@ pub enum EventKind {
     /// The first sentence's audio starts playing (`prepared`: synthesized before the input
     /// ended).
     AudioStarts { prepared: bool, audio: Synthesis },
+    /// A step working ahead of the user was abandoned part-way through a forward: the final
+    /// partial arrived (its work is dropped, the answer starts at once).
+    Interrupted,
     /// The answer is complete.
     AnswerDone { tokens: usize },
 }
@@ -137,6 +140,9 @@ impl fmt::Display for Event {
                     "(synthesized after the sentence)"
                 }
             ),
+            EventKind::Interrupted => {
+                write!(f, "{:<14} the step in flight (final partial)", "abandoned")
+            }
             EventKind::AnswerDone { tokens } => write!(f, "{:<14} {tokens} tokens", "answer done"),
         }
     }
@@ -151,6 +157,9 @@ pub struct Turn {
     pub first_sentence: String,
     /// When the last input arrived (from the first input).
     pub input_end: Duration,
+    /// From the end of input until the model took it up: what was left of the step in flight
+    /// (up to a layer's time when the step could be abandoned, see [`EventKind::Interrupted`]).
+    pub final_partial_wait: Duration,
     /// TTFS: from the end of input until the first sentence is complete.
     pub time_to_first_sentence: Duration,
     /// NFETFS: target forward passes after the end of input until the first sentence is
@@ -497,18 +506,23 @@ impl<'m> PredGen<'m> {
         self.replay(inputs, tts)
     }
 
-    /// One turn driven live on the wall clock: partial transcripts arrive on `partials` as the
-    /// recogniser produces them (each is stamped with its arrival time on the turn's clock; the
-    /// sender's `at` is not used), the model works between them, and `on_event` sees every
-    /// event as it happens, audio to play included. Returns the turn once the answer is
-    /// complete; the sender closing the channel before a final partial is an error.
+    /// One turn driven live on the wall clock: partial transcripts arrive on `partials`
+    /// ([`spec_voice::partial_channel`]) as the recogniser produces them (each is stamped with
+    /// its arrival time on the turn's clock; the sender's `at` is not used), the model works
+    /// between them, and `on_event` sees every event as it happens, audio to play included. A
+    /// forward working ahead when the final partial is sent stops at its next layer
+    /// ([`EventKind::Interrupted`]). Returns the turn once the answer is complete; the sender
+    /// closing the channel before a final partial is an error.
     pub fn live_turn(
         &mut self,
-        partials: &Receiver<Partial>,
+        partials: &PartialReceiver,
         tts: &mut dyn SentenceSynthesizer,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<Turn> {
         self.begin_turn(TurnClock::Wall)?;
+        if let Some(turn) = &mut self.turn {
+            turn.final_arrival = FinalArrival::Signalled(partials.final_signal());
+        }
         let closed = || Error::Input("the partials ended without a final one".into());
         loop {
             loop {
@@ -549,6 +563,9 @@ impl<'m> PredGen<'m> {
     /// Drives a turn begun on the simulated clock: each partial is heard once its time has
     /// come, and time jumps to the next one when the model is idle.
     fn replay(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
+        if let (Some(turn), Some(last)) = (&mut self.turn, inputs.last()) {
+            turn.final_arrival = FinalArrival::At(last.at);
+        }
         let mut next = 0;
         loop {
             while inputs.get(next).is_some_and(|p| p.at <= self.now()) {
@@ -593,9 +610,10 @@ impl<'m> PredGen<'m> {
         }
     }
 
-    /// Before the final partial: verify the newest partial, or guess on. A verification is
-    /// followed by a step of generation even when a newer partial is waiting: verifying alone
-    /// would starve generation whenever a verification outlasts a spoken word.
+    /// Before the final partial: work ahead of the user ([`PredGen::work_ahead`]), abandoning
+    /// the step part-way through a forward once the final partial arrives, when the turn can
+    /// tell ([`FinalArrival`]): the answer then starts within a layer's time of the last word
+    /// instead of after what is left of the step (up to a forward and more).
     fn listen(
         &mut self,
         turn: &mut TurnState,
@@ -609,6 +627,43 @@ impl<'m> PredGen<'m> {
         if turn.kind == TurnKind::Cascade {
             return Ok(Status::Idle);
         }
+        let started = Instant::now();
+        let clock_before = turn.clock.now();
+        self.set_interrupt(turn.final_arrival.interrupt(started, turn.clock.now()));
+        let worked = self.work_ahead(turn, tts);
+        self.set_interrupt(None);
+        match worked {
+            Err(Error::Core(spec_core::Error::Interrupted)) => {
+                // The parts of the step charge their compute when they finish: the abandoned
+                // one did not.
+                let charged = turn.clock.now().saturating_sub(clock_before);
+                turn.clock.charge(started.elapsed().saturating_sub(charged));
+                turn.timeline.push(turn.event(EventKind::Interrupted));
+                Ok(Status::Working)
+            }
+            other => other,
+        }
+    }
+
+    /// The models' forwards ask `interrupt` between their layers (see [`Interrupt`]).
+    fn set_interrupt(&mut self, interrupt: Option<Interrupt>) {
+        if let Some(draft) = self.draft.as_deref_mut() {
+            draft.model.set_interrupt(interrupt.clone());
+        }
+        self.model.model.set_interrupt(interrupt);
+    }
+
+    /// A step of work ahead of the user: verify the newest partial, or guess on. A
+    /// verification is followed by a step of generation even when a newer partial is waiting:
+    /// verifying alone would starve generation whenever a verification outlasts a spoken word.
+    /// Abandoned part-way (an interrupt), it leaves the guess and the caches consistent: each
+    /// part changes them only once its forwards are done, and the final verification checks
+    /// whatever is left unsettled.
+    fn work_ahead(
+        &mut self,
+        turn: &mut TurnState,
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<Status> {
         if self.config.complete_questions && self.config.question_candidates > 1 {
             return Ok(match self.listen_with_candidates(turn, tts)? {
                 true => Status::Working,
@@ -840,6 +895,7 @@ impl<'m> PredGen<'m> {
     /// cascade generates its answer's first sentence from scratch instead).
     fn hear_final(&mut self, turn: &mut TurnState, final_input: &Partial) -> Result<()> {
         turn.input_end = final_input.at;
+        turn.final_partial_wait = turn.clock.now().saturating_sub(final_input.at);
         turn.timeline.push(turn.event(heard_event(final_input)));
         let prompt = self.prompt_for(&final_input.text)?;
         if turn.kind == TurnKind::Speculative {
@@ -1049,6 +1105,7 @@ impl<'m> PredGen<'m> {
             answer,
             first_sentence: turn.first_sentence.clone(),
             input_end: turn.input_end,
+            final_partial_wait: turn.final_partial_wait,
             time_to_first_sentence: turn.first_sentence_at - turn.input_end,
             forwards_to_first_sentence: turn.forwards_to_first_sentence,
             audio_latency: turn.audio_at - turn.input_end,
@@ -1547,6 +1604,32 @@ enum Phase {
     Rest,
 }
 
+/// How a turn knows, while a step works ahead of the user, that the final partial arrived.
+enum FinalArrival {
+    /// It cannot tell: a step runs to its end (partials handed over with [`PredGen::hear`]).
+    Unknown,
+    /// At this time of the simulated clock (a replayed turn).
+    At(Duration),
+    /// When the sender of a live turn's partials has sent it.
+    Signalled(FinalSignal),
+}
+
+impl FinalArrival {
+    /// The interrupt of a step that starts at `started` (the wall clock) and `now` (the turn's).
+    fn interrupt(&self, started: Instant, now: Duration) -> Option<Interrupt> {
+        match self {
+            Self::Unknown => None,
+            // The simulated clock advances by the compute charged, so the step reaches the
+            // final partial's time once its compute outlasts the time left.
+            Self::At(at) => Some(Interrupt::at(started + at.saturating_sub(now))),
+            Self::Signalled(signal) => {
+                let signal = signal.clone();
+                Some(Interrupt::new(move || signal.arrived()))
+            }
+        }
+    }
+}
+
 /// The model's completion of the user's words, being generated a token a step.
 struct Completing {
     /// The words it completes.
@@ -1565,6 +1648,8 @@ struct TurnState {
     /// The newest partial not yet taken up.
     pending: Option<Partial>,
     final_input: Option<Partial>,
+    /// How a step working ahead learns that the final partial arrived.
+    final_arrival: FinalArrival,
     last_heard_at: Option<Duration>,
     /// The last step verified a partial: the next one generates.
     just_verified: bool,
@@ -1600,6 +1685,7 @@ struct TurnState {
     question: String,
     prompt: Vec<u32>,
     input_end: Duration,
+    final_partial_wait: Duration,
     guessed_at_end: usize,
     kept_at_end: usize,
     forwards_to_first_sentence: usize,
@@ -1633,6 +1719,7 @@ impl TurnState {
             phase: Phase::Listening,
             pending: None,
             final_input: None,
+            final_arrival: FinalArrival::Unknown,
             last_heard_at: None,
             just_verified: false,
             heard_prompt: None,
@@ -1652,6 +1739,7 @@ impl TurnState {
             question: String::new(),
             prompt: Vec::new(),
             input_end: Duration::ZERO,
+            final_partial_wait: Duration::ZERO,
             guessed_at_end: 0,
             kept_at_end: 0,
             forwards_to_first_sentence: 0,

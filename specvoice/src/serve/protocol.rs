@@ -344,7 +344,8 @@ fn answer_messages(at_ms: Millis, kind: EventKind) -> Vec<Outgoing> {
         | EventKind::Heard { .. }
         | EventKind::Verified { .. }
         | EventKind::Generated { .. }
-        | EventKind::Prepared { .. } => Vec::new(),
+        | EventKind::Prepared { .. }
+        | EventKind::Interrupted => Vec::new(),
     }
 }
 

@@ -196,7 +196,14 @@ impl PredGen<'_> {
         };
         let worked = branches.has_pending();
         if worked {
-            let outputs = branches.step(&mut self.model.model, MAX_STEP_INPUTS)?;
+            let outputs = match branches.step(&mut self.model.model, MAX_STEP_INPUTS) {
+                Ok(outputs) => outputs,
+                Err(e) => {
+                    // An interrupted step leaves the branches and the cache as they were.
+                    set.branches = Some((context, branches));
+                    return Err(e.into());
+                }
+            };
             turn.forwards_during_input += 1;
             for out in outputs {
                 let Some(i) = set
