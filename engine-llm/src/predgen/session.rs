@@ -159,6 +159,7 @@ pub struct Turn {
     pub input_end: Duration,
     /// From the end of input until the model took it up: what was left of the step in flight
     /// (up to a layer's time when the step could be abandoned, see [`EventKind::Interrupted`]).
+    /// Zero in [`PredGen::live_turn`], which stamps each partial when it takes it up.
     pub final_partial_wait: Duration,
     /// TTFS: from the end of input until the first sentence is complete.
     pub time_to_first_sentence: Duration,
