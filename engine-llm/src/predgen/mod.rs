@@ -17,8 +17,9 @@
 //! through the same steps on a simulated clock ([`PredGen::turn`]), where time advances by the
 //! measured compute of each step and jumps to the next input when the model is idle. Live and
 //! replayed turns abandon the forward working ahead as soon as the final partial arrives
-//! ([`spec_core::Interrupt`]), so the answer starts within a layer's time of the last word. Partial transcripts, sentence splitting and speech
-//! synthesis are `spec-voice`'s types, re-exported here.
+//! ([`spec_core::Interrupt`]), so the answer starts within a layer's time of the last word.
+//! Partial transcripts, sentence splitting and speech synthesis are `spec-voice`'s types,
+//! re-exported here.
 
 mod session;
 
@@ -164,8 +165,8 @@ pub struct PredGenConfig {
     /// verification at all. Greedy PredGen stays lossless: an answer for another question is
     /// verified against the real one as always. The completion runs a token a step (at most
     /// [`MAX_COMPLETION_TOKENS`]), so even where a step cannot be interrupted, one still
-    /// running at the last word delays the answer by one forward at most; it goes on while the newer words heard are the ones it foresaw,
-    /// and starts again from them otherwise.
+    /// running at the last word delays the answer by one forward at most; it goes on while the
+    /// newer words heard are the ones it foresaw, and starts again from them otherwise.
     pub complete_questions: bool,
     /// With `complete_questions`, how many candidate completions of the question are answered
     /// ahead (beyond the paper): the likeliest completed questions, found by a beam search of

@@ -630,7 +630,7 @@ impl<'m> PredGen<'m> {
         }
         let started = Instant::now();
         let clock_before = turn.clock.now();
-        self.set_interrupt(turn.final_arrival.interrupt(started, turn.clock.now()));
+        self.set_interrupt(turn.final_arrival.interrupt(started, clock_before));
         let worked = self.work_ahead(turn, tts);
         self.set_interrupt(None);
         match worked {
