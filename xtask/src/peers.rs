@@ -12,6 +12,18 @@ use clap::Args;
 /// The llama-cpp-python release whose vendored llama.cpp the README's figures were measured with.
 const LLAMA_CPP_PYTHON: &str = "0.3.36";
 
+/// The build folder inside the llama.cpp source. Named for its flags, so that a build made
+/// with AMX (which crashed) is not taken for this one.
+const BUILD_DIR: &str = "build-no-amx";
+
+/// Compiler flags added to `-march=native`. This llama.cpp's AMX kernels stop with an illegal
+/// instruction on Xeons with AMX (Sapphire/Emerald Rapids): its worker threads run tile
+/// instructions without the tile configuration and XTILEDATA permission that only the main
+/// thread asked for (llama.cpp pull request 26954). `bench_llm` therefore compares with its
+/// AVX-512 kernels there, the instructions SpecVoice's kernels use; on machines without AMX
+/// the flags change nothing.
+const NO_AMX_FLAGS: &str = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
+
 #[derive(Args)]
 pub struct LlamaBenchArgs {
     /// Where to download and build [default: next to the models folder, in peers/]
@@ -31,7 +43,7 @@ pub fn llama_bench(args: &LlamaBenchArgs) -> Result<()> {
     let source = dir
         .join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}"))
         .join("vendor/llama.cpp");
-    let binary = source.join("build/bin/llama-bench");
+    let binary = source.join(BUILD_DIR).join("bin/llama-bench");
     if !binary.is_file() {
         build(&dir, &source)?;
     }
@@ -64,7 +76,9 @@ fn build(dir: &Path, source: &Path) -> Result<()> {
     }
     run(Command::new("cmake").current_dir(source).args([
         "-B",
-        "build",
+        BUILD_DIR,
+        &format!("-DCMAKE_C_FLAGS={NO_AMX_FLAGS}"),
+        &format!("-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"),
         "-DGGML_NATIVE=ON",
         "-DLLAMA_CURL=OFF",
         "-DGGML_OPENMP=ON",
@@ -75,7 +89,7 @@ fn build(dir: &Path, source: &Path) -> Result<()> {
     tracing::info!("building llama-bench with {jobs} jobs (3-10 minutes on two cores)");
     run(Command::new("cmake")
         .current_dir(source)
-        .args(["--build", "build", "--target", "llama-bench", "-j"])
+        .args(["--build", BUILD_DIR, "--target", "llama-bench", "-j"])
         .arg(jobs.to_string()))
 }
 
