@@ -22,8 +22,9 @@ use spec_kernels::{Format, Isa, QMatrix};
 const ROWS: usize = 8960;
 const COLS: usize = 1536;
 const TOKENS: [usize; 3] = [1, 4, 16];
-/// Bytes of weights each timing cycles through (well above the 32 MiB of L3 here).
-const WORKING_SET: usize = 256 << 20;
+/// Least bytes of weights each timing cycles through; more where the last-level cache is large
+/// ([`spec_kernels::beyond_caches`]).
+const WORKING_SET_FLOOR: usize = 256 << 20;
 
 fn candle_dtype(format: Format) -> GgmlDType {
     match format {
@@ -77,7 +78,7 @@ fn main() -> Result<()> {
         let quantized = QTensor::quantize(&weights, candle_dtype(format))?;
         let bytes = quantized.data()?.into_owned();
         let size = bytes.len() as f64;
-        let copies = (WORKING_SET / bytes.len()).max(1);
+        let copies = (spec_kernels::beyond_caches(WORKING_SET_FLOOR) / bytes.len()).max(1);
         let ours: Vec<QMatrix> = (0..copies)
             .map(|_| QMatrix::new(format, ROWS, COLS, bytes.clone()))
             .collect::<Result<_, _>>()?;

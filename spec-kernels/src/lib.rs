@@ -430,15 +430,52 @@ pub fn threads() -> usize {
     Pool::global().threads()
 }
 
+/// The size of this machine's last-level cache, as Linux reports it for CPU 0 (`None` where
+/// it does not).
+pub fn last_level_cache_bytes() -> Option<usize> {
+    let caches = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    caches
+        .filter_map(|entry| {
+            let dir = entry.ok()?.path();
+            let level: u32 = std::fs::read_to_string(dir.join("level"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let size = parse_cache_size(&std::fs::read_to_string(dir.join("size")).ok()?)?;
+            Some((level, size))
+        })
+        .max()
+        .map(|(_, size)| size)
+}
+
+/// Bytes in a cache size as sysfs writes it: `307200K`, `32M`, `512`.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last()? {
+        'K' => (&text[..text.len() - 1], 10),
+        'M' => (&text[..text.len() - 1], 20),
+        'G' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// Bytes a read must cycle through so that the caches cannot hold a useful part of it: at
+/// least `floor`, and four times the last-level cache (some Xeons have 300 MiB of L3).
+pub fn beyond_caches(floor: usize) -> usize {
+    floor.max(4 * last_level_cache_bytes().unwrap_or(0))
+}
+
 /// This machine's memory read bandwidth in GB/s with `threads` threads (best of twenty sums
-/// over a 512 MiB buffer, 16 times the L3 of the machines here, held and read the way the
-/// kernels hold and read weights): the limit of one-token decoding, which reads every weight
-/// once.
+/// over a buffer of at least 512 MiB and four times the last-level cache, held and read the
+/// way the kernels hold and read weights): the limit of one-token decoding, which reads every
+/// weight once.
 pub fn read_bandwidth_gbs(threads: usize) -> f64 {
     let threads = threads.max(1);
     // In the buffer the weights live in, so that it reads through the same pages (zeroed by
     // writing, so they are in memory, not the shared zero page).
-    let bytes = CacheAligned::zeroed(512 << 20);
+    let bytes = CacheAligned::zeroed(beyond_caches(512 << 20));
     // SAFETY: any eight bytes are a valid u64, and the buffer is 64-byte aligned, so all of
     // it is words.
     let (_, buffer, _) = unsafe { bytes.as_slice().align_to::<u64>() };

@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::activations::QuantizedTokens;
-use crate::{dequantize_block, Format, Isa, KernelError, QMatrix};
+use crate::{dequantize_block, parse_cache_size, Format, Isa, KernelError, QMatrix};
 
 fn random_matrix(format: Format, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
     QMatrix::new(format, rows, cols, random_blocks(format, rows, cols, rng)).unwrap()
@@ -475,4 +475,15 @@ fn warming_freed_memory_is_harmless() {
         let reference = matmul(&w, Isa::Portable, &x, 1);
         assert_eq!(out, reference);
     }
+}
+
+#[test]
+fn cache_sizes_read_as_sysfs_writes_them() {
+    assert_eq!(parse_cache_size("307200K\n"), Some(300 << 20));
+    assert_eq!(parse_cache_size("32M"), Some(32 << 20));
+    assert_eq!(parse_cache_size("1G"), Some(1 << 30));
+    assert_eq!(parse_cache_size("512"), Some(512));
+    assert_eq!(parse_cache_size(""), None);
+    assert_eq!(parse_cache_size("K"), None);
+    assert_eq!(parse_cache_size("12X"), None);
 }
