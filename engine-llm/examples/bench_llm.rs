@@ -86,9 +86,11 @@ impl LlamaCpp {
             .output()
             .with_context(|| format!("running {}", self.binary.display()))?;
         if !output.status.success() {
+            // A signal (an illegal instruction, say) leaves stderr empty: the status names it.
             bail!(
-                "{} failed: {}",
+                "{} failed ({}): {}",
                 self.binary.display(),
+                output.status,
                 String::from_utf8_lossy(&output.stderr)
             );
         }
