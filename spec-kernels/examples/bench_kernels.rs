@@ -72,13 +72,14 @@ fn main() -> Result<()> {
     let device = Device::Cpu;
     let weights = Tensor::randn(0f32, 0.05, (ROWS, COLS), &device)?;
     let mut rows = Vec::new();
+    let working_set = spec_kernels::beyond_caches(WORKING_SET_FLOOR);
     for format in Format::ALL {
         // Enough copies of the matrix that they do not fit in the caches: a model's weights are
         // read from memory, never from cache.
         let quantized = QTensor::quantize(&weights, candle_dtype(format))?;
         let bytes = quantized.data()?.into_owned();
         let size = bytes.len() as f64;
-        let copies = (spec_kernels::beyond_caches(WORKING_SET_FLOOR) / bytes.len()).max(1);
+        let copies = (working_set / bytes.len()).max(1);
         let ours: Vec<QMatrix> = (0..copies)
             .map(|_| QMatrix::new(format, ROWS, COLS, bytes.clone()))
             .collect::<Result<_, _>>()?;

@@ -1,7 +1,8 @@
 //! `cargo xtask llama-bench`: builds llama.cpp's `llama-bench`, the peer that `bench_llm`
 //! measures in the same run (`SPECVOICE_LLAMA_BENCH`), from the llama.cpp source vendored in
 //! the llama-cpp-python sdist on PyPI (a registry these machines reach), as
-//! `../shared/peers/README.md` describes: native instructions, OpenMP, release.
+//! `../shared/peers/README.md` describes: native instructions (but not AMX, see [`NO_AMX_FLAGS`]),
+//! OpenMP, release.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
