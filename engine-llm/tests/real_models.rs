@@ -306,6 +306,8 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
 fn predgen_candidate_questions_give_the_cascades_answer_on_real_weights() {
+    use std::time::Duration;
+
     use engine_llm::predgen::spoken_at_rate;
     use engine_llm::predgen::FixedLatencySynthesizer;
     use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
@@ -344,13 +346,17 @@ fn predgen_candidate_questions_give_the_cascades_answer_on_real_weights() {
         }
     }
     // "What's" is completed into "What's wrong?" among the candidates (the greedy completion
-    // on this model): the guess is the answer to the asked question, kept whole.
+    // on this model): the guess is the answer to the asked question, kept whole. The speaker
+    // pauses 5 s before the last word, so the guess has begun however slowly this machine runs
+    // (the simulated clock charges measured compute, and CI runs tests side by side).
+    let mut paused = inputs[0].clone();
+    paused.last_mut().unwrap().at += Duration::from_secs(5);
     let mut session = PredGen::new(
         &mut target,
         config(Continuation::Lookup { max_draft: 8 }, 4),
     )
     .unwrap();
-    let turn = session.turn(&inputs[0], &mut tts).unwrap();
+    let turn = session.turn(&paused, &mut tts).unwrap();
     assert_eq!(turn.guessed_question.as_deref(), Some(turns[0]));
     assert!(turn.guessed_at_end > 0);
     assert_eq!(turn.kept_at_end, turn.guessed_at_end);
