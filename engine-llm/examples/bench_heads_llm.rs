@@ -44,6 +44,10 @@ struct Args {
     /// Compute the output layer's rows only where the verification reaches them.
     #[arg(long)]
     rows_on_demand: bool,
+    /// Also the chain drafting only the depths whose head is at least this sure of its guess,
+    /// once per value.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.4, 0.7])]
+    min_probability: Vec<f32>,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -126,14 +130,23 @@ fn main() -> Result<()> {
         "–".into(),
         format!("{0}/{0}", prompts.len()),
     ]);
-    for (label, tree) in [
-        (format!("heads, chain of {count}"), HeadsTree::chain(count)),
+    let mut drafters = vec![
+        (
+            format!("heads, chain of {count}"),
+            HeadsDrafter::new(&heads, HeadsTree::chain(count))?,
+        ),
         (
             format!("heads, tree ({count} deep, 2 wide)"),
-            HeadsTree::branching(count, 2),
+            HeadsDrafter::new(&heads, HeadsTree::branching(count, 2))?,
         ),
-    ] {
-        let drafter = HeadsDrafter::new(&heads, tree)?;
+    ];
+    for &p in &args.min_probability {
+        drafters.push((
+            format!("heads, chain of {count}, depths with p ≥ {p}"),
+            HeadsDrafter::new(&heads, HeadsTree::chain(count))?.with_min_probability(p)?,
+        ));
+    }
+    for (label, drafter) in drafters {
         let mut stats = DecodeStats::default();
         let mut same = 0;
         for (prompt, expected) in prompts.iter().zip(&answers) {
@@ -176,16 +189,21 @@ fn main() -> Result<()> {
     }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {} --tokens {}{}",
+            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {} --tokens {} --min-probability {}{}",
             args.model,
             args.heads,
             args.questions,
             args.tokens,
+            args.min_probability
+                .iter()
+                .map(f32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
             if args.rows_on_demand { " --rows-on-demand" } else { "" }
         ),
         tables: vec![table],
         notes: vec![format!(
-            "Heads trained by `{}` (validation top-1 {:?}). Decode tok/s counts the tokens after each answer's first over the time after it (the prompt's prefill excluded), as in the llm table.",
+            "Heads trained by `{}` (validation top-1 {:?}). Decode tok/s counts the tokens after each answer's first over the time after it (the prompt's prefill excluded), as in the llm table. \"p ≥ x\": a depth is drafted only while its head's softmax gives its first guess at least x, and none deeper after one falls short (`HeadsDrafter::with_min_probability`: shorter verifying forwards where the heads are unsure; lossless).",
             heads.info().trained_for.command,
             heads
                 .info()

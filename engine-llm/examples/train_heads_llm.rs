@@ -1,7 +1,11 @@
 //! Trains multi-token prediction heads for a chat model on self-distilled data: the model's own
-//! greedy answers to the prompts of `engine-llm/data/heads_training_prompts.txt` (written for
-//! this, none from MT-Bench), teacher-forced once to cache the last hidden states; then the heads
-//! are fitted with the trunk frozen (`spec_nn::heads::train`).
+//! greedy answers to the prompts of `engine-llm/data/heads_training_prompts.txt`,
+//! `ssd_training_prompts.txt` (both mostly about programming) and `heads_general_prompts.txt`
+//! (writing, role play, reasoning, maths, extraction, science, humanities, advice), all written
+//! for the project, none from MT-Bench or the voice set,
+//! several answered in lockstep (`spec_core::greedy_in_lockstep`), with the last hidden state
+//! that predicted each token cached; then the heads are fitted with the trunk frozen
+//! (`spec_nn::heads::train`).
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example train_heads_llm -- qwen2.5-coder-1.5b-instruct \
@@ -11,16 +15,15 @@
 //! `cargo xtask train-heads MODEL …` runs it. The heads go to
 //! `$SPECVOICE_MODELS/heads/MODEL-KIND-COUNT/` unless `--out` says otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use engine_llm::cli::read_text_lines;
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-use spec_core::{generate, Decoder, HiddenStates, LogitRows, SamplingConfig, StopConditions};
+use spec_core::{greedy_in_lockstep, Decoder, HiddenStates, StopConditions};
 use spec_models::Store;
 use spec_nn::heads::cli::TrainArgs;
 use spec_nn::heads::{weights_fingerprint, TrainingSet};
@@ -30,15 +33,26 @@ use spec_nn::heads::{weights_fingerprint, TrainingSet};
 struct Args {
     /// Model (a name in the models folder, or a path).
     model: String,
-    /// Prompts, one per line.
-    #[arg(long, default_value = "engine-llm/data/heads_training_prompts.txt")]
-    data: PathBuf,
+    /// Prompt files, one prompt per line.
+    #[arg(
+        long,
+        num_args = 1..,
+        default_values = [
+            "engine-llm/data/heads_training_prompts.txt",
+            "engine-llm/data/ssd_training_prompts.txt",
+            "engine-llm/data/heads_general_prompts.txt",
+        ]
+    )]
+    data: Vec<PathBuf>,
     /// Longest answer generated per prompt.
     #[arg(long, default_value_t = 160)]
     max_tokens: usize,
     /// Use only the first N prompts.
     #[arg(long)]
     limit: Option<usize>,
+    /// Prompts answered in lockstep, one forward advancing each answer.
+    #[arg(long, default_value_t = 8)]
+    lockstep: usize,
     #[command(flatten)]
     training: TrainArgs,
     /// Generate again even when the cached hidden states exist.
@@ -54,12 +68,20 @@ fn main() -> Result<()> {
     let name = store.resolve(&args.model)?.name;
     let fingerprint = weights_fingerprint(&lm.weights)?;
     let heads_root = store.root().join("heads");
-    let prompts_fingerprint = weights_fingerprint(&args.data)
-        .with_context(|| format!("reading {}", args.data.display()))?;
+    let prompts_fingerprint = args
+        .data
+        .iter()
+        .map(|path| {
+            weights_fingerprint(path).with_context(|| format!("reading {}", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .iter()
+        .map(|f| &f[..16])
+        .collect::<Vec<_>>()
+        .join("-");
     let limit = args.limit.map_or("all".into(), |l| l.to_string());
     let cache = heads_root.join(format!(
-        "{name}-training-set-{}-{}-{limit}.safetensors",
-        &prompts_fingerprint[..16],
+        "{name}-training-set-{prompts_fingerprint}-{}-{limit}.safetensors",
         args.max_tokens
     ));
     let data = TrainingSet::cached(&cache, args.refresh, || self_distilled(&args, &mut lm))?;
@@ -78,39 +100,46 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The model's greedy answer to every prompt, with the hidden states that predicted each token.
+/// The model's greedy answer to every prompt, with the hidden states that predicted each token:
+/// `--lockstep` prompts at a time are answered in lockstep (the same answers and states as one at a
+/// time on this batch-invariant model, in fewer forwards).
 fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
-    let prompts = read_text_lines(&[&args.data], args.limit)?;
+    let files: Vec<&Path> = args.data.iter().map(PathBuf::as_path).collect();
+    let prompts = read_text_lines(&files, args.limit)?;
+    let contexts = prompts
+        .iter()
+        .map(|prompt| lm.chat_prompt(&[Message::user(prompt.as_str())]))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The chat template's opening, which every context shares, is forwarded once per batch.
+    let shortest = contexts.iter().map(Vec::len).min().unwrap_or(0);
+    let shared = (0..shortest.saturating_sub(1))
+        .take_while(|&i| contexts.iter().all(|c| c[i] == contexts[0][i]))
+        .count();
     let mut data = TrainingSet::new(lm.model.hidden_size());
     let stop =
         StopConditions::new(args.max_tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
-    let mut rng = StdRng::seed_from_u64(0);
     let bar = ProgressBar::new(prompts.len() as u64).with_style(ProgressStyle::with_template(
         "answering {bar:30} {pos}/{len} {msg}",
     )?);
-    for (i, prompt) in prompts.iter().enumerate() {
-        let context = lm.chat_prompt(&[Message::user(prompt.as_str())])?;
-        let answer = generate(
-            &mut lm.model,
-            &context,
-            &SamplingConfig::greedy(),
-            &stop,
-            &mut rng,
-            &mut |_| {},
-        )?;
-        // Teacher-forced once: the state at the prompt's last position predicts the first
-        // answer token, and so on.
-        let sequence: Vec<u32> = context.iter().chain(&answer.tokens).copied().collect();
-        lm.model.reset();
-        lm.model.forward_tokens(&sequence, LogitRows::None)?;
-        let hidden = lm
-            .model
-            .last_hidden()?
-            .narrow(0, context.len() - 1, answer.tokens.len())?;
-        data.push(hidden, answer.tokens, i as u32)?;
-        bar.inc(1);
+    let started = Instant::now();
+    let lockstep = args.lockstep.max(1);
+    for (batch, contexts) in contexts.chunks(lockstep).enumerate() {
+        let tails: Vec<Vec<u32>> = contexts.iter().map(|c| c[shared..].to_vec()).collect();
+        let answers = greedy_in_lockstep(&mut lm.model, &contexts[0][..shared], &tails, &stop)?;
+        for (i, answer) in answers.into_iter().enumerate() {
+            let group = (batch * lockstep + i) as u32;
+            data.push(answer.hidden, answer.tokens, group)?;
+        }
+        bar.inc(contexts.len() as u64);
         bar.set_message(format!("{} positions", data.positions()));
     }
     bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "answered {} prompts, {lockstep} in lockstep: {} tokens in {seconds:.1} s ({:.1} tokens/s)",
+        prompts.len(),
+        data.positions(),
+        data.positions() as f64 / seconds
+    );
     Ok(data)
 }

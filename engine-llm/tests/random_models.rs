@@ -10,9 +10,9 @@ use engine_llm::{Error, LoadOptions, Requantize, Transformer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Branches, Decoder,
-    DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig, SparseTreeConfig,
-    SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
+    generate, greedy_in_lockstep, speculative_generate, tree_speculative_generate, AcceptanceRule,
+    Branches, Decoder, DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig,
+    SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
 };
 use spec_core::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, OutputRows};
 use spec_nn::heads::{
@@ -196,6 +196,46 @@ fn lockstep_branches_give_each_the_logits_of_decoding_it_alone() {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].branch, fork);
         assert_eq!(out[0].logits, expected, "{family:?}: a fork");
+    }
+}
+
+#[test]
+fn answers_in_lockstep_are_each_prompts_greedy_answer_and_hidden_states() {
+    let shared = [11u32, 22, 33];
+    let tails = [vec![40u32], vec![41, 42, 43], vec![44, 45], vec![46]];
+    let stop = StopConditions::new(12).with_eos([7]);
+    for family in FAMILIES {
+        let mut model = gguf_model(family, 5, GgmlDType::Q8_0);
+        let answers = greedy_in_lockstep(&mut model, &shared, &tails, &stop).unwrap();
+        assert_eq!(model.cached_tokens(), shared);
+        for (tail, answer) in tails.iter().zip(&answers) {
+            let context: Vec<u32> = shared.iter().chain(tail).copied().collect();
+            let mut alone = gguf_model(family, 5, GgmlDType::Q8_0);
+            let expected = generate(
+                &mut alone,
+                &context,
+                &SamplingConfig::greedy(),
+                &stop,
+                &mut StdRng::seed_from_u64(0),
+                &mut |_| {},
+            )
+            .unwrap();
+            assert_eq!(answer.tokens, expected.tokens, "{family:?}");
+            assert_eq!(answer.finish, expected.finish, "{family:?}");
+            alone.reset();
+            let forced: Vec<u32> = context.iter().chain(&answer.tokens).copied().collect();
+            alone.forward_tokens(&forced, LogitRows::None).unwrap();
+            let teacher = alone
+                .last_hidden()
+                .unwrap()
+                .narrow(0, context.len() - 1, answer.tokens.len())
+                .unwrap();
+            assert_eq!(
+                answer.hidden.to_vec2::<f32>().unwrap(),
+                teacher.to_vec2::<f32>().unwrap(),
+                "{family:?}"
+            );
+        }
     }
 }
 

@@ -141,6 +141,7 @@ pub struct HeadsDrafter<H> {
     heads: H,
     tree: HeadsTree,
     widths: Vec<usize>,
+    min_probability: f32,
 }
 
 impl<H: TokenHeads> HeadsDrafter<H> {
@@ -159,7 +160,23 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             heads,
             tree,
             widths,
+            min_probability: 0.0,
         })
+    }
+
+    /// Drafts a depth only while its head gives its first guess at least `probability` (the
+    /// softmax of its logits), and nothing deeper once one falls short: where the heads are
+    /// unsure, the verifying forward is shorter (one row when the first head is unsure), which
+    /// on a CPU costs less than verifying guesses that will fail. Lossless under greedy
+    /// acceptance at any value; 0 (the default) drafts the whole tree every step.
+    pub fn with_min_probability(mut self, probability: f32) -> Result<Self> {
+        if !(0.0..=1.0).contains(&probability) {
+            return Err(Error::InvalidConfig(format!(
+                "a head's least probability to draft must lie in [0, 1], got {probability}"
+            )));
+        }
+        self.min_probability = probability;
+        Ok(self)
     }
 
     /// The heads.
@@ -193,12 +210,19 @@ impl<H: TokenHeads> HeadsDrafter<H> {
                 expected: format!("{} head rows", self.heads.count()),
             });
         }
-        let candidates: Vec<Vec<u32>> = (0..depth)
-            .map(|d| {
-                adjust(d, logits.row_mut(d));
-                top_k_tokens(logits.row(d), self.widths[d])
-            })
-            .collect();
+        let mut candidates: Vec<Vec<u32>> = Vec::with_capacity(depth);
+        for d in 0..depth {
+            adjust(d, logits.row_mut(d));
+            let row = logits.row(d);
+            if self.min_probability > 0.0 && top_probability(row) < self.min_probability {
+                break;
+            }
+            candidates.push(top_k_tokens(row, self.widths[d]));
+        }
+        let depth = candidates.len();
+        if depth == 0 {
+            return Ok(TokenTree::new(root));
+        }
         let choices: Vec<Vec<usize>> = self
             .tree
             .choices
@@ -207,6 +231,17 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             .cloned()
             .collect();
         TokenTree::from_choices(root, &candidates, &choices)
+    }
+}
+
+/// The softmax probability of the largest of `logits` (0 for a row without a finite one).
+fn top_probability(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let p = 1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>();
+    if p.is_nan() {
+        0.0
+    } else {
+        p
     }
 }
 
@@ -329,6 +364,7 @@ mod tests {
     use rand::{rngs::StdRng, SeedableRng};
 
     use super::*;
+    use crate::decoder::{forward_tokens, LogitRows};
     use crate::generate::generate;
     use crate::mock::{MockConfig, MockDecoder, MockHeads};
     use crate::SamplingConfig;
@@ -377,6 +413,41 @@ mod tests {
     }
 
     #[test]
+    fn heads_draft_only_the_depths_they_are_sure_of() {
+        let config = MockConfig::target(48, 4);
+        let heads = MockHeads::new(config.draft(0.3, 9), 3);
+        let drafter = |p: f32| {
+            HeadsDrafter::new(&heads, HeadsTree::branching(3, 2))
+                .unwrap()
+                .with_min_probability(p)
+        };
+        assert!(drafter(1.5).is_err());
+        assert!(drafter(-0.1).is_err());
+        assert!(drafter(f32::NAN).is_err());
+        assert_eq!(top_probability(&[0.0, 0.0, 0.0, 0.0]), 0.25);
+        assert_eq!(top_probability(&[f32::NEG_INFINITY; 3]), 0.0);
+        assert_eq!(top_probability(&[1.0, f32::NAN]), 0.0);
+        let mut target = MockDecoder::new(config);
+        forward_tokens(&mut target, &[1, 2, 3], LogitRows::Last(1)).unwrap();
+        let state = target.last_hidden().unwrap().narrow(0, 2, 1).unwrap();
+        let guesses = heads.predict(&state).unwrap();
+        let sure: Vec<f32> = (0..3).map(|d| top_probability(guesses.row(d))).collect();
+        let depth_at = |p: f32| {
+            let tree = drafter(p)
+                .unwrap()
+                .draft(&state, 5, 3, &mut |_, _| {})
+                .unwrap();
+            (0..tree.len()).map(|i| tree.depth(i)).max().unwrap()
+        };
+        assert_eq!(depth_at(0.0), 3);
+        assert_eq!(depth_at(1.0), 0);
+        // Just above the first head's probability: nothing drafted; at it: at least one depth.
+        assert_eq!(depth_at(sure[0] + 1e-6), 0);
+        let expected = sure.iter().take_while(|&&p| p >= sure[0]).count();
+        assert_eq!(depth_at(sure[0]), expected);
+    }
+
+    #[test]
     fn heads_of_another_width_are_refused() {
         let heads = MockHeads::new(
             MockConfig {
@@ -404,7 +475,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// Greedy acceptance reproduces greedy decoding for any head count, tree shape, head
-        /// quality and context.
+        /// quality, least drafting probability and context.
         #[test]
         fn greedy_heads_decoding_is_lossless(
             seed in 0u64..1000,
@@ -414,11 +485,15 @@ mod tests {
             context in proptest::collection::vec(0u32..40, 1..6),
             max_new in 1usize..40,
             on_demand: bool,
+            min_probability in prop_oneof![Just(0.0f32), 0.0f32..1.0],
         ) {
             let config = MockConfig::target(40, seed);
             let guesses = MockHeads::new(config.draft(noise, seed + 1), heads);
             let depth = 1 + seed as usize % heads;
-            let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width)).unwrap();
+            let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width))
+                .unwrap()
+                .with_min_probability(min_probability)
+                .unwrap();
             let stop = StopConditions::new(max_new).with_eos([7]);
             let mut target = MockDecoder::new(config.clone());
             let rows = if on_demand { OutputRows::OnDemand } else { OutputRows::Batched };

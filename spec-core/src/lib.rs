@@ -6,6 +6,8 @@
 //!   ([`KvCache::truncate`]) and compaction of an accepted tree path ([`KvCache::keep_positions`]);
 //! - [`Branches`]: several continuations of one context decoded in lockstep, one forward per
 //!   step, each branch computing what it would alone, forks sharing their branch's positions;
+//!   [`greedy_in_lockstep`] answers several prompts this way, with the hidden states that
+//!   predicted each token (self-distilled training data);
 //! - [`TokenTree`]: candidate continuations as pure data, with their attention masks, position
 //!   ids and longest-accepted-path search;
 //! - acceptance rules ([`AcceptanceRule`]): greedy, top-k, threshold, speculative sampling with a
@@ -47,7 +49,7 @@ pub mod stats;
 pub mod tree;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
-pub use branches::{BranchLogits, Branches};
+pub use branches::{greedy_in_lockstep, BranchLogits, Branches, LockstepAnswer};
 pub use continuation::{forward_continuation, verify_continuation};
 pub use cost::{AcceptanceRate, CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
