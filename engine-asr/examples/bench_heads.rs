@@ -22,7 +22,7 @@ use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::wer::word_errors;
 use engine_asr::whisper::model_fingerprint;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
-use spec_core::heads::HeadsTree;
+use spec_core::heads::{HeadsDrafter, HeadsTree};
 use spec_core::report::{Report, Table};
 use spec_core::{AcceptanceRule, DecodeStats};
 use spec_models::{Registry, Store};
@@ -59,6 +59,10 @@ struct Args {
     /// Threshold acceptance's least target probability.
     #[arg(long, default_value_t = 0.1)]
     threshold: f32,
+    /// Also the chain with greedy acceptance drafting only the depths whose head is at least
+    /// this sure of its guess, once per value.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.4, 0.7])]
+    min_probability: Vec<f32>,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -69,6 +73,8 @@ struct System {
     name: String,
     tree: Option<HeadsTree>,
     rule: Option<AcceptanceRule>,
+    /// A head drafts only when at least this sure of its guess.
+    min_probability: f32,
 }
 
 /// What a system did on a set.
@@ -100,28 +106,41 @@ fn systems(args: &Args, count: usize) -> Vec<System> {
             name: "greedy".into(),
             tree: None,
             rule: None,
+            min_probability: 0.0,
         },
         System {
             name: format!("heads, chain of {count}, greedy acceptance"),
             tree: Some(HeadsTree::chain(count)),
             rule: Some(AcceptanceRule::greedy()),
+            min_probability: 0.0,
         },
         System {
             name: format!("heads, tree ({count} deep, 2 wide), greedy acceptance"),
             tree: Some(HeadsTree::branching(count, 2)),
             rule: Some(AcceptanceRule::greedy()),
+            min_probability: 0.0,
         },
         System {
             name: format!("heads, chain of {count}, top-{} acceptance", args.top_k),
             tree: Some(HeadsTree::chain(count)),
             rule: Some(AcceptanceRule::top_k(args.top_k)),
+            min_probability: 0.0,
         },
         System {
             name: format!("heads, chain of {count}, threshold {}", args.threshold),
             tree: Some(HeadsTree::chain(count)),
             rule: Some(AcceptanceRule::threshold(args.threshold)),
+            min_probability: 0.0,
         },
     ];
+    for &p in &args.min_probability {
+        systems.push(System {
+            name: format!("heads, chain of {count}, depths with p ≥ {p}, greedy acceptance"),
+            tree: Some(HeadsTree::chain(count)),
+            rule: Some(AcceptanceRule::greedy()),
+            min_probability: p,
+        });
+    }
     systems.retain(|s| s.tree.as_ref().is_none_or(|t| t.depth() <= count));
     systems
 }
@@ -134,7 +153,9 @@ fn run(
     repeats: usize,
 ) -> Result<Outcome> {
     if let Some(tree) = &system.tree {
-        transcriber.set_heads(heads.clone(), tree.clone())?;
+        let drafter = HeadsDrafter::new(heads.clone(), tree.clone())?
+            .with_min_probability(system.min_probability)?;
+        transcriber.set_heads(drafter)?;
     }
     // Greedy decoding without the temperature fallback: the heads accelerate the greedy pass,
     // and a fallback's sampling would swamp the comparison.

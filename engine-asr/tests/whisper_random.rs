@@ -15,7 +15,9 @@ use engine_asr::{
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
-use spec_core::{AcceptanceRule, Decoder, Forward, HeadsTree, HiddenStates, LogitRows, Logits};
+use spec_core::{
+    AcceptanceRule, Decoder, Forward, HeadsDrafter, HeadsTree, HiddenStates, LogitRows, Logits,
+};
 use spec_nn::heads::{train, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet};
 
 fn load(dir: &std::path::Path) -> Whisper {
@@ -611,8 +613,16 @@ fn decoding_with_heads_equals_greedy_decoding() {
             heads: Some(AcceptanceRule::greedy()),
             ..plain.clone()
         };
-        for tree in [HeadsTree::chain(3), HeadsTree::branching(3, 2)] {
-            transcriber.set_heads(heads.clone(), tree).unwrap();
+        for (tree, min_probability) in [
+            (HeadsTree::chain(3), 0.0),
+            (HeadsTree::branching(3, 2), 0.0),
+            (HeadsTree::chain(3), 0.5),
+        ] {
+            let drafter = HeadsDrafter::new(heads.clone(), tree)
+                .unwrap()
+                .with_min_probability(min_probability)
+                .unwrap();
+            transcriber.set_heads(drafter).unwrap();
             for (i, samples) in recordings.iter().enumerate() {
                 let greedy = transcriber.transcribe(samples, &plain).unwrap();
                 let fast = transcriber.transcribe(samples, &with_heads).unwrap();

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
 use spec_core::draft::TreeDrafter;
-use spec_core::heads::{check_heads, HeadsDrafter, HeadsTree, HiddenStates};
+use spec_core::heads::{check_heads, HeadsDrafter, HiddenStates};
 use spec_core::{
     AcceptanceRule, DecodeStats, Decoder, ForwardCosts, LogitRows, SpecAsrConfig, SpecAsrCounts,
     SpecAsrDrafter, TokenTree,
@@ -392,10 +392,12 @@ impl Transcriber {
         })
     }
 
-    /// Multi-token prediction heads for [`TranscribeOptions::heads`], drafting trees of shape
-    /// `tree`; fails when they read hidden states or vocabularies of another size.
-    pub fn set_heads(&mut self, heads: MultiTokenHeads, tree: HeadsTree) -> Result<()> {
-        check_heads(&heads, &self.model)?;
+    /// Multi-token prediction heads for [`TranscribeOptions::heads`], drafting as `drafter`
+    /// says (its tree shape, and how sure a head must be to draft); fails when they read hidden
+    /// states or vocabularies of another size.
+    pub fn set_heads(&mut self, drafter: HeadsDrafter<MultiTokenHeads>) -> Result<()> {
+        let heads = drafter.heads();
+        check_heads(heads, &self.model)?;
         if heads.info().vocab_size != self.model.config().vocab_size {
             return Err(Error::Config(format!(
                 "the heads predict {} tokens, the model has {}",
@@ -403,7 +405,7 @@ impl Transcriber {
                 self.model.config().vocab_size
             )));
         }
-        self.heads = Some(HeadsDrafter::new(heads, tree)?);
+        self.heads = Some(drafter);
         Ok(())
     }
 
