@@ -104,6 +104,7 @@ fn main() -> Result<()> {
 /// `--lockstep` prompts at a time are answered in lockstep (the same answers and states as one at a
 /// time on this batch-invariant model, in fewer forwards).
 fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
+    anyhow::ensure!(args.lockstep > 0, "--lockstep needs at least one prompt");
     let files: Vec<&Path> = args.data.iter().map(PathBuf::as_path).collect();
     let prompts = read_text_lines(&files, args.limit)?;
     let contexts = prompts
@@ -122,7 +123,7 @@ fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
         "answering {bar:30} {pos}/{len} {msg}",
     )?);
     let started = Instant::now();
-    let lockstep = args.lockstep.max(1);
+    let lockstep = args.lockstep;
     for (batch, contexts) in contexts.chunks(lockstep).enumerate() {
         let tails: Vec<Vec<u32>> = contexts.iter().map(|c| c[shared..].to_vec()).collect();
         let answers = greedy_in_lockstep(&mut lm.model, &contexts[0][..shared], &tails, &stop)?;
