@@ -23,6 +23,7 @@ use clap::Parser;
 use engine_llm::cli::read_text_lines;
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use indicatif::{ProgressBar, ProgressStyle};
+use spec_core::decoder::common_prefix_len;
 use spec_core::{greedy_in_lockstep, Decoder, HiddenStates, StopConditions};
 use spec_models::Store;
 use spec_nn::heads::cli::TrainArgs;
@@ -111,11 +112,13 @@ fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
         .iter()
         .map(|prompt| lm.chat_prompt(&[Message::user(prompt.as_str())]))
         .collect::<Result<Vec<_>, _>>()?;
-    // The chat template's opening, which every context shares, is forwarded once per batch.
-    let shortest = contexts.iter().map(Vec::len).min().unwrap_or(0);
-    let shared = (0..shortest.saturating_sub(1))
-        .take_while(|&i| contexts.iter().all(|c| c[i] == contexts[0][i]))
-        .count();
+    // The chat template's opening, which every context shares, is forwarded once per batch
+    // (each context keeps at least its last token of its own).
+    let shared = contexts
+        .iter()
+        .map(|c| common_prefix_len(&contexts[0], c).min(c.len().saturating_sub(1)))
+        .min()
+        .unwrap_or(0);
     let mut data = TrainingSet::new(lm.model.hidden_size());
     let stop =
         StopConditions::new(args.max_tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());

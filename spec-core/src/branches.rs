@@ -287,19 +287,16 @@ pub fn greedy_in_lockstep<D: HiddenStates + ?Sized>(
     let keep = rewind_to_prefix(model, shared)?;
     forward_tokens(model, &shared[keep..], LogitRows::Last(1))?;
     let mut branches = Branches::new(shared.len())?;
-    let mut answers: Vec<(Vec<u32>, Vec<Tensor>, Option<FinishReason>)> = tails
-        .iter()
-        .map(|tail| {
-            branches.open(tail.clone());
-            let finish = (stop.max_new_tokens == 0).then_some(FinishReason::MaxTokens);
-            (Vec::new(), Vec::new(), finish)
-        })
-        .collect();
-    for (branch, answer) in answers.iter().enumerate() {
-        if answer.2.is_some() {
+    let nothing_wanted = stop.max_new_tokens == 0;
+    for tail in tails {
+        let branch = branches.open(tail.clone());
+        if nothing_wanted {
             branches.close(branch)?;
         }
     }
+    let finish = nothing_wanted.then_some(FinishReason::MaxTokens);
+    let mut answers: Vec<(Vec<u32>, Vec<Tensor>, Option<FinishReason>)> =
+        vec![(Vec::new(), Vec::new(), finish); tails.len()];
     while branches.has_pending() {
         let rows = LOCKSTEP_ROWS.min(model.max_len() - model.cached_len());
         if rows == 0 {

@@ -23,7 +23,7 @@ use crate::generate::{
     TreeRows, TreeVerdict,
 };
 use crate::logits::Logits;
-use crate::sampling::top_k_tokens;
+use crate::sampling::{max_probability, top_k_tokens};
 use crate::stats::DecodeStats;
 use crate::tree::TokenTree;
 use crate::{Error, Result, StopConditions};
@@ -214,8 +214,12 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         for d in 0..depth {
             adjust(d, logits.row_mut(d));
             let row = logits.row(d);
-            if self.min_probability > 0.0 && top_probability(row) < self.min_probability {
-                break;
+            if self.min_probability > 0.0 {
+                // A row without a finite logit (NaN) is unsure too.
+                let sure = max_probability(row);
+                if sure.is_nan() || sure < self.min_probability {
+                    break;
+                }
             }
             candidates.push(top_k_tokens(row, self.widths[d]));
         }
@@ -231,17 +235,6 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             .cloned()
             .collect();
         TokenTree::from_choices(root, &candidates, &choices)
-    }
-}
-
-/// The softmax probability of the largest of `logits` (0 for a row without a finite one).
-fn top_probability(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let p = 1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>();
-    if p.is_nan() {
-        0.0
-    } else {
-        p
     }
 }
 
@@ -424,14 +417,11 @@ mod tests {
         assert!(drafter(1.5).is_err());
         assert!(drafter(-0.1).is_err());
         assert!(drafter(f32::NAN).is_err());
-        assert_eq!(top_probability(&[0.0, 0.0, 0.0, 0.0]), 0.25);
-        assert_eq!(top_probability(&[f32::NEG_INFINITY; 3]), 0.0);
-        assert_eq!(top_probability(&[1.0, f32::NAN]), 0.0);
         let mut target = MockDecoder::new(config);
         forward_tokens(&mut target, &[1, 2, 3], LogitRows::Last(1)).unwrap();
         let state = target.last_hidden().unwrap().narrow(0, 2, 1).unwrap();
         let guesses = heads.predict(&state).unwrap();
-        let sure: Vec<f32> = (0..3).map(|d| top_probability(guesses.row(d))).collect();
+        let sure: Vec<f32> = (0..3).map(|d| max_probability(guesses.row(d))).collect();
         let depth_at = |p: f32| {
             let tree = drafter(p)
                 .unwrap()
@@ -445,6 +435,18 @@ mod tests {
         assert_eq!(depth_at(sure[0] + 1e-6), 0);
         let expected = sure.iter().take_while(|&&p| p >= sure[0]).count();
         assert_eq!(depth_at(sure[0]), expected);
+        // A first head without a finite logit (all −∞, or a NaN) drafts nothing.
+        for unsure in [f32::NEG_INFINITY, f32::NAN] {
+            let tree = drafter(0.1)
+                .unwrap()
+                .draft(&state, 5, 3, &mut |d, row| {
+                    if d == 0 {
+                        row.fill(unsure);
+                    }
+                })
+                .unwrap();
+            assert_eq!(tree.len(), 1, "{unsure}");
+        }
     }
 
     #[test]
