@@ -14,7 +14,7 @@ use spec_core::{
     Branches, Decoder, DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig,
     SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
 };
-use spec_core::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, OutputRows};
+use spec_core::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, OutputRows, TokenHeads};
 use spec_nn::heads::{
     train, weights_fingerprint, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet,
 };
@@ -698,9 +698,24 @@ fn decoding_with_trained_heads_equals_greedy_decoding() {
             .unwrap();
         let heads =
             MultiTokenHeads::load(heads_dir.path(), &model, &fingerprint, &Device::Cpu).unwrap();
+        // One head at a time (as a gated drafter asks) gives the rows of all at once.
+        let state = model.last_hidden().unwrap().narrow(0, 0, 1).unwrap();
+        let together = heads.predict(&state, 0..3).unwrap();
+        for k in 0..3 {
+            let alone = heads.predict(&state, k..k + 1).unwrap();
+            assert_eq!(alone.row(0), together.row(k), "{family:?} head {k}");
+        }
+        assert!(heads.predict(&state, 2..4).is_err());
         let mut accepted = 0;
-        for tree in [HeadsTree::chain(3), HeadsTree::branching(3, 2)] {
-            let drafter = HeadsDrafter::new(&heads, tree).unwrap();
+        let drafters = [
+            HeadsDrafter::new(&heads, HeadsTree::chain(3)).unwrap(),
+            HeadsDrafter::new(&heads, HeadsTree::branching(3, 2)).unwrap(),
+            HeadsDrafter::new(&heads, HeadsTree::chain(3))
+                .unwrap()
+                .with_min_probability(0.3)
+                .unwrap(),
+        ];
+        for drafter in drafters {
             for rows in [OutputRows::Batched, OutputRows::OnDemand] {
                 for (prompt, expected) in prompts.iter().zip(&greedy) {
                     model.reset();

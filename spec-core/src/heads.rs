@@ -12,6 +12,7 @@
 //! (the networks and their training live in `spec-nn`); [`HeadsDrafter`] turns their logits into
 //! trees and [`heads_generate`] is the generic loop.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use candle_core::Tensor;
@@ -53,10 +54,11 @@ pub trait TokenHeads {
     /// Width of the hidden state the heads read.
     fn hidden_size(&self) -> usize;
 
-    /// Logits `[count, vocab]` for one hidden state `[1, hidden_size]`: row `k` guesses the
-    /// token `k + 2` positions after the hidden state's (row 0 the token after the model's own
-    /// next one).
-    fn predict(&self, hidden: &Tensor) -> Result<Logits>;
+    /// Logits of the heads in `heads` (a range within `0..count`) for one hidden state
+    /// `[1, hidden_size]`, one row per head: head `k` guesses the token `k + 2` positions after
+    /// the hidden state's (head 0 the token after the model's own next one). A drafter that
+    /// stops at an unsure head asks for one head at a time and never pays for the deeper ones.
+    fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits>;
 }
 
 impl<H: TokenHeads + ?Sized> TokenHeads for &H {
@@ -66,8 +68,8 @@ impl<H: TokenHeads + ?Sized> TokenHeads for &H {
     fn hidden_size(&self) -> usize {
         (**self).hidden_size()
     }
-    fn predict(&self, hidden: &Tensor) -> Result<Logits> {
-        (**self).predict(hidden)
+    fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
+        (**self).predict(hidden, heads)
     }
 }
 
@@ -203,18 +205,26 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         if depth == 0 {
             return Ok(TokenTree::new(root));
         }
-        let mut logits = self.heads.predict(hidden)?;
-        if logits.len() != self.heads.count() {
-            return Err(Error::LogitsShape {
-                got: vec![logits.len(), logits.vocab_size()],
-                expected: format!("{} head rows", self.heads.count()),
-            });
-        }
+        let gated = self.min_probability > 0.0;
+        // Ungated, every head the tree uses in one call; gated, one head at a time, so an unsure
+        // head spares the cost of those after it.
+        let mut all = match gated {
+            true => None,
+            false => Some(self.predict_checked(hidden, 0..depth)?),
+        };
         let mut candidates: Vec<Vec<u32>> = Vec::with_capacity(depth);
         for d in 0..depth {
-            adjust(d, logits.row_mut(d));
-            let row = logits.row(d);
-            if self.min_probability > 0.0 {
+            let mut own;
+            let (rows, row) = match all.as_mut() {
+                Some(all) => (all, d),
+                None => {
+                    own = self.predict_checked(hidden, d..d + 1)?;
+                    (&mut own, 0)
+                }
+            };
+            adjust(d, rows.row_mut(row));
+            let row = rows.row(row);
+            if gated {
                 // A row without a finite logit (NaN) is unsure too.
                 let sure = max_probability(row);
                 if sure.is_nan() || sure < self.min_probability {
@@ -235,6 +245,18 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             .cloned()
             .collect();
         TokenTree::from_choices(root, &candidates, &choices)
+    }
+
+    /// The heads' logits for `heads`, one row per head, or an error naming the shape they gave.
+    fn predict_checked(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
+        let logits = self.heads.predict(hidden, heads.clone())?;
+        if logits.len() != heads.len() {
+            return Err(Error::LogitsShape {
+                got: vec![logits.len(), logits.vocab_size()],
+                expected: format!("{} head rows", heads.len()),
+            });
+        }
+        Ok(logits)
     }
 }
 
@@ -420,8 +442,14 @@ mod tests {
         let mut target = MockDecoder::new(config);
         forward_tokens(&mut target, &[1, 2, 3], LogitRows::Last(1)).unwrap();
         let state = target.last_hidden().unwrap().narrow(0, 2, 1).unwrap();
-        let guesses = heads.predict(&state).unwrap();
+        let guesses = heads.predict(&state, 0..3).unwrap();
         let sure: Vec<f32> = (0..3).map(|d| max_probability(guesses.row(d))).collect();
+        for d in 0..3 {
+            let alone = heads.predict(&state, d..d + 1).unwrap();
+            assert_eq!(alone.row(0), guesses.row(d));
+        }
+        assert!(heads.predict(&state, 1..4).is_err());
+        assert!(heads.predict(&state, 1..1).is_err());
         let depth_at = |p: f32| {
             let tree = drafter(p)
                 .unwrap()

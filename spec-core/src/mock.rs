@@ -7,6 +7,8 @@
 //! lets a node see a sibling changes its logits, so tests built on it catch those bugs. A draft
 //! is the same function plus seeded noise, so draft and target agree often but not always.
 
+use std::ops::Range;
+
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{check_token_range, Decoder, DecoderInput, Forward, LogitRows};
@@ -277,15 +279,23 @@ impl TokenHeads for MockHeads {
         self.model.hidden_size()
     }
 
-    fn predict(&self, hidden: &Tensor) -> Result<Logits> {
+    fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
+        if heads.is_empty() || heads.end > self.count {
+            return Err(Error::InvalidConfig(format!(
+                "heads {heads:?} asked of {} heads",
+                self.count
+            )));
+        }
         let row: Vec<f32> = hidden.flatten_all()?.to_vec1()?;
         let (position, mut visible) = read_hidden_state(&row);
         let mut logits = self.model.logits_for(&visible, position);
-        let mut rows = Vec::with_capacity(self.count);
-        for k in 1..=self.count {
+        let mut rows = Vec::with_capacity(heads.len());
+        for k in 1..=heads.end {
             visible.push(argmax(&logits));
             logits = self.model.logits_for(&visible, position + k);
-            rows.push(logits.clone());
+            if heads.contains(&(k - 1)) {
+                rows.push(logits.clone());
+            }
         }
         Logits::from_rows(&rows)
     }

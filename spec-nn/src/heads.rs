@@ -20,6 +20,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -140,9 +141,12 @@ pub fn weights_fingerprint(path: &Path) -> Result<String> {
 enum Layers {
     /// One output layer over the shortlist per head.
     Projection(Vec<Linear>),
-    /// Every head's transform stacked into one `[count · hidden, hidden]` layer (one kernel
-    /// pass for all heads), and the model's unembedding rows of the shortlist.
-    Latent { transforms: Linear, output: Linear },
+    /// Each head's `[hidden, hidden]` transform, and the model's unembedding rows of the
+    /// shortlist (one pass for the rows of all the heads asked for).
+    Latent {
+        transforms: Vec<Linear>,
+        output: Linear,
+    },
 }
 
 /// Trained heads, ready to draft ([`TokenHeads`]).
@@ -265,7 +269,11 @@ impl MultiTokenHeads {
                     .collect::<Result<_>>()?,
             ),
             HeadKind::Latent { .. } => Layers::Latent {
-                transforms: layer(&Tensor::cat(&weights, 0)?, Some(Tensor::cat(&biases, 0)?))?,
+                transforms: weights
+                    .iter()
+                    .zip(biases)
+                    .map(|(w, b)| layer(w, Some(b)))
+                    .collect::<Result<_>>()?,
                 output: layer(&model.unembedding_rows(&shortlist)?, None)?,
             },
         };
@@ -295,12 +303,17 @@ impl TokenHeads for MultiTokenHeads {
         self.info.hidden_size
     }
 
-    fn predict(&self, hidden: &Tensor) -> spec_core::Result<Logits> {
+    fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> spec_core::Result<Logits> {
         let (count, width) = (self.info.count, self.info.hidden_size);
+        if heads.is_empty() || heads.end > count {
+            return Err(spec_core::Error::InvalidConfig(format!(
+                "heads {heads:?} asked of {count} heads"
+            )));
+        }
         let hidden = hidden.reshape((1, width))?;
         let scores = match (&self.layers, self.info.kind) {
             (Layers::Projection(layers), _) => {
-                let rows = layers
+                let rows = layers[heads]
                     .iter()
                     .map(|layer| layer.forward(&hidden))
                     .collect::<candle_core::Result<Vec<_>>>()?;
@@ -313,8 +326,11 @@ impl TokenHeads for MultiTokenHeads {
                     residual,
                 },
             ) => {
-                let z = transforms.forward(&hidden)?.reshape((count, width))?;
-                output.forward(&expand(z, &hidden, activation, residual)?)?
+                let z = transforms[heads]
+                    .iter()
+                    .map(|transform| transform.forward(&hidden))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                output.forward(&expand(Tensor::cat(&z, 0)?, &hidden, activation, residual)?)?
             }
             (Layers::Latent { .. }, HeadKind::Projection) => {
                 unreachable!("layers are built for their kind")
@@ -1081,7 +1097,10 @@ mod tests {
         assert_eq!(heads.count(), 2);
         assert_eq!(heads.info().trained_for.base_model, "tiny");
         let guesses = heads
-            .predict(&Tensor::zeros((1, 8), DType::F32, &Device::Cpu).unwrap())
+            .predict(
+                &Tensor::zeros((1, 8), DType::F32, &Device::Cpu).unwrap(),
+                0..2,
+            )
             .unwrap();
         assert_eq!((guesses.len(), guesses.vocab_size()), (2, 8));
         let err = MultiTokenHeads::load(dir.path(), &model, "fff", &Device::Cpu).unwrap_err();
