@@ -14,8 +14,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use candle_core::Device;
 use clap::Parser;
+use engine_llm::cli::open_heads;
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -25,7 +25,6 @@ use spec_core::{
     OutputRows, SamplingConfig, StopConditions,
 };
 use spec_models::{mt_bench, Store};
-use spec_nn::heads::{weights_fingerprint, MultiTokenHeads};
 
 #[derive(Parser, Debug)]
 #[command(about = "A chat model with multi-token prediction heads against greedy decoding")]
@@ -57,22 +56,7 @@ fn main() -> Result<()> {
     let store = Store::from_env()?;
     let mut lm = LanguageModel::open(&args.model, &LoadOptions::default())?;
     let name = store.resolve(&args.model)?.name;
-    let heads_dir = store
-        .root()
-        .join("heads")
-        .join(format!("{name}-{}", args.heads));
-    let heads = MultiTokenHeads::load(
-        &heads_dir,
-        &lm.model,
-        &weights_fingerprint(&lm.weights)?,
-        &Device::Cpu,
-    )
-    .with_context(|| {
-        format!(
-            "heads for {} (train them: cargo xtask train-heads {} --heads 4 --kind latent)",
-            args.model, args.model
-        )
-    })?;
+    let heads = open_heads(&lm, &args.model, &args.heads)?;
     let count = heads.info().count;
     let prompts: Vec<Vec<u32>> = mt_bench::first_turns(&store, args.questions)?
         .iter()

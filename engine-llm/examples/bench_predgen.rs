@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model, progress_bar, ModelArgs};
+use engine_llm::cli::{init_logging, open_model, progress_bar, HeadsArgs, ModelArgs};
 use engine_llm::predgen::spoken_at_rate;
 use engine_llm::predgen::FixedLatencySynthesizer;
 use engine_llm::predgen::{answer_similarity, EventKind};
@@ -36,7 +36,9 @@ use engine_llm::{
     Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
 };
 use spec_core::report::{Report, Table};
+use spec_core::HeadsDrafter;
 use spec_models::mt_bench;
+use spec_nn::heads::MultiTokenHeads;
 
 const DEFAULT_VOICE_QUESTIONS: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/data/voice_questions.txt");
@@ -115,6 +117,12 @@ fn setups() -> Vec<Setup> {
             Verifier::Greedy,
             Continuation::Lookup { max_draft: 8 },
         ),
+        predgen(
+            "Greedy + heads",
+            "heads",
+            Verifier::Greedy,
+            Continuation::Heads,
+        ),
         Setup {
             candidate_questions: true,
             ..predgen(
@@ -181,6 +189,9 @@ struct Options {
     #[arg(long, default_value = "qwen2.5-coder-0.5b-instruct")]
     draft: String,
 
+    #[command(flatten)]
+    heads: HeadsArgs,
+
     /// The question sets
     #[arg(long, value_enum, default_value_t = Sets::Both)]
     set: Sets,
@@ -211,7 +222,7 @@ struct Options {
     repeats: u64,
 
     /// The methods to run beside the cascade (always run), by name: greedy,
-    /// greedy-no-completion, top3, reflection, jacobi, draft, lookup, greedy-candidates,
+    /// greedy-no-completion, top3, reflection, jacobi, draft, lookup, heads, greedy-candidates,
     /// lookup-candidates, cascade-again (the cascade once more, like a method: the noise floor of
     /// "turns > 5 % slower") [default: all]
     #[arg(long, value_delimiter = ',')]
@@ -234,10 +245,18 @@ struct Options {
     plots: PathBuf,
 }
 
+/// What the setups run on.
+struct Models {
+    target: LanguageModel,
+    /// The draft-model continuation's draft.
+    draft: LanguageModel,
+    /// The heads continuation's drafter, when a chosen setup uses it.
+    heads: Option<HeadsDrafter<MultiTokenHeads>>,
+}
+
 /// Both turns of one question with one setup, in a fresh conversation.
 fn run_question(
-    model: &mut LanguageModel,
-    draft: &mut LanguageModel,
+    models: &mut Models,
     setup: &Setup,
     turns: &[String],
     options: &Options,
@@ -256,9 +275,12 @@ fn run_question(
         },
         ..PredGenConfig::default()
     };
-    let mut session = PredGen::new(model, config)?;
+    let mut session = PredGen::new(&mut models.target, config)?;
     if matches!(continuation, Continuation::DraftModel { .. }) {
-        session = session.with_draft(draft)?;
+        session = session.with_draft(&mut models.draft)?;
+    }
+    if let (Continuation::Heads, Some(heads)) = (continuation, &models.heads) {
+        session = session.with_heads(heads.clone())?;
     }
     let mut tts = FixedLatencySynthesizer::default();
     turns
@@ -507,8 +529,7 @@ struct BracketedRun {
 /// The cascade keeps each turn's median over all its runs; a method keeps, per turn, the run
 /// whose ratio to its adjacent cascades is the median.
 fn run_set(
-    model: &mut LanguageModel,
-    draft: &mut LanguageModel,
+    models: &mut Models,
     setups: &[Setup],
     conversations: &[Vec<String>],
     options: &Options,
@@ -519,8 +540,7 @@ fn run_set(
     let mut results: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
     let mut adjacent: Vec<Vec<f64>> = setups.iter().map(|_| Vec::new()).collect();
     let bar = progress_bar(conversations.len(), name);
-    let mut run =
-        |setup: &Setup, turns: &[String]| run_question(model, draft, setup, turns, options);
+    let mut run = |setup: &Setup, turns: &[String]| run_question(models, setup, turns, options);
     for (i, turns) in conversations.iter().enumerate() {
         let mut cascade_runs: Vec<Vec<Turn>> = Vec::new();
         let mut method_runs: Vec<Vec<BracketedRun>> = methods.iter().map(|_| Vec::new()).collect();
@@ -828,18 +848,30 @@ fn main() -> Result<()> {
         );
         sets.push(("voice", title, conversations));
     }
-    let mut model = options.model.open()?;
-    let mut draft = open_model(&options.draft, &LoadOptions::default())?;
+    let target = options.model.open()?;
+    let draft = open_model(&options.draft, &LoadOptions::default())?;
     let setups = chosen_setups(&options.methods)?;
+    let heads = match setups
+        .iter()
+        .any(|s| matches!(s.method, Some((_, Continuation::Heads))))
+    {
+        true => Some(options.heads.drafter(&target, &options.model.model)?),
+        false => None,
+    };
+    let mut models = Models {
+        target,
+        draft,
+        heads,
+    };
 
     // Warm-up (weights are repacked on first use), untimed.
     let warm_up = vec!["What is the capital of France?".to_string()];
     for setup in &setups {
-        run_question(&mut model, &mut draft, setup, &warm_up, &options)?;
+        run_question(&mut models, setup, &warm_up, &options)?;
     }
     let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}{}{}",
+            "cargo run --release -p engine-llm --example bench_predgen -- {} --max-tokens {} --repeats {}{}{}{}",
             question_args(&options),
             options.max_tokens,
             options.repeats,
@@ -851,6 +883,13 @@ fn main() -> Result<()> {
             match setups.iter().any(|s| s.candidate_questions) {
                 true => format!(" --question-candidates {}", options.question_candidates),
                 false => String::new(),
+            },
+            match models.heads.is_some() {
+                true => format!(
+                    " --heads {} --heads-min-probability {}",
+                    options.heads.heads, options.heads.heads_min_probability
+                ),
+                false => String::new(),
             }
         ),
         ..Report::default()
@@ -860,15 +899,7 @@ fn main() -> Result<()> {
             "{title}, spoken at {} characters per minute, {} (draft {}), answers up to {} tokens, TTS latency 200 ms, {} run(s) per turn and method, each between two runs of the cascade (a turn keeps its median ratio to them)",
             options.rate, options.model.model, options.draft, options.max_tokens, options.repeats
         );
-        let run = run_set(
-            &mut model,
-            &mut draft,
-            &setups,
-            &conversations,
-            &options,
-            name,
-            title,
-        )?;
+        let run = run_set(&mut models, &setups, &conversations, &options, name, title)?;
         report.tables.push(summary_table(&run, &setups));
         report.details.push(turns_table(&run, &setups));
         report.notes.extend(set_notes(&run, &setups));

@@ -7,6 +7,8 @@
 //!     --partials engine-llm/data/partials.txt
 //! cargo run --release -p engine-llm --example predgen -- --continuation draft \
 //!     --draft qwen2.5-coder-0.5b-instruct --question "How do vaccines work?"
+//! cargo run --release -p engine-llm --example predgen -- --continuation heads \
+//!     --question "How do vaccines work?"   # after `cargo xtask train-heads MODEL …`
 //! cargo run --release -p engine-llm --example predgen -- --live \
 //!     --question "How often should I water a snake plant?"
 //! ```
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model, ModelArgs};
+use engine_llm::cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use engine_llm::predgen::{
     partial_channel, spoken_at_rate, FixedLatencySynthesizer, Partial, PartialReceiver,
 };
@@ -50,9 +52,12 @@ struct Args {
     verifier: Verifier,
 
     /// How the answer is continued after the kept guess: lookup[:MAX_DRAFT], ar,
-    /// jacobi[:WINDOW], draft[:GAMMA]
+    /// jacobi[:WINDOW], draft[:GAMMA], heads
     #[arg(long, default_value = "lookup")]
     continuation: Continuation,
+
+    #[command(flatten)]
+    heads: HeadsArgs,
 
     /// Candidate completions of the question answered ahead (1: the greedy completion alone)
     #[arg(long, default_value_t = PredGenConfig::default().question_candidates)]
@@ -162,6 +167,10 @@ fn main() -> Result<()> {
         Some(name) => Some(open_model(&name, &LoadOptions::default())?),
         None => None,
     };
+    let mut heads = match config.continuation {
+        Continuation::Heads => Some(args.heads.drafter(&model, &args.model.model)?),
+        _ => None,
+    };
     // The first forward repacks the weights (seconds for the 1.5B): do it before timing.
     warm_up(&mut model)?;
     if let Some(draft) = draft.as_mut() {
@@ -173,6 +182,9 @@ fn main() -> Result<()> {
         let mut session = PredGen::new(&mut model, config.clone())?;
         if let Some(draft) = draft.as_mut() {
             session = session.with_draft(draft)?;
+        }
+        if let Some(heads) = heads.take() {
+            session = session.with_heads(heads)?;
         }
         for inputs in &turns {
             println!(

@@ -9,6 +9,7 @@ use crate::template::{ChatTemplate, JinjaTemplate};
 use crate::tokenizer::TextTokenizer;
 use crate::transformer::Transformer;
 use crate::{Error, Result};
+use spec_nn::heads::{weights_fingerprint, MultiTokenHeads};
 use spec_nn::GgufFile;
 
 /// Who speaks a message.
@@ -217,6 +218,20 @@ impl LanguageModel {
                 .vocab_size()
                 .max(draft.tokenizer.vocab_size()),
         )
+    }
+
+    /// The multi-token prediction heads in `dir` (`heads.json`, `heads.safetensors`, as
+    /// `cargo xtask train-heads` writes them); fails unless they were trained for this model's
+    /// weights.
+    pub fn load_heads(&self, dir: &Path) -> Result<MultiTokenHeads> {
+        let fingerprint = weights_fingerprint(&self.weights)?;
+        let device = spec_core::Decoder::device(&self.model);
+        Ok(MultiTokenHeads::load(
+            dir,
+            &self.model,
+            &fingerprint,
+            device,
+        )?)
     }
 }
 

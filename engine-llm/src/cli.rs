@@ -9,7 +9,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::{SamplingConfig, StopConditions};
+use spec_core::{HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
+use spec_nn::heads::MultiTokenHeads;
 use tracing_subscriber::EnvFilter;
 
 use crate::{Error, GenerateOptions, LanguageModel, LoadOptions, Result};
@@ -65,6 +66,55 @@ pub fn open_model(name: &str, options: &LoadOptions) -> Result<LanguageModel> {
         "model loaded"
     );
     Ok(model)
+}
+
+/// The heads `cargo xtask train-heads MODEL` trained for the model `name` (as the models folder
+/// names it): `$SPECVOICE_MODELS/heads/<folder>-<variant>`, e.g. variant `latent-4`. Missing
+/// heads are an error that says how to train them.
+pub fn open_heads(model: &LanguageModel, name: &str, variant: &str) -> Result<MultiTokenHeads> {
+    let store = spec_models::Store::from_env()?;
+    let folder = store.resolve(name)?.name;
+    let dir = store
+        .root()
+        .join("heads")
+        .join(format!("{folder}-{variant}"));
+    if !dir.join("heads.json").is_file() {
+        return Err(Error::Config(format!(
+            "no heads in {}: train them with `cargo xtask train-heads {name} --heads 4 --kind \
+             latent`",
+            dir.display()
+        )));
+    }
+    model.load_heads(&dir)
+}
+
+/// The multi-token prediction heads of PredGen's heads continuation.
+#[derive(clap::Args, Clone, Debug)]
+pub struct HeadsArgs {
+    /// Heads for `--continuation heads`: `$SPECVOICE_MODELS/heads/MODEL-<this>`, as `cargo xtask
+    /// train-heads` writes them
+    #[arg(long, default_value = "latent-4")]
+    pub heads: String,
+
+    /// With `--continuation heads`, a depth is drafted only while its head is at least this sure
+    /// of its guess (0: every depth)
+    #[arg(long, default_value_t = 0.7)]
+    pub heads_min_probability: f32,
+}
+
+impl HeadsArgs {
+    /// The heads trained for `model` (named `name` in the models folder), drafting a chain as
+    /// deep as there are heads.
+    pub fn drafter(
+        &self,
+        model: &LanguageModel,
+        name: &str,
+    ) -> Result<HeadsDrafter<MultiTokenHeads>> {
+        let heads = open_heads(model, name, &self.heads)?;
+        let depth = heads.info().count;
+        Ok(HeadsDrafter::new(heads, HeadsTree::chain(depth))?
+            .with_min_probability(self.heads_min_probability)?)
+    }
 }
 
 /// How much to generate and how to pick tokens.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
-use engine_llm::cli::{init_logging, open_model, ModelArgs};
+use engine_llm::cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use engine_llm::{Continuation, LoadOptions, PredGen, PredGenConfig, Verifier};
 use engine_mt::{Decoding, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
@@ -145,9 +145,13 @@ struct ChatArgs {
     verifier: Verifier,
 
     /// How the answer is continued: lookup[:MAX_DRAFT] (copies from the turn's discarded
-    /// guesses; costs no forward), ar, jacobi[:WINDOW], draft[:GAMMA] (needs --draft)
+    /// guesses; costs no forward), ar, jacobi[:WINDOW], draft[:GAMMA] (needs --draft), heads
+    /// (needs heads trained for the model)
     #[arg(long, default_value = "lookup")]
     continuation: Continuation,
+
+    #[command(flatten)]
+    heads: HeadsArgs,
 
     /// Draft model for `--continuation draft`
     #[arg(long)]
@@ -345,6 +349,10 @@ fn chat(args: ChatArgs) -> Result<()> {
         .as_deref()
         .map(|name| open_model(name, &LoadOptions::default()))
         .transpose()?;
+    let heads = match args.continuation {
+        Continuation::Heads => Some(args.heads.drafter(&model, &hearing.model.model)?),
+        _ => None,
+    };
     let config = PredGenConfig {
         verifier: args.verifier,
         continuation: args.continuation,
@@ -360,6 +368,9 @@ fn chat(args: ChatArgs) -> Result<()> {
         let mut session = PredGen::new(&mut model, config.clone())?;
         if let Some(draft) = draft.as_mut() {
             session = session.with_draft(draft)?;
+        }
+        if let Some(heads) = &heads {
+            session = session.with_heads(heads.clone())?;
         }
         let mut chat = VoiceChat::new(
             listener,

@@ -76,6 +76,10 @@ pub enum Continuation {
     /// the measured forward costs and the observed acceptance pay for
     /// ([`spec_core::LookupDrafter`]). Costs no forward.
     Lookup { max_draft: usize },
+    /// Drafts from the model's multi-token prediction heads (beyond the paper; needs heads
+    /// trained for the model, see [`PredGen::with_heads`]): every verifying forward also gives
+    /// the hidden state the heads guess the next tokens from, so drafting costs no forward.
+    Heads,
 }
 
 impl std::str::FromStr for Verifier {
@@ -99,7 +103,7 @@ impl std::str::FromStr for Continuation {
     type Err = Error;
 
     /// `ar`, `jacobi` or `jacobi:WINDOW` (default 8), `draft` or `draft:GAMMA` (default 3),
-    /// `lookup` or `lookup:MAX_DRAFT` (default 8).
+    /// `lookup` or `lookup:MAX_DRAFT` (default 8), `heads`.
     fn from_str(text: &str) -> Result<Self> {
         let (name, value) = text.split_once(':').unwrap_or((text, ""));
         let number = |default: usize| -> Result<usize> {
@@ -117,9 +121,10 @@ impl std::str::FromStr for Continuation {
             "lookup" => Self::Lookup {
                 max_draft: number(8)?,
             },
+            "heads" if value.is_empty() => Self::Heads,
             _ => {
                 return Err(Error::Input(format!(
-                    "unknown continuation `{text}` (ar, jacobi[:WINDOW], draft[:GAMMA], lookup[:MAX_DRAFT])"
+                    "unknown continuation `{text}` (ar, jacobi[:WINDOW], draft[:GAMMA], lookup[:MAX_DRAFT], heads)"
                 )))
             }
         })
@@ -318,7 +323,11 @@ mod tests {
             "lookup".parse::<Continuation>().unwrap(),
             Continuation::Lookup { max_draft: 8 }
         );
-        for bad in ["jacobi:0", "draft:x", "lookup:0", "beam"] {
+        assert_eq!(
+            "heads".parse::<Continuation>().unwrap(),
+            Continuation::Heads
+        );
+        for bad in ["jacobi:0", "draft:x", "lookup:0", "heads:3", "beam"] {
             assert!(bad.parse::<Continuation>().is_err(), "{bad}");
         }
     }

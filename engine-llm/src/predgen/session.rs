@@ -17,12 +17,13 @@ use spec_core::acceptance::Acceptance;
 use spec_core::decoder::{common_prefix_len, common_suffix_len, forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, generate, jacobi_generate, speculative_generate,
+    forward_continuation, generate, heads_generate, jacobi_generate, speculative_generate,
     tree_speculative_generate, AcceptanceRate, AcceptanceRule, CostAwarePolicy, Decoder,
-    DraftLength, FinishReason, ForwardCosts, Generation, Interrupt, LogitRows, LookupDrafter,
-    SamplingConfig, SpeculativeConfig, StopConditions,
+    DraftLength, FinishReason, ForwardCosts, Generation, HeadsDrafter, Interrupt, LogitRows,
+    LookupDrafter, OutputRows, SamplingConfig, SpeculativeConfig, StopConditions, TokenHeads,
 };
 use spec_nn::forward_costs;
+use spec_nn::heads::MultiTokenHeads;
 
 use spec_voice::{
     first_streamed_sentence, keeps_words, split_sentences, FinalSignal, Partial, PartialReceiver,
@@ -250,6 +251,8 @@ struct Check {
 pub struct PredGen<'m> {
     model: &'m mut LanguageModel,
     draft: Option<&'m mut LanguageModel>,
+    /// The drafter of [`Continuation::Heads`].
+    heads: Option<HeadsDrafter<MultiTokenHeads>>,
     judge_cache: CacheState,
     /// Built with the reflection verifier, or on the first [`PredGen::judge`].
     judge_tokens: Option<JudgeTokens>,
@@ -327,6 +330,7 @@ impl<'m> PredGen<'m> {
             judge_tokens,
             model,
             draft: None,
+            heads: None,
             config,
             history: Vec::new(),
             turn: None,
@@ -349,6 +353,26 @@ impl<'m> PredGen<'m> {
             self.draft_policy = Some(CostAwarePolicy::new(costs.clone(), draft_costs, gamma));
         }
         self.draft = Some(draft);
+        Ok(self)
+    }
+
+    /// Attaches the heads of [`Continuation::Heads`] (loaded for this model with
+    /// [`LanguageModel::load_heads`], which refuses heads trained for another), in the tree
+    /// shape and with the confidence gate `drafter` has.
+    pub fn with_heads(mut self, drafter: HeadsDrafter<MultiTokenHeads>) -> Result<Self> {
+        let info = drafter.heads().info();
+        let (hidden, vocab) = (
+            self.model.model.config().hidden_size,
+            self.model.model.vocab_size(),
+        );
+        if drafter.heads().hidden_size() != hidden || info.vocab_size != vocab {
+            return Err(Error::Config(format!(
+                "heads for hidden states {} wide and {} tokens, the model has {hidden} and {vocab}",
+                drafter.heads().hidden_size(),
+                info.vocab_size
+            )));
+        }
+        self.heads = Some(drafter);
         Ok(self)
     }
 
@@ -398,6 +422,12 @@ impl<'m> PredGen<'m> {
         {
             return Err(Error::Config(
                 "the draft-model continuation needs a draft model (PredGen::with_draft)".into(),
+            ));
+        }
+        if self.config.continuation == Continuation::Heads && self.heads.is_none() {
+            return Err(Error::Config(
+                "the heads continuation needs heads trained for the model (PredGen::with_heads)"
+                    .into(),
             ));
         }
         self.turn = None;
@@ -1473,6 +1503,21 @@ impl<'m> PredGen<'m> {
                 )?;
                 self.lookup_acceptance = Some(drafter.acceptance());
                 gen
+            }
+            Continuation::Heads => {
+                let drafter = self
+                    .heads
+                    .as_ref()
+                    .ok_or_else(|| Error::Config("the heads continuation needs heads".into()))?;
+                heads_generate(
+                    target,
+                    drafter,
+                    &context,
+                    &AcceptanceRule::greedy(),
+                    OutputRows::Batched,
+                    &stop,
+                    &mut |_| {},
+                )?
             }
         };
         let ended = gen.finish == FinishReason::Eos;
