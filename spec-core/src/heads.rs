@@ -24,7 +24,7 @@ use crate::generate::{
     TreeRows, TreeVerdict,
 };
 use crate::logits::Logits;
-use crate::sampling::{max_probability, top_k_tokens};
+use crate::sampling::{argmax, max_probability, top_k_tokens};
 use crate::stats::DecodeStats;
 use crate::tree::TokenTree;
 use crate::{Error, Result, StopConditions};
@@ -231,7 +231,11 @@ impl<H: TokenHeads> HeadsDrafter<H> {
                     break;
                 }
             }
-            candidates.push(top_k_tokens(row, self.widths[d]));
+            // A chain's single guess is the argmax, in one vectorised pass.
+            candidates.push(match self.widths[d] {
+                1 => vec![argmax(row)],
+                width => top_k_tokens(row, width),
+            });
         }
         let depth = candidates.len();
         if depth == 0 {
