@@ -310,6 +310,17 @@ pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
     Ok((verdict, judged, target.last_hidden()?.narrow(0, last, 1)?))
 }
 
+/// Fails unless `heads` is a non-empty range within `0..count` (what [`TokenHeads::predict`]
+/// accepts).
+pub fn check_head_range(heads: &Range<usize>, count: usize) -> Result<()> {
+    if heads.is_empty() || heads.end > count {
+        return Err(Error::InvalidConfig(format!(
+            "heads {heads:?} asked of {count} heads"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that `heads` read hidden states of `model`'s width.
 pub fn check_heads<H: TokenHeads + ?Sized, D: HiddenStates + ?Sized>(
     heads: &H,

@@ -12,7 +12,7 @@ use std::ops::Range;
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{check_token_range, Decoder, DecoderInput, Forward, LogitRows};
-use crate::heads::{HiddenStates, TokenHeads};
+use crate::heads::{check_head_range, HiddenStates, TokenHeads};
 use crate::kv_cache::keep_positions_of;
 use crate::logits::Logits;
 use crate::sampling::argmax;
@@ -280,12 +280,7 @@ impl TokenHeads for MockHeads {
     }
 
     fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
-        if heads.is_empty() || heads.end > self.count {
-            return Err(Error::InvalidConfig(format!(
-                "heads {heads:?} asked of {} heads",
-                self.count
-            )));
-        }
+        check_head_range(&heads, self.count)?;
         let row: Vec<f32> = hidden.flatten_all()?.to_vec1()?;
         let (position, mut visible) = read_hidden_state(&row);
         let mut logits = self.model.logits_for(&visible, position);

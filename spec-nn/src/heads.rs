@@ -31,7 +31,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use spec_core::heads::{HiddenStates, TokenHeads};
+use spec_core::heads::{check_head_range, HiddenStates, TokenHeads};
 use spec_core::Logits;
 
 use crate::linear::{Linear, QLinear};
@@ -88,6 +88,23 @@ pub struct TrainedFor {
     pub base_fingerprint: String,
     /// The command that trained it, to reproduce it.
     pub command: String,
+}
+
+impl HeadsInfo {
+    /// Fails unless heads of this shape read `model`'s hidden states and predict its
+    /// vocabulary.
+    pub fn check_fits(&self, model: &dyn HiddenStates) -> Result<()> {
+        if self.hidden_size != model.hidden_size() || self.vocab_size != model.vocab_size() {
+            return Err(Error::Config(format!(
+                "heads for hidden states {} wide and {} tokens, the model has {} and {}",
+                self.hidden_size,
+                self.vocab_size,
+                model.hidden_size(),
+                model.vocab_size()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl TrainedFor {
@@ -190,15 +207,7 @@ impl MultiTokenHeads {
                 reason: e.to_string(),
             }
         })?;
-        if info.hidden_size != model.hidden_size() || info.vocab_size != model.vocab_size() {
-            return Err(Error::Config(format!(
-                "heads for hidden states {} wide and {} tokens, the model has {} and {}",
-                info.hidden_size,
-                info.vocab_size,
-                model.hidden_size(),
-                model.vocab_size()
-            )));
-        }
+        info.check_fits(model)?;
         let shortlist = tensors
             .get("shortlist")
             .ok_or_else(|| Error::MissingTensor {
@@ -305,11 +314,7 @@ impl TokenHeads for MultiTokenHeads {
 
     fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> spec_core::Result<Logits> {
         let (count, width) = (self.info.count, self.info.hidden_size);
-        if heads.is_empty() || heads.end > count {
-            return Err(spec_core::Error::InvalidConfig(format!(
-                "heads {heads:?} asked of {count} heads"
-            )));
-        }
+        check_head_range(&heads, count)?;
         let hidden = hidden.reshape((1, width))?;
         let scores = match (&self.layers, self.info.kind) {
             (Layers::Projection(layers), _) => {

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
 use spec_core::draft::TreeDrafter;
-use spec_core::heads::{check_heads, HeadsDrafter, HiddenStates};
+use spec_core::heads::{HeadsDrafter, HiddenStates};
 use spec_core::{
     AcceptanceRule, DecodeStats, Decoder, ForwardCosts, LogitRows, SpecAsrConfig, SpecAsrCounts,
     SpecAsrDrafter, TokenTree,
@@ -396,15 +396,7 @@ impl Transcriber {
     /// says (its tree shape, and how sure a head must be to draft); fails when they read hidden
     /// states or vocabularies of another size.
     pub fn set_heads(&mut self, drafter: HeadsDrafter<MultiTokenHeads>) -> Result<()> {
-        let heads = drafter.heads();
-        check_heads(heads, &self.model)?;
-        if heads.info().vocab_size != self.model.config().vocab_size {
-            return Err(Error::Config(format!(
-                "the heads predict {} tokens, the model has {}",
-                heads.info().vocab_size,
-                self.model.config().vocab_size
-            )));
-        }
+        drafter.heads().info().check_fits(&self.model)?;
         self.heads = Some(drafter);
         Ok(())
     }

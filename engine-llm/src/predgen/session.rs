@@ -20,7 +20,7 @@ use spec_core::{
     forward_continuation, generate, heads_generate, jacobi_generate, speculative_generate,
     tree_speculative_generate, AcceptanceRate, AcceptanceRule, CostAwarePolicy, Decoder,
     DraftLength, FinishReason, ForwardCosts, Generation, HeadsDrafter, Interrupt, LogitRows,
-    LookupDrafter, OutputRows, SamplingConfig, SpeculativeConfig, StopConditions, TokenHeads,
+    LookupDrafter, OutputRows, SamplingConfig, SpeculativeConfig, StopConditions,
 };
 use spec_nn::forward_costs;
 use spec_nn::heads::MultiTokenHeads;
@@ -360,18 +360,7 @@ impl<'m> PredGen<'m> {
     /// [`LanguageModel::load_heads`], which refuses heads trained for another), in the tree
     /// shape and with the confidence gate `drafter` has.
     pub fn with_heads(mut self, drafter: HeadsDrafter<MultiTokenHeads>) -> Result<Self> {
-        let info = drafter.heads().info();
-        let (hidden, vocab) = (
-            self.model.model.config().hidden_size,
-            self.model.model.vocab_size(),
-        );
-        if drafter.heads().hidden_size() != hidden || info.vocab_size != vocab {
-            return Err(Error::Config(format!(
-                "heads for hidden states {} wide and {} tokens, the model has {hidden} and {vocab}",
-                drafter.heads().hidden_size(),
-                info.vocab_size
-            )));
-        }
+        drafter.heads().info().check_fits(&self.model.model)?;
         self.heads = Some(drafter);
         Ok(self)
     }
