@@ -583,56 +583,58 @@ fn decoding_with_heads_equals_greedy_decoding() {
             .expect("the random model always says something");
         data.push(hidden, next, i as u32).unwrap();
     }
-    let mut config = TrainConfig::new(HeadKind::latent(), 3);
-    config.epochs = 40;
-    config.learning_rate = 0.01;
-    config.batch_size = 64;
-    let vocab: Vec<u32> = (0..VOCAB as u32).collect();
-    let unembedding = transcriber.model().unembedding_rows(&vocab).unwrap();
-    let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-    let heads_dir = tempfile::tempdir().unwrap();
-    let fingerprint = model_fingerprint(dir.path()).unwrap();
-    trained
-        .save(heads_dir.path(), "random", &fingerprint, "test")
+    for kind in [HeadKind::latent(), HeadKind::Chained] {
+        let mut config = TrainConfig::new(kind, 3);
+        config.epochs = 40;
+        config.learning_rate = 0.01;
+        config.batch_size = 64;
+        let vocab: Vec<u32> = (0..VOCAB as u32).collect();
+        let unembedding = transcriber.model().unembedding_rows(&vocab).unwrap();
+        let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+        let heads_dir = tempfile::tempdir().unwrap();
+        let fingerprint = model_fingerprint(dir.path()).unwrap();
+        trained
+            .save(heads_dir.path(), "random", &fingerprint, "test")
+            .unwrap();
+        let heads = MultiTokenHeads::load(
+            heads_dir.path(),
+            transcriber.model(),
+            &fingerprint,
+            &Device::Cpu,
+        )
         .unwrap();
-    let heads = MultiTokenHeads::load(
-        heads_dir.path(),
-        transcriber.model(),
-        &fingerprint,
-        &Device::Cpu,
-    )
-    .unwrap();
 
-    let mut accepted = 0;
-    for timestamps in [false, true] {
-        let plain = TranscribeOptions {
-            timestamps,
-            ..greedy_options()
-        };
-        let with_heads = TranscribeOptions {
-            heads: Some(AcceptanceRule::greedy()),
-            ..plain.clone()
-        };
-        for (tree, min_probability) in [
-            (HeadsTree::chain(3), 0.0),
-            (HeadsTree::branching(3, 2), 0.0),
-            (HeadsTree::chain(3), 0.5),
-        ] {
-            let drafter = HeadsDrafter::new(heads.clone(), tree)
-                .unwrap()
-                .with_min_probability(min_probability)
-                .unwrap();
-            transcriber.set_heads(drafter).unwrap();
-            for (i, samples) in recordings.iter().enumerate() {
-                let greedy = transcriber.transcribe(samples, &plain).unwrap();
-                let fast = transcriber.transcribe(samples, &with_heads).unwrap();
-                assert_eq!(fast.segments, greedy.segments, "recording {i}");
-                assert!(fast.stats.forwards <= greedy.stats.forwards);
-                accepted += fast.stats.heads.accepted_tokens();
+        let mut accepted = 0;
+        for timestamps in [false, true] {
+            let plain = TranscribeOptions {
+                timestamps,
+                ..greedy_options()
+            };
+            let with_heads = TranscribeOptions {
+                heads: Some(AcceptanceRule::greedy()),
+                ..plain.clone()
+            };
+            for (tree, min_probability) in [
+                (HeadsTree::chain(3), 0.0),
+                (HeadsTree::branching(3, 2), 0.0),
+                (HeadsTree::chain(3), 0.5),
+            ] {
+                let drafter = HeadsDrafter::new(heads.clone(), tree)
+                    .unwrap()
+                    .with_min_probability(min_probability)
+                    .unwrap();
+                transcriber.set_heads(drafter).unwrap();
+                for (i, samples) in recordings.iter().enumerate() {
+                    let greedy = transcriber.transcribe(samples, &plain).unwrap();
+                    let fast = transcriber.transcribe(samples, &with_heads).unwrap();
+                    assert_eq!(fast.segments, greedy.segments, "{kind:?} recording {i}");
+                    assert!(fast.stats.forwards <= greedy.stats.forwards);
+                    accepted += fast.stats.heads.accepted_tokens();
+                }
             }
         }
+        assert!(accepted > 0, "{kind:?}: the heads never guessed right");
     }
-    assert!(accepted > 0, "the heads never guessed right");
 }
 
 #[test]

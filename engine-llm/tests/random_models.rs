@@ -679,61 +679,75 @@ fn decoding_with_trained_heads_equals_greedy_decoding() {
             data.push(hidden, out.tokens.clone(), group as u32).unwrap();
             greedy.push(out.tokens);
         }
-        let mut config = TrainConfig::new(HeadKind::latent(), 3);
-        config.epochs = 30;
-        config.learning_rate = 0.01;
-        config.batch_size = 64;
-        let vocab: Vec<u32> = (0..96).collect();
-        let trained = train(
-            &data,
-            &model.unembedding_rows(&vocab).unwrap(),
-            &config,
-            &mut |_| {},
-        )
-        .unwrap();
-        let heads_dir = tempfile::tempdir().unwrap();
-        let fingerprint = weights_fingerprint(&path).unwrap();
-        trained
-            .save(heads_dir.path(), "tiny", &fingerprint, "test")
+        for kind in [HeadKind::latent(), HeadKind::Chained] {
+            let mut config = TrainConfig::new(kind, 3);
+            config.epochs = 30;
+            config.learning_rate = 0.01;
+            config.batch_size = 64;
+            let vocab: Vec<u32> = (0..96).collect();
+            let trained = train(
+                &data,
+                &model.unembedding_rows(&vocab).unwrap(),
+                &config,
+                &mut |_| {},
+            )
             .unwrap();
-        let heads =
-            MultiTokenHeads::load(heads_dir.path(), &model, &fingerprint, &Device::Cpu).unwrap();
-        // One head at a time (as a gated drafter asks) gives the rows of all at once.
-        let state = model.last_hidden().unwrap().narrow(0, 0, 1).unwrap();
-        let together = heads.predict(&state, 0..3).unwrap();
-        for k in 0..3 {
-            let alone = heads.predict(&state, k..k + 1).unwrap();
-            assert_eq!(alone.row(0), together.row(k), "{family:?} head {k}");
-        }
-        assert!(heads.predict(&state, 2..4).is_err());
-        let mut accepted = 0;
-        let drafters = [
-            HeadsDrafter::new(&heads, HeadsTree::chain(3)).unwrap(),
-            HeadsDrafter::new(&heads, HeadsTree::branching(3, 2)).unwrap(),
-            HeadsDrafter::new(&heads, HeadsTree::chain(3))
-                .unwrap()
-                .with_min_probability(0.3)
-                .unwrap(),
-        ];
-        for drafter in drafters {
-            for rows in [OutputRows::Batched, OutputRows::OnDemand] {
-                for (prompt, expected) in prompts.iter().zip(&greedy) {
-                    model.reset();
-                    let out = heads_generate(
-                        &mut model,
-                        &drafter,
-                        prompt,
-                        &AcceptanceRule::greedy(),
-                        rows,
-                        &stop,
-                        &mut |_| {},
-                    )
-                    .unwrap();
-                    assert_eq!(&out.tokens, expected, "{family:?} {rows:?}");
-                    accepted += out.stats.accepted_tokens();
+            let heads_dir = tempfile::tempdir().unwrap();
+            let fingerprint = weights_fingerprint(&path).unwrap();
+            trained
+                .save(heads_dir.path(), "tiny", &fingerprint, "test")
+                .unwrap();
+            let heads = MultiTokenHeads::load(heads_dir.path(), &model, &fingerprint, &Device::Cpu)
+                .unwrap();
+            let state = model.last_hidden().unwrap().narrow(0, 0, 1).unwrap();
+            if heads.reads_guesses() {
+                // Chained heads are asked one at a time, after a token.
+                assert!(heads.predict(&state, 0..1).is_err());
+                let (first, next) = heads.predict_after(&state, 0, 5).unwrap();
+                assert_eq!((first.len(), first.vocab_size()), (1, 96));
+                assert_eq!(next.dims(), [1, 64]);
+                assert!(heads.predict_after(&next, 3, 5).is_err());
+            } else {
+                // One head at a time (as a gated drafter asks) gives the rows of all at once.
+                let together = heads.predict(&state, 0..3).unwrap();
+                for k in 0..3 {
+                    let alone = heads.predict(&state, k..k + 1).unwrap();
+                    assert_eq!(alone.row(0), together.row(k), "{family:?} head {k}");
+                }
+                assert!(heads.predict(&state, 2..4).is_err());
+            }
+            let mut accepted = 0;
+            let drafters = [
+                HeadsDrafter::new(&heads, HeadsTree::chain(3)).unwrap(),
+                HeadsDrafter::new(&heads, HeadsTree::branching(3, 2)).unwrap(),
+                HeadsDrafter::new(&heads, HeadsTree::chain(3))
+                    .unwrap()
+                    .with_min_probability(0.3)
+                    .unwrap(),
+            ];
+            for drafter in drafters {
+                for rows in [OutputRows::Batched, OutputRows::OnDemand] {
+                    for (prompt, expected) in prompts.iter().zip(&greedy) {
+                        model.reset();
+                        let out = heads_generate(
+                            &mut model,
+                            &drafter,
+                            prompt,
+                            &AcceptanceRule::greedy(),
+                            rows,
+                            &stop,
+                            &mut |_| {},
+                        )
+                        .unwrap();
+                        assert_eq!(&out.tokens, expected, "{family:?} {kind:?} {rows:?}");
+                        accepted += out.stats.accepted_tokens();
+                    }
                 }
             }
+            assert!(
+                accepted > 0,
+                "{family:?} {kind:?}: the heads never guessed right"
+            );
         }
-        assert!(accepted > 0, "{family:?}: the heads never guessed right");
     }
 }

@@ -6,7 +6,9 @@
 //! token t+1 and head k gives token t+1+k (eq. 8, conditional independence). The guesses form a
 //! token tree rooted at the target's next token; the target verifies it in one forward
 //! ("predict-verify-accept", §III-A), and the hidden state of the last accepted node feeds the
-//! heads for the next step, so drafting costs no extra target forward.
+//! heads for the next step, so drafting costs no extra target forward. Heads may also read the
+//! token guessed before their own ([`TokenHeads::reads_guesses`]): head 0 then knows the
+//! target's next token, which eq. 8's independent heads must do without.
 //!
 //! A model exposes its hidden states through [`HiddenStates`]; heads implement [`TokenHeads`]
 //! (the networks and their training live in `spec-nn`); [`HeadsDrafter`] turns their logits into
@@ -59,6 +61,22 @@ pub trait TokenHeads {
     /// the hidden state's (head 0 the token after the model's own next one). A drafter that
     /// stops at an unsure head asks for one head at a time and never pays for the deeper ones.
     fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits>;
+
+    /// True when each head also reads the token guessed just before its own (chained heads,
+    /// as in Hydra and EAGLE: head 0 reads the target's next token, head k the guess of head
+    /// k − 1): they are asked one head at a time through [`TokenHeads::predict_after`].
+    fn reads_guesses(&self) -> bool {
+        false
+    }
+
+    /// Head `k`'s logits (one row) from `state` and `previous`, the token just before the one
+    /// head `k` guesses, and the state head `k + 1` reads. Head 0 reads the hidden state
+    /// `[1, hidden_size]`. Heads that do not read guesses ignore `previous` and pass the
+    /// hidden state on unchanged.
+    fn predict_after(&self, state: &Tensor, k: usize, previous: u32) -> Result<(Logits, Tensor)> {
+        let _ = previous;
+        Ok((self.predict(state, k..k + 1)?, state.clone()))
+    }
 }
 
 impl<H: TokenHeads + ?Sized> TokenHeads for &H {
@@ -70,6 +88,12 @@ impl<H: TokenHeads + ?Sized> TokenHeads for &H {
     }
     fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
         (**self).predict(hidden, heads)
+    }
+    fn reads_guesses(&self) -> bool {
+        (**self).reads_guesses()
+    }
+    fn predict_after(&self, state: &Tensor, k: usize, previous: u32) -> Result<(Logits, Tensor)> {
+        (**self).predict_after(state, k, previous)
     }
 }
 
@@ -89,8 +113,9 @@ impl HeadsTree {
     }
 
     /// The top-1 chain `depth` deep, and at every depth the next `width - 1` candidates, each
-    /// followed by the deeper heads' top tokens (a head's guess does not depend on the token
-    /// chosen before it, so a runner-up is as likely to be followed by the same tokens).
+    /// followed by the deeper heads' top tokens (an independent head's guess does not depend on
+    /// the token chosen before it, so a runner-up is as likely to be followed by the same
+    /// tokens; heads that read guesses read the first candidate's).
     pub fn branching(depth: usize, width: usize) -> Self {
         let mut choices = Self::chain(depth).choices;
         for d in 0..depth {
@@ -206,19 +231,24 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             return Ok(TokenTree::new(root));
         }
         let gated = self.min_probability > 0.0;
-        // Ungated, every head the tree uses in one call; gated, one head at a time, so an unsure
-        // head spares the cost of those after it.
-        let mut all = match gated {
+        // Ungated independent heads: every head the tree uses in one call. Gated, one head at a
+        // time, so an unsure head spares the cost of those after it; heads that read guesses
+        // are asked one at a time anyway, each after its parent's first candidate.
+        let mut all = match gated || self.heads.reads_guesses() {
             true => None,
             false => Some(self.predict_checked(hidden, 0..depth)?),
         };
+        let mut state = hidden.clone();
+        let mut previous = root;
         let mut candidates: Vec<Vec<u32>> = Vec::with_capacity(depth);
         for d in 0..depth {
             let mut own;
             let (rows, row) = match all.as_mut() {
                 Some(all) => (all, d),
                 None => {
-                    own = self.predict_checked(hidden, d..d + 1)?;
+                    let (logits, next) = self.heads.predict_after(&state, d, previous)?;
+                    check_rows(&logits, 1)?;
+                    (own, state) = (logits, next);
                     (&mut own, 0)
                 }
             };
@@ -232,10 +262,12 @@ impl<H: TokenHeads> HeadsDrafter<H> {
                 }
             }
             // A chain's single guess is the argmax, in one vectorised pass.
-            candidates.push(match self.widths[d] {
+            let ranked = match self.widths[d] {
                 1 => vec![argmax(row)],
                 width => top_k_tokens(row, width),
-            });
+            };
+            previous = ranked[0];
+            candidates.push(ranked);
         }
         let depth = candidates.len();
         if depth == 0 {
@@ -254,14 +286,20 @@ impl<H: TokenHeads> HeadsDrafter<H> {
     /// The heads' logits for `heads`, one row per head, or an error naming the shape they gave.
     fn predict_checked(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
         let logits = self.heads.predict(hidden, heads.clone())?;
-        if logits.len() != heads.len() {
-            return Err(Error::LogitsShape {
-                got: vec![logits.len(), logits.vocab_size()],
-                expected: format!("{} head rows", heads.len()),
-            });
-        }
+        check_rows(&logits, heads.len())?;
         Ok(logits)
     }
+}
+
+/// Fails unless the heads gave `rows` rows, naming the shape they gave.
+fn check_rows(logits: &Logits, rows: usize) -> Result<()> {
+    if logits.len() != rows {
+        return Err(Error::LogitsShape {
+            got: vec![logits.len(), logits.vocab_size()],
+            expected: format!("{rows} head rows"),
+        });
+    }
+    Ok(())
 }
 
 /// Where a verifying forward's output-layer rows are computed.
@@ -493,6 +531,42 @@ mod tests {
     }
 
     #[test]
+    fn chained_heads_read_the_guess_before_theirs() {
+        let config = MockConfig::target(48, 4);
+        let (independent, chained) = (
+            MockHeads::new(config.draft(0.8, 3), 3),
+            MockHeads::chained(config.draft(0.8, 3), 3),
+        );
+        let mut target = MockDecoder::new(config.clone());
+        forward_tokens(&mut target, &[1, 2, 3], LogitRows::Last(1)).unwrap();
+        let state = target.last_hidden().unwrap().narrow(0, 2, 1).unwrap();
+        let draft = |heads: &MockHeads, root: u32| {
+            let drafter = HeadsDrafter::new(heads, HeadsTree::chain(3)).unwrap();
+            let tree = drafter.draft(&state, root, 3, &mut |_, _| {}).unwrap();
+            (1..tree.len()).map(|i| tree.token(i)).collect::<Vec<u32>>()
+        };
+        // Each chained guess is the noisy model's greedy token after the root and the guesses
+        // before it.
+        let noisy = MockDecoder::new(config.draft(0.8, 3));
+        for root in [5, 17, 30] {
+            let guesses = draft(&chained, root);
+            let mut visible = vec![1, 2, 3, root];
+            for (k, &guess) in guesses.iter().enumerate() {
+                assert_eq!(
+                    guess,
+                    argmax(&noisy.logits_for(&visible, 3 + k)),
+                    "{root} {k}"
+                );
+                visible.push(guess);
+            }
+        }
+        // Independent heads guess the root themselves: the same guesses after any root.
+        assert_eq!(draft(&independent, 5), draft(&independent, 30));
+        assert!(chained.reads_guesses() && !independent.reads_guesses());
+        assert!(chained.predict_after(&state, 3, 5).is_err());
+    }
+
+    #[test]
     fn heads_of_another_width_are_refused() {
         let heads = MockHeads::new(
             MockConfig {
@@ -530,10 +604,14 @@ mod tests {
             context in proptest::collection::vec(0u32..40, 1..6),
             max_new in 1usize..40,
             on_demand: bool,
+            chained: bool,
             min_probability in prop_oneof![Just(0.0f32), 0.0f32..1.0],
         ) {
             let config = MockConfig::target(40, seed);
-            let guesses = MockHeads::new(config.draft(noise, seed + 1), heads);
+            let guesses = match chained {
+                true => MockHeads::chained(config.draft(noise, seed + 1), heads),
+                false => MockHeads::new(config.draft(noise, seed + 1), heads),
+            };
             let depth = 1 + seed as usize % heads;
             let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width))
                 .unwrap()

@@ -255,10 +255,12 @@ impl HiddenStates for MockDecoder {
 /// Prediction heads for a [`MockDecoder`]: from a hidden state they roll a model with
 /// `config`'s logits (the target's plus noise) greedily forward, guessing the model's next token
 /// and then giving the logits of the `count` tokens after it. Noise 0 makes perfect heads.
+/// [`MockHeads::chained`] heads read guesses instead: each rolls on from the token it is given.
 #[derive(Clone, Debug)]
 pub struct MockHeads {
     model: MockDecoder,
     count: usize,
+    chained: bool,
 }
 
 impl MockHeads {
@@ -266,6 +268,15 @@ impl MockHeads {
         Self {
             model: MockDecoder::new(config),
             count,
+            chained: false,
+        }
+    }
+
+    /// Heads that read the token before each guess ([`TokenHeads::reads_guesses`]).
+    pub fn chained(config: MockConfig, count: usize) -> Self {
+        Self {
+            chained: true,
+            ..Self::new(config, count)
         }
     }
 }
@@ -293,6 +304,28 @@ impl TokenHeads for MockHeads {
             }
         }
         Logits::from_rows(&rows)
+    }
+
+    fn reads_guesses(&self) -> bool {
+        self.chained
+    }
+
+    /// Chained: the state is a hidden state one position on per head, holding `previous`.
+    fn predict_after(&self, state: &Tensor, k: usize, previous: u32) -> Result<(Logits, Tensor)> {
+        if !self.chained {
+            return Ok((self.predict(state, k..k + 1)?, state.clone()));
+        }
+        check_head_range(&(k..k + 1), self.count)?;
+        let row: Vec<f32> = state.flatten_all()?.to_vec1()?;
+        let (position, mut visible) = read_hidden_state(&row);
+        visible.push(previous);
+        let logits = self.model.logits_for(&visible, position + 1);
+        let window = self.model.hidden_size() - 1;
+        let next = hidden_state(&visible, position + 1, window);
+        Ok((
+            Logits::from_rows(&[logits])?,
+            Tensor::from_vec(next, (1, window + 1), state.device())?,
+        ))
     }
 }
 

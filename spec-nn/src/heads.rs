@@ -7,6 +7,14 @@
 //!   the model's own unembedding, `logits_k = U (h + SiLU(A_k h + b_k))` with the optional
 //!   activation and residual (Fig. 2b): `d²` parameters per head instead of `d·|V|`.
 //!
+//! A third kind goes beyond the paper: [`HeadKind::Chained`] latent heads, each of which also
+//! reads the token guessed just before its own and the state the head before it left (as
+//! Hydra's sequentially dependent heads and EAGLE do), `z_0 = h`,
+//! `z_{k+1} = z_k + SiLU(A_k [z_k; e(x_{t+k+1})] + b_k)`, `logits_k = U z_{k+1}`, where
+//! `e(x)` is the token's row of the unembedding scaled to a root mean square of 1. The paper's heads must guess token t+2 without
+//! knowing token t+1, which the target itself has just chosen (eq. 8's conditional
+//! independence); a chained head 0 reads it. `2d²` parameters per head.
+//!
 //! What differs from the paper: the heads score a shortlist of the vocabulary (the lowest
 //! token ids, which byte-pair encoders give their most frequent merges, plus every token of the
 //! training data), not all of it. On a CPU the output layer of a small model is compute-bound,
@@ -50,6 +58,10 @@ pub enum HeadKind {
     /// A `[hidden, hidden]` transform per head (with SiLU and a residual connection when set),
     /// then the model's unembedding.
     Latent { activation: bool, residual: bool },
+    /// A `[hidden, 2 · hidden]` transform per head over the previous head's state and the
+    /// unembedding row of the token guessed before this head's, with SiLU and a residual
+    /// connection, then the model's unembedding (see the module's documentation).
+    Chained,
 }
 
 impl HeadKind {
@@ -164,6 +176,14 @@ enum Layers {
         transforms: Vec<Linear>,
         output: Linear,
     },
+    /// Each head's `[hidden, 2 · hidden]` transform, the shortlist's unembedding rows (which
+    /// also give the token each head reads) and each token's row among them (`u32::MAX` off
+    /// the shortlist: such a token is read as zeros, as no training token is).
+    Chained {
+        transforms: Vec<Linear>,
+        output: Linear,
+        row_of: Vec<u32>,
+    },
 }
 
 /// Trained heads, ready to draft ([`TokenHeads`]).
@@ -235,12 +255,13 @@ impl MultiTokenHeads {
                     path: weights_path.clone(),
                     name: name.clone(),
                 })?;
-                let rows = match info.kind {
-                    HeadKind::Projection => info.shortlist_size,
-                    HeadKind::Latent { .. } => info.hidden_size,
+                let (rows, columns) = match info.kind {
+                    HeadKind::Projection => (info.shortlist_size, info.hidden_size),
+                    HeadKind::Latent { .. } => (info.hidden_size, info.hidden_size),
+                    HeadKind::Chained => (info.hidden_size, 2 * info.hidden_size),
                 };
                 let expected = if part == "weight" {
-                    vec![rows, info.hidden_size]
+                    vec![rows, columns]
                 } else {
                     vec![rows]
                 };
@@ -285,6 +306,21 @@ impl MultiTokenHeads {
                     .collect::<Result<_>>()?,
                 output: layer(&model.unembedding_rows(&shortlist)?, None)?,
             },
+            HeadKind::Chained => {
+                let mut row_of = vec![u32::MAX; info.vocab_size];
+                for (row, &token) in shortlist.iter().enumerate() {
+                    row_of[token as usize] = row as u32;
+                }
+                Layers::Chained {
+                    transforms: weights
+                        .iter()
+                        .zip(biases)
+                        .map(|(w, b)| layer(w, Some(b)))
+                        .collect::<Result<_>>()?,
+                    output: layer(&model.unembedding_rows(&shortlist)?, None)?,
+                    row_of,
+                }
+            }
         };
         Ok(Self {
             info,
@@ -337,11 +373,57 @@ impl TokenHeads for MultiTokenHeads {
                     .collect::<candle_core::Result<Vec<_>>>()?;
                 output.forward(&expand(Tensor::cat(&z, 0)?, &hidden, activation, residual)?)?
             }
-            (Layers::Latent { .. }, HeadKind::Projection) => {
-                unreachable!("layers are built for their kind")
+            (Layers::Chained { .. }, _) => {
+                return Err(spec_core::Error::Unsupported(
+                    "chained heads read the token before each guess: ask them one head at a \
+                     time with predict_after",
+                ))
             }
+            (Layers::Latent { .. }, _) => unreachable!("layers are built for their kind"),
         };
-        // Tokens off the shortlist are never guessed.
+        self.full_rows(&scores)
+    }
+
+    fn reads_guesses(&self) -> bool {
+        matches!(self.layers, Layers::Chained { .. })
+    }
+
+    fn predict_after(
+        &self,
+        state: &Tensor,
+        k: usize,
+        previous: u32,
+    ) -> spec_core::Result<(Logits, Tensor)> {
+        let Layers::Chained {
+            transforms,
+            output,
+            row_of,
+        } = &self.layers
+        else {
+            return Ok((self.predict(state, k..k + 1)?, state.clone()));
+        };
+        check_head_range(&(k..k + 1), self.info.count)?;
+        let width = self.info.hidden_size;
+        let state = state.reshape((1, width))?;
+        let read = match row_of.get(previous as usize) {
+            Some(&row) if row != u32::MAX => unit_rms(
+                &output
+                    .weight
+                    .embedding(&[row], state.device())
+                    .map_err(|e| spec_core::Error::Model(Box::new(e)))?,
+            )?,
+            _ => Tensor::zeros((1, width), DType::F32, state.device())?,
+        };
+        let input = Tensor::cat(&[&state, &read], 1)?;
+        let next = expand(transforms[k].forward(&input)?, &state, true, true)?;
+        Ok((self.full_rows(&output.forward(&next)?)?, next))
+    }
+}
+
+impl MultiTokenHeads {
+    /// Shortlist scores `[heads, shortlist]` as logits over the whole vocabulary: tokens off
+    /// the shortlist are never guessed.
+    fn full_rows(&self, scores: &Tensor) -> spec_core::Result<Logits> {
         let scores: Vec<Vec<f32>> = scores.to_dtype(DType::F32)?.to_vec2()?;
         let rows: Vec<Vec<f32>> = scores
             .iter()
@@ -355,6 +437,18 @@ impl TokenHeads for MultiTokenHeads {
             .collect();
         Logits::from_rows(&rows)
     }
+}
+
+/// Each row scaled to a root mean square of 1: a chained head reads token rows at the scale of
+/// the hidden states (unembedding rows are about a hundred times smaller, which would leave
+/// the token's half of the transform to learn far more slowly than the state's).
+fn unit_rms(rows: &Tensor) -> candle_core::Result<Tensor> {
+    let rms = rows
+        .sqr()?
+        .mean_keepdim(D::Minus1)?
+        .affine(1.0, 1e-12)?
+        .sqrt()?;
+    rows.broadcast_div(&rms)
 }
 
 /// The latent heads' states from their transforms `z = h·A + b`: `h + SiLU(z)`, with the
@@ -557,6 +651,102 @@ impl TrainingSet {
         }
         Ok((Tensor::cat(&rows, 0)?, targets))
     }
+
+    /// For `count` chained heads: every position of `sequences` with a token after the next,
+    /// and per head the shortlist row of the token it reads (`none_read` past the end) and of
+    /// its target ([`NO_TARGET`] past the end). Head k at position i reads `next[i + k]` and
+    /// learns `next[i + k + 1]`.
+    fn chain_examples(
+        &self,
+        sequences: &[usize],
+        count: usize,
+        column: &[u32],
+        none_read: u32,
+    ) -> Result<ChainExamples> {
+        let mut rows = Vec::new();
+        let mut reads = vec![Vec::new(); count];
+        let mut targets = vec![Vec::new(); count];
+        for &s in sequences {
+            let Sequence { hidden, next, .. } = &self.sequences[s];
+            let usable = next.len().saturating_sub(1);
+            if usable == 0 {
+                continue;
+            }
+            rows.push(hidden.narrow(0, 0, usable)?);
+            for i in 0..usable {
+                for k in 0..count {
+                    let column_at = |j: usize| next.get(j).map(|&t| column[t as usize]);
+                    reads[k].push(column_at(i + k).unwrap_or(none_read));
+                    targets[k].push(column_at(i + k + 1).unwrap_or(NO_TARGET));
+                }
+            }
+        }
+        let hidden = match rows.is_empty() {
+            true => Tensor::zeros((0, self.hidden_size), DType::F32, &Device::Cpu)?,
+            false => Tensor::cat(&rows, 0)?,
+        };
+        Ok(ChainExamples {
+            hidden,
+            reads,
+            targets,
+        })
+    }
+}
+
+/// A chained head's target where the sequence has ended.
+const NO_TARGET: u32 = u32::MAX;
+
+/// Training examples of chained heads ([`TrainingSet::chain_examples`]).
+struct ChainExamples {
+    /// `[rows, hidden]`.
+    hidden: Tensor,
+    reads: Vec<Vec<u32>>,
+    targets: Vec<Vec<u32>>,
+}
+
+impl ChainExamples {
+    fn rows(&self) -> usize {
+        self.reads.first().map_or(0, Vec::len)
+    }
+
+    /// Each head's logits over the shortlist at `rows` (those with a target only) and their
+    /// targets, the heads run one after another as at inference: `z_0 = h`,
+    /// `z_{k+1} = z_k + SiLU(A_k [z_k; e(read_k)] + b_k)`. `read_table` holds the shortlist's
+    /// unembedding rows and a zero row for "nothing to read".
+    fn logits(
+        &self,
+        heads: &[TrainableHead],
+        rows: &[u32],
+        output: &Tensor,
+        read_table: &Tensor,
+    ) -> Result<Vec<(Tensor, Vec<u32>)>> {
+        let device = Device::Cpu;
+        let index = Tensor::from_slice(rows, rows.len(), &device)?;
+        let mut z = self.hidden.index_select(&index, 0)?;
+        let mut out = Vec::with_capacity(heads.len());
+        for (k, head) in heads.iter().enumerate() {
+            let reads: Vec<u32> = rows.iter().map(|&r| self.reads[k][r as usize]).collect();
+            let read =
+                read_table.index_select(&Tensor::from_slice(&reads, reads.len(), &device)?, 0)?;
+            let input = Tensor::cat(&[&z, &read], 1)?;
+            let step = input.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?;
+            z = expand(step, &z, true, true)?;
+            let (kept, targets): (Vec<u32>, Vec<u32>) = rows
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &r)| {
+                    let target = self.targets[k][r as usize];
+                    (target != NO_TARGET).then_some((i as u32, target))
+                })
+                .unzip();
+            if kept.is_empty() {
+                break;
+            }
+            let kept = Tensor::from_slice(&kept, kept.len(), &device)?;
+            out.push((z.index_select(&kept, 0)?.matmul(&output.t()?)?, targets));
+        }
+        Ok(out)
+    }
 }
 
 /// Settings of [`train`].
@@ -589,7 +779,7 @@ impl TrainConfig {
             batch_size: 256,
             learning_rate: match kind {
                 HeadKind::Projection => 1e-4,
-                HeadKind::Latent { .. } => 1e-3,
+                HeadKind::Latent { .. } | HeadKind::Chained => 1e-3,
             },
             weight_decay: 0.0,
             loss_weights: vec![0.2; count],
@@ -715,9 +905,10 @@ struct TrainableHead {
 }
 
 /// Trains `config.count` heads on `data` with the trunk frozen: AdamW on Σ_k λ_k · CE_k (eq. 11)
-/// over the model's unembedding `unembedding` `[vocab, hidden]` (f32). Latent heads start as
-/// the identity (zero transform, so every head first predicts what the model's own head does);
-/// projection heads start from the unembedding. Deterministic for a seed.
+/// over the model's unembedding `unembedding` `[vocab, hidden]` (f32). Latent and chained heads
+/// start as the identity (zero transform, so every head first predicts what the model's own
+/// head does); projection heads start from the unembedding. Chained heads learn as they draft:
+/// one after another along the model's own tokens (teacher forcing). Deterministic for a seed.
 pub fn train(
     data: &TrainingSet,
     unembedding: &Tensor,
@@ -772,6 +963,11 @@ pub fn train(
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
     let mut heads = Vec::with_capacity(config.count);
+    // A chained head reads the state before it and a token's unembedding row.
+    let input_width = match config.kind {
+        HeadKind::Chained => 2 * hidden_size,
+        _ => hidden_size,
+    };
     for k in 0..config.count {
         let vb = vb.pp(format!("head.{k}"));
         heads.push(match config.kind {
@@ -783,9 +979,9 @@ pub fn train(
                 )?,
                 bias: vb.get_with_hints(shortlist.len(), "bias", candle_nn::Init::Const(0.0))?,
             },
-            HeadKind::Latent { .. } => TrainableHead {
+            HeadKind::Latent { .. } | HeadKind::Chained => TrainableHead {
                 weight: vb.get_with_hints(
-                    (hidden_size, hidden_size),
+                    (hidden_size, input_width),
                     "weight",
                     candle_nn::Init::Const(0.0),
                 )?,
@@ -809,31 +1005,43 @@ pub fn train(
         },
     )?;
 
-    let train_sets = (0..config.count)
-        .map(|k| data.examples(&train_sequences, k, &column))
-        .collect::<Result<Vec<_>>>()?;
-    let validation_sets = (0..config.count)
-        .map(|k| data.examples(&validation_sequences, k, &column))
-        .collect::<Result<Vec<_>>>()?;
-    let rows = train_sets[0].1.len();
+    let frozen = Frozen {
+        kind: config.kind,
+        read_table: match config.kind {
+            // The shortlist's unembedding rows, and a zero row for nothing to read.
+            HeadKind::Chained => Some(Tensor::cat(
+                &[
+                    &unit_rms(&output)?,
+                    &Tensor::zeros((1, hidden_size), DType::F32, &device)?,
+                ],
+                0,
+            )?),
+            _ => None,
+        },
+        output,
+    };
+    let examples_of = |sequences: &[usize]| -> Result<Examples> {
+        Ok(match config.kind {
+            HeadKind::Chained => Examples::Chained(data.chain_examples(
+                sequences,
+                config.count,
+                &column,
+                shortlist.len() as u32,
+            )?),
+            _ => Examples::Independent(
+                (0..config.count)
+                    .map(|k| data.examples(sequences, k, &column))
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    };
+    let train_set = examples_of(&train_sequences)?;
+    let validation_set = examples_of(&validation_sequences)?;
+    let rows = train_set.rows();
     if rows == 0 {
         return Err(Error::Config("no training positions".into()));
     }
     let batches = rows.div_ceil(config.batch_size);
-    let logits_of = |head: &TrainableHead, hidden: &Tensor| -> candle_core::Result<Tensor> {
-        match config.kind {
-            HeadKind::Projection => hidden.matmul(&head.weight.t()?)?.broadcast_add(&head.bias),
-            HeadKind::Latent {
-                activation,
-                residual,
-            } => {
-                let z = hidden
-                    .matmul(&head.weight.t()?)?
-                    .broadcast_add(&head.bias)?;
-                expand(z, hidden, activation, residual)?.matmul(&output.t()?)
-            }
-        }
-    };
     let mut reports = Vec::with_capacity(config.epochs);
     for epoch in 0..config.epochs {
         // Each head's examples are shuffled alike by position index; a later head simply
@@ -845,20 +1053,9 @@ pub fn train(
             let chosen =
                 &permutation[batch * config.batch_size..rows.min((batch + 1) * config.batch_size)];
             let mut loss: Option<Tensor> = None;
-            for (k, (head, (hidden, targets))) in heads.iter().zip(&train_sets).enumerate() {
-                let picked: Vec<u32> = chosen
-                    .iter()
-                    .copied()
-                    .filter(|&i| (i as usize) < targets.len())
-                    .collect();
-                if picked.is_empty() {
-                    continue;
-                }
-                let index = Tensor::from_slice(&picked, picked.len(), &device)?;
-                let x = hidden.index_select(&index, 0)?;
-                let y: Vec<u32> = picked.iter().map(|&i| targets[i as usize]).collect();
-                let y = Tensor::from_slice(&y, y.len(), &device)?;
-                let ce = candle_nn::loss::cross_entropy(&logits_of(head, &x)?, &y)?;
+            for (k, logits, targets) in train_set.logits(&heads, chosen, &frozen)? {
+                let y = Tensor::from_slice(&targets, targets.len(), &device)?;
+                let ce = candle_nn::loss::cross_entropy(&logits, &y)?;
                 let weighted = (ce * f64::from(config.loss_weights[k]))?;
                 loss = Some(match loss {
                     Some(l) => (l + weighted)?,
@@ -877,7 +1074,7 @@ pub fn train(
             });
         }
         let (validation_loss, validation_accuracy) =
-            evaluate(&heads, &validation_sets, &config.loss_weights, &logits_of)?;
+            evaluate(&heads, &validation_set, &config.loss_weights, &frozen)?;
         let report = EpochReport {
             epoch,
             train_loss: total / batches as f32,
@@ -898,33 +1095,116 @@ pub fn train(
     })
 }
 
+/// The frozen tensors the heads' logits read.
+struct Frozen {
+    kind: HeadKind,
+    /// The shortlist's unembedding rows, `[shortlist, hidden]`.
+    output: Tensor,
+    /// Chained heads: the rows a head reads a token from (`output` and a zero row).
+    read_table: Option<Tensor>,
+}
+
+/// What the heads learn from: each head's own rows, or positions the chained heads run along.
+enum Examples {
+    /// Per head: its input rows `[n_k, hidden]` and targets (a later head has fewer).
+    Independent(Vec<(Tensor, Vec<u32>)>),
+    Chained(ChainExamples),
+}
+
+impl Examples {
+    /// Positions of the first head.
+    fn rows(&self) -> usize {
+        match self {
+            Self::Independent(sets) => sets.first().map_or(0, |(_, t)| t.len()),
+            Self::Chained(set) => set.rows(),
+        }
+    }
+
+    /// For each head with a target at some of `rows`: the head, its logits over the shortlist
+    /// there and those targets.
+    fn logits(
+        &self,
+        heads: &[TrainableHead],
+        rows: &[u32],
+        frozen: &Frozen,
+    ) -> Result<Vec<(usize, Tensor, Vec<u32>)>> {
+        let device = Device::Cpu;
+        match self {
+            Self::Chained(set) => {
+                let read_table = frozen
+                    .read_table
+                    .as_ref()
+                    .ok_or_else(|| Error::Config("chained heads without their tokens".into()))?;
+                Ok(set
+                    .logits(heads, rows, &frozen.output, read_table)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, (logits, targets))| (k, logits, targets))
+                    .collect())
+            }
+            Self::Independent(sets) => {
+                let mut out = Vec::with_capacity(heads.len());
+                for (k, (head, (hidden, targets))) in heads.iter().zip(sets).enumerate() {
+                    let picked: Vec<u32> = rows
+                        .iter()
+                        .copied()
+                        .filter(|&i| (i as usize) < targets.len())
+                        .collect();
+                    if picked.is_empty() {
+                        continue;
+                    }
+                    let x = hidden
+                        .index_select(&Tensor::from_slice(&picked, picked.len(), &device)?, 0)?;
+                    let logits = match frozen.kind {
+                        HeadKind::Latent {
+                            activation,
+                            residual,
+                        } => {
+                            let z = x.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?;
+                            expand(z, &x, activation, residual)?.matmul(&frozen.output.t()?)?
+                        }
+                        _ => x.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?,
+                    };
+                    let y = picked.iter().map(|&i| targets[i as usize]).collect();
+                    out.push((k, logits, y));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// Weighted validation loss and each head's top-1 accuracy.
 fn evaluate(
     heads: &[TrainableHead],
-    sets: &[(Tensor, Vec<u32>)],
+    set: &Examples,
     weights: &[f32],
-    logits_of: &dyn Fn(&TrainableHead, &Tensor) -> candle_core::Result<Tensor>,
+    frozen: &Frozen,
 ) -> Result<(f32, Vec<f32>)> {
     const CHUNK: usize = 512;
+    let mut correct = vec![0usize; heads.len()];
+    let mut ce_sum = vec![0f32; heads.len()];
+    let mut seen = vec![0usize; heads.len()];
+    let rows = set.rows() as u32;
+    for start in (0..rows).step_by(CHUNK) {
+        let chunk: Vec<u32> = (start..rows.min(start + CHUNK as u32)).collect();
+        for (k, logits, targets) in set.logits(heads, &chunk, frozen)? {
+            let logits = logits.detach();
+            let n = targets.len();
+            let y = Tensor::from_slice(&targets, n, &Device::Cpu)?;
+            ce_sum[k] +=
+                candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? * n as f32;
+            let best = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            correct[k] += best.iter().zip(&targets).filter(|(a, b)| a == b).count();
+            seen[k] += n;
+        }
+    }
     let mut loss = 0f32;
     let mut accuracy = Vec::with_capacity(heads.len());
-    for ((head, (hidden, targets)), &weight) in heads.iter().zip(sets).zip(weights) {
-        let (mut correct, mut ce_sum) = (0usize, 0f32);
-        for start in (0..targets.len()).step_by(CHUNK) {
-            let n = CHUNK.min(targets.len() - start);
-            let logits = logits_of(head, &hidden.narrow(0, start, n)?)?.detach();
-            let y = Tensor::from_slice(&targets[start..start + n], n, &Device::Cpu)?;
-            ce_sum += candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? * n as f32;
-            let best = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
-            correct += best
-                .iter()
-                .zip(&targets[start..start + n])
-                .filter(|(a, b)| a == b)
-                .count();
-        }
-        let n = targets.len().max(1) as f32;
-        loss += weight * ce_sum / n;
-        accuracy.push(correct as f32 / n);
+    for k in 0..heads.len() {
+        let n = seen[k].max(1) as f32;
+        loss += weights[k] * ce_sum[k] / n;
+        accuracy.push(correct[k] as f32 / n);
     }
     Ok((loss, accuracy))
 }
@@ -939,13 +1219,16 @@ pub mod cli {
     use super::{train, HeadKind, Progress, TrainConfig, TrainingSet};
     use crate::Result;
 
-    /// The two head architectures, as a command-line value.
+    /// The head architectures, as a command-line value.
     #[derive(Clone, Copy, Debug, clap::ValueEnum)]
     pub enum Kind {
         /// d×d transforms before the model's own unembedding (SiLU, residual)
         Latent,
         /// An output matrix per head
         Projection,
+        /// Latent heads that also read the token before their guess and the state of the
+        /// head before them
+        Chained,
     }
 
     /// How to train the heads.
@@ -959,6 +1242,9 @@ pub mod cli {
         pub epochs: usize,
         #[arg(long)]
         pub learning_rate: Option<f64>,
+        /// AdamW's decoupled weight decay.
+        #[arg(long, default_value_t = 0.0)]
+        pub weight_decay: f64,
         #[arg(long, default_value_t = 256)]
         pub batch_size: usize,
         #[arg(long, default_value_t = 0)]
@@ -974,11 +1260,13 @@ pub mod cli {
             let kind = match self.kind {
                 Kind::Latent => HeadKind::latent(),
                 Kind::Projection => HeadKind::Projection,
+                Kind::Chained => HeadKind::Chained,
             };
             let mut config = TrainConfig::new(kind, self.heads);
             config.epochs = self.epochs;
             config.batch_size = self.batch_size;
             config.seed = self.seed;
+            config.weight_decay = self.weight_decay;
             if let Some(lr) = self.learning_rate {
                 config.learning_rate = lr;
             }
@@ -1028,6 +1316,7 @@ pub mod cli {
             let kind = match self.kind {
                 Kind::Latent => "latent",
                 Kind::Projection => "projection",
+                Kind::Chained => "chained",
             };
             let out = self
                 .out
@@ -1068,7 +1357,7 @@ mod tests {
     #[test]
     fn training_lowers_the_loss_and_is_reproducible() {
         let (data, unembedding) = cycle_task(16, 12, 20);
-        for kind in [HeadKind::latent(), HeadKind::Projection] {
+        for kind in [HeadKind::latent(), HeadKind::Projection, HeadKind::Chained] {
             let mut config = TrainConfig::new(kind, 2);
             config.epochs = 30;
             config.batch_size = 32;
@@ -1083,6 +1372,49 @@ mod tests {
             let again = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
             assert_eq!(first.reports, again.reports, "same seed, same run");
         }
+    }
+
+    /// The model's next token is a coin toss its state does not tell, and the token after it
+    /// follows from that one: only heads that read the next token can guess the one after.
+    #[test]
+    fn chained_heads_learn_what_follows_the_token_they_read() {
+        let vocab = 16;
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut set = TrainingSet::new(vocab);
+        for s in 0..24u32 {
+            // Tokens alternate: a random one, then (it + 5) mod 16.
+            let tokens: Vec<u32> = (0..21)
+                .scan(0u32, |last, i| {
+                    *last = match i % 2 {
+                        0 => rand::Rng::random_range(&mut rng, 0..vocab as u32),
+                        _ => (*last + 5) % vocab as u32,
+                    };
+                    Some(*last)
+                })
+                .collect();
+            let rows: Vec<f32> = tokens[..20]
+                .iter()
+                .flat_map(|&t| (0..vocab).map(move |j| if j == t as usize { 1.0 } else { 0.0 }))
+                .collect();
+            let hidden = Tensor::from_vec(rows, (20, vocab), &Device::Cpu).unwrap();
+            set.push(hidden, tokens[1..].to_vec(), s).unwrap();
+        }
+        let unembedding = (Tensor::eye(vocab, DType::F32, &Device::Cpu).unwrap() * 4.0).unwrap();
+        let first_head = |kind: HeadKind| {
+            let mut config = TrainConfig::new(kind, 1);
+            config.epochs = 40;
+            config.batch_size = 32;
+            config.learning_rate = 0.05;
+            config.validation_fraction = 0.25;
+            let trained = train(&set, &unembedding, &config, &mut |_| {}).unwrap();
+            trained.reports.last().unwrap().validation_accuracy[0]
+        };
+        // 9 of every 19 positions are followed by a random token and then its follower: a head
+        // that reads the random token can be right there; one that does not, one time in 16.
+        let chained = first_head(HeadKind::Chained);
+        let latent = first_head(HeadKind::latent());
+        assert!(chained > 0.3, "chained {chained}, latent {latent}");
+        assert!(latent < 0.15, "chained {chained}, latent {latent}");
     }
 
     #[test]
