@@ -26,7 +26,7 @@ use spec_core::heads::{HeadsDrafter, HeadsTree};
 use spec_core::report::{Report, Table};
 use spec_core::{AcceptanceRule, DecodeStats};
 use spec_models::{Registry, Store};
-use spec_nn::heads::MultiTokenHeads;
+use spec_nn::heads::{training_command, MultiTokenHeads};
 
 // The clips' paths are for bench_asr's peers.
 #[allow(dead_code)]
@@ -311,7 +311,8 @@ fn main() -> Result<()> {
         )
         .with_context(|| {
             format!(
-                "heads for {name} (train them: cargo xtask train-heads {name} --heads 4 --kind latent)"
+                "heads for {name} (train them: {})",
+                training_command(name, &args.heads)
             )
         })?;
         let count = heads.info().count;

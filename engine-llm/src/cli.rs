@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
-use spec_nn::heads::MultiTokenHeads;
+use spec_nn::heads::{training_command, MultiTokenHeads};
 use tracing_subscriber::EnvFilter;
 
 use crate::{Error, GenerateOptions, LanguageModel, LoadOptions, Result};
@@ -80,9 +80,9 @@ pub fn open_heads(model: &LanguageModel, name: &str, variant: &str) -> Result<Mu
         .join(format!("{folder}-{variant}"));
     if !dir.join("heads.json").is_file() {
         return Err(Error::Config(format!(
-            "no heads in {}: train them with `cargo xtask train-heads {name} --heads 4 --kind \
-             latent`",
-            dir.display()
+            "no heads in {}: train them with `{}`",
+            dir.display(),
+            training_command(name, variant)
         )));
     }
     model.load_heads(&dir)

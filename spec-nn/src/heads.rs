@@ -136,6 +136,18 @@ impl TrainedFor {
     }
 }
 
+/// The command that trains the heads of folder `MODEL-<variant>` (`KIND-COUNT`, as the training
+/// programs name their output; 4 latent heads when the variant says otherwise).
+pub fn training_command(model: &str, variant: &str) -> String {
+    let (kind, count) = variant
+        .rsplit_once('-')
+        .filter(|(kind, count)| {
+            ["latent", "projection", "chained"].contains(kind) && count.parse::<usize>().is_ok()
+        })
+        .unwrap_or(("latent", "4"));
+    format!("cargo xtask train-heads {model} --heads {count} --kind {kind}")
+}
+
 /// A cheap checksum of a weights file: SHA-256 over its length and 16 evenly spaced 64 KiB
 /// samples (hashing a 1.5 GB model whole on every load would take seconds). Tells models
 /// apart; it does not prove a file intact (the model store's full checksums do that).
@@ -290,20 +302,15 @@ impl MultiTokenHeads {
                 bias,
             ))
         };
+        let per_head: Vec<Linear> = weights
+            .iter()
+            .zip(biases)
+            .map(|(w, b)| layer(w, Some(b)))
+            .collect::<Result<_>>()?;
         let layers = match info.kind {
-            HeadKind::Projection => Layers::Projection(
-                weights
-                    .iter()
-                    .zip(biases)
-                    .map(|(w, b)| layer(w, Some(b)))
-                    .collect::<Result<_>>()?,
-            ),
+            HeadKind::Projection => Layers::Projection(per_head),
             HeadKind::Latent { .. } => Layers::Latent {
-                transforms: weights
-                    .iter()
-                    .zip(biases)
-                    .map(|(w, b)| layer(w, Some(b)))
-                    .collect::<Result<_>>()?,
+                transforms: per_head,
                 output: layer(&model.unembedding_rows(&shortlist)?, None)?,
             },
             HeadKind::Chained => {
@@ -312,11 +319,7 @@ impl MultiTokenHeads {
                     row_of[token as usize] = row as u32;
                 }
                 Layers::Chained {
-                    transforms: weights
-                        .iter()
-                        .zip(biases)
-                        .map(|(w, b)| layer(w, Some(b)))
-                        .collect::<Result<_>>()?,
+                    transforms: per_head,
                     output: layer(&model.unembedding_rows(&shortlist)?, None)?,
                     row_of,
                 }
@@ -712,7 +715,7 @@ impl ChainExamples {
     /// Each head's logits over the shortlist at `rows` (those with a target only) and their
     /// targets, the heads run one after another as at inference: `z_0 = h`,
     /// `z_{k+1} = z_k + SiLU(A_k [z_k; e(read_k)] + b_k)`. `read_table` holds the shortlist's
-    /// unembedding rows and a zero row for "nothing to read".
+    /// unembedding rows ([`unit_rms`]) and a zero row for "nothing to read".
     fn logits(
         &self,
         heads: &[TrainableHead],
@@ -1008,7 +1011,7 @@ pub fn train(
     let frozen = Frozen {
         kind: config.kind,
         read_table: match config.kind {
-            // The shortlist's unembedding rows, and a zero row for nothing to read.
+            // The shortlist's unembedding rows at unit scale, and a zero row for nothing to read.
             HeadKind::Chained => Some(Tensor::cat(
                 &[
                     &unit_rms(&output)?,
@@ -1462,6 +1465,20 @@ mod tests {
         let mut set = TrainingSet::new(8);
         let hidden = Tensor::zeros((4, 8), DType::F32, &Device::Cpu).unwrap();
         assert!(set.push(hidden, vec![1, 2], 0).is_err());
+    }
+
+    #[test]
+    fn missing_heads_name_the_command_for_their_variant() {
+        assert_eq!(
+            training_command("m", "chained-3"),
+            "cargo xtask train-heads m --heads 3 --kind chained"
+        );
+        for odd in ["latent", "big-4", "latent-x"] {
+            assert_eq!(
+                training_command("m", odd),
+                "cargo xtask train-heads m --heads 4 --kind latent"
+            );
+        }
     }
 
     #[test]
