@@ -10,10 +10,10 @@
 //! A third kind goes beyond the paper: [`HeadKind::Chained`] latent heads, each of which also
 //! reads the token guessed just before its own and the state the head before it left (as
 //! Hydra's sequentially dependent heads and EAGLE do), `z_0 = h`,
-//! `z_{k+1} = z_k + SiLU(A_k [z_k; e(x_{t+k+1})] + b_k)`, `logits_k = U z_{k+1}`, where
-//! `e(x)` is the token's row of the unembedding scaled to a root mean square of 1. The paper's heads must guess token t+2 without
-//! knowing token t+1, which the target itself has just chosen (eq. 8's conditional
-//! independence); a chained head 0 reads it. `2d²` parameters per head.
+//! `z_{k+1} = z_k + SiLU(A_k [z_k; e(x_{t+k+1})] + b_k)`, `logits_k = U z_{k+1}`, where `e(x)`
+//! is the token's row of the unembedding scaled to a root mean square of 1. The paper's heads
+//! must guess token t+2 without knowing token t+1, which the target itself has just chosen
+//! (eq. 8's conditional independence); a chained head 0 reads it. `2d²` parameters per head.
 //!
 //! What differs from the paper: the heads score a shortlist of the vocabulary (the lowest
 //! token ids, which byte-pair encoders give their most frequent merges, plus every token of the
@@ -190,7 +190,7 @@ enum Layers {
     },
     /// Each head's `[hidden, 2 · hidden]` transform, the shortlist's unembedding rows (which
     /// also give the token each head reads) and each token's row among them (`u32::MAX` off
-    /// the shortlist: such a token is read as zeros, as no training token is).
+    /// the shortlist: such a token, which training never showed them, is read as zeros).
     Chained {
         transforms: Vec<Linear>,
         output: Linear,
@@ -442,9 +442,10 @@ impl MultiTokenHeads {
     }
 }
 
-/// Each row scaled to a root mean square of 1: a chained head reads token rows at the scale of
-/// the hidden states (unembedding rows are about a hundred times smaller, which would leave
-/// the token's half of the transform to learn far more slowly than the state's).
+/// Each row scaled to a root mean square of 1: a chained head reads token rows at about the
+/// scale of the hidden states. Unembedding rows are far smaller; read unscaled, the token's
+/// half of the transform learned too slowly to help (the 1.5B chat model's first head: 29.5 %
+/// top-1 after two epochs, 36.9 % with the rows scaled).
 fn unit_rms(rows: &Tensor) -> candle_core::Result<Tensor> {
     let rms = rows
         .sqr()?
