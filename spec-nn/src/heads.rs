@@ -182,19 +182,13 @@ pub fn weights_fingerprint(path: &Path) -> Result<String> {
 enum Layers {
     /// One output layer over the shortlist per head.
     Projection(Vec<Linear>),
-    /// Each head's `[hidden, hidden]` transform, and the model's unembedding rows of the
-    /// shortlist (one pass for the rows of all the heads asked for).
+    /// Latent and chained heads: each head's transform (`[hidden, hidden]`, a chained head's
+    /// `[hidden, 2 · hidden]`), and the model's unembedding rows of the shortlist (one pass
+    /// for the rows of all the heads asked for; a chained head also reads its token's row
+    /// there).
     Latent {
         transforms: Vec<Linear>,
         output: Linear,
-    },
-    /// Each head's `[hidden, 2 · hidden]` transform, the shortlist's unembedding rows (which
-    /// also give the token each head reads) and each token's row among them (`u32::MAX` off
-    /// the shortlist: such a token, which training never showed them, is read as zeros).
-    Chained {
-        transforms: Vec<Linear>,
-        output: Linear,
-        row_of: Vec<u32>,
     },
 }
 
@@ -247,13 +241,15 @@ impl MultiTokenHeads {
                 name: "shortlist".into(),
             })?
             .to_vec1::<u32>()?;
+        // Sorted, so a token's row is found by binary search.
         if shortlist.len() != info.shortlist_size
             || shortlist.iter().any(|&t| t as usize >= info.vocab_size)
+            || shortlist.windows(2).any(|pair| pair[0] >= pair[1])
         {
             return Err(Error::BadWeights {
                 path: weights_path.clone(),
                 reason: format!(
-                    "a shortlist of {} tokens within {} expected",
+                    "a shortlist of {} distinct tokens within {}, in increasing order, expected",
                     info.shortlist_size, info.vocab_size
                 ),
             });
@@ -309,21 +305,10 @@ impl MultiTokenHeads {
             .collect::<Result<_>>()?;
         let layers = match info.kind {
             HeadKind::Projection => Layers::Projection(per_head),
-            HeadKind::Latent { .. } => Layers::Latent {
+            HeadKind::Latent { .. } | HeadKind::Chained => Layers::Latent {
                 transforms: per_head,
                 output: layer(&model.unembedding_rows(&shortlist)?, None)?,
             },
-            HeadKind::Chained => {
-                let mut row_of = vec![u32::MAX; info.vocab_size];
-                for (row, &token) in shortlist.iter().enumerate() {
-                    row_of[token as usize] = row as u32;
-                }
-                Layers::Chained {
-                    transforms: per_head,
-                    output: layer(&model.unembedding_rows(&shortlist)?, None)?,
-                    row_of,
-                }
-            }
         };
         Ok(Self {
             info,
@@ -376,19 +361,21 @@ impl TokenHeads for MultiTokenHeads {
                     .collect::<candle_core::Result<Vec<_>>>()?;
                 output.forward(&expand(Tensor::cat(&z, 0)?, &hidden, activation, residual)?)?
             }
-            (Layers::Chained { .. }, _) => {
+            (Layers::Latent { .. }, HeadKind::Chained) => {
                 return Err(spec_core::Error::Unsupported(
                     "chained heads read the token before each guess: ask them one head at a \
                      time with predict_after",
                 ))
             }
-            (Layers::Latent { .. }, _) => unreachable!("layers are built for their kind"),
+            (Layers::Latent { .. }, HeadKind::Projection) => {
+                unreachable!("layers are built for their kind")
+            }
         };
         self.full_rows(&scores)
     }
 
     fn reads_guesses(&self) -> bool {
-        matches!(self.layers, Layers::Chained { .. })
+        self.info.kind == HeadKind::Chained
     }
 
     fn predict_after(
@@ -397,25 +384,23 @@ impl TokenHeads for MultiTokenHeads {
         k: usize,
         previous: u32,
     ) -> spec_core::Result<(Logits, Tensor)> {
-        let Layers::Chained {
-            transforms,
-            output,
-            row_of,
-        } = &self.layers
+        let (Layers::Latent { transforms, output }, HeadKind::Chained) =
+            (&self.layers, self.info.kind)
         else {
             return Ok((self.predict(state, k..k + 1)?, state.clone()));
         };
         check_head_range(&(k..k + 1), self.info.count)?;
         let width = self.info.hidden_size;
         let state = state.reshape((1, width))?;
-        let read = match row_of.get(previous as usize) {
-            Some(&row) if row != u32::MAX => unit_rms(
+        // A token off the shortlist, which training never showed the heads, is read as zeros.
+        let read = match self.shortlist.binary_search(&previous) {
+            Ok(row) => unit_rms(
                 &output
                     .weight
-                    .embedding(&[row], state.device())
+                    .embedding(&[row as u32], state.device())
                     .map_err(|e| spec_core::Error::Model(Box::new(e)))?,
             )?,
-            _ => Tensor::zeros((1, width), DType::F32, state.device())?,
+            Err(_) => Tensor::zeros((1, width), DType::F32, state.device())?,
         };
         let input = Tensor::cat(&[&state, &read], 1)?;
         let next = expand(transforms[k].forward(&input)?, &state, true, true)?;
@@ -666,6 +651,7 @@ impl TrainingSet {
         count: usize,
         column: &[u32],
         none_read: u32,
+        read_table: Tensor,
     ) -> Result<ChainExamples> {
         let mut rows = Vec::new();
         let mut reads = vec![Vec::new(); count];
@@ -677,9 +663,9 @@ impl TrainingSet {
                 continue;
             }
             rows.push(hidden.narrow(0, 0, usable)?);
+            let column_at = |j: usize| next.get(j).map(|&t| column[t as usize]);
             for i in 0..usable {
                 for k in 0..count {
-                    let column_at = |j: usize| next.get(j).map(|&t| column[t as usize]);
                     reads[k].push(column_at(i + k).unwrap_or(none_read));
                     targets[k].push(column_at(i + k + 1).unwrap_or(NO_TARGET));
                 }
@@ -693,6 +679,7 @@ impl TrainingSet {
             hidden,
             reads,
             targets,
+            read_table,
         })
     }
 }
@@ -706,6 +693,9 @@ struct ChainExamples {
     hidden: Tensor,
     reads: Vec<Vec<u32>>,
     targets: Vec<Vec<u32>>,
+    /// The rows a head reads a token from: the shortlist's unembedding rows ([`unit_rms`]) and
+    /// a zero row for "nothing to read".
+    read_table: Tensor,
 }
 
 impl ChainExamples {
@@ -715,14 +705,12 @@ impl ChainExamples {
 
     /// Each head's logits over the shortlist at `rows` (those with a target only) and their
     /// targets, the heads run one after another as at inference: `z_0 = h`,
-    /// `z_{k+1} = z_k + SiLU(A_k [z_k; e(read_k)] + b_k)`. `read_table` holds the shortlist's
-    /// unembedding rows ([`unit_rms`]) and a zero row for "nothing to read".
+    /// `z_{k+1} = z_k + SiLU(A_k [z_k; e(read_k)] + b_k)`.
     fn logits(
         &self,
         heads: &[TrainableHead],
         rows: &[u32],
         output: &Tensor,
-        read_table: &Tensor,
     ) -> Result<Vec<(Tensor, Vec<u32>)>> {
         let device = Device::Cpu;
         let index = Tensor::from_slice(rows, rows.len(), &device)?;
@@ -730,8 +718,9 @@ impl ChainExamples {
         let mut out = Vec::with_capacity(heads.len());
         for (k, head) in heads.iter().enumerate() {
             let reads: Vec<u32> = rows.iter().map(|&r| self.reads[k][r as usize]).collect();
-            let read =
-                read_table.index_select(&Tensor::from_slice(&reads, reads.len(), &device)?, 0)?;
+            let read = self
+                .read_table
+                .index_select(&Tensor::from_slice(&reads, reads.len(), &device)?, 0)?;
             let input = Tensor::cat(&[&z, &read], 1)?;
             let step = input.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?;
             z = expand(step, &z, true, true)?;
@@ -1009,38 +998,45 @@ pub fn train(
         },
     )?;
 
-    let frozen = Frozen {
-        kind: config.kind,
-        read_table: match config.kind {
+    let (train_set, validation_set) = match config.kind {
+        HeadKind::Chained => {
             // The shortlist's unembedding rows at unit scale, and a zero row for nothing to read.
-            HeadKind::Chained => Some(Tensor::cat(
+            let read_table = Tensor::cat(
                 &[
                     &unit_rms(&output)?,
                     &Tensor::zeros((1, hidden_size), DType::F32, &device)?,
                 ],
                 0,
-            )?),
-            _ => None,
-        },
+            )?;
+            let chain = |sequences: &[usize]| -> Result<Examples> {
+                Ok(Examples::Chained(data.chain_examples(
+                    sequences,
+                    config.count,
+                    &column,
+                    shortlist.len() as u32,
+                    read_table.clone(),
+                )?))
+            };
+            (chain(&train_sequences)?, chain(&validation_sequences)?)
+        }
+        _ => {
+            let independent = |sequences: &[usize]| -> Result<Examples> {
+                Ok(Examples::Independent(
+                    (0..config.count)
+                        .map(|k| data.examples(sequences, k, &column))
+                        .collect::<Result<_>>()?,
+                ))
+            };
+            (
+                independent(&train_sequences)?,
+                independent(&validation_sequences)?,
+            )
+        }
+    };
+    let frozen = Frozen {
+        kind: config.kind,
         output,
     };
-    let examples_of = |sequences: &[usize]| -> Result<Examples> {
-        Ok(match config.kind {
-            HeadKind::Chained => Examples::Chained(data.chain_examples(
-                sequences,
-                config.count,
-                &column,
-                shortlist.len() as u32,
-            )?),
-            _ => Examples::Independent(
-                (0..config.count)
-                    .map(|k| data.examples(sequences, k, &column))
-                    .collect::<Result<_>>()?,
-            ),
-        })
-    };
-    let train_set = examples_of(&train_sequences)?;
-    let validation_set = examples_of(&validation_sequences)?;
     let rows = train_set.rows();
     if rows == 0 {
         return Err(Error::Config("no training positions".into()));
@@ -1104,8 +1100,6 @@ struct Frozen {
     kind: HeadKind,
     /// The shortlist's unembedding rows, `[shortlist, hidden]`.
     output: Tensor,
-    /// Chained heads: the rows a head reads a token from (`output` and a zero row).
-    read_table: Option<Tensor>,
 }
 
 /// What the heads learn from: each head's own rows, or positions the chained heads run along.
@@ -1134,18 +1128,12 @@ impl Examples {
     ) -> Result<Vec<(usize, Tensor, Vec<u32>)>> {
         let device = Device::Cpu;
         match self {
-            Self::Chained(set) => {
-                let read_table = frozen
-                    .read_table
-                    .as_ref()
-                    .ok_or_else(|| Error::Config("chained heads without their tokens".into()))?;
-                Ok(set
-                    .logits(heads, rows, &frozen.output, read_table)?
-                    .into_iter()
-                    .enumerate()
-                    .map(|(k, (logits, targets))| (k, logits, targets))
-                    .collect())
-            }
+            Self::Chained(set) => Ok(set
+                .logits(heads, rows, &frozen.output)?
+                .into_iter()
+                .enumerate()
+                .map(|(k, (logits, targets))| (k, logits, targets))
+                .collect()),
             Self::Independent(sets) => {
                 let mut out = Vec::with_capacity(heads.len());
                 for (k, (head, (hidden, targets))) in heads.iter().zip(sets).enumerate() {
@@ -1448,6 +1436,19 @@ mod tests {
         assert!(err.to_string().contains("trained for `tiny`"), "{err}");
         let wider = MockDecoder::new(MockConfig::target(8, 1));
         assert!(MultiTokenHeads::load(dir.path(), &wider, "abc123", &Device::Cpu).is_err());
+        // A shortlist out of order (chained heads find a token's row by binary search).
+        let weights = dir.path().join(HEADS_WEIGHTS);
+        let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu).unwrap();
+        let mut shortlist: Vec<u32> = tensors["shortlist"].to_vec1().unwrap();
+        shortlist.swap(0, 1);
+        let n = shortlist.len();
+        tensors.insert(
+            "shortlist".into(),
+            Tensor::from_vec(shortlist, n, &Device::Cpu).unwrap(),
+        );
+        candle_core::safetensors::save(&tensors, &weights).unwrap();
+        let err = MultiTokenHeads::load(dir.path(), &model, "abc123", &Device::Cpu).unwrap_err();
+        assert!(err.to_string().contains("increasing order"), "{err}");
         std::fs::write(dir.path().join(HEADS_WEIGHTS), b"cut").unwrap();
         assert!(matches!(
             MultiTokenHeads::load(dir.path(), &model, "abc123", &Device::Cpu),
