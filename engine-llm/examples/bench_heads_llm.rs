@@ -1,19 +1,20 @@
 //! Benchmark of multi-token prediction heads on a chat model: greedy decoding against decoding
-//! with trained heads (greedy acceptance: lossless; chain and branching trees) on the first
-//! turns of MT-Bench (never used to train the heads), same model, same run. Reports decoding
-//! tokens per second after the first token, the speed-up, target forwards per token, acceptance
-//! per depth and whether every answer is identical.
+//! with trained heads (greedy acceptance: lossless; chains, a branching tree, chains gated on
+//! the heads' confidence) on the first turns of MT-Bench (never used to train the heads), same
+//! model, same run, prompt by prompt (greedy, then each drafter). Reports decoding tokens per
+//! second after the first token, the speed-up, target forwards per token, acceptance per depth
+//! and whether every answer is identical.
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example bench_heads_llm -- [--model qwen2.5-coder-1.5b-instruct]
-//!     [--heads latent-4] [--questions 10] [--tokens 128] [--json PATH]
+//!     [--heads chained-1] [--chains 1,2,4] [--questions 10] [--tokens 128] [--json PATH]
 //! ```
 //!
 //! The heads come from `cargo xtask train-heads MODEL` (`$SPECVOICE_MODELS/heads/NAME-KIND-COUNT`).
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine_llm::cli::open_heads;
 use engine_llm::{LanguageModel, LoadOptions, Message};
@@ -32,7 +33,7 @@ struct Args {
     #[arg(long, default_value = "qwen2.5-coder-1.5b-instruct")]
     model: String,
     /// The heads: `$SPECVOICE_MODELS/heads/MODEL-<this>`.
-    #[arg(long, default_value = "latent-4")]
+    #[arg(long, default_value = "chained-1")]
     heads: String,
     /// MT-Bench first turns.
     #[arg(long, default_value_t = 10)]
@@ -40,6 +41,11 @@ struct Args {
     /// Longest answer.
     #[arg(long, default_value_t = 128)]
     tokens: usize,
+    /// Chains to measure, by depth (the shorter ones draft with the first heads only); by
+    /// default 1, 2 and all the heads. A chain of one costs a two-token forward, which on
+    /// memory-bound machines is about a one-token one.
+    #[arg(long, value_delimiter = ',')]
+    chains: Vec<usize>,
     /// Compute the output layer's rows only where the verification reaches them.
     #[arg(long)]
     rows_on_demand: bool,
@@ -58,6 +64,17 @@ fn main() -> Result<()> {
     let name = store.resolve(&args.model)?.name;
     let heads = open_heads(&lm, &args.model, &args.heads)?;
     let count = heads.info().count;
+    let chains = if args.chains.is_empty() {
+        let mut defaults = vec![1, 2, count];
+        defaults.retain(|&d| d <= count);
+        defaults.dedup();
+        defaults
+    } else {
+        args.chains.clone()
+    };
+    if let Some(&bad) = chains.iter().find(|&&d| d == 0 || d > count) {
+        bail!("--chains {bad}: a chain is 1 to {count} heads deep");
+    }
     let prompts: Vec<Vec<u32>> = mt_bench::first_turns(&store, args.questions)?
         .iter()
         .map(|q| lm.chat_prompt(&[Message::user(q.clone())]))
@@ -69,11 +86,30 @@ fn main() -> Result<()> {
     } else {
         OutputRows::Batched
     };
+    let mut drafters = Vec::new();
+    for &depth in &chains {
+        drafters.push((
+            format!("heads, chain of {depth}"),
+            HeadsDrafter::new(&heads, HeadsTree::chain(depth))?,
+        ));
+    }
+    drafters.push((
+        format!("heads, tree ({count} deep, 2 wide)"),
+        HeadsDrafter::new(&heads, HeadsTree::branching(count, 2))?,
+    ));
+    for &p in &args.min_probability {
+        drafters.push((
+            format!("heads, chain of {count}, depths with p ≥ {p}"),
+            HeadsDrafter::new(&heads, HeadsTree::chain(count))?.with_min_probability(p)?,
+        ));
+    }
+    // Prompt by prompt, greedy decoding and then every drafter: this machine's speed drifts
+    // from minute to minute, and each system meets the same minutes.
     let mut greedy = DecodeStats::default();
-    let mut answers = Vec::new();
+    let mut results = vec![(DecodeStats::default(), 0usize); drafters.len()];
     for prompt in &prompts {
         lm.model.reset();
-        let out = generate(
+        let expected = generate(
             &mut lm.model,
             prompt,
             &SamplingConfig::greedy(),
@@ -81,8 +117,21 @@ fn main() -> Result<()> {
             &mut StdRng::seed_from_u64(0),
             &mut |_| {},
         )?;
-        greedy.merge(&out.stats);
-        answers.push(out.tokens);
+        greedy.merge(&expected.stats);
+        for ((_, drafter), (stats, same)) in drafters.iter().zip(results.iter_mut()) {
+            lm.model.reset();
+            let out = heads_generate(
+                &mut lm.model,
+                drafter,
+                prompt,
+                &AcceptanceRule::greedy(),
+                output_rows,
+                &stop,
+                &mut |_| {},
+            )?;
+            *same += usize::from(out.tokens == expected.tokens);
+            stats.merge(&out.stats);
+        }
     }
     let mut table = Table::new(
         format!(
@@ -114,39 +163,7 @@ fn main() -> Result<()> {
         "–".into(),
         format!("{0}/{0}", prompts.len()),
     ]);
-    let mut drafters = vec![
-        (
-            format!("heads, chain of {count}"),
-            HeadsDrafter::new(&heads, HeadsTree::chain(count))?,
-        ),
-        (
-            format!("heads, tree ({count} deep, 2 wide)"),
-            HeadsDrafter::new(&heads, HeadsTree::branching(count, 2))?,
-        ),
-    ];
-    for &p in &args.min_probability {
-        drafters.push((
-            format!("heads, chain of {count}, depths with p ≥ {p}"),
-            HeadsDrafter::new(&heads, HeadsTree::chain(count))?.with_min_probability(p)?,
-        ));
-    }
-    for (label, drafter) in drafters {
-        let mut stats = DecodeStats::default();
-        let mut same = 0;
-        for (prompt, expected) in prompts.iter().zip(&answers) {
-            lm.model.reset();
-            let out = heads_generate(
-                &mut lm.model,
-                &drafter,
-                prompt,
-                &AcceptanceRule::greedy(),
-                output_rows,
-                &stop,
-                &mut |_| {},
-            )?;
-            same += usize::from(&out.tokens == expected);
-            stats.merge(&out.stats);
-        }
+    for ((label, _), (stats, same)) in drafters.iter().zip(&results) {
         let steps = stats.steps.len().max(1) as f64;
         let depths: Vec<String> = (1..=count)
             .map(|k| {
@@ -155,13 +172,13 @@ fn main() -> Result<()> {
             })
             .collect();
         table.push(vec![
-            label,
+            label.clone(),
             format!("{:.2}", stats.decode_tokens_per_second()),
             format!(
                 "{:.2}×",
                 stats.decode_tokens_per_second() / greedy.decode_tokens_per_second()
             ),
-            format!("{:.3}", per_token(&stats)),
+            format!("{:.3}", per_token(stats)),
             format!("{:.2}", stats.tokens_per_target_pass()),
             format!("{} %", depths.join(" / ")),
             format!(
@@ -173,11 +190,12 @@ fn main() -> Result<()> {
     }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {} --tokens {} --min-probability {}{}",
+            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {} --tokens {} --chains {} --min-probability {}{}",
             args.model,
             args.heads,
             args.questions,
             args.tokens,
+            chains.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
             args.min_probability
                 .iter()
                 .map(f32::to_string)

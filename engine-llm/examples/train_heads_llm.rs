@@ -1,8 +1,8 @@
 //! Trains multi-token prediction heads for a chat model on self-distilled data: the model's own
 //! greedy answers to the prompts of `engine-llm/data/heads_training_prompts.txt`,
-//! `ssd_training_prompts.txt` (both mostly about programming) and `heads_general_prompts.txt`
-//! (writing, role play, reasoning, maths, extraction, science, humanities, advice), all written
-//! for the project, none from MT-Bench or the voice set,
+//! `ssd_training_prompts.txt` (both mostly about programming), `heads_general_prompts.txt` and
+//! `heads_more_prompts.txt` (writing, role play, reasoning, maths, coding, extraction, science,
+//! humanities, advice), all written for the project, none from MT-Bench or the voice set,
 //! several answered in lockstep (`spec_core::greedy_in_lockstep`), with the last hidden state
 //! that predicted each token cached; then the heads are fitted with the trunk frozen
 //! (`spec_nn::heads::train`).
@@ -42,6 +42,7 @@ struct Args {
             "engine-llm/data/heads_training_prompts.txt",
             "engine-llm/data/ssd_training_prompts.txt",
             "engine-llm/data/heads_general_prompts.txt",
+            "engine-llm/data/heads_more_prompts.txt",
         ]
     )]
     data: Vec<PathBuf>,
