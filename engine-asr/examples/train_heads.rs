@@ -30,9 +30,9 @@ use spec_nn::heads::{weights_fingerprint, TrainingSet};
 struct Args {
     /// Model (a name in the models folder, or a folder).
     model: String,
-    /// Sentences to speak, one per line.
-    #[arg(long, default_value = "engine-asr/data/heads_training_sentences.txt")]
-    data: PathBuf,
+    /// Files of sentences to speak, one per line.
+    #[arg(long, num_args = 1.., default_values = ["engine-asr/data/heads_training_sentences.txt"])]
+    data: Vec<PathBuf>,
     /// espeak-ng voices and rates (words per minute), `voice:rate`.
     #[arg(
         long,
@@ -56,17 +56,43 @@ fn main() -> Result<()> {
     let model = store.resolve(&args.model)?;
     let fingerprint = model_fingerprint(&model.dir)?;
     let heads_root = store.root().join("heads");
-    // The hidden states depend on the model, the sentences, the voices and the limit.
-    let sentences = weights_fingerprint(&args.data)
-        .with_context(|| format!("reading {}", args.data.display()))?;
+    // The hidden states depend on the model, the sentences, the voices and the limit: one
+    // cached set per file of sentences, so that a new file costs only its own recordings.
     let voices = args.voices.join(",").replace([':', ','], "_");
-    let limit = args.limit.map_or("all".into(), |l| l.to_string());
-    let cache = heads_root.join(format!(
-        "{}-training-set-{}-{voices}-{limit}.safetensors",
-        model.name,
-        &sentences[..16]
-    ));
-    let data = TrainingSet::cached(&cache, args.refresh, || self_distilled(&args, &model.dir))?;
+    let mut data: Option<TrainingSet> = None;
+    let mut left = args.limit.unwrap_or(usize::MAX);
+    for path in &args.data {
+        if left == 0 {
+            break;
+        }
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let all: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let sentences = &all[..all.len().min(left)];
+        left -= sentences.len();
+        let used = match sentences.len() == all.len() {
+            true => "all".to_string(),
+            false => sentences.len().to_string(),
+        };
+        let fingerprint = weights_fingerprint(path)?;
+        let cache = heads_root.join(format!(
+            "{}-training-set-{}-{voices}-{used}.safetensors",
+            model.name,
+            &fingerprint[..16]
+        ));
+        let set = TrainingSet::cached(&cache, args.refresh, || {
+            self_distilled(&args, &model.dir, sentences, path)
+        })?;
+        match &mut data {
+            Some(data) => data.append(set)?,
+            None => data = Some(set),
+        }
+    }
+    let data = data.context("no sentences to speak")?;
     println!(
         "training set: {} recordings, {} positions",
         data.len(),
@@ -87,19 +113,20 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Speaks every sentence in every voice and keeps the model's own transcripts' hidden states.
-fn self_distilled(args: &Args, model_dir: &Path) -> Result<TrainingSet> {
+/// Speaks every sentence (of file `path`) in every voice and keeps the model's own transcripts'
+/// hidden states.
+fn self_distilled(
+    args: &Args,
+    model_dir: &Path,
+    sentences: &[&str],
+    path: &Path,
+) -> Result<TrainingSet> {
     if Command::new("espeak-ng").arg("--version").output().is_err() {
         bail!("espeak-ng is needed to synthesize the training speech: apt-get install espeak-ng");
     }
-    let text = std::fs::read_to_string(&args.data)
-        .with_context(|| format!("reading {}", args.data.display()))?;
-    let sentences: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(args.limit.unwrap_or(usize::MAX))
-        .collect();
+    if sentences.is_empty() {
+        bail!("no sentences in {}", path.display());
+    }
     let voices: Vec<(&str, &str)> = args
         .voices
         .iter()

@@ -38,6 +38,10 @@ struct Args {
     /// MT-Bench first turns.
     #[arg(long, default_value_t = 10)]
     questions: usize,
+    /// Take the questions spread evenly over MT-Bench's eight categories instead of the first
+    /// ones (the first ten are all writing).
+    #[arg(long)]
+    spread: bool,
     /// Longest answer.
     #[arg(long, default_value_t = 128)]
     tokens: usize,
@@ -75,9 +79,16 @@ fn main() -> Result<()> {
     if let Some(&bad) = chains.iter().find(|&&d| d == 0 || d > count) {
         bail!("--chains {bad}: a chain is 1 to {count} heads deep");
     }
-    let prompts: Vec<Vec<u32>> = mt_bench::first_turns(&store, args.questions)?
+    let questions = match args.spread {
+        true => mt_bench::spread(mt_bench::questions(&store)?, Some(args.questions)),
+        false => mt_bench::questions(&store)?
+            .into_iter()
+            .take(args.questions)
+            .collect(),
+    };
+    let prompts: Vec<Vec<u32>> = questions
         .iter()
-        .map(|q| lm.chat_prompt(&[Message::user(q.clone())]))
+        .map(|q| lm.chat_prompt(&[Message::user(q.turns[0].as_str())]))
         .collect::<engine_llm::Result<_>>()?;
     let stop = StopConditions::new(args.tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
 
@@ -107,7 +118,9 @@ fn main() -> Result<()> {
     // from minute to minute, and each system meets the same minutes.
     let mut greedy = DecodeStats::default();
     let mut results = vec![(DecodeStats::default(), 0usize); drafters.len()];
-    for prompt in &prompts {
+    // Per category (in question order): greedy decoding's and the first drafter's statistics.
+    let mut by_category: Vec<(&str, DecodeStats, DecodeStats)> = Vec::new();
+    for (prompt, question) in prompts.iter().zip(&questions) {
         lm.model.reset();
         let expected = generate(
             &mut lm.model,
@@ -118,7 +131,20 @@ fn main() -> Result<()> {
             &mut |_| {},
         )?;
         greedy.merge(&expected.stats);
-        for ((_, drafter), (stats, same)) in drafters.iter().zip(results.iter_mut()) {
+        if by_category
+            .last()
+            .is_none_or(|(c, ..)| *c != question.category)
+        {
+            let empty = DecodeStats::default();
+            by_category.push((&question.category, empty.clone(), empty));
+        }
+        let category = by_category
+            .last_mut()
+            .context("a category for every question")?;
+        category.1.merge(&expected.stats);
+        for (i, ((_, drafter), (stats, same))) in
+            drafters.iter().zip(results.iter_mut()).enumerate()
+        {
             lm.model.reset();
             let out = heads_generate(
                 &mut lm.model,
@@ -131,13 +157,18 @@ fn main() -> Result<()> {
             )?;
             *same += usize::from(out.tokens == expected.tokens);
             stats.merge(&out.stats);
+            if i == 0 {
+                category.2.merge(&out.stats);
+            }
         }
     }
     let mut table = Table::new(
         format!(
-            "{name} with {count} {:?} heads on {} MT-Bench first turns (≤ {} tokens), greedy acceptance, output rows {:?}, 2 threads",
+            "{name} with {count} {:?} heads on {} MT-Bench first turns ({}{}; ≤ {} tokens), greedy acceptance, output rows {:?}, 2 threads",
             heads.info().kind,
             prompts.len(),
+            if args.spread { "spread evenly: " } else { "" },
+            by_category.iter().map(|c| c.0).collect::<Vec<_>>().join(", "),
             args.tokens,
             output_rows
         ),
@@ -188,12 +219,49 @@ fn main() -> Result<()> {
             format!("{same}/{}", prompts.len()),
         ]);
     }
+    let mut tables = vec![table];
+    if by_category.len() > 1 {
+        let mut per_category = Table::new(
+            format!("By MT-Bench category: {}", drafters[0].0),
+            &[
+                "category",
+                "questions",
+                "greedy tok/s",
+                "with heads",
+                "speed-up",
+                "accepted at depth 1",
+            ],
+        );
+        for (category, plain, drafted) in &by_category {
+            let accepted = drafted.steps.iter().filter(|s| s.accepted >= 1).count();
+            per_category.push(vec![
+                category.to_string(),
+                questions
+                    .iter()
+                    .filter(|q| q.category == *category)
+                    .count()
+                    .to_string(),
+                format!("{:.2}", plain.decode_tokens_per_second()),
+                format!("{:.2}", drafted.decode_tokens_per_second()),
+                format!(
+                    "{:.2}×",
+                    drafted.decode_tokens_per_second() / plain.decode_tokens_per_second()
+                ),
+                format!(
+                    "{:.0} %",
+                    100.0 * accepted as f64 / drafted.steps.len().max(1) as f64
+                ),
+            ]);
+        }
+        tables.push(per_category);
+    }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {} --tokens {} --chains {} --min-probability {}{}",
+            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {}{} --tokens {} --chains {} --min-probability {}{}",
             args.model,
             args.heads,
             args.questions,
+            if args.spread { " --spread" } else { "" },
             args.tokens,
             chains.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
             args.min_probability
@@ -203,7 +271,7 @@ fn main() -> Result<()> {
                 .join(","),
             if args.rows_on_demand { " --rows-on-demand" } else { "" }
         ),
-        tables: vec![table],
+        tables,
         notes: vec![format!(
             "Heads trained by `{}` (validation top-1 {:?}). Decode tok/s counts the tokens after each answer's first over the time after it (the prompt's prefill excluded), as in the llm table. \"p ≥ x\": a depth is drafted only while its head's softmax gives its first guess at least x, and none deeper after one falls short (`HeadsDrafter::with_min_probability`: shorter verifying forwards where the heads are unsure; lossless).",
             heads.info().trained_for.command,

@@ -1,11 +1,13 @@
 //! Trains multi-token prediction heads for a chat model on self-distilled data: the model's own
 //! greedy answers to the prompts of `engine-llm/data/heads_training_prompts.txt`,
-//! `ssd_training_prompts.txt` (both mostly about programming), `heads_general_prompts.txt` and
-//! `heads_more_prompts.txt` (writing, role play, reasoning, maths, coding, extraction, science,
-//! humanities, advice), all written for the project, none from MT-Bench or the voice set,
-//! several answered in lockstep (`spec_core::greedy_in_lockstep`), with the last hidden state
-//! that predicted each token cached; then the heads are fitted with the trunk frozen
-//! (`spec_nn::heads::train`).
+//! `ssd_training_prompts.txt` (both mostly about programming), `heads_general_prompts.txt`,
+//! `heads_more_prompts.txt`, `heads_extra_prompts.txt` and `heads_broad_prompts.txt` (writing,
+//! role play, reasoning, maths, coding, extraction, science, humanities, advice), all written
+//! for the project, none from MT-Bench or the voice set, several answered in lockstep
+//! (`spec_core::greedy_in_lockstep`),
+//! with the last hidden state that predicted each token cached (one file of states per prompt
+//! file, so a new prompt file costs only its own answers); then the heads are fitted with the
+//! trunk frozen (`spec_nn::heads::train`).
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example train_heads_llm -- qwen2.5-coder-1.5b-instruct \
@@ -43,6 +45,8 @@ struct Args {
             "engine-llm/data/ssd_training_prompts.txt",
             "engine-llm/data/heads_general_prompts.txt",
             "engine-llm/data/heads_more_prompts.txt",
+            "engine-llm/data/heads_extra_prompts.txt",
+            "engine-llm/data/heads_broad_prompts.txt",
         ]
     )]
     data: Vec<PathBuf>,
@@ -70,23 +74,32 @@ fn main() -> Result<()> {
     let name = store.resolve(&args.model)?.name;
     let fingerprint = weights_fingerprint(&lm.weights)?;
     let heads_root = store.root().join("heads");
-    let prompts_fingerprint = args
-        .data
-        .iter()
-        .map(|path| {
-            weights_fingerprint(path).with_context(|| format!("reading {}", path.display()))
-        })
-        .collect::<Result<Vec<_>>>()?
-        .iter()
-        .map(|f| &f[..16])
-        .collect::<Vec<_>>()
-        .join("-");
-    let limit = args.limit.map_or("all".into(), |l| l.to_string());
-    let cache = heads_root.join(format!(
-        "{name}-training-set-{prompts_fingerprint}-{}-{limit}.safetensors",
-        args.max_tokens
-    ));
-    let data = TrainingSet::cached(&cache, args.refresh, || self_distilled(&args, &mut lm))?;
+    // One cached set per prompt file, so that a new file costs only its own answers.
+    let mut data = TrainingSet::new(lm.model.hidden_size());
+    let mut left = args.limit.unwrap_or(usize::MAX);
+    for path in &args.data {
+        if left == 0 {
+            break;
+        }
+        let all = read_text_lines(&[path.as_path()], None)?;
+        let prompts = &all[..all.len().min(left)];
+        left -= prompts.len();
+        let used = match prompts.len() == all.len() {
+            true => "all".to_string(),
+            false => prompts.len().to_string(),
+        };
+        let prompts_fingerprint =
+            weights_fingerprint(path).with_context(|| format!("reading {}", path.display()))?;
+        let cache = heads_root.join(format!(
+            "{name}-training-set-{}-{}-{used}.safetensors",
+            &prompts_fingerprint[..16],
+            args.max_tokens,
+        ));
+        let set = TrainingSet::cached(&cache, args.refresh, || {
+            self_distilled(&args, &mut lm, prompts, path)
+        })?;
+        data.append(set)?;
+    }
     println!(
         "training set: {} answers, {} positions",
         data.len(),
@@ -102,13 +115,17 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The model's greedy answer to every prompt, with the hidden states that predicted each token:
-/// `--lockstep` prompts at a time are answered in lockstep (the same answers and states as one at a
-/// time on this batch-invariant model, in fewer forwards).
-fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
+/// The model's greedy answer to every prompt (those of file `path`), with the hidden states that
+/// predicted each token: `--lockstep` prompts at a time are answered in lockstep (the same answers
+/// and states as one at a time on this batch-invariant model, in fewer forwards).
+fn self_distilled(
+    args: &Args,
+    lm: &mut LanguageModel,
+    prompts: &[String],
+    path: &Path,
+) -> Result<TrainingSet> {
     anyhow::ensure!(args.lockstep > 0, "--lockstep needs at least one prompt");
-    let files: Vec<&Path> = args.data.iter().map(PathBuf::as_path).collect();
-    let prompts = read_text_lines(&files, args.limit)?;
+    anyhow::ensure!(!prompts.is_empty(), "no prompts in {}", path.display());
     let contexts = prompts
         .iter()
         .map(|prompt| lm.chat_prompt(&[Message::user(prompt.as_str())]))
@@ -141,8 +158,10 @@ fn self_distilled(args: &Args, lm: &mut LanguageModel) -> Result<TrainingSet> {
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "answered {} prompts, {lockstep} in lockstep: {} tokens in {seconds:.1} s ({:.1} tokens/s)",
+        "answered the {} prompts of {}, {lockstep} in lockstep: {} tokens in {seconds:.1} s ({:.1} \
+         tokens/s)",
         prompts.len(),
+        path.display(),
         data.positions(),
         data.positions() as f64 / seconds
     );

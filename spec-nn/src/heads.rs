@@ -136,16 +136,21 @@ impl TrainedFor {
     }
 }
 
-/// The command that trains the heads of folder `MODEL-<variant>` (`KIND-COUNT`, as the training
-/// programs name their output; 4 latent heads when the variant says otherwise).
+/// The command that trains the heads of folder `MODEL-<variant>`: for a `KIND-COUNT` variant, as
+/// the training programs name their output, exactly that; for any other name, the options to
+/// choose and an `--out` into that folder.
 pub fn training_command(model: &str, variant: &str) -> String {
-    let (kind, count) = variant
-        .rsplit_once('-')
-        .filter(|(kind, count)| {
-            ["latent", "projection", "chained"].contains(kind) && count.parse::<usize>().is_ok()
-        })
-        .unwrap_or(("latent", "4"));
-    format!("cargo xtask train-heads {model} --heads {count} --kind {kind}")
+    match variant.rsplit_once('-').filter(|(kind, count)| {
+        ["latent", "projection", "chained"].contains(kind) && count.parse::<usize>().is_ok()
+    }) {
+        Some((kind, count)) => {
+            format!("cargo xtask train-heads {model} --heads {count} --kind {kind}")
+        }
+        None => format!(
+            "cargo xtask train-heads {model} --heads COUNT --kind latent|projection|chained \
+             --out $SPECVOICE_MODELS/heads/{model}-{variant}"
+        ),
+    }
 }
 
 /// A cheap checksum of a weights file: SHA-256 over its length and 16 evenly spaced 64 KiB
@@ -505,6 +510,29 @@ impl TrainingSet {
         Ok(())
     }
 
+    /// Adds every sequence of `other` (built apart, e.g. from another prompt file), its groups
+    /// numbered after this set's so that no two sets share a group.
+    pub fn append(&mut self, other: TrainingSet) -> Result<()> {
+        if other.hidden_size != self.hidden_size && !other.is_empty() {
+            return Err(Error::Config(format!(
+                "cannot join training sets of hidden states {} and {} wide",
+                self.hidden_size, other.hidden_size
+            )));
+        }
+        let offset = self
+            .sequences
+            .iter()
+            .map(|s| s.group + 1)
+            .max()
+            .unwrap_or(0);
+        self.sequences
+            .extend(other.sequences.into_iter().map(|s| Sequence {
+                group: s.group + offset,
+                ..s
+            }));
+        Ok(())
+    }
+
     /// Sequences held.
     pub fn len(&self) -> usize {
         self.sequences.len()
@@ -614,37 +642,47 @@ impl TrainingSet {
             .collect())
     }
 
-    /// For head `k`: the rows of `sequences` that have a target, and the targets as columns of
-    /// the shortlist (`column[token]`).
+    /// For head `k`: the rows of `sequences` that have a target, the targets as columns of
+    /// the shortlist (`column[token]`) and, when `with_states`, the model's own state for each
+    /// target (the one that predicted it).
     fn examples(
         &self,
         sequences: &[usize],
         k: usize,
         column: &[u32],
-    ) -> Result<(Tensor, Vec<u32>)> {
+        with_states: bool,
+    ) -> Result<HeadExamples> {
         let mut rows = Vec::new();
+        let mut states = Vec::new();
         let mut targets = Vec::new();
         for &s in sequences {
             let Sequence { hidden, next, .. } = &self.sequences[s];
             let usable = next.len().saturating_sub(k + 1);
             if usable > 0 {
                 rows.push(hidden.narrow(0, 0, usable)?);
+                if with_states {
+                    states.push(hidden.narrow(0, k + 1, usable)?);
+                }
                 targets.extend(next[k + 1..].iter().map(|&t| column[t as usize]));
             }
         }
-        if rows.is_empty() {
-            return Ok((
-                Tensor::zeros((0, self.hidden_size), DType::F32, &Device::Cpu)?,
-                targets,
-            ));
-        }
-        Ok((Tensor::cat(&rows, 0)?, targets))
+        let stack = |rows: &[Tensor]| -> Result<Tensor> {
+            Ok(match rows.is_empty() {
+                true => Tensor::zeros((0, self.hidden_size), DType::F32, &Device::Cpu)?,
+                false => Tensor::cat(rows, 0)?,
+            })
+        };
+        Ok(HeadExamples {
+            inputs: stack(&rows)?,
+            targets,
+            model_states: with_states.then(|| stack(&states)).transpose()?,
+        })
     }
 
     /// For `count` chained heads: every position of `sequences` with a token after the next,
     /// and per head the shortlist row of the token it reads (`none_read` past the end) and of
     /// its target ([`NO_TARGET`] past the end). Head k at position i reads `next[i + k]` and
-    /// learns `next[i + k + 1]`.
+    /// learns `next[i + k + 1]`, which the model's state `hidden[i + k + 1]` predicted.
     fn chain_examples(
         &self,
         sequences: &[usize],
@@ -653,30 +691,35 @@ impl TrainingSet {
         none_read: u32,
         read_table: Tensor,
     ) -> Result<ChainExamples> {
-        let mut rows = Vec::new();
+        let mut states = Vec::new();
+        let mut starts = Vec::new();
         let mut reads = vec![Vec::new(); count];
         let mut targets = vec![Vec::new(); count];
+        let mut first_row = 0u32;
         for &s in sequences {
             let Sequence { hidden, next, .. } = &self.sequences[s];
             let usable = next.len().saturating_sub(1);
             if usable == 0 {
                 continue;
             }
-            rows.push(hidden.narrow(0, 0, usable)?);
+            states.push(hidden.clone());
             let column_at = |j: usize| next.get(j).map(|&t| column[t as usize]);
             for i in 0..usable {
+                starts.push(first_row + i as u32);
                 for k in 0..count {
                     reads[k].push(column_at(i + k).unwrap_or(none_read));
                     targets[k].push(column_at(i + k + 1).unwrap_or(NO_TARGET));
                 }
             }
+            first_row += next.len() as u32;
         }
-        let hidden = match rows.is_empty() {
+        let states = match states.is_empty() {
             true => Tensor::zeros((0, self.hidden_size), DType::F32, &Device::Cpu)?,
-            false => Tensor::cat(&rows, 0)?,
+            false => Tensor::cat(&states, 0)?,
         };
         Ok(ChainExamples {
-            hidden,
+            states,
+            starts,
             reads,
             targets,
             read_table,
@@ -687,10 +730,21 @@ impl TrainingSet {
 /// A chained head's target where the sequence has ended.
 const NO_TARGET: u32 = u32::MAX;
 
+/// One head's examples from [`TrainingSet::examples`].
+struct HeadExamples {
+    /// `[n, hidden]`.
+    inputs: Tensor,
+    targets: Vec<u32>,
+    /// `[n, hidden]`: the model's state for each target, when the loss reads it.
+    model_states: Option<Tensor>,
+}
+
 /// Training examples of chained heads ([`TrainingSet::chain_examples`]).
 struct ChainExamples {
-    /// `[rows, hidden]`.
-    hidden: Tensor,
+    /// `[positions, hidden]`: every state of the sequences, in order.
+    states: Tensor,
+    /// Per example, the row of `states` its chain starts from.
+    starts: Vec<u32>,
     reads: Vec<Vec<u32>>,
     targets: Vec<Vec<u32>>,
     /// The rows a head reads a token from: the shortlist's unembedding rows ([`unit_rms`]) and
@@ -698,23 +752,38 @@ struct ChainExamples {
     read_table: Tensor,
 }
 
+/// One head's output on a batch, with what its loss compares it to.
+struct HeadOutput {
+    head: usize,
+    /// `[n, shortlist]`.
+    logits: Tensor,
+    targets: Vec<u32>,
+    /// The head's state `z` before the unembedding (latent and chained heads), `[n, hidden]`.
+    state: Option<Tensor>,
+    /// The model's own state for each target, `[n, hidden]` (when the loss reads it).
+    model_state: Option<Tensor>,
+}
+
 impl ChainExamples {
     fn rows(&self) -> usize {
-        self.reads.first().map_or(0, Vec::len)
+        self.starts.len()
     }
 
-    /// Each head's logits over the shortlist at `rows` (those with a target only) and their
-    /// targets, the heads run one after another as at inference: `z_0 = h`,
+    /// Each head's output over the shortlist at `rows` (those with a target only), the heads
+    /// run one after another as at inference: `z_0 = h`,
     /// `z_{k+1} = z_k + SiLU(A_k [z_k; e(read_k)] + b_k)`.
-    fn logits(
+    fn outputs(
         &self,
         heads: &[TrainableHead],
         rows: &[u32],
         output: &Tensor,
-    ) -> Result<Vec<(Tensor, Vec<u32>)>> {
+        with_states: bool,
+    ) -> Result<Vec<HeadOutput>> {
         let device = Device::Cpu;
-        let index = Tensor::from_slice(rows, rows.len(), &device)?;
-        let mut z = self.hidden.index_select(&index, 0)?;
+        let starts: Vec<u32> = rows.iter().map(|&r| self.starts[r as usize]).collect();
+        let mut z = self
+            .states
+            .index_select(&Tensor::from_slice(&starts, starts.len(), &device)?, 0)?;
         let mut out = Vec::with_capacity(heads.len());
         for (k, head) in heads.iter().enumerate() {
             let reads: Vec<u32> = rows.iter().map(|&r| self.reads[k][r as usize]).collect();
@@ -724,19 +793,36 @@ impl ChainExamples {
             let input = Tensor::cat(&[&z, &read], 1)?;
             let step = input.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?;
             z = expand(step, &z, true, true)?;
-            let (kept, targets): (Vec<u32>, Vec<u32>) = rows
-                .iter()
-                .enumerate()
-                .filter_map(|(i, &r)| {
-                    let target = self.targets[k][r as usize];
-                    (target != NO_TARGET).then_some((i as u32, target))
-                })
-                .unzip();
+            let mut kept = Vec::new();
+            let mut targets = Vec::new();
+            let mut model_rows = Vec::new();
+            for (i, &r) in rows.iter().enumerate() {
+                let target = self.targets[k][r as usize];
+                if target != NO_TARGET {
+                    kept.push(i as u32);
+                    targets.push(target);
+                    model_rows.push(starts[i] + k as u32 + 1);
+                }
+            }
             if kept.is_empty() {
                 break;
             }
-            let kept = Tensor::from_slice(&kept, kept.len(), &device)?;
-            out.push((z.index_select(&kept, 0)?.matmul(&output.t()?)?, targets));
+            let state = z.index_select(&Tensor::from_slice(&kept, kept.len(), &device)?, 0)?;
+            let model_state = with_states
+                .then(|| {
+                    self.states.index_select(
+                        &Tensor::from_slice(&model_rows, model_rows.len(), &device)?,
+                        0,
+                    )
+                })
+                .transpose()?;
+            out.push(HeadOutput {
+                head: k,
+                logits: state.matmul(&output.t()?)?,
+                targets,
+                state: Some(state),
+                model_state,
+            });
         }
         Ok(out)
     }
@@ -759,6 +845,14 @@ pub struct TrainConfig {
     /// The heads score the tokens with ids below this, and every token of the training data
     /// (0: the whole vocabulary).
     pub shortlist_below: u32,
+    /// Weight of a Smooth L1 loss between a latent or chained head's state and the model's own
+    /// state for the token it guesses (EAGLE's feature regression; 0: none). That state is what
+    /// the model's unembedding turns into the target's logits, so it teaches a whole vector per
+    /// position where the token teaches one index.
+    pub feature_weight: f32,
+    /// Cross-entropy against the model's own distribution over the shortlist (the softmax of
+    /// its logits for the target) instead of against its chosen token alone.
+    pub soft_targets: bool,
     pub seed: u64,
 }
 
@@ -778,6 +872,8 @@ impl TrainConfig {
             loss_weights: vec![0.2; count],
             validation_fraction: 0.1,
             shortlist_below: 8192,
+            feature_weight: 0.0,
+            soft_targets: false,
             seed: 0,
         }
     }
@@ -924,6 +1020,20 @@ pub fn train(
             config.batch_size
         )));
     }
+    if config.feature_weight < 0.0 || !config.feature_weight.is_finite() {
+        return Err(Error::Config(format!(
+            "a feature loss weight must be finite and not negative, not {}",
+            config.feature_weight
+        )));
+    }
+    if config.feature_weight > 0.0 && config.kind == HeadKind::Projection {
+        return Err(Error::Config(
+            "projection heads have no state to compare with the model's: a feature loss needs \
+             latent or chained heads"
+                .into(),
+        ));
+    }
+    let with_states = config.feature_weight > 0.0 || config.soft_targets;
     let mut groups: Vec<u32> = data.sequences.iter().map(|s| s.group).collect();
     groups.sort_unstable();
     groups.dedup();
@@ -1023,7 +1133,7 @@ pub fn train(
             let independent = |sequences: &[usize]| -> Result<Examples> {
                 Ok(Examples::Independent(
                     (0..config.count)
-                        .map(|k| data.examples(sequences, k, &column))
+                        .map(|k| data.examples(sequences, k, &column, with_states))
                         .collect::<Result<_>>()?,
                 ))
             };
@@ -1053,10 +1163,9 @@ pub fn train(
             let chosen =
                 &permutation[batch * config.batch_size..rows.min((batch + 1) * config.batch_size)];
             let mut loss: Option<Tensor> = None;
-            for (k, logits, targets) in train_set.logits(&heads, chosen, &frozen)? {
-                let y = Tensor::from_slice(&targets, targets.len(), &device)?;
-                let ce = candle_nn::loss::cross_entropy(&logits, &y)?;
-                let weighted = (ce * f64::from(config.loss_weights[k]))?;
+            for head in train_set.outputs(&heads, chosen, &frozen, with_states)? {
+                let weighted = (head_loss(&head, config, &frozen.output)?
+                    * f64::from(config.loss_weights[head.head]))?;
                 loss = Some(match loss {
                     Some(l) => (l + weighted)?,
                     None => weighted,
@@ -1104,8 +1213,8 @@ struct Frozen {
 
 /// What the heads learn from: each head's own rows, or positions the chained heads run along.
 enum Examples {
-    /// Per head: its input rows `[n_k, hidden]` and targets (a later head has fewer).
-    Independent(Vec<(Tensor, Vec<u32>)>),
+    /// Per head (a later head has fewer).
+    Independent(Vec<HeadExamples>),
     Chained(ChainExamples),
 }
 
@@ -1113,57 +1222,98 @@ impl Examples {
     /// Positions of the first head.
     fn rows(&self) -> usize {
         match self {
-            Self::Independent(sets) => sets.first().map_or(0, |(_, t)| t.len()),
+            Self::Independent(sets) => sets.first().map_or(0, |set| set.targets.len()),
             Self::Chained(set) => set.rows(),
         }
     }
 
-    /// For each head with a target at some of `rows`: the head, its logits over the shortlist
-    /// there and those targets.
-    fn logits(
+    /// Each head's output at those of `rows` where it has a target, with the model's states
+    /// for them when `with_states`.
+    fn outputs(
         &self,
         heads: &[TrainableHead],
         rows: &[u32],
         frozen: &Frozen,
-    ) -> Result<Vec<(usize, Tensor, Vec<u32>)>> {
+        with_states: bool,
+    ) -> Result<Vec<HeadOutput>> {
         let device = Device::Cpu;
         match self {
-            Self::Chained(set) => Ok(set
-                .logits(heads, rows, &frozen.output)?
-                .into_iter()
-                .enumerate()
-                .map(|(k, (logits, targets))| (k, logits, targets))
-                .collect()),
+            Self::Chained(set) => set.outputs(heads, rows, &frozen.output, with_states),
             Self::Independent(sets) => {
                 let mut out = Vec::with_capacity(heads.len());
-                for (k, (head, (hidden, targets))) in heads.iter().zip(sets).enumerate() {
+                for (k, (head, set)) in heads.iter().zip(sets).enumerate() {
                     let picked: Vec<u32> = rows
                         .iter()
                         .copied()
-                        .filter(|&i| (i as usize) < targets.len())
+                        .filter(|&i| (i as usize) < set.targets.len())
                         .collect();
                     if picked.is_empty() {
                         continue;
                     }
-                    let x = hidden
-                        .index_select(&Tensor::from_slice(&picked, picked.len(), &device)?, 0)?;
-                    let logits = match frozen.kind {
+                    let index = Tensor::from_slice(&picked, picked.len(), &device)?;
+                    let x = set.inputs.index_select(&index, 0)?;
+                    let (logits, state) = match frozen.kind {
                         HeadKind::Latent {
                             activation,
                             residual,
                         } => {
                             let z = x.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?;
-                            expand(z, &x, activation, residual)?.matmul(&frozen.output.t()?)?
+                            let z = expand(z, &x, activation, residual)?;
+                            (z.matmul(&frozen.output.t()?)?, Some(z))
                         }
-                        _ => x.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?,
+                        _ => (
+                            x.matmul(&head.weight.t()?)?.broadcast_add(&head.bias)?,
+                            None,
+                        ),
                     };
-                    let y = picked.iter().map(|&i| targets[i as usize]).collect();
-                    out.push((k, logits, y));
+                    let model_state = match (&set.model_states, with_states) {
+                        (Some(states), true) => Some(states.index_select(&index, 0)?),
+                        _ => None,
+                    };
+                    out.push(HeadOutput {
+                        head: k,
+                        logits,
+                        targets: picked.iter().map(|&i| set.targets[i as usize]).collect(),
+                        state,
+                        model_state,
+                    });
                 }
                 Ok(out)
             }
         }
     }
+}
+
+/// One head's training loss on a batch: cross-entropy against the model's token (or, with
+/// soft targets, its distribution over the shortlist `output`), plus the weighted Smooth L1
+/// distance between the head's state and the model's.
+fn head_loss(head: &HeadOutput, config: &TrainConfig, output: &Tensor) -> Result<Tensor> {
+    let model_state = || {
+        head.model_state.as_ref().ok_or_else(|| {
+            Error::Config("the loss needs the model's states, which were not gathered".into())
+        })
+    };
+    let mut loss = if config.soft_targets {
+        let teacher = candle_nn::ops::softmax_last_dim(&model_state()?.matmul(&output.t()?)?)?;
+        let log_student = candle_nn::ops::log_softmax(&head.logits, D::Minus1)?;
+        (teacher * log_student)?.sum(D::Minus1)?.mean_all()?.neg()?
+    } else {
+        let y = Tensor::from_slice(&head.targets, head.targets.len(), &Device::Cpu)?;
+        candle_nn::loss::cross_entropy(&head.logits, &y)?
+    };
+    if config.feature_weight > 0.0 {
+        let state = head
+            .state
+            .as_ref()
+            .ok_or_else(|| Error::Config("a feature loss needs latent or chained heads".into()))?;
+        let distance = (state - model_state()?)?.abs()?;
+        // Smooth L1: d²/2 below 1, d - 1/2 above.
+        let smooth = distance
+            .lt(1.0)?
+            .where_cond(&(distance.sqr()? * 0.5)?, &(distance.clone() - 0.5)?)?;
+        loss = (loss + (smooth.mean_all()? * f64::from(config.feature_weight))?)?;
+    }
+    Ok(loss)
 }
 
 /// Weighted validation loss and each head's top-1 accuracy.
@@ -1180,7 +1330,13 @@ fn evaluate(
     let rows = set.rows() as u32;
     for start in (0..rows).step_by(CHUNK) {
         let chunk: Vec<u32> = (start..rows.min(start + CHUNK as u32)).collect();
-        for (k, logits, targets) in set.logits(heads, &chunk, frozen)? {
+        for HeadOutput {
+            head: k,
+            logits,
+            targets,
+            ..
+        } in set.outputs(heads, &chunk, frozen, false)?
+        {
             let logits = logits.detach();
             let n = targets.len();
             let y = Tensor::from_slice(&targets, n, &Device::Cpu)?;
@@ -1239,6 +1395,13 @@ pub mod cli {
         pub weight_decay: f64,
         #[arg(long, default_value_t = 256)]
         pub batch_size: usize,
+        /// Weight of the Smooth L1 loss between a latent or chained head's state and the
+        /// model's own state for its target (EAGLE's feature regression; 0: none).
+        #[arg(long, default_value_t = 0.0)]
+        pub feature_weight: f32,
+        /// Learn the model's whole distribution for each target, not only its token.
+        #[arg(long)]
+        pub soft_targets: bool,
         #[arg(long, default_value_t = 0)]
         pub seed: u64,
         /// Output folder [default: $SPECVOICE_MODELS/heads/MODEL-KIND-COUNT].
@@ -1259,6 +1422,8 @@ pub mod cli {
             config.batch_size = self.batch_size;
             config.seed = self.seed;
             config.weight_decay = self.weight_decay;
+            config.feature_weight = self.feature_weight;
+            config.soft_targets = self.soft_targets;
             if let Some(lr) = self.learning_rate {
                 config.learning_rate = lr;
             }
@@ -1368,6 +1533,86 @@ mod tests {
 
     /// The model's next token is a coin toss its state does not tell, and the token after it
     /// follows from that one: only heads that read the next token can guess the one after.
+    /// A cycle task whose states are the model's own: the state at position i is the one-hot
+    /// code of the token it predicts, so the unembedding of a target's state gives the target.
+    fn self_consistent_cycle_task(vocab: usize, sequences: usize, len: usize) -> TrainingSet {
+        let mut set = TrainingSet::new(vocab);
+        for s in 0..sequences {
+            let next: Vec<u32> = (0..len).map(|i| ((s + 3 * i) % vocab) as u32).collect();
+            let rows: Vec<f32> = next
+                .iter()
+                .flat_map(|&t| (0..vocab).map(move |j| if j == t as usize { 1.0 } else { 0.0 }))
+                .collect();
+            let hidden = Tensor::from_vec(rows, (len, vocab), &Device::Cpu).unwrap();
+            set.push(hidden, next, s as u32).unwrap();
+        }
+        set
+    }
+
+    #[test]
+    fn feature_and_soft_target_losses_train_and_are_reproducible() {
+        let data = self_consistent_cycle_task(16, 12, 20);
+        let unembedding = (Tensor::eye(16, DType::F32, &Device::Cpu).unwrap() * 4.0).unwrap();
+        for kind in [HeadKind::latent(), HeadKind::Chained] {
+            for (feature_weight, soft_targets) in [(1.0, false), (0.0, true), (1.0, true)] {
+                let mut config = TrainConfig::new(kind, 2);
+                config.epochs = 30;
+                config.batch_size = 32;
+                config.learning_rate = 0.05;
+                config.feature_weight = feature_weight;
+                config.soft_targets = soft_targets;
+                let first = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+                // Soft targets keep the model's own uncertainty (its peak token at 78 % here), so
+                // the training loss, not the validation's cross-entropy to the token, must fall.
+                let (start, end) = (&first.reports[0], first.reports.last().unwrap());
+                assert!(
+                    end.train_loss < 0.75 * start.train_loss,
+                    "{kind:?} {feature_weight} {soft_targets}: {start:?} → {end:?}"
+                );
+                assert!(end.validation_accuracy.iter().all(|&a| a > 0.95), "{end:?}");
+                let again = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+                assert_eq!(first.reports, again.reports, "same seed, same run");
+            }
+        }
+    }
+
+    #[test]
+    fn appended_sets_keep_their_groups_apart() {
+        let mut first = self_consistent_cycle_task(8, 3, 5);
+        first.append(self_consistent_cycle_task(8, 2, 4)).unwrap();
+        assert_eq!(first.len(), 5);
+        assert_eq!(first.positions(), 3 * 5 + 2 * 4);
+        let groups: Vec<u32> = first.sequences.iter().map(|s| s.group).collect();
+        assert_eq!(groups, [0, 1, 2, 3, 4]);
+        let error = first
+            .append(self_consistent_cycle_task(6, 1, 4))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("8 and 6 wide"), "{error}");
+    }
+
+    #[test]
+    fn a_feature_loss_is_refused_for_projection_heads_and_bad_weights() {
+        let data = self_consistent_cycle_task(16, 4, 8);
+        let unembedding = Tensor::eye(16, DType::F32, &Device::Cpu).unwrap();
+        let mut config = TrainConfig::new(HeadKind::Projection, 1);
+        config.feature_weight = 1.0;
+        let error = train(&data, &unembedding, &config, &mut |_| {})
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("projection heads have no state"), "{error}");
+        for weight in [-1.0, f32::NAN] {
+            let mut config = TrainConfig::new(HeadKind::Chained, 1);
+            config.feature_weight = weight;
+            let error = train(&data, &unembedding, &config, &mut |_| {})
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(error.contains("finite and not negative"), "{error}");
+        }
+    }
+
     #[test]
     fn chained_heads_learn_what_follows_the_token_they_read() {
         let vocab = 16;
@@ -1478,7 +1723,10 @@ mod tests {
         for odd in ["latent", "big-4", "latent-x"] {
             assert_eq!(
                 training_command("m", odd),
-                "cargo xtask train-heads m --heads 4 --kind latent"
+                format!(
+                    "cargo xtask train-heads m --heads COUNT --kind latent|projection|chained \
+                     --out $SPECVOICE_MODELS/heads/m-{odd}"
+                )
             );
         }
     }
