@@ -1511,14 +1511,20 @@ mod tests {
         (set, unembedding)
     }
 
+    /// Two heads trained briskly on a tiny task.
+    fn small_task_config(kind: HeadKind) -> TrainConfig {
+        let mut config = TrainConfig::new(kind, 2);
+        config.epochs = 30;
+        config.batch_size = 32;
+        config.learning_rate = 0.05;
+        config
+    }
+
     #[test]
     fn training_lowers_the_loss_and_is_reproducible() {
         let (data, unembedding) = cycle_task(16, 12, 20);
         for kind in [HeadKind::latent(), HeadKind::Projection, HeadKind::Chained] {
-            let mut config = TrainConfig::new(kind, 2);
-            config.epochs = 30;
-            config.batch_size = 32;
-            config.learning_rate = 0.05;
+            let config = small_task_config(kind);
             let first = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
             let (start, end) = (&first.reports[0], first.reports.last().unwrap());
             assert!(
@@ -1531,8 +1537,6 @@ mod tests {
         }
     }
 
-    /// The model's next token is a coin toss its state does not tell, and the token after it
-    /// follows from that one: only heads that read the next token can guess the one after.
     /// A cycle task whose states are the model's own: the state at position i is the one-hot
     /// code of the token it predicts, so the unembedding of a target's state gives the target.
     fn self_consistent_cycle_task(vocab: usize, sequences: usize, len: usize) -> TrainingSet {
@@ -1555,10 +1559,7 @@ mod tests {
         let unembedding = (Tensor::eye(16, DType::F32, &Device::Cpu).unwrap() * 4.0).unwrap();
         for kind in [HeadKind::latent(), HeadKind::Chained] {
             for (feature_weight, soft_targets) in [(1.0, false), (0.0, true), (1.0, true)] {
-                let mut config = TrainConfig::new(kind, 2);
-                config.epochs = 30;
-                config.batch_size = 32;
-                config.learning_rate = 0.05;
+                let mut config = small_task_config(kind);
                 config.feature_weight = feature_weight;
                 config.soft_targets = soft_targets;
                 let first = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
@@ -1613,6 +1614,8 @@ mod tests {
         }
     }
 
+    /// The model's next token is a coin toss its state does not tell, and the token after it
+    /// follows from that one: only heads that read the next token can guess the one after.
     #[test]
     fn chained_heads_learn_what_follows_the_token_they_read() {
         let vocab = 16;
