@@ -1500,11 +1500,7 @@ mod tests {
         for s in 0..sequences {
             let tokens: Vec<u32> = (0..len).map(|i| ((s + 3 * i) % vocab) as u32).collect();
             // The state at position i "is" token tokens[i]; the model's next token follows it.
-            let rows: Vec<f32> = tokens
-                .iter()
-                .flat_map(|&t| (0..vocab).map(move |j| if j == t as usize { 1.0 } else { 0.0 }))
-                .collect();
-            let hidden = Tensor::from_vec(rows, (len, hidden_size), &Device::Cpu).unwrap();
+            let hidden = one_hot(&tokens, vocab);
             let next: Vec<u32> = tokens.iter().map(|&t| (t + 3) % vocab as u32).collect();
             set.push(hidden, next, s as u32).unwrap();
         }
@@ -1520,21 +1516,39 @@ mod tests {
         config
     }
 
+    /// The epoch reports of a training run, checked to be the same when trained again.
+    fn trained_twice(
+        data: &TrainingSet,
+        unembedding: &Tensor,
+        config: &TrainConfig,
+    ) -> Vec<EpochReport> {
+        let first = train(data, unembedding, config, &mut |_| {}).unwrap();
+        let again = train(data, unembedding, config, &mut |_| {}).unwrap();
+        assert_eq!(first.reports, again.reports, "same seed, same run");
+        first.reports
+    }
+
     #[test]
     fn training_lowers_the_loss_and_is_reproducible() {
         let (data, unembedding) = cycle_task(16, 12, 20);
         for kind in [HeadKind::latent(), HeadKind::Projection, HeadKind::Chained] {
-            let config = small_task_config(kind);
-            let first = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-            let (start, end) = (&first.reports[0], first.reports.last().unwrap());
+            let reports = trained_twice(&data, &unembedding, &small_task_config(kind));
+            let (start, end) = (&reports[0], reports.last().unwrap());
             assert!(
                 end.validation_loss < 0.5 * start.validation_loss,
                 "{kind:?}: {start:?} → {end:?}"
             );
             assert!(end.validation_accuracy.iter().all(|&a| a > 0.95), "{end:?}");
-            let again = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-            assert_eq!(first.reports, again.reports, "same seed, same run");
         }
+    }
+
+    /// `[tokens, vocab]`: each token's one-hot code.
+    fn one_hot(tokens: &[u32], vocab: usize) -> Tensor {
+        let rows: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| (0..vocab).map(move |j| if j == t as usize { 1.0 } else { 0.0 }))
+            .collect();
+        Tensor::from_vec(rows, (tokens.len(), vocab), &Device::Cpu).unwrap()
     }
 
     /// A cycle task whose states are the model's own: the state at position i is the one-hot
@@ -1543,12 +1557,7 @@ mod tests {
         let mut set = TrainingSet::new(vocab);
         for s in 0..sequences {
             let next: Vec<u32> = (0..len).map(|i| ((s + 3 * i) % vocab) as u32).collect();
-            let rows: Vec<f32> = next
-                .iter()
-                .flat_map(|&t| (0..vocab).map(move |j| if j == t as usize { 1.0 } else { 0.0 }))
-                .collect();
-            let hidden = Tensor::from_vec(rows, (len, vocab), &Device::Cpu).unwrap();
-            set.push(hidden, next, s as u32).unwrap();
+            set.push(one_hot(&next, vocab), next, s as u32).unwrap();
         }
         set
     }
@@ -1562,17 +1571,15 @@ mod tests {
                 let mut config = small_task_config(kind);
                 config.feature_weight = feature_weight;
                 config.soft_targets = soft_targets;
-                let first = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+                let reports = trained_twice(&data, &unembedding, &config);
                 // Soft targets keep the model's own uncertainty (its peak token at 78 % here), so
                 // the training loss, not the validation's cross-entropy to the token, must fall.
-                let (start, end) = (&first.reports[0], first.reports.last().unwrap());
+                let (start, end) = (&reports[0], reports.last().unwrap());
                 assert!(
                     end.train_loss < 0.75 * start.train_loss,
                     "{kind:?} {feature_weight} {soft_targets}: {start:?} → {end:?}"
                 );
                 assert!(end.validation_accuracy.iter().all(|&a| a > 0.95), "{end:?}");
-                let again = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-                assert_eq!(first.reports, again.reports, "same seed, same run");
             }
         }
     }
