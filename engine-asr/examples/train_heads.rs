@@ -12,7 +12,7 @@
 //! `$SPECVOICE_MODELS/heads/MODEL-KIND-COUNT/` unless `--out` says otherwise. The benchmark's
 //! test audio (the real clips, MT-Bench sentences) is never used here.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -23,7 +23,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::HiddenStates;
 use spec_models::{Registry, Store};
 use spec_nn::heads::cli::TrainArgs;
-use spec_nn::heads::{weights_fingerprint, TrainingSet};
+use spec_nn::heads::TrainingSet;
 
 #[derive(Parser, Debug)]
 #[command(about = "Train multi-token prediction heads for a Whisper model")]
@@ -56,50 +56,28 @@ fn main() -> Result<()> {
     let model = store.resolve(&args.model)?;
     let fingerprint = model_fingerprint(&model.dir)?;
     let heads_root = store.root().join("heads");
+    let mut transcriber = Transcriber::load(&model.dir, &LoadOptions::default())?;
     // The hidden states depend on the model, the sentences, the voices and the limit: one
     // cached set per file of sentences, so that a new file costs only its own recordings.
     let voices = args.voices.join(",").replace([':', ','], "_");
-    let mut data: Option<TrainingSet> = None;
-    let mut left = args.limit.unwrap_or(usize::MAX);
-    for path in &args.data {
-        if left == 0 {
-            break;
-        }
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let all: Vec<&str> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        let sentences = &all[..all.len().min(left)];
-        left -= sentences.len();
-        let used = match sentences.len() == all.len() {
-            true => "all".to_string(),
-            false => sentences.len().to_string(),
-        };
-        let fingerprint = weights_fingerprint(path)?;
-        let cache = heads_root.join(format!(
-            "{}-training-set-{}-{voices}-{used}.safetensors",
-            model.name,
-            &fingerprint[..16]
-        ));
-        let set = TrainingSet::cached(&cache, args.refresh, || {
-            self_distilled(&args, &model.dir, sentences, path)
-        })?;
-        match &mut data {
-            Some(data) => data.append(set)?,
-            None => data = Some(set),
-        }
-    }
-    let data = data.context("no sentences to speak")?;
+    let data = TrainingSet::cached_per_file(
+        &args.data,
+        args.limit,
+        args.refresh,
+        |sentences, used| {
+            heads_root.join(format!(
+                "{}-training-set-{sentences}-{voices}-{used}.safetensors",
+                model.name
+            ))
+        },
+        |sentences, _| self_distilled(&args, &mut transcriber, sentences),
+    )?;
     println!(
         "training set: {} recordings, {} positions",
         data.len(),
         data.positions()
     );
 
-    let mut transcriber = Transcriber::load(&model.dir, &LoadOptions::default())?;
     let vocab: Vec<u32> = (0..transcriber.model().config().vocab_size as u32).collect();
     let unembedding = transcriber.model().unembedding_rows(&vocab)?;
     let out = args.training.train_and_save(
@@ -113,26 +91,20 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Speaks every sentence (of file `path`) in every voice and keeps the model's own transcripts'
-/// hidden states.
+/// Speaks every sentence in every voice and keeps the model's own transcripts' hidden states.
 fn self_distilled(
     args: &Args,
-    model_dir: &Path,
-    sentences: &[&str],
-    path: &Path,
+    transcriber: &mut Transcriber,
+    sentences: &[String],
 ) -> Result<TrainingSet> {
     if Command::new("espeak-ng").arg("--version").output().is_err() {
         bail!("espeak-ng is needed to synthesize the training speech: apt-get install espeak-ng");
-    }
-    if sentences.is_empty() {
-        bail!("no sentences in {}", path.display());
     }
     let voices: Vec<(&str, &str)> = args
         .voices
         .iter()
         .map(|v| v.split_once(':').context("voices are `voice:rate`"))
         .collect::<Result<_>>()?;
-    let mut transcriber = Transcriber::load(model_dir, &LoadOptions::default())?;
     let hidden_size = transcriber.model().config().hidden_size;
     let mut data = TrainingSet::new(hidden_size);
     let dir = tempfile::tempdir()?;

@@ -22,7 +22,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::read_text_lines;
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::decoder::common_prefix_len;
@@ -75,31 +74,18 @@ fn main() -> Result<()> {
     let fingerprint = weights_fingerprint(&lm.weights)?;
     let heads_root = store.root().join("heads");
     // One cached set per prompt file, so that a new file costs only its own answers.
-    let mut data = TrainingSet::new(lm.model.hidden_size());
-    let mut left = args.limit.unwrap_or(usize::MAX);
-    for path in &args.data {
-        if left == 0 {
-            break;
-        }
-        let all = read_text_lines(&[path.as_path()], None)?;
-        let prompts = &all[..all.len().min(left)];
-        left -= prompts.len();
-        let used = match prompts.len() == all.len() {
-            true => "all".to_string(),
-            false => prompts.len().to_string(),
-        };
-        let prompts_fingerprint =
-            weights_fingerprint(path).with_context(|| format!("reading {}", path.display()))?;
-        let cache = heads_root.join(format!(
-            "{name}-training-set-{}-{}-{used}.safetensors",
-            &prompts_fingerprint[..16],
-            args.max_tokens,
-        ));
-        let set = TrainingSet::cached(&cache, args.refresh, || {
-            self_distilled(&args, &mut lm, prompts, path)
-        })?;
-        data.append(set)?;
-    }
+    let data = TrainingSet::cached_per_file(
+        &args.data,
+        args.limit,
+        args.refresh,
+        |prompts, used| {
+            heads_root.join(format!(
+                "{name}-training-set-{prompts}-{}-{used}.safetensors",
+                args.max_tokens
+            ))
+        },
+        |prompts, path| self_distilled(&args, &mut lm, prompts, path),
+    )?;
     println!(
         "training set: {} answers, {} positions",
         data.len(),
@@ -125,7 +111,6 @@ fn self_distilled(
     path: &Path,
 ) -> Result<TrainingSet> {
     anyhow::ensure!(args.lockstep > 0, "--lockstep needs at least one prompt");
-    anyhow::ensure!(!prompts.is_empty(), "no prompts in {}", path.display());
     let contexts = prompts
         .iter()
         .map(|prompt| lm.chat_prompt(&[Message::user(prompt.as_str())]))

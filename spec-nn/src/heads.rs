@@ -590,6 +590,54 @@ impl TrainingSet {
         Ok(set)
     }
 
+    /// One set per file of text lines (prompts, sentences; blank lines skipped), joined in file
+    /// order ([`TrainingSet::append`]), so that a new file costs only its own lines. Each is
+    /// cached at `cache_path(fingerprint, used)`, from the first 16 hex digits of the file's
+    /// [`weights_fingerprint`] and `all` (or the number of lines when `limit`, a cap over all
+    /// the files' lines, cut the file short), and built by `build(lines, file)` when absent or
+    /// `refresh` ([`TrainingSet::cached`]). A file without lines is an error naming it.
+    pub fn cached_per_file<E: From<Error>>(
+        files: &[PathBuf],
+        limit: Option<usize>,
+        refresh: bool,
+        cache_path: impl Fn(&str, &str) -> PathBuf,
+        mut build: impl FnMut(&[String], &Path) -> std::result::Result<Self, E>,
+    ) -> std::result::Result<Self, E> {
+        let mut joined: Option<Self> = None;
+        let mut left = limit.unwrap_or(usize::MAX);
+        for file in files {
+            if left == 0 {
+                break;
+            }
+            let text = std::fs::read_to_string(file).map_err(|source| Error::Io {
+                path: file.clone(),
+                source,
+            })?;
+            let all: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if all.is_empty() {
+                return Err(Error::Config(format!("{} holds no lines", file.display())).into());
+            }
+            let lines = &all[..all.len().min(left)];
+            left -= lines.len();
+            let used = match lines.len() == all.len() {
+                true => "all".to_string(),
+                false => lines.len().to_string(),
+            };
+            let cache = cache_path(&weights_fingerprint(file)?[..16], &used);
+            let set = Self::cached(&cache, refresh, || build(lines, file))?;
+            match &mut joined {
+                Some(joined) => joined.append(set)?,
+                None => joined = Some(set),
+            }
+        }
+        joined.ok_or_else(|| Error::Config("no files of lines to train on".into()).into())
+    }
+
     /// Reads a set written by [`TrainingSet::save`].
     pub fn load(path: &Path) -> Result<Self> {
         let bad = |reason: String| Error::BadWeights {
@@ -1597,6 +1645,62 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("8 and 6 wide"), "{error}");
+    }
+
+    #[test]
+    fn sets_are_cached_per_file_and_joined() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<PathBuf> = [
+            ("a.txt", "one\n\n two \nthree\n"),
+            ("b.txt", "four\nfive\n"),
+        ]
+        .iter()
+        .map(|(name, text)| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect();
+        let cache_path = |fingerprint: &str, used: &str| {
+            dir.path()
+                .join(format!("set-{fingerprint}-{used}.safetensors"))
+        };
+        // Each line becomes a sequence of as many positions as it has characters.
+        let built = std::cell::RefCell::new(Vec::new());
+        let build = |lines: &[String], _: &Path| -> Result<TrainingSet> {
+            built.borrow_mut().push(lines.to_vec());
+            let mut set = TrainingSet::new(4);
+            for (i, line) in lines.iter().enumerate() {
+                set.push(
+                    Tensor::zeros((line.len(), 4), DType::F32, &Device::Cpu)?,
+                    vec![0; line.len()],
+                    i as u32,
+                )?;
+            }
+            Ok(set)
+        };
+        let joined = TrainingSet::cached_per_file(&files, None, false, cache_path, build).unwrap();
+        assert_eq!(joined.len(), 5);
+        assert_eq!(joined.positions(), 3 + 3 + 5 + 4 + 4);
+        let groups: Vec<u32> = joined.sequences.iter().map(|s| s.group).collect();
+        assert_eq!(groups, [0, 1, 2, 3, 4]);
+        assert_eq!(
+            built.take(),
+            [vec!["one", "two", "three"], vec!["four", "five"]]
+        );
+
+        // Cached: nothing is built again; a limit cuts the second file and caches that apart.
+        let limited =
+            TrainingSet::cached_per_file(&files, Some(4), false, cache_path, build).unwrap();
+        assert_eq!(limited.len(), 4);
+        assert_eq!(built.take(), [vec!["four"]]);
+
+        std::fs::write(&files[1], "\n  \n").unwrap();
+        let error = TrainingSet::cached_per_file(&files, None, false, cache_path, build)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("b.txt holds no lines"), "{error}");
     }
 
     #[test]
