@@ -1,13 +1,13 @@
 //! Benchmark of multi-token prediction heads on a chat model: greedy decoding against decoding
 //! with trained heads (greedy acceptance: lossless; chains, a branching tree, chains gated on
-//! the heads' confidence) on the first turns of MT-Bench (never used to train the heads), same
+//! the heads' confidence, a chain with lookup chains merged in) on the first turns of MT-Bench (never used to train the heads), same
 //! model, same run, prompt by prompt (greedy, then each drafter). Reports decoding tokens per
 //! second after the first token, the speed-up, target forwards per token, acceptance per depth
 //! and whether every answer is identical.
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example bench_heads_llm -- [--model qwen2.5-coder-1.5b-instruct]
-//!     [--heads chained-1] [--chains 1,2,4] [--questions 10] [--tokens 128] [--json PATH]
+//!     [--heads chained-1] [--chains 1,2,4] [--questions 10] [--tokens 128] [--lookup 2,3] [--json PATH]
 //! ```
 //!
 //! The heads come from `cargo xtask train-heads MODEL` (`$SPECVOICE_MODELS/heads/NAME-KIND-COUNT`).
@@ -23,7 +23,7 @@ use rand::SeedableRng;
 use spec_core::report::{Report, Table};
 use spec_core::{
     generate, heads_generate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,
-    OutputRows, SamplingConfig, StopConditions,
+    LookupConfig, LookupDrafter, OutputRows, SamplingConfig, StopConditions, TreeDrafter,
 };
 use spec_models::{mt_bench, Store};
 
@@ -57,6 +57,11 @@ struct Args {
     /// once per value.
     #[arg(long, value_delimiter = ',', default_values_t = [0.4, 0.7])]
     min_probability: Vec<f32>,
+    /// Also the chain of one with lookup chains of at most this many tokens merged in (copied
+    /// from where the last two or three tokens occurred before in the prompt or answer), once
+    /// per value.
+    #[arg(long, value_delimiter = ',')]
+    lookup: Vec<usize>,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -102,16 +107,32 @@ fn main() -> Result<()> {
         drafters.push((
             format!("heads, chain of {depth}"),
             HeadsDrafter::new(&heads, HeadsTree::chain(depth))?,
+            None,
         ));
     }
     drafters.push((
         format!("heads, tree ({count} deep, 2 wide)"),
         HeadsDrafter::new(&heads, HeadsTree::branching(count, 2))?,
+        None,
     ));
     for &p in &args.min_probability {
         drafters.push((
             format!("heads, chain of {count}, depths with p ≥ {p}"),
             HeadsDrafter::new(&heads, HeadsTree::chain(count))?.with_min_probability(p)?,
+            None,
+        ));
+    }
+    for &max_draft in &args.lookup {
+        let lookup = LookupConfig {
+            max_ngram: 3,
+            min_ngram: 2,
+            max_draft,
+        };
+        LookupDrafter::new(lookup)?;
+        drafters.push((
+            format!("heads, chain of 1 + lookup ≤ {max_draft}"),
+            HeadsDrafter::new(&heads, HeadsTree::chain(1))?,
+            Some(lookup),
         ));
     }
     // Prompt by prompt, greedy decoding and then every drafter: this machine's speed drifts
@@ -141,13 +162,15 @@ fn main() -> Result<()> {
         let last = by_category.len() - 1;
         let category = &mut by_category[last];
         category.1.merge(&expected.stats);
-        for (i, ((_, drafter), (stats, same))) in
+        for (i, ((_, drafter, lookup), (stats, same))) in
             drafters.iter().zip(results.iter_mut()).enumerate()
         {
             lm.model.reset();
+            let mut copies = lookup.map(LookupDrafter::new).transpose()?;
             let out = heads_generate(
                 &mut lm.model,
                 drafter,
+                copies.as_mut().map(|c| c as &mut dyn TreeDrafter),
                 prompt,
                 &AcceptanceRule::greedy(),
                 output_rows,
@@ -193,7 +216,7 @@ fn main() -> Result<()> {
         "–".into(),
         format!("{0}/{0}", prompts.len()),
     ]);
-    for ((label, _), (stats, same)) in drafters.iter().zip(&results) {
+    for ((label, ..), (stats, same)) in drafters.iter().zip(&results) {
         let steps = stats.steps.len().max(1) as f64;
         let depths: Vec<String> = (1..=count)
             .map(|k| {

@@ -14,7 +14,10 @@ use spec_core::{
     Branches, Decoder, DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig,
     SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
 };
-use spec_core::{heads_generate, HeadsDrafter, HeadsTree, HiddenStates, OutputRows, TokenHeads};
+use spec_core::{
+    heads_generate, HeadsDrafter, HeadsTree, HiddenStates, LookupConfig, LookupDrafter, OutputRows,
+    TokenHeads, TreeDrafter,
+};
 use spec_nn::heads::{
     train, weights_fingerprint, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet,
 };
@@ -726,12 +729,19 @@ fn decoding_with_trained_heads_equals_greedy_decoding() {
                     .unwrap(),
             ];
             for drafter in drafters {
-                for rows in [OutputRows::Batched, OutputRows::OnDemand] {
+                // The last run also merges lookup chains copied from the prompt and answer.
+                for (rows, lookup) in [
+                    (OutputRows::Batched, false),
+                    (OutputRows::OnDemand, false),
+                    (OutputRows::Batched, true),
+                ] {
                     for (prompt, expected) in prompts.iter().zip(&greedy) {
                         model.reset();
+                        let mut copies = LookupDrafter::new(LookupConfig::default()).unwrap();
                         let out = heads_generate(
                             &mut model,
                             &drafter,
+                            lookup.then_some(&mut copies as &mut dyn TreeDrafter),
                             prompt,
                             &AcceptanceRule::greedy(),
                             rows,
@@ -739,7 +749,10 @@ fn decoding_with_trained_heads_equals_greedy_decoding() {
                             &mut |_| {},
                         )
                         .unwrap();
-                        assert_eq!(&out.tokens, expected, "{family:?} {kind:?} {rows:?}");
+                        assert_eq!(
+                            &out.tokens, expected,
+                            "{family:?} {kind:?} {rows:?} lookup {lookup}"
+                        );
                         accepted += out.stats.accepted_tokens();
                     }
                 }

@@ -21,6 +21,7 @@ use candle_core::Tensor;
 
 use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::decoder::{Decoder, LogitRows};
+use crate::draft::TreeDrafter;
 use crate::generate::{
     judge_tree, keep_path, tree_forward, verify_tree_adjusted, Generation, Output, StepLimits,
     TreeRows, TreeVerdict,
@@ -376,12 +377,17 @@ pub fn check_heads<H: TokenHeads + ?Sized, D: HiddenStates + ?Sized>(
 
 /// Decoding with prediction heads: each step the heads' tree after the target's next token is
 /// verified in one target forward, which also gives the hidden state for the next step's heads.
-/// With [`AcceptanceRule::Greedy`] the output is exactly that of greedy
+/// A `companion` drafter's tree (e.g. a [`LookupDrafter`](crate::LookupDrafter) chain copied
+/// from where the last tokens occurred before) is merged into the heads' tree each step, so one
+/// forward verifies both (beyond the paper; the heads' one guess and a copied run are right at
+/// different places). With [`AcceptanceRule::Greedy`] the output is exactly that of greedy
 /// [`generate`](crate::generate()); top-k and threshold acceptance (§III-A, eqs. 9–10) trade
 /// exactness for longer accepted runs.
+#[allow(clippy::too_many_arguments)]
 pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
     target: &mut T,
     drafter: &HeadsDrafter<H>,
+    mut companion: Option<&mut dyn TreeDrafter>,
     context: &[u32],
     rule: &AcceptanceRule,
     output_rows: OutputRows,
@@ -412,9 +418,14 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
         let max_depth = remaining.saturating_sub(1).min(room - 1);
         let root = *committed.last().expect("a token was produced");
         let t_draft = Instant::now();
-        let tree = drafter.draft(&state, root, max_depth, &mut |_, _| {})?;
-        stats.draft_time += t_draft.elapsed();
+        let mut tree = drafter.draft(&state, root, max_depth, &mut |_, _| {})?;
         stats.draft_forwards += 1;
+        if let Some(companion) = companion.as_deref_mut() {
+            let draft = companion.draft_tree(&committed, max_depth)?;
+            tree.merge(&draft.tree)?;
+            stats.draft_forwards += draft.forwards;
+        }
+        stats.draft_time += t_draft.elapsed();
 
         let t_verify = Instant::now();
         let (verdict, _, state) =
@@ -422,6 +433,9 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
         hidden = Some(state);
         stats.target_time += t_verify.elapsed();
         out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
+    }
+    if let Some(companion) = companion {
+        companion.finish(&committed)?;
     }
     Ok(out.into_generation(stats, started))
 }
@@ -433,7 +447,9 @@ mod tests {
 
     use super::*;
     use crate::decoder::{forward_tokens, LogitRows};
+    use crate::draft::TreeDraft;
     use crate::generate::generate;
+    use crate::lookup::{LookupConfig, LookupDrafter};
     use crate::mock::{MockConfig, MockDecoder, MockHeads};
     use crate::SamplingConfig;
 
@@ -467,6 +483,7 @@ mod tests {
         let out = heads_generate(
             &mut target,
             &drafter,
+            None,
             &[1, 2, 3],
             &AcceptanceRule::greedy(),
             OutputRows::OnDemand,
@@ -478,6 +495,72 @@ mod tests {
         // The prefill, then 4 tokens per forward.
         assert_eq!(out.stats.target_forwards, 1 + 39usize.div_ceil(4));
         assert!(out.stats.steps.iter().all(|s| s.accepted == s.drafted));
+    }
+
+    /// A companion that drafts the next three tokens of a known answer.
+    struct Knows(Vec<u32>);
+
+    impl TreeDrafter for Knows {
+        fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
+            let next = self.0.get(committed.len()..).unwrap_or_default();
+            let draft = &next[..next.len().min(max_depth).min(3)];
+            Ok(TreeDraft {
+                tree: TokenTree::linear(*committed.last().unwrap(), draft),
+                forwards: 0,
+            })
+        }
+
+        fn finish(&mut self, _: &[u32]) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_companion_drafts_beside_the_heads_in_the_same_forward() {
+        let config = MockConfig::target(48, 4);
+        let context = [1, 2, 3];
+        let stop = StopConditions::new(40);
+        let mut rng = StdRng::seed_from_u64(0);
+        let mut plain = MockDecoder::new(config.clone());
+        let greedy = generate(
+            &mut plain,
+            &context,
+            &SamplingConfig::greedy(),
+            &stop,
+            &mut rng,
+            &mut |_| {},
+        )
+        .unwrap();
+        // Heads that are almost always wrong, and a companion that knows the answer.
+        let heads = MockHeads::new(config.draft(50.0, 9), 1);
+        let drafter = HeadsDrafter::new(&heads, HeadsTree::chain(1)).unwrap();
+        let mut answer = context.to_vec();
+        answer.extend(&greedy.tokens);
+        let decode = |companion: Option<&mut dyn TreeDrafter>| {
+            let mut target = MockDecoder::new(config.clone());
+            heads_generate(
+                &mut target,
+                &drafter,
+                companion,
+                &context,
+                &AcceptanceRule::greedy(),
+                OutputRows::Batched,
+                &stop,
+                &mut |_| {},
+            )
+            .unwrap()
+        };
+        let alone = decode(None);
+        let together = decode(Some(&mut Knows(answer)));
+        assert_eq!(alone.tokens, greedy.tokens);
+        assert_eq!(together.tokens, greedy.tokens);
+        // The prefill, then the companion's three tokens and the target's own per forward.
+        assert_eq!(together.stats.target_forwards, 1 + 39usize.div_ceil(4));
+        assert!(
+            alone.stats.target_forwards > 30,
+            "{:?}",
+            alone.stats.target_forwards
+        );
     }
 
     #[test]
@@ -580,6 +663,7 @@ mod tests {
         let err = heads_generate(
             &mut target,
             &drafter,
+            None,
             &[1],
             &AcceptanceRule::greedy(),
             OutputRows::Batched,
@@ -594,7 +678,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// Greedy acceptance reproduces greedy decoding for any head count, tree shape, head
-        /// quality, least drafting probability and context.
+        /// quality, least drafting probability and context, with or without a lookup
+        /// companion.
         #[test]
         fn greedy_heads_decoding_is_lossless(
             seed in 0u64..1000,
@@ -606,6 +691,7 @@ mod tests {
             on_demand: bool,
             chained: bool,
             min_probability in prop_oneof![Just(0.0f32), 0.0f32..1.0],
+            lookup: bool,
         ) {
             let config = MockConfig::target(40, seed);
             let guesses = match chained {
@@ -620,7 +706,14 @@ mod tests {
             let stop = StopConditions::new(max_new).with_eos([7]);
             let mut target = MockDecoder::new(config.clone());
             let rows = if on_demand { OutputRows::OnDemand } else { OutputRows::Batched };
-            let fast = heads_generate(&mut target, &drafter, &context, &AcceptanceRule::greedy(), rows, &stop, &mut |_| {}).unwrap();
+            // A lookup companion that copies from the context (and, with n-grams of one token,
+            // often drafts a chain the heads disagree with).
+            let mut copies = LookupDrafter::new(LookupConfig { max_ngram: 2, min_ngram: 1, max_draft: 3 }).unwrap();
+            let companion: Option<&mut dyn TreeDrafter> = match lookup {
+                true => Some(&mut copies),
+                false => None,
+            };
+            let fast = heads_generate(&mut target, &drafter, companion, &context, &AcceptanceRule::greedy(), rows, &stop, &mut |_| {}).unwrap();
             let mut plain = MockDecoder::new(config);
             let mut rng = StdRng::seed_from_u64(0);
             let slow = generate(&mut plain, &context, &SamplingConfig::greedy(), &stop, &mut rng, &mut |_| {}).unwrap();

@@ -115,6 +115,30 @@ impl TokenTree {
         Ok(tree)
     }
 
+    /// Adds the branches of `other` (a tree with the same root) that this tree lacks: a node of
+    /// `other` whose parent maps to a node here with a child of the same token maps to that
+    /// child, else it is added. Two drafts of different sources verified in one forward then
+    /// share the nodes they agree on.
+    pub fn merge(&mut self, other: &TokenTree) -> Result<()> {
+        if other.tokens[0] != self.tokens[0] {
+            return Err(Error::InvalidTree(format!(
+                "a tree rooted at token {} cannot merge one rooted at {}",
+                self.tokens[0], other.tokens[0]
+            )));
+        }
+        let mut here = vec![0; other.len()];
+        for node in 1..other.len() {
+            let parent = here[other.parents[node].expect("only the root has no parent")];
+            let token = other.tokens[node];
+            let shared = self.children(parent).find(|&c| self.tokens[c] == token);
+            here[node] = match shared {
+                Some(child) => child,
+                None => self.push(parent, token)?,
+            };
+        }
+        Ok(())
+    }
+
     /// Number of nodes, the root included.
     #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
@@ -265,6 +289,35 @@ mod tests {
         t.push(a, 4).unwrap();
         t.push(c, 5).unwrap();
         t
+    }
+
+    #[test]
+    fn merging_shares_the_nodes_two_trees_agree_on() {
+        let mut t = sample_tree();
+        // 9 → 1 → 3 → 6 shares a and c, then adds a leaf under c; 9 → 7 is new.
+        let mut other = TokenTree::linear(9, &[1, 3, 6]);
+        other.push(0, 7).unwrap();
+        t.merge(&other).unwrap();
+        assert_eq!(t.len(), 8);
+        let paths: Vec<Vec<u32>> = t
+            .paths()
+            .iter()
+            .map(|p| p.iter().map(|&n| t.token(n)).collect())
+            .collect();
+        for expected in [
+            vec![9, 1, 3, 5],
+            vec![9, 1, 3, 6],
+            vec![9, 1, 4],
+            vec![9, 2],
+            vec![9, 7],
+        ] {
+            assert!(paths.contains(&expected), "{expected:?} in {paths:?}");
+        }
+        // Merging a tree into itself adds nothing; a different root is refused.
+        let before = t.clone();
+        t.merge(&before).unwrap();
+        assert_eq!(t, before);
+        assert!(t.merge(&TokenTree::linear(8, &[1])).is_err());
     }
 
     #[test]

@@ -79,6 +79,8 @@ pub enum Continuation {
     /// Drafts from the model's multi-token prediction heads (beyond the paper; needs heads
     /// trained for the model, see [`PredGen::with_heads`]): every verifying forward also gives
     /// the hidden state the heads guess the next tokens from, so drafting costs no forward.
+    /// Runs copied from the turn's guesses, as [`Continuation::Lookup`] drafts them, are
+    /// verified in the same forward beside the heads' guesses.
     Heads,
 }
 

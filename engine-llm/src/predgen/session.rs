@@ -218,6 +218,10 @@ impl Answer {
 /// Most discarded guesses a turn keeps for the lookup continuation.
 const RECYCLED_GUESSES: usize = 16;
 
+/// Most tokens per step the heads continuation copies from the turn's guesses beside the
+/// heads' own (the lookup continuation's default length, cut by the same costs).
+const HEADS_LOOKUP_DRAFT: usize = 8;
+
 /// What a continuation may draft from besides the model, and when it runs.
 #[derive(Clone, Copy, Default)]
 struct Drafting<'a> {
@@ -1498,15 +1502,28 @@ impl<'m> PredGen<'m> {
                     .heads
                     .as_ref()
                     .ok_or_else(|| Error::Config("the heads continuation needs heads".into()))?;
-                heads_generate(
+                // Beside the heads' guesses, runs copied from the turn's discarded guesses, as
+                // the lookup continuation drafts them.
+                let mut copies = LookupDrafter::continuing(
+                    HEADS_LOOKUP_DRAFT,
+                    self.costs.as_ref(),
+                    self.lookup_acceptance,
+                )?;
+                for guess in drafting.guesses {
+                    copies.add_reference(guess.clone());
+                }
+                let gen = heads_generate(
                     target,
                     drafter,
+                    Some(&mut copies),
                     &context,
                     &AcceptanceRule::greedy(),
                     OutputRows::Batched,
                     &stop,
                     &mut |_| {},
-                )?
+                )?;
+                self.lookup_acceptance = Some(copies.acceptance());
+                gen
             }
         };
         let ended = gen.finish == FinishReason::Eos;
