@@ -148,7 +148,7 @@ pub fn training_command(model: &str, variant: &str) -> String {
         }
         None => format!(
             "cargo xtask train-heads {model} --heads COUNT --kind latent|projection|chained \
-             --out $SPECVOICE_MODELS/heads/{model}-{variant}"
+             --variant {variant}"
         ),
     }
 }
@@ -1455,6 +1455,10 @@ pub mod cli {
         /// Output folder [default: $SPECVOICE_MODELS/heads/MODEL-KIND-COUNT].
         #[arg(long)]
         pub out: Option<PathBuf>,
+        /// Write to `$SPECVOICE_MODELS/heads/MODEL-<this>` instead (the name benchmarks and
+        /// `--heads` options take), e.g. `chained-1-quick` for a small trial.
+        #[arg(long, conflicts_with = "out")]
+        pub variant: Option<String>,
     }
 
     impl TrainArgs {
@@ -1480,7 +1484,8 @@ pub mod cli {
 
         /// Trains on `data` with a progress bar and each epoch's figures printed, and writes the
         /// heads for `model` (its name and weights fingerprint) to `--out` or
-        /// `heads_root/MODEL-KIND-COUNT`; returns the folder.
+        /// `heads_root/MODEL-VARIANT` (`KIND-COUNT` unless `--variant` names it); returns the
+        /// folder.
         pub fn train_and_save(
             &self,
             data: &TrainingSet,
@@ -1523,10 +1528,14 @@ pub mod cli {
                 Kind::Projection => "projection",
                 Kind::Chained => "chained",
             };
+            let variant = self
+                .variant
+                .clone()
+                .unwrap_or_else(|| format!("{kind}-{}", self.heads));
             let out = self
                 .out
                 .clone()
-                .unwrap_or_else(|| heads_root.join(format!("{model}-{kind}-{}", self.heads)));
+                .unwrap_or_else(|| heads_root.join(format!("{model}-{variant}")));
             let command = std::env::args().collect::<Vec<_>>().join(" ");
             trained.save(&out, model, fingerprint, &command)
         }
@@ -1839,10 +1848,46 @@ mod tests {
                 training_command("m", odd),
                 format!(
                     "cargo xtask train-heads m --heads COUNT --kind latent|projection|chained \
-                     --out $SPECVOICE_MODELS/heads/m-{odd}"
+                     --variant {odd}"
                 )
             );
         }
+    }
+
+    #[cfg(feature = "cli")]
+    #[test]
+    fn a_named_variant_is_written_where_the_benchmarks_look() {
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            training: cli::TrainArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(["train"].iter().chain(args));
+        assert!(parse(&["--variant", "quick", "--out", "/tmp/heads"]).is_err());
+        let cli = parse(&["--kind", "chained", "--heads", "1", "--epochs", "1"]).unwrap();
+        let named = parse(&[
+            "--kind",
+            "chained",
+            "--heads",
+            "1",
+            "--epochs",
+            "1",
+            "--variant",
+            "chained-1-quick",
+        ])
+        .unwrap();
+        let (data, unembedding) = cycle_task(16, 4, 8);
+        let root = tempfile::tempdir().unwrap();
+        let save = |cli: &Cli| {
+            cli.training
+                .train_and_save(&data, &unembedding, root.path(), "m", "f")
+                .unwrap()
+        };
+        assert_eq!(save(&cli), root.path().join("m-chained-1"));
+        assert_eq!(save(&named), root.path().join("m-chained-1-quick"));
+        assert!(root.path().join("m-chained-1-quick/heads.json").is_file());
     }
 
     #[test]
