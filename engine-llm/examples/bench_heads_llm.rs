@@ -17,13 +17,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine_llm::cli::open_heads;
-use engine_llm::{LanguageModel, LoadOptions, Message};
+use engine_llm::{heads_lookup, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::report::{Report, Table};
 use spec_core::{
     generate, heads_generate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,
-    LookupConfig, LookupDrafter, OutputRows, SamplingConfig, StopConditions, TreeDrafter,
+    OutputRows, SamplingConfig, StopConditions, TreeDrafter,
 };
 use spec_models::{mt_bench, Store};
 
@@ -123,16 +123,11 @@ fn main() -> Result<()> {
         ));
     }
     for &max_draft in &args.lookup {
-        let lookup = LookupConfig {
-            max_ngram: 3,
-            min_ngram: 2,
-            max_draft,
-        };
-        LookupDrafter::new(lookup)?;
+        heads_lookup(max_draft)?;
         drafters.push((
             format!("heads, chain of 1 + lookup ≤ {max_draft}"),
             HeadsDrafter::new(&heads, HeadsTree::chain(1))?,
-            Some(lookup),
+            Some(max_draft),
         ));
     }
     // Prompt by prompt, greedy decoding and then every drafter: this machine's speed drifts
@@ -166,7 +161,7 @@ fn main() -> Result<()> {
             drafters.iter().zip(results.iter_mut()).enumerate()
         {
             lm.model.reset();
-            let mut copies = lookup.map(LookupDrafter::new).transpose()?;
+            let mut copies = lookup.map(heads_lookup).transpose()?;
             let out = heads_generate(
                 &mut lm.model,
                 drafter,

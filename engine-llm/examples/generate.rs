@@ -8,18 +8,20 @@
 //! ```
 //!
 //! `--model`/`--draft` take a GGUF file, a model folder, or the name of a folder in
-//! `$SPECVOICE_MODELS` (default `~/.cache/specvoice/models`). `--cancel-after N` cancels the
-//! answer after N streamed pieces of text, as a user interface's stop button would.
+//! `$SPECVOICE_MODELS` (default `~/.cache/specvoice/models`). `--heads chained-1` decodes with
+//! the model's prediction heads instead (trained by `cargo xtask train-heads`; greedy, the same
+//! tokens as plain decoding). `--cancel-after N` cancels the answer after N streamed pieces of
+//! text, as a user interface's stop button would.
 
 use std::io::Write;
 
 use anyhow::Result;
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model, GenerationArgs, ModelArgs};
+use engine_llm::cli::{init_logging, open_heads, open_model, GenerationArgs, ModelArgs};
 use engine_llm::{
     forward_costs, CancelToken, DraftLength, Flow, LoadOptions, Message, Speculation,
 };
-use spec_core::CostAwarePolicy;
+use spec_core::{CostAwarePolicy, HeadsDrafter, HeadsTree};
 
 /// Chat with a model, streaming its answer, optionally with a draft model for speculative
 /// decoding.
@@ -44,6 +46,15 @@ struct Args {
     /// Choose each step's draft length from the measured forward costs of both models
     #[arg(long)]
     cost_aware: bool,
+
+    /// Decode with the model's prediction heads `$SPECVOICE_MODELS/heads/MODEL-<this>` (greedy)
+    #[arg(long, conflicts_with = "draft")]
+    heads: Option<String>,
+
+    /// With --heads, also verify runs of at most this many tokens copied from where the last
+    /// tokens occurred before (0: none)
+    #[arg(long, default_value_t = 2, requires = "heads")]
+    lookup: usize,
 
     /// A user message, sent with the model's chat template
     #[arg(long)]
@@ -94,6 +105,14 @@ fn main() -> Result<()> {
         };
         model.set_draft(draft)?;
         options = options.speculation(Speculation::Draft(length));
+    }
+    if let Some(variant) = &args.heads {
+        let heads = open_heads(&model, &args.model.model, variant)?;
+        let depth = heads.info().count;
+        model.set_heads(HeadsDrafter::new(heads, HeadsTree::chain(depth))?)?;
+        options = options.speculation(Speculation::Heads {
+            lookup: args.lookup,
+        });
     }
     let cancel = CancelToken::new();
     options = options.cancel_token(cancel.clone());

@@ -1,16 +1,19 @@
 //! Answering: [`LanguageModel::chat`] and [`LanguageModel::chat_stream`], which streams text
-//! deltas and can be cancelled, on `spec-core`'s loops (plain or draft-model speculative
-//! decoding) with the options of [`GenerateOptions`].
+//! deltas and can be cancelled, on `spec-core`'s loops (plain, draft-model speculative or
+//! prediction-heads decoding) with the options of [`GenerateOptions`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_core::heads::check_heads;
 use spec_core::{
-    generate, speculative_generate, AcceptanceRule, DecodeStats, DraftLength, SamplingConfig,
-    SpeculativeConfig, StopConditions,
+    generate, heads_generate, speculative_generate, AcceptanceRule, DecodeStats, DraftLength,
+    HeadsDrafter, LookupConfig, LookupDrafter, OutputRows, SamplingConfig, SpeculativeConfig,
+    StopConditions, TreeDrafter,
 };
+use spec_nn::heads::MultiTokenHeads;
 
 use crate::chat::{LanguageModel, Message};
 use crate::tokenizer::{TextStream, TextTokenizer};
@@ -55,6 +58,23 @@ pub enum Speculation {
     /// Draft-model speculative decoding with the draft given to [`LanguageModel::set_draft`]:
     /// the same tokens as plain greedy decoding, or the same distribution when sampling.
     Draft(DraftLength),
+    /// Multi-token prediction heads given to [`LanguageModel::set_heads`]: their tree after each
+    /// token is verified in the forward that also gives the hidden state they read next, with
+    /// lookup chains of at most `lookup` tokens merged in (copied from where the last two or
+    /// three tokens occurred before in the prompt or answer, [`heads_lookup`]; 0: none).
+    /// Greedy only: the same tokens as plain greedy decoding.
+    Heads { lookup: usize },
+}
+
+/// The lookup drafts merged beside a chat model's heads ([`Speculation::Heads`]): at most
+/// `max_draft` tokens after the last two or three tokens' latest earlier occurrence (a single
+/// token's match is right too rarely to pay for its rows).
+pub fn heads_lookup(max_draft: usize) -> Result<LookupDrafter> {
+    Ok(LookupDrafter::new(LookupConfig {
+        max_ngram: 3,
+        min_ngram: 2,
+        max_draft,
+    })?)
 }
 
 /// How to answer: sampling, length, stop strings, speculation, seed and cancellation.
@@ -188,6 +208,20 @@ impl LanguageModel {
         self.draft.take()
     }
 
+    /// Attaches prediction heads for [`Speculation::Heads`] (from [`LanguageModel::load_heads`],
+    /// which refuses heads trained for another model); they must read this model's hidden
+    /// states.
+    pub fn set_heads(&mut self, heads: HeadsDrafter<MultiTokenHeads>) -> Result<()> {
+        check_heads(heads.heads(), &self.model)?;
+        self.heads = Some(heads);
+        Ok(())
+    }
+
+    /// Detaches the heads.
+    pub fn take_heads(&mut self) -> Option<HeadsDrafter<MultiTokenHeads>> {
+        self.heads.take()
+    }
+
     /// The assistant's answer to `messages`.
     pub fn chat(&mut self, messages: &[Message], options: &GenerateOptions) -> Result<Answer> {
         self.chat_stream(messages, options, |_| Flow::Continue)
@@ -287,6 +321,30 @@ impl LanguageModel {
                     &config,
                     &stop,
                     &mut rng,
+                    &mut on_token,
+                )?
+            }
+            Speculation::Heads { lookup } => {
+                let heads = self.heads.as_ref().ok_or_else(|| {
+                    Error::Config("heads speculation needs heads (set_heads)".into())
+                })?;
+                if !options.sampling.is_greedy() {
+                    return Err(Error::Config(
+                        "heads speculation decodes greedily: set the temperature to 0".into(),
+                    ));
+                }
+                let mut copies = match lookup {
+                    0 => None,
+                    &most => Some(heads_lookup(most)?),
+                };
+                heads_generate(
+                    &mut self.model,
+                    heads,
+                    copies.as_mut().map(|c| c as &mut dyn TreeDrafter),
+                    prompt,
+                    &AcceptanceRule::greedy(),
+                    OutputRows::Batched,
+                    &stop,
                     &mut on_token,
                 )?
             }

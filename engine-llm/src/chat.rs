@@ -9,6 +9,7 @@ use crate::template::{ChatTemplate, JinjaTemplate};
 use crate::tokenizer::TextTokenizer;
 use crate::transformer::Transformer;
 use crate::{Error, Result};
+use spec_core::HeadsDrafter;
 use spec_nn::heads::{weights_fingerprint, MultiTokenHeads};
 use spec_nn::GgufFile;
 
@@ -68,6 +69,8 @@ pub struct LanguageModel {
     pub weights: PathBuf,
     /// A draft model for [`Speculation::Draft`](crate::Speculation::Draft).
     pub(crate) draft: Option<Transformer>,
+    /// Prediction heads for [`Speculation::Heads`](crate::Speculation::Heads).
+    pub(crate) heads: Option<HeadsDrafter<MultiTokenHeads>>,
 }
 
 impl LanguageModel {
@@ -190,6 +193,7 @@ impl LanguageModel {
             template,
             weights,
             draft: None,
+            heads: None,
         })
     }
 

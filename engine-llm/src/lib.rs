@@ -15,7 +15,9 @@ pub mod testing;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use answer::{Answer, CancelToken, FinishReason, Flow, GenerateOptions, Speculation};
+pub use answer::{
+    heads_lookup, Answer, CancelToken, FinishReason, Flow, GenerateOptions, Speculation,
+};
 pub use chat::{LanguageModel, Message, Role};
 pub use config::{Architecture, RopeLayout, TransformerConfig};
 pub use error::{Error, Result};

@@ -1,14 +1,14 @@
 //! The chat API on tiny random-weight models built in memory: streaming, stop strings,
 //! cancellation, seeds, speculation, safe prompts and errors.
 
-use engine_llm::testing::{tiny_chat_model, tiny_tokenizer, CONTEXT};
+use engine_llm::testing::{tiny_chat_model, tiny_heads, tiny_tokenizer, CONTEXT};
 use engine_llm::{
     Answer, CancelToken, ChatTemplate, DraftLength, Error, FinishReason, Flow, GenerateOptions,
     JinjaTemplate, LanguageModel, Message, Speculation,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::{generate, SamplingConfig, StopConditions};
+use spec_core::{generate, HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
 
 fn question() -> Vec<Message> {
     vec![
@@ -126,6 +126,43 @@ fn draft_speculation_gives_the_greedy_tokens() {
     let same = model.chat(&question(), &draft_mode).unwrap();
     assert!(same.stats.target_forwards < plain.stats.target_forwards);
     assert!(model.take_draft().is_some());
+}
+
+#[test]
+fn heads_speculation_gives_the_greedy_tokens() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(4).unwrap();
+    let plain = model
+        .chat(&question(), &GenerateOptions::default().max_tokens(40))
+        .unwrap();
+    let heads_mode = |lookup| {
+        GenerateOptions::default()
+            .max_tokens(40)
+            .speculation(Speculation::Heads { lookup })
+    };
+    assert!(matches!(
+        model.chat(&question(), &heads_mode(0)),
+        Err(Error::Config(_))
+    ));
+    let heads = tiny_heads(&mut model, scratch.path()).unwrap();
+    model
+        .set_heads(HeadsDrafter::new(heads, HeadsTree::chain(3)).unwrap())
+        .unwrap();
+    for lookup in [0, 2, 8] {
+        let (fast, deltas) = streamed(&mut model, &question(), &heads_mode(lookup));
+        assert_eq!(fast.tokens, plain.tokens, "lookup {lookup}");
+        assert_eq!(fast.text, plain.text);
+        assert_eq!(deltas.concat(), fast.text);
+        assert!(fast.stats.draft_forwards > 0);
+    }
+    // Heads decode greedily only.
+    let sampled = heads_mode(2).temperature(0.8);
+    assert!(matches!(
+        model.chat(&question(), &sampled),
+        Err(Error::Config(_))
+    ));
+    assert!(model.take_heads().is_some());
+    assert!(model.take_heads().is_none());
 }
 
 #[test]

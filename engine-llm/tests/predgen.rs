@@ -12,18 +12,11 @@ use candle_core::quantized::GgmlDType;
 use common::{Family, Tiny};
 use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
 use engine_llm::predgen::{EventKind, Status};
+use engine_llm::testing::tiny_heads;
 use engine_llm::{
     Continuation, Error, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
 };
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-use spec_core::{
-    generate, Decoder, HeadsDrafter, HeadsTree, HiddenStates, LogitRows, SamplingConfig,
-    StopConditions,
-};
-use spec_nn::heads::{
-    train, weights_fingerprint, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet,
-};
+use spec_core::{HeadsDrafter, HeadsTree};
 
 fn tiny_chat_model(dir: &Path, seed: u64) -> LanguageModel {
     // Untied output weights: a tiny random model with tied embeddings only repeats its input.
@@ -36,46 +29,6 @@ fn tiny_chat_model(dir: &Path, seed: u64) -> LanguageModel {
     std::fs::create_dir_all(&folder).unwrap();
     let path = tiny.write_gguf(&folder, seed, GgmlDType::Q8_0, &metadata);
     LanguageModel::load(&path, &LoadOptions::default()).unwrap()
-}
-
-/// Latent heads for `model`, trained briefly on its own greedy continuations of a few prompts
-/// (saved in `dir`).
-fn tiny_heads(model: &mut LanguageModel, dir: &Path) -> MultiTokenHeads {
-    let vocab = model.model.vocab_size() as u32;
-    let mut data = TrainingSet::new(model.model.hidden_size());
-    for group in 0..8u32 {
-        let prompt: Vec<u32> = (0..5).map(|i| (group * 11 + i * 5 + 3) % vocab).collect();
-        model.model.reset();
-        let out = generate(
-            &mut model.model,
-            &prompt,
-            &SamplingConfig::greedy(),
-            &StopConditions::new(16),
-            &mut StdRng::seed_from_u64(0),
-            &mut |_| {},
-        )
-        .unwrap();
-        model.model.reset();
-        let sequence: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
-        model
-            .model
-            .forward_tokens(&sequence, LogitRows::None)
-            .unwrap();
-        let hidden = model.model.last_hidden().unwrap();
-        let hidden = hidden
-            .narrow(0, prompt.len() - 1, out.tokens.len())
-            .unwrap();
-        data.push(hidden, out.tokens, group).unwrap();
-    }
-    model.model.reset();
-    let mut config = TrainConfig::new(HeadKind::latent(), 3);
-    config.epochs = 10;
-    let all: Vec<u32> = (0..vocab).collect();
-    let unembedding = model.model.unembedding_rows(&all).unwrap();
-    let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-    let fingerprint = weights_fingerprint(&model.weights).unwrap();
-    trained.save(dir, "tiny", &fingerprint, "test").unwrap();
-    model.load_heads(dir).unwrap()
 }
 
 fn config(verifier: Verifier, continuation: Continuation) -> PredGenConfig {
@@ -149,7 +102,7 @@ fn greedy_predgen_answers_exactly_as_the_plain_cascade() {
     ] {
         let mut model = tiny_chat_model(scratch.path(), 9);
         let heads_dir = scratch.path().join("heads");
-        let heads = tiny_heads(&mut model, &heads_dir);
+        let heads = tiny_heads(&mut model, &heads_dir).unwrap();
         let drafter = HeadsDrafter::new(heads, HeadsTree::chain(3)).unwrap();
         let mut session = PredGen::new(&mut model, cfg(continuation))
             .unwrap()

@@ -639,3 +639,71 @@ fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
     }
     assert_eq!(rebuilt.end_tokens(), original.end_tokens());
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn a_head_trained_briefly_on_the_real_model_decodes_losslessly_through_the_chat_api() {
+    use engine_llm::Speculation;
+    use spec_core::{greedy_in_lockstep, HeadsDrafter, HeadsTree, HiddenStates};
+    use spec_nn::heads::{train, weights_fingerprint, HeadKind, TrainConfig, TrainingSet};
+
+    let mut lm = load(SMOLLM);
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/heads_general_prompts.txt"),
+    )
+    .unwrap();
+    // A quick variant of `cargo xtask train-heads` (the full one runs outside CI): one chained
+    // head on the model's greedy answers to 24 prompts.
+    let contexts: Vec<Vec<u32>> = text
+        .lines()
+        .take(24)
+        .map(|prompt| lm.chat_prompt(&[Message::user(prompt)]).unwrap())
+        .collect();
+    let stop = StopConditions::new(48).with_eos(lm.tokenizer.end_tokens().iter().copied());
+    let mut data = TrainingSet::new(lm.model.hidden_size());
+    for (batch, contexts) in contexts.chunks(8).enumerate() {
+        // The chat template's first token is shared; each answer goes on from its own tail.
+        let tails: Vec<Vec<u32>> = contexts.iter().map(|c| c[1..].to_vec()).collect();
+        lm.model.reset();
+        let answers = greedy_in_lockstep(&mut lm.model, &contexts[0][..1], &tails, &stop).unwrap();
+        for (i, answer) in answers.into_iter().enumerate() {
+            let group = (batch * 8 + i) as u32;
+            data.push(answer.hidden, answer.tokens, group).unwrap();
+        }
+    }
+    let mut config = TrainConfig::new(HeadKind::Chained, 1);
+    config.epochs = 3;
+    let vocab: Vec<u32> = (0..lm.model.vocab_size() as u32).collect();
+    let unembedding = lm.model.unembedding_rows(&vocab).unwrap();
+    let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fingerprint = weights_fingerprint(&lm.weights).unwrap();
+    trained
+        .save(dir.path(), SMOLLM, &fingerprint, "test")
+        .unwrap();
+    let heads = lm.load_heads(dir.path()).unwrap();
+    lm.set_heads(HeadsDrafter::new(heads, HeadsTree::chain(1)).unwrap())
+        .unwrap();
+
+    let plain = GenerateOptions::default().max_tokens(64);
+    let mut accepted = 0;
+    for question in [
+        "Name three uses of a hash map.",
+        "Why is the sky blue?",
+        "Give me a tip for learning to cook.",
+    ] {
+        let messages = [Message::user(question)];
+        lm.model.reset();
+        let expected = lm.chat(&messages, &plain).unwrap();
+        for lookup in [0, 3] {
+            lm.model.reset();
+            let options = plain.clone().speculation(Speculation::Heads { lookup });
+            let answer = lm.chat(&messages, &options).unwrap();
+            assert_eq!(answer.tokens, expected.tokens, "{question} lookup {lookup}");
+            assert_eq!(answer.text, expected.text);
+            assert!(answer.stats.target_forwards <= expected.stats.target_forwards);
+            accepted += answer.stats.accepted_tokens();
+        }
+    }
+    assert!(accepted > 0, "the head never guessed right");
+}
