@@ -218,6 +218,21 @@ impl Answer {
 /// Most discarded guesses a turn keeps for the lookup continuation.
 const RECYCLED_GUESSES: usize = 16;
 
+/// A lookup drafter of at most `max_draft` tokens copying from the turn's discarded `guesses`,
+/// cut by the measured `costs` at the `acceptance` lookup drafts had so far.
+fn guess_lookup(
+    max_draft: usize,
+    costs: Option<&ForwardCosts>,
+    acceptance: Option<AcceptanceRate>,
+    guesses: &[Vec<u32>],
+) -> Result<LookupDrafter> {
+    let mut drafter = LookupDrafter::continuing(max_draft, costs, acceptance)?;
+    for guess in guesses {
+        drafter.add_reference(guess.clone());
+    }
+    Ok(drafter)
+}
+
 /// Most tokens per step the heads continuation copies from the turn's guesses beside the
 /// heads' own (the lookup continuation's default length, cut by the same costs).
 const HEADS_LOOKUP_DRAFT: usize = 8;
@@ -1478,14 +1493,12 @@ impl<'m> PredGen<'m> {
                 gen
             }
             Continuation::Lookup { max_draft } => {
-                let mut drafter = LookupDrafter::continuing(
+                let mut drafter = guess_lookup(
                     max_draft,
                     self.costs.as_ref(),
                     self.lookup_acceptance,
+                    drafting.guesses,
                 )?;
-                for guess in drafting.guesses {
-                    drafter.add_reference(guess.clone());
-                }
                 let gen = tree_speculative_generate(
                     target,
                     &mut drafter,
@@ -1504,14 +1517,12 @@ impl<'m> PredGen<'m> {
                     .ok_or_else(|| Error::Config("the heads continuation needs heads".into()))?;
                 // Beside the heads' guesses, runs copied from the turn's discarded guesses, as
                 // the lookup continuation drafts them.
-                let mut copies = LookupDrafter::continuing(
+                let mut copies = guess_lookup(
                     HEADS_LOOKUP_DRAFT,
                     self.costs.as_ref(),
                     self.lookup_acceptance,
+                    drafting.guesses,
                 )?;
-                for guess in drafting.guesses {
-                    copies.add_reference(guess.clone());
-                }
                 let gen = heads_generate(
                     target,
                     drafter,
