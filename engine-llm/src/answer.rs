@@ -328,9 +328,11 @@ impl LanguageModel {
                 let heads = self.heads.as_ref().ok_or_else(|| {
                     Error::Config("heads speculation needs heads (set_heads)".into())
                 })?;
-                if !options.sampling.is_greedy() {
+                if !options.sampling.is_greedy() || options.sampling.has_penalty() {
                     return Err(Error::Config(
-                        "heads speculation decodes greedily: set the temperature to 0".into(),
+                        "heads speculation decodes greedily: set the temperature to 0 and no \
+                         repetition penalty"
+                            .into(),
                     ));
                 }
                 let mut copies = match lookup {

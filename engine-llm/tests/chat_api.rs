@@ -155,12 +155,16 @@ fn heads_speculation_gives_the_greedy_tokens() {
         assert_eq!(deltas.concat(), fast.text);
         assert!(fast.stats.draft_forwards > 0);
     }
-    // Heads decode greedily only.
-    let sampled = heads_mode(2).temperature(0.8);
-    assert!(matches!(
-        model.chat(&question(), &sampled),
-        Err(Error::Config(_))
-    ));
+    // Heads decode greedily only, without a repetition penalty.
+    for refused in [
+        heads_mode(2).temperature(0.8),
+        heads_mode(2).repetition_penalty(1.3),
+    ] {
+        assert!(matches!(
+            model.chat(&question(), &refused),
+            Err(Error::Config(_))
+        ));
+    }
     assert!(model.take_heads().is_some());
     assert!(model.take_heads().is_none());
 }

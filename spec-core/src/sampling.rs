@@ -264,7 +264,8 @@ impl SamplingConfig {
         Cow::Owned(out)
     }
 
-    fn has_penalty(&self) -> bool {
+    /// True when a repetition penalty changes logits (a factor other than 1 over a window).
+    pub fn has_penalty(&self) -> bool {
         self.repetition_penalty != 1.0 && self.repeat_last_n > 0
     }
 
