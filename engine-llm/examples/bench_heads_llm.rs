@@ -1,13 +1,14 @@
 //! Benchmark of multi-token prediction heads on a chat model: greedy decoding against decoding
 //! with trained heads (greedy acceptance: lossless; chains, a branching tree, chains gated on
-//! the heads' confidence, a chain with lookup chains merged in) on the first turns of MT-Bench (never used to train the heads), same
-//! model, same run, prompt by prompt (greedy, then each drafter). Reports decoding tokens per
-//! second after the first token, the speed-up, target forwards per token, acceptance per depth
-//! and whether every answer is identical.
+//! the heads' confidence, a chain with lookup chains merged in) on the first turns of MT-Bench
+//! (never used to train the heads), same model, same run, prompt by prompt (greedy, then each
+//! drafter). Reports decoding tokens per second after the first token, the speed-up, target
+//! forwards per token, acceptance per depth and whether every answer is identical.
 //!
 //! ```sh
 //! cargo run --release -p engine-llm --example bench_heads_llm -- [--model qwen2.5-coder-1.5b-instruct]
-//!     [--heads chained-1] [--chains 1,2,4] [--questions 10] [--tokens 128] [--lookup 2,3] [--json PATH]
+//!     [--heads chained-1] [--chains 1,2,4] [--questions 10] [--tokens 128] [--lookup 2,3]
+//!     [--json PATH]
 //! ```
 //!
 //! The heads come from `cargo xtask train-heads MODEL` (`$SPECVOICE_MODELS/heads/NAME-KIND-COUNT`).
