@@ -6,6 +6,7 @@
 //! −32. The kernels need them for the formats whose quants carry an offset or a minimum.
 
 /// A batch of quantized token rows.
+#[derive(Default)]
 pub(crate) struct QuantizedTokens {
     pub cols: usize,
     /// Values per scale (32 or 256).
@@ -40,13 +41,31 @@ fn max_abs(values: &[f32]) -> f32 {
 }
 
 impl QuantizedTokens {
-    /// Quantizes `tokens` rows of `cols` values (`cols` a multiple of `block`).
+    /// Quantizes `tokens` rows of `cols` values (`cols` a multiple of `block`) into new
+    /// buffers (the tests' way; matmuls reuse theirs with [`QuantizedTokens::quantize`]).
+    #[cfg(test)]
     pub fn new(x: &[f32], tokens: usize, cols: usize, block: usize) -> Self {
+        let mut quantized = Self::default();
+        quantized.quantize(x, tokens, cols, block);
+        quantized
+    }
+
+    /// [`QuantizedTokens::new`] into the buffers of an earlier batch, which it replaces: a
+    /// calling thread keeps one per block length, so a matmul allocates and frees nothing
+    /// (the heap's bookkeeping is cold after a matmul has streamed its weights through the
+    /// caches).
+    pub fn quantize(&mut self, x: &[f32], tokens: usize, cols: usize, block: usize) {
         debug_assert_eq!(x.len(), tokens * cols);
         debug_assert_eq!(cols % block, 0);
-        let mut scales = Vec::with_capacity(x.len() / block);
-        let mut quants = vec![0i8; x.len()];
-        for (values, out) in x.chunks_exact(block).zip(quants.chunks_exact_mut(block)) {
+        self.cols = cols;
+        self.block = block;
+        self.scales.clear();
+        self.quants.clear();
+        self.quants.resize(x.len(), 0);
+        for (values, out) in x
+            .chunks_exact(block)
+            .zip(self.quants.chunks_exact_mut(block))
+        {
             let max = max_abs(values);
             let scale = max / 127.0;
             let inverse = if max > 0.0 { 127.0 / max } else { 0.0 };
@@ -60,23 +79,17 @@ impl QuantizedTokens {
                 // SAFETY: `r` is finite and within -127..=127.
                 *q = unsafe { r.to_int_unchecked::<i32>() } as i8;
             }
-            scales.push(scale);
+            self.scales.push(scale);
         }
         let sum = |q: &[i8]| q.iter().map(|&q| q as i32).sum::<i32>();
-        let q6k_offsets = if block == 256 {
-            quants.chunks_exact(16).map(|g| -32 * sum(g)).collect()
-        } else {
-            Vec::new()
-        };
-        let group_sums = quants.chunks_exact(32).map(|g| sum(g) as i16).collect();
-        Self {
-            cols,
-            block,
-            scales,
-            quants,
-            group_sums,
-            q6k_offsets,
+        self.q6k_offsets.clear();
+        if block == 256 {
+            let offsets = self.quants.chunks_exact(16).map(|g| -32 * sum(g));
+            self.q6k_offsets.extend(offsets);
         }
+        self.group_sums.clear();
+        let group_sums = self.quants.chunks_exact(32).map(|g| sum(g) as i16);
+        self.group_sums.extend(group_sums);
     }
 
     /// Token `t`'s quants.

@@ -268,6 +268,33 @@ fn several_matrices_of_one_input_match_their_separate_products() {
 }
 
 #[test]
+fn a_threads_reused_buffers_carry_nothing_from_one_product_to_the_next() {
+    // Each product on a thread that has run a larger one, of the other block length, more
+    // tokens, more tasks and more tiles, equals the same product on a new thread, whose
+    // buffers start empty.
+    let mut rng = StdRng::seed_from_u64(23);
+    let big = random_matrix(Format::Q6K, 96, 1024, &mut rng);
+    let big_input = random_input(40, 1024, &mut rng);
+    for format in Format::ALL {
+        let small = random_matrix(format, 33, 256, &mut rng);
+        for tokens in [1, 3, 9] {
+            let x = random_input(tokens, 256, &mut rng);
+            for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+                let fresh = std::thread::scope(|s| {
+                    s.spawn(|| matmul(&small, isa, &x, tokens)).join().unwrap()
+                });
+                matmul(&big, isa, &big_input, 40);
+                assert_eq!(
+                    matmul(&small, isa, &x, tokens),
+                    fresh,
+                    "{format:?}, {tokens} tokens, {isa:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn matrices_hold_the_values_of_their_ggml_blocks() {
     let mut rng = StdRng::seed_from_u64(8);
     for format in Format::ALL {
@@ -400,8 +427,10 @@ fn guided_tasks_cover_every_row_once_in_shrinking_panels() {
         random_matrix(Format::Q8_0, 37, 32, &mut rng),
     ];
     let refs: Vec<&QMatrix> = matrices.iter().collect();
+    // One list refilled for every thread count, as a calling thread's scratch is.
+    let mut tasks = Vec::new();
     for threads in 1..=4 {
-        let tasks = crate::guided_tasks(&refs, threads);
+        crate::guided_tasks(&refs, threads, &mut tasks);
         for (i, m) in matrices.iter().enumerate() {
             let mut next = 0;
             for (_, rows) in tasks.iter().filter(|(owner, _)| *owner == i) {
