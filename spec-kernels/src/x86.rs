@@ -404,9 +404,17 @@ impl Tile {
 
 /// How far ahead of the chunk being multiplied the kernels ask for weights. Products with few
 /// tokens are bound by how many reads are in flight, and the hardware prefetcher alone keeps
-/// too few: with this and two `vpdpbusd` chains per sum instead of one, a one-token Q4_K
+/// too few: with 4 KiB and two `vpdpbusd` chains per sum instead of one, a one-token Q4_K
 /// product of 8960 × 1536 from memory went from 36 to 64 GB/s (2 threads, one A/B run).
-const PREFETCH_AHEAD: usize = 4096;
+///
+/// The faster memory reads, the more bytes must be on their way (bandwidth × latency). On a
+/// Zen 5 machine whose memory read 80–86 GB/s at times and 50–53 at others, the distances
+/// alternated within one process (that product cycled through 1 GiB, 2 threads): at the fast
+/// times Q4_K read 66.5 GB/s at 4 KiB, 68.2 at 5 KiB, 69.2 at 6 KiB, 69.0 at 8 KiB and 64.5 at
+/// 12 KiB (Q6_K 70.2 at 4 KiB, 73.2 at 6 KiB); at the slow ones 50.3 at 4 KiB and 49.4 at
+/// 6 KiB. Prefetching into L2 instead (`T1`, 4–16 KiB), or into L1 and L2 at two distances,
+/// was slower at both speeds.
+const PREFETCH_AHEAD: usize = 6144;
 
 /// Asks for the cache line `ahead` bytes after `chunk` (past the end of the weights it is a
 /// no-op: a prefetch never faults, and the address is only computed, not dereferenced).
