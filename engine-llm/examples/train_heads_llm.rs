@@ -22,10 +22,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::{LanguageModel, LoadOptions, Message};
+use engine_llm::{LanguageModel, LoadOptions};
 use indicatif::{ProgressBar, ProgressStyle};
-use spec_core::decoder::common_prefix_len;
-use spec_core::{greedy_in_lockstep, Decoder, HiddenStates, StopConditions};
+use spec_core::{Decoder, HiddenStates};
 use spec_models::Store;
 use spec_nn::heads::cli::TrainArgs;
 use spec_nn::heads::{weights_fingerprint, TrainingSet};
@@ -102,51 +101,34 @@ fn main() -> Result<()> {
 }
 
 /// The model's greedy answer to every prompt (those of file `path`), with the hidden states that
-/// predicted each token: `--lockstep` prompts at a time are answered in lockstep (the same answers
-/// and states as one at a time on this batch-invariant model, in fewer forwards).
+/// predicted each token ([`LanguageModel::self_distilled`], `--lockstep` prompts at a time).
 fn self_distilled(
     args: &Args,
     lm: &mut LanguageModel,
     prompts: &[String],
     path: &Path,
 ) -> Result<TrainingSet> {
-    anyhow::ensure!(args.lockstep > 0, "--lockstep needs at least one prompt");
-    let contexts = prompts
-        .iter()
-        .map(|prompt| lm.chat_prompt(&[Message::user(prompt.as_str())]))
-        .collect::<Result<Vec<_>, _>>()?;
-    // The chat template's opening, which every context shares, is forwarded once per batch
-    // (each context keeps at least its last token of its own).
-    let shared = contexts
-        .iter()
-        .map(|c| common_prefix_len(&contexts[0], c).min(c.len().saturating_sub(1)))
-        .min()
-        .unwrap_or(0);
-    let mut data = TrainingSet::new(lm.model.hidden_size());
-    let stop =
-        StopConditions::new(args.max_tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
     let bar = ProgressBar::new(prompts.len() as u64).with_style(ProgressStyle::with_template(
         "answering {bar:30} {pos}/{len} {msg}",
     )?);
     let started = Instant::now();
-    let lockstep = args.lockstep;
-    for (batch, contexts) in contexts.chunks(lockstep).enumerate() {
-        let tails: Vec<Vec<u32>> = contexts.iter().map(|c| c[shared..].to_vec()).collect();
-        let answers = greedy_in_lockstep(&mut lm.model, &contexts[0][..shared], &tails, &stop)?;
-        for (i, answer) in answers.into_iter().enumerate() {
-            let group = (batch * lockstep + i) as u32;
-            data.push(answer.hidden, answer.tokens, group)?;
-        }
-        bar.inc(contexts.len() as u64);
-        bar.set_message(format!("{} positions", data.positions()));
-    }
+    let data = lm.self_distilled(
+        prompts,
+        args.max_tokens,
+        args.lockstep,
+        &mut |done, positions| {
+            bar.set_position(done as u64);
+            bar.set_message(format!("{positions} positions"));
+        },
+    )?;
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "answered the {} prompts of {}, {lockstep} in lockstep: {} tokens in {seconds:.1} s ({:.1} \
+        "answered the {} prompts of {}, {} in lockstep: {} tokens in {seconds:.1} s ({:.1} \
          tokens/s)",
         prompts.len(),
         path.display(),
+        args.lockstep,
         data.positions(),
         data.positions() as f64 / seconds
     );

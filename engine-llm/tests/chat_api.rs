@@ -8,7 +8,7 @@ use engine_llm::{
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::{generate, HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
+use spec_core::{generate, Decoder, HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
 
 fn question() -> Vec<Message> {
     vec![
@@ -167,6 +167,40 @@ fn heads_speculation_gives_the_greedy_tokens() {
     }
     assert!(model.take_heads().is_some());
     assert!(model.take_heads().is_none());
+}
+
+#[test]
+fn self_distilled_data_holds_the_greedy_answers_in_any_lockstep() {
+    let mut model = tiny_chat_model(3).unwrap();
+    let prompts = [
+        "Tell me a story about a cat.",
+        "Why?",
+        "Name a colour, please.",
+    ];
+    let options = GenerateOptions::default().max_tokens(12);
+    let answered: usize = prompts
+        .iter()
+        .map(|prompt| {
+            model.model.reset();
+            let answer = model.chat(&[Message::user(*prompt)], &options).unwrap();
+            answer.tokens.len()
+        })
+        .sum();
+    for lockstep in [1, 2, 3] {
+        let mut batches = Vec::new();
+        let data = model
+            .self_distilled(&prompts, 12, lockstep, &mut |done, positions| {
+                batches.push((done, positions))
+            })
+            .unwrap();
+        assert_eq!(data.positions(), answered, "lockstep {lockstep}");
+        assert_eq!(batches.len(), prompts.len().div_ceil(lockstep));
+        assert_eq!(batches.last(), Some(&(prompts.len(), answered)));
+    }
+    assert!(matches!(
+        model.self_distilled(&prompts, 12, 0, &mut |_, _| {}),
+        Err(Error::Config(_))
+    ));
 }
 
 #[test]

@@ -644,8 +644,8 @@ fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
 #[ignore = "needs real models (../shared/models/fetch)"]
 fn a_head_trained_briefly_on_the_real_model_decodes_losslessly_through_the_chat_api() {
     use engine_llm::Speculation;
-    use spec_core::{greedy_in_lockstep, HeadsDrafter, HeadsTree, HiddenStates};
-    use spec_nn::heads::{train, weights_fingerprint, HeadKind, TrainConfig, TrainingSet};
+    use spec_core::{HeadsDrafter, HeadsTree, HiddenStates};
+    use spec_nn::heads::{train, weights_fingerprint, HeadKind, TrainConfig};
 
     let mut lm = load(SMOLLM);
     let text = std::fs::read_to_string(
@@ -653,24 +653,14 @@ fn a_head_trained_briefly_on_the_real_model_decodes_losslessly_through_the_chat_
     )
     .unwrap();
     // A quick variant of `cargo xtask train-heads` (the full one runs outside CI): one chained
-    // head on the model's greedy answers to 24 prompts.
-    let contexts: Vec<Vec<u32>> = text
-        .lines()
-        .take(24)
-        .map(|prompt| lm.chat_prompt(&[Message::user(prompt)]).unwrap())
-        .collect();
-    let stop = StopConditions::new(48).with_eos(lm.tokenizer.end_tokens().iter().copied());
-    let mut data = TrainingSet::new(lm.model.hidden_size());
-    for (batch, contexts) in contexts.chunks(8).enumerate() {
-        // The chat template's first token is shared; each answer goes on from its own tail.
-        let tails: Vec<Vec<u32>> = contexts.iter().map(|c| c[1..].to_vec()).collect();
-        lm.model.reset();
-        let answers = greedy_in_lockstep(&mut lm.model, &contexts[0][..1], &tails, &stop).unwrap();
-        for (i, answer) in answers.into_iter().enumerate() {
-            let group = (batch * 8 + i) as u32;
-            data.push(answer.hidden, answer.tokens, group).unwrap();
-        }
-    }
+    // head on the model's greedy answers to 24 prompts, 8 in lockstep.
+    let prompts: Vec<&str> = text.lines().take(24).collect();
+    let mut batches = Vec::new();
+    let data = lm
+        .self_distilled(&prompts, 48, 8, &mut |answered, _| batches.push(answered))
+        .unwrap();
+    assert_eq!(batches, [8, 16, 24]);
+    assert!(data.positions() > 24 * 8, "{} positions", data.positions());
     let mut config = TrainConfig::new(HeadKind::Chained, 1);
     config.epochs = 3;
     let vocab: Vec<u32> = (0..lm.model.vocab_size() as u32).collect();
