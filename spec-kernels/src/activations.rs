@@ -41,8 +41,7 @@ fn max_abs(values: &[f32]) -> f32 {
 }
 
 impl QuantizedTokens {
-    /// Quantizes `tokens` rows of `cols` values (`cols` a multiple of `block`) into new
-    /// buffers (the tests' way; matmuls reuse theirs with [`QuantizedTokens::quantize`]).
+    /// [`QuantizedTokens::quantize`] into new buffers (the tests' way; matmuls reuse theirs).
     #[cfg(test)]
     pub fn new(x: &[f32], tokens: usize, cols: usize, block: usize) -> Self {
         let mut quantized = Self::default();
@@ -50,10 +49,10 @@ impl QuantizedTokens {
         quantized
     }
 
-    /// [`QuantizedTokens::new`] into the buffers of an earlier batch, which it replaces: a
-    /// calling thread keeps one per block length, so a matmul allocates and frees nothing
-    /// (the heap's bookkeeping is cold after a matmul has streamed its weights through the
-    /// caches).
+    /// Quantizes `tokens` rows of `cols` values (`cols` a multiple of `block`) into these
+    /// buffers, replacing the earlier batch: a calling thread keeps one per block length, so a
+    /// matmul allocates and frees nothing (the heap's bookkeeping is cold after a matmul has
+    /// streamed its weights through the caches).
     pub fn quantize(&mut self, x: &[f32], tokens: usize, cols: usize, block: usize) {
         debug_assert_eq!(x.len(), tokens * cols);
         debug_assert_eq!(cols % block, 0);

@@ -251,13 +251,13 @@ impl QMatrix {
             // rows]` layout, where a token's 16 rows of a panel are one contiguous run.
             finals.clear();
             finals.extend(outs.iter_mut().map(|out| SharedOut::new(out)));
+            let needs = |block: usize| matrices.iter().any(|m| m.format.block_len() == block);
+            let (needs_32, needs_256) = (needs(32), needs(256));
             // Batches go in chunks that bound the activations a row meets to what stays in
             // L1/L2.
             for first in (0..tokens).step_by(MAX_TOKENS_PER_PASS) {
                 let n = MAX_TOKENS_PER_PASS.min(tokens - first);
                 let x = &x[first * cols..(first + n) * cols];
-                let needs = |block: usize| matrices.iter().any(|m| m.format.block_len() == block);
-                let (needs_32, needs_256) = (needs(32), needs(256));
                 if needs_32 {
                     by_32.quantize(x, n, cols, 32);
                 }
