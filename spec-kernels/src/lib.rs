@@ -4,12 +4,12 @@
 //!
 //! - Formats: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K ([`Format`]), repacked at load into panels of
 //!   16 interleaved rows (same bytes per weight), one row per register lane, which halves the
-//!   multiplications of multi-token passes ([`panels`](crate::panels)).
+//!   multiplications of multi-token passes (the private `panels` module documents the layout).
 //! - Instruction sets ([`Isa`]): AVX-512 VNNI (`vpdpbusd`), AVX2 + FMA + F16C, and portable Rust,
 //!   chosen at run time: a path runs only where the CPU has every extension it is compiled
 //!   with. All three give **bit-identical** results: integer
 //!   dot products are exact, and the float arithmetic after them is the same sequence of
-//!   fused multiply-adds in every path (see [`panels`](crate::panels) for the contract).
+//!   fused multiply-adds in every path (the `panels` module's documentation states the contract).
 //! - **Batch-invariant**: a token's result does not depend on how many tokens share the call
 //!   or on how rows are split among threads, so verifying k draft tokens in one forward gives
 //!   each exactly the logits decoding it alone gives (lossless greedy speculation needs this).

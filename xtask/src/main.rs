@@ -57,8 +57,8 @@ enum Command {
     /// Build llama.cpp's `llama-bench` (the peer `bench_llm` measures in the same run when
     /// SPECVOICE_LLAMA_BENCH names it) and print that setting
     LlamaBench(peers::LlamaBenchArgs),
-    /// What CI runs: fmt check, clippy -D warnings, the workspace tests, and the real-model
-    /// tests when the models are present
+    /// What CI runs: fmt check, clippy -D warnings, the docs with warnings as errors, the
+    /// workspace tests, and the real-model tests when the models are present
     Ci {
         /// Fail when the real models are missing instead of skipping their tests
         #[arg(long)]

@@ -88,8 +88,9 @@ fn nucleus(probabilities: &[f32], top_p: f32, top_k: usize) -> Vec<usize> {
     kept
 }
 
-/// Nucleus sampling over log-probabilities `scores`: one token of the [`nucleus`] drawn in
-/// proportion to its probability.
+/// Nucleus sampling over log-probabilities `scores`: one token of the nucleus (the most likely
+/// tokens until their probabilities reach `top_p`, at most `top_k`) drawn in proportion to its
+/// probability.
 pub fn nucleus_sample(
     scores: &[f32],
     top_p: f32,
