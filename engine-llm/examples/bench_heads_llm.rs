@@ -275,7 +275,7 @@ fn main() -> Result<()> {
     }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {}{} --tokens {} --chains {} --min-probability {}{}",
+            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {}{} --tokens {} --chains {} --min-probability {}{}{}",
             args.model,
             args.heads,
             args.questions,
@@ -287,7 +287,13 @@ fn main() -> Result<()> {
                 .map(f32::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            if args.rows_on_demand { " --rows-on-demand" } else { "" }
+            if args.rows_on_demand { " --rows-on-demand" } else { "" },
+            if args.lookup.is_empty() {
+                String::new()
+            } else {
+                let lengths: Vec<String> = args.lookup.iter().map(usize::to_string).collect();
+                format!(" --lookup {}", lengths.join(","))
+            }
         ),
         tables,
         notes: vec![format!(
