@@ -281,18 +281,13 @@ fn main() -> Result<()> {
             args.questions,
             if args.spread { " --spread" } else { "" },
             args.tokens,
-            chains.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
-            args.min_probability
-                .iter()
-                .map(f32::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
+            comma_separated(&chains),
+            comma_separated(&args.min_probability),
             if args.rows_on_demand { " --rows-on-demand" } else { "" },
             if args.lookup.is_empty() {
                 String::new()
             } else {
-                let lengths: Vec<String> = args.lookup.iter().map(usize::to_string).collect();
-                format!(" --lookup {}", lengths.join(","))
+                format!(" --lookup {}", comma_separated(&args.lookup))
             }
         ),
         tables,
@@ -314,4 +309,13 @@ fn main() -> Result<()> {
             .with_context(|| path.display().to_string())?;
     }
     Ok(())
+}
+
+/// `values` as a command line lists them: `1,2,4`.
+fn comma_separated<T: ToString>(values: &[T]) -> String {
+    values
+        .iter()
+        .map(T::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
