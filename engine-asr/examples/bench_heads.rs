@@ -7,7 +7,7 @@
 //!
 //! ```sh
 //! cargo run --release -p engine-asr --example bench_heads -- [--models whisper-tiny.en-ct2,whisper-base-ct2]
-//!     [--heads latent-4] [--repeats 3] [--json PATH]
+//!     [--heads latent-4] [--repeats 3] [--chains 1,2] [--json PATH]
 //! ```
 //!
 //! The heads come from `cargo xtask train-heads MODEL` (`$SPECVOICE_MODELS/heads/MODEL-KIND-COUNT`).
@@ -63,6 +63,10 @@ struct Args {
     /// this sure of its guess, once per value.
     #[arg(long, value_delimiter = ',', default_values_t = [0.4, 0.7])]
     min_probability: Vec<f32>,
+    /// Also shorter chains with greedy acceptance, once per length (e.g. `1,2`): fewer rows
+    /// to verify per step, only the surest heads.
+    #[arg(long, value_delimiter = ',')]
+    chains: Vec<usize>,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -133,6 +137,14 @@ fn systems(args: &Args, count: usize) -> Vec<System> {
             min_probability: 0.0,
         },
     ];
+    for &length in args.chains.iter().filter(|&&n| n > 0 && n < count) {
+        systems.push(System {
+            name: format!("heads, chain of {length}, greedy acceptance"),
+            tree: Some(HeadsTree::chain(length)),
+            rule: Some(AcceptanceRule::greedy()),
+            min_probability: 0.0,
+        });
+    }
     for &p in &args.min_probability {
         systems.push(System {
             name: format!("heads, chain of {count}, depths with p ≥ {p}, greedy acceptance"),
