@@ -104,7 +104,10 @@ const COLUMNS: [&str; 11] = [
     "same text as greedy",
 ];
 
-fn systems(args: &Args, count: usize) -> Vec<System> {
+fn systems(args: &Args, count: usize) -> Result<Vec<System>> {
+    if let Some(&bad) = args.chains.iter().find(|&&d| d == 0 || d > count) {
+        bail!("--chains {bad}: a chain is 1 to {count} heads deep");
+    }
     let mut systems = vec![
         System {
             name: "greedy".into(),
@@ -137,7 +140,8 @@ fn systems(args: &Args, count: usize) -> Vec<System> {
             min_probability: 0.0,
         },
     ];
-    for &length in args.chains.iter().filter(|&&n| n > 0 && n < count) {
+    // A chain of all the heads is the row above.
+    for &length in args.chains.iter().filter(|&&n| n < count) {
         systems.push(System {
             name: format!("heads, chain of {length}, greedy acceptance"),
             tree: Some(HeadsTree::chain(length)),
@@ -154,7 +158,7 @@ fn systems(args: &Args, count: usize) -> Vec<System> {
         });
     }
     systems.retain(|s| s.tree.as_ref().is_none_or(|t| t.depth() <= count));
-    systems
+    Ok(systems)
 }
 
 fn run(
@@ -339,7 +343,7 @@ fn main() -> Result<()> {
                 .collect::<Vec<_>>(),
             heads.info().trained_for.command
         ));
-        let systems = systems(&args, count);
+        let systems = systems(&args, count)?;
         for ((set, clips), table) in sets.iter().zip(&mut tables) {
             eprintln!("== {name} on {set}");
             let mut outcomes = Vec::new();
