@@ -63,11 +63,12 @@ pub fn log_probabilities(logits: &[f32], tokens: &[u32]) -> Vec<f32> {
         .collect()
 }
 
-/// `log_softmax(logits)[token]`, with `f32::exp`.
+/// `log_softmax(logits)[token]`, in two vectorised passes (its exponentials within 2 ulp of
+/// `f32::exp`): decoders ask it of every token they emit, and with `f32::exp` and a sequential
+/// sum it took a quarter of a Whisper-tiny decoding step over 51 864 logits.
 pub fn log_probability(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
-    logits[token as usize] - max - sum.ln()
+    let max = crate::math::max(logits);
+    logits[token as usize] - max - crate::math::exp_sum(logits, max).ln()
 }
 
 /// Largest value of `softmax(logits)`, without allocating, in two vectorised passes (its
@@ -353,6 +354,7 @@ mod tests {
             assert!((log - log_probability(&row, token as u32)).abs() < 1e-5);
         }
         assert_eq!(logs[3], f32::NEG_INFINITY);
+        assert_eq!(log_probability(&row, 40), f32::NEG_INFINITY);
     }
 
     #[test]

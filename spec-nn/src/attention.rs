@@ -355,11 +355,12 @@ const SELF_ROW_BLOCK: usize = 4;
 
 /// Query rows of a cross-attention handled together: each key and value is read once for all
 /// of them (a verification's rows would otherwise stream the encoder's keys and values, about
-/// 3.5 MB per layer for base over 855 frames, once per row).
+/// 3.5 MB per layer for base over 855 frames, once per row). Eight: a chain of four heads'
+/// guesses and its root, or five beams, in one pass.
 const CROSS_ROW_BLOCK: usize = MAX_PRODUCT_ROWS;
 
-/// The narrow column group of [`rows_times_matrix`] (one vector), for widths that are not a
-/// multiple of [`WIDE_COLUMNS`].
+/// The narrow column group of [`rows_times_matrix`] (one vector), for the columns past its wide
+/// groups.
 const LANES: usize = 16;
 
 /// Attention of a few query rows over every key of a cross-attention (no mask), with the keys
@@ -402,11 +403,12 @@ fn weighted_values(weights: &[&[f32]], v: &HeadRows, head: usize, dim: usize, ou
 /// `out[r·width + c] = Σ_i coefficients[r][i] · matrix_row(i)[c]` for up to
 /// [`MAX_PRODUCT_ROWS`] rows, each sum accumulated from zero in the order of i, so a row's
 /// result is bit-identical whatever rows are beside it and however the columns are grouped.
-/// The rows go together through groups of [`WIDE_COLUMNS`] columns whose sums stay in
-/// registers (16 vectors of 16 lanes for 4 rows), then groups of [`LANES`], then single
-/// columns: each row of the matrix is read once for all rows, and a group's columns are
-/// independent chains, so the additions of consecutive terms overlap instead of waiting for
-/// each other (one chain of 16 lanes per row was bound by the latency of an addition).
+/// The rows go together through groups of columns whose sums stay in registers (with AVX-512
+/// all rows at once, 64 columns for up to 4 rows and 32 for more; else 4 rows at a time, 64
+/// columns), then groups of [`LANES`], then single columns: each row of the matrix is read
+/// once for the rows of a pass, and a group's columns are independent chains, so the
+/// additions of consecutive terms overlap instead of waiting for each other (one chain of 16
+/// lanes per row was bound by the latency of an addition).
 fn rows_times_matrix<'m>(
     coefficients: &[&[f32]],
     matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
@@ -415,24 +417,71 @@ fn rows_times_matrix<'m>(
 ) {
     match coefficients.len() {
         0 => {}
-        1 => columns_in_groups::<1>(coefficients, matrix_row, width, out),
-        2 => columns_in_groups::<2>(coefficients, matrix_row, width, out),
-        3 => columns_in_groups::<3>(coefficients, matrix_row, width, out),
-        MAX_PRODUCT_ROWS => {
-            columns_in_groups::<MAX_PRODUCT_ROWS>(coefficients, matrix_row, width, out)
-        }
+        1 => rows_product::<1>(coefficients, matrix_row, width, out),
+        2 => rows_product::<2>(coefficients, matrix_row, width, out),
+        3 => rows_product::<3>(coefficients, matrix_row, width, out),
+        4 => rows_product::<4>(coefficients, matrix_row, width, out),
+        5 => rows_product::<5>(coefficients, matrix_row, width, out),
+        6 => rows_product::<6>(coefficients, matrix_row, width, out),
+        7 => rows_product::<7>(coefficients, matrix_row, width, out),
+        MAX_PRODUCT_ROWS => rows_product::<MAX_PRODUCT_ROWS>(coefficients, matrix_row, width, out),
         rows => panic!("{rows} rows in one product, at most {MAX_PRODUCT_ROWS}"),
     }
 }
 
 /// Rows of one [`rows_times_matrix`]; the attention blocks hand it at most this many.
-const MAX_PRODUCT_ROWS: usize = 4;
+const MAX_PRODUCT_ROWS: usize = 8;
 const _: () = assert!(SELF_ROW_BLOCK <= MAX_PRODUCT_ROWS && CROSS_ROW_BLOCK <= MAX_PRODUCT_ROWS);
 
-/// The wide column group of [`rows_times_matrix`]: four vectors of 16 lanes per row.
+/// Rows that go through the plain loop's column groups together: their sums fill the
+/// registers.
+const PLAIN_ROWS: usize = 4;
+
+/// The wide column group of the plain loop: four vectors of 16 lanes per row.
 const WIDE_COLUMNS: usize = 64;
 
-/// [`rows_times_matrix`] for `ROWS` rows.
+/// [`rows_times_matrix`] for `ROWS` rows: on 512-bit registers where the CPU has them, else
+/// in plain Rust.
+fn rows_product<'m, const ROWS: usize>(
+    coefficients: &[&[f32]],
+    matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
+    width: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was just detected.
+        unsafe {
+            if ROWS <= PLAIN_ROWS {
+                avx512::columns_in_groups::<ROWS, 4>(coefficients, matrix_row, width, out)
+            } else {
+                avx512::columns_in_groups::<ROWS, 2>(coefficients, matrix_row, width, out)
+            }
+        }
+        return;
+    }
+    plain_rows_product(coefficients, matrix_row, width, out);
+}
+
+/// [`rows_times_matrix`] in plain Rust, in passes of up to [`PLAIN_ROWS`] rows.
+fn plain_rows_product<'m>(
+    coefficients: &[&[f32]],
+    matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
+    width: usize,
+    out: &mut [f32],
+) {
+    for (pass, rows) in coefficients.chunks(PLAIN_ROWS).enumerate() {
+        let out = &mut out[pass * PLAIN_ROWS * width..];
+        match rows.len() {
+            1 => columns_in_groups::<1>(rows, matrix_row, width, out),
+            2 => columns_in_groups::<2>(rows, matrix_row, width, out),
+            3 => columns_in_groups::<3>(rows, matrix_row, width, out),
+            _ => columns_in_groups::<PLAIN_ROWS>(rows, matrix_row, width, out),
+        }
+    }
+}
+
+/// The plain loop of [`rows_times_matrix`] for `ROWS` rows.
 fn columns_in_groups<'m, const ROWS: usize>(
     coefficients: &[&[f32]],
     matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
@@ -440,11 +489,24 @@ fn columns_in_groups<'m, const ROWS: usize>(
     out: &mut [f32],
 ) {
     let wide = width - width % WIDE_COLUMNS;
-    let lanes = wide + (width - wide) / LANES * LANES;
     for start in (0..wide).step_by(WIDE_COLUMNS) {
         column_group::<ROWS, WIDE_COLUMNS>(coefficients, matrix_row, start, width, out);
     }
-    for start in (wide..lanes).step_by(LANES) {
+    narrow_columns::<ROWS>(coefficients, matrix_row, wide, width, out);
+}
+
+/// Columns `from..width` of [`rows_times_matrix`] for `ROWS` rows: groups of [`LANES`], then
+/// single columns.
+#[inline(always)]
+fn narrow_columns<'m, const ROWS: usize>(
+    coefficients: &[&[f32]],
+    matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
+    from: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let lanes = from + (width - from) / LANES * LANES;
+    for start in (from..lanes).step_by(LANES) {
         column_group::<ROWS, LANES>(coefficients, matrix_row, start, width, out);
     }
     for start in lanes..width {
@@ -479,6 +541,57 @@ fn column_group<'m, const ROWS: usize, const COLS: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         out[r * width + start..r * width + start + COLS].copy_from_slice(acc);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::rows_times_matrix`] for `ROWS` rows on 512-bit registers, in groups of
+    /// `VECTORS` vectors of 16 columns (the rows' sums, `ROWS · VECTORS` vectors, stay in
+    /// registers), then the plain loop's narrow groups: the same product and then sum per
+    /// column and term, in the same order (never fused), so the same bits as the plain loop,
+    /// which the compiler keeps to 256-bit registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn columns_in_groups<'m, const ROWS: usize, const VECTORS: usize>(
+        coefficients: &[&[f32]],
+        matrix_row: impl Fn(usize) -> &'m [f32] + Copy,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        let group = 16 * VECTORS;
+        let terms = coefficients[0].len();
+        let rows: &[&[f32]; ROWS] = coefficients.try_into().expect("ROWS rows");
+        assert!(rows.iter().all(|r| r.len() == terms) && out.len() >= ROWS * width);
+        let wide = width - width % group;
+        for start in (0..wide).step_by(group) {
+            let mut acc = [[_mm512_setzero_ps(); VECTORS]; ROWS];
+            for i in 0..terms {
+                let columns = &matrix_row(i)[start..start + group];
+                // SAFETY: `columns` holds VECTORS loads of 16.
+                let values: [__m512; VECTORS] = std::array::from_fn(|v| unsafe {
+                    _mm512_loadu_ps(columns.as_ptr().add(16 * v))
+                });
+                for (acc, coefficients) in acc.iter_mut().zip(rows) {
+                    let c = _mm512_set1_ps(coefficients[i]);
+                    for (acc, values) in acc.iter_mut().zip(&values) {
+                        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(c, *values));
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let row = &mut out[r * width + start..r * width + start + group];
+                for (v, acc) in acc.iter().enumerate() {
+                    // SAFETY: `row` holds VECTORS stores of 16.
+                    unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(16 * v), *acc) };
+                }
+            }
+        }
+        super::narrow_columns::<ROWS>(coefficients, matrix_row, wide, width, out);
     }
 }
 
@@ -1275,19 +1388,23 @@ mod tests {
                     .map(|r| (0..terms).map(|i| value(100 + r, i)).collect())
                     .collect();
                 let slices: Vec<&[f32]> = coefficients.iter().map(Vec::as_slice).collect();
-                let mut out = vec![f32::NAN; rows * width];
-                rows_times_matrix(&slices, |i| matrix[i].as_slice(), width, &mut out);
+                let mut fastest = vec![f32::NAN; rows * width];
+                rows_times_matrix(&slices, |i| matrix[i].as_slice(), width, &mut fastest);
+                let mut plain = vec![f32::NAN; rows * width];
+                plain_rows_product(&slices, |i| matrix[i].as_slice(), width, &mut plain);
                 for (r, coefficients) in coefficients.iter().enumerate() {
                     for c in 0..width {
                         let mut sum = 0f32;
                         for (i, &a) in coefficients.iter().enumerate() {
                             sum += a * matrix[i][c];
                         }
-                        assert_eq!(
-                            out[r * width + c].to_bits(),
-                            sum.to_bits(),
-                            "{width} {r} {c}"
-                        );
+                        for out in [&fastest, &plain] {
+                            assert_eq!(
+                                out[r * width + c].to_bits(),
+                                sum.to_bits(),
+                                "{width} {r} {c}"
+                            );
+                        }
                     }
                 }
             }
