@@ -5,7 +5,10 @@
 use candle_core::Device;
 use candle_core::{DType, Tensor};
 use engine_asr::testing::*;
-use engine_asr::whisper::decode::{beam_window, run_prompt, sample_window};
+use engine_asr::whisper::decode::{
+    beam_window, heads_window, run_prompt, sample_window, speculative_window, DraftRequest,
+    WindowOutput,
+};
 use engine_asr::whisper::model_fingerprint;
 use engine_asr::whisper::{LogitRules, WhisperTokenizer};
 use engine_asr::{
@@ -17,6 +20,7 @@ use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
 use spec_core::{
     AcceptanceRule, Decoder, Forward, HeadsDrafter, HeadsTree, HiddenStates, LogitRows, Logits,
+    TokenHeads,
 };
 use spec_nn::heads::{train, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet};
 
@@ -618,6 +622,9 @@ fn decoding_with_heads_equals_greedy_decoding() {
                 (HeadsTree::chain(3), 0.0),
                 (HeadsTree::branching(3, 2), 0.0),
                 (HeadsTree::chain(3), 0.5),
+                // Latent heads' chain of one guesses in the verifying pass's output rows.
+                (HeadsTree::chain(1), 0.0),
+                (HeadsTree::chain(1), 0.5),
             ] {
                 let drafter = HeadsDrafter::new(heads.clone(), tree)
                     .unwrap()
@@ -634,7 +641,114 @@ fn decoding_with_heads_equals_greedy_decoding() {
             }
         }
         assert!(accepted > 0, "{kind:?}: the heads never guessed right");
+        if kind == HeadKind::latent() {
+            guesses_in_the_output_pass_are_the_heads_own(dir.path(), &mut transcriber, &heads);
+        }
     }
+}
+
+/// A chain of one of latent heads drafts from the rows the verification's output pass computed
+/// for the heads: the same trees, steps and candidates as the heads' own pass gives.
+fn guesses_in_the_output_pass_are_the_heads_own(
+    dir: &std::path::Path,
+    transcriber: &mut Transcriber,
+    heads: &MultiTokenHeads,
+) {
+    assert!(heads.shares_output_layer());
+    let (_, rules) = rules(dir, false);
+    let drafter = HeadsDrafter::new(heads, HeadsTree::chain(1)).unwrap();
+    let prompt = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
+    let greedy = AcceptanceRule::greedy();
+    let (mut accepted, mut checked, mut later_steps) = (0, 0, 0);
+    for seed in 0..4 {
+        let model = transcriber.model();
+        model.encode(&mel(160, seed).unwrap()).unwrap();
+        let (_, next) = run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
+        let plain = sample_window(
+            model,
+            &rules,
+            next.clone(),
+            END_OF_TEXT,
+            24,
+            0.0,
+            &mut StdRng::seed_from_u64(0),
+        )
+        .unwrap();
+        run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
+        let (guessing, guessing_steps) = heads_window(
+            model,
+            &rules,
+            &drafter,
+            &greedy,
+            next.clone(),
+            END_OF_TEXT,
+            24,
+        )
+        .unwrap();
+        // Each step's rows from the output pass are the heads' own for the state drafted from.
+        run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
+        let mut checking = |request: DraftRequest<'_>| {
+            let sampled = &request.committed[request.prompt_len..];
+            let root = *request.committed.last().unwrap();
+            let adjust = &mut |_, row: &mut [f32]| rules.apply(row, sampled);
+            let tree = match request.predicted {
+                Some(rows) => {
+                    let own = heads.predict(request.hidden, 0..1).unwrap();
+                    let bits =
+                        |l: &Logits| l.row(0).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&rows), bits(&own), "window {seed}");
+                    checked += 1;
+                    drafter.draft_predicted(rows, root, request.max_depth, adjust)?
+                }
+                None => drafter.draft(request.hidden, root, request.max_depth, adjust)?,
+            };
+            Ok((tree, 1))
+        };
+        let guesses = WindowOutput::WithGuesses { heads, guesses: 1 };
+        let (checked_run, _) = speculative_window(
+            model,
+            &rules,
+            &mut checking,
+            &greedy,
+            guesses,
+            next.clone(),
+            END_OF_TEXT,
+            24,
+        )
+        .unwrap();
+        assert_eq!(checked_run, guessing, "window {seed}");
+        run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
+        let mut own_pass = |request: DraftRequest<'_>| {
+            assert!(request.predicted.is_none());
+            let sampled = &request.committed[request.prompt_len..];
+            let root = *request.committed.last().unwrap();
+            let tree = drafter.draft(request.hidden, root, request.max_depth, &mut |_, row| {
+                rules.apply(row, sampled)
+            })?;
+            Ok((tree, 1))
+        };
+        let (own, own_steps) = speculative_window(
+            model,
+            &rules,
+            &mut own_pass,
+            &greedy,
+            WindowOutput::OnDemand,
+            next,
+            END_OF_TEXT,
+            24,
+        )
+        .unwrap();
+        assert_eq!(guessing.tokens, plain.tokens, "window {seed}");
+        assert_eq!(guessing, own, "window {seed}");
+        assert_eq!(guessing_steps.steps, own_steps.steps, "window {seed}");
+        accepted += guessing_steps.accepted_tokens();
+        later_steps += guessing_steps.steps.len().saturating_sub(1);
+    }
+    assert!(accepted > 0, "the heads never guessed right");
+    assert_eq!(
+        checked, later_steps,
+        "every step after the first drafts from the output pass"
+    );
 }
 
 #[test]

@@ -78,6 +78,32 @@ pub trait TokenHeads {
         let _ = previous;
         Ok((self.predict(state, k..k + 1)?, state.clone()))
     }
+
+    /// True when the heads' logits are the model's own output layer applied to states of their
+    /// own (the paper's latent-space expansion, which shares the unembedding among the heads):
+    /// [`TokenHeads::output_states`] gives those states, so a verification can compute the
+    /// next step's guesses in the pass that computes its own output rows
+    /// ([`verify_tree_guessing`]).
+    fn shares_output_layer(&self) -> bool {
+        false
+    }
+
+    /// For heads that share the model's output layer: the states of the heads in `heads` for
+    /// each row of `hidden` `[n, hidden_size]`, as `[n · heads.len(), hidden_size]` (row
+    /// `i · heads.len() + k` for head `heads.start + k` on row i). The model's logits for such a
+    /// state, with every token outside [`TokenHeads::shortlist`] at −∞, are the head's.
+    fn output_states(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Tensor> {
+        let _ = (hidden, heads);
+        Err(Error::Unsupported(
+            "these heads have output layers of their own, not the model's",
+        ))
+    }
+
+    /// The tokens the heads can guess, when not the whole vocabulary (every other token's logit
+    /// is −∞).
+    fn shortlist(&self) -> Option<&[u32]> {
+        None
+    }
 }
 
 impl<H: TokenHeads + ?Sized> TokenHeads for &H {
@@ -95,6 +121,15 @@ impl<H: TokenHeads + ?Sized> TokenHeads for &H {
     }
     fn predict_after(&self, state: &Tensor, k: usize, previous: u32) -> Result<(Logits, Tensor)> {
         (**self).predict_after(state, k, previous)
+    }
+    fn shares_output_layer(&self) -> bool {
+        (**self).shares_output_layer()
+    }
+    fn output_states(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Tensor> {
+        (**self).output_states(hidden, heads)
+    }
+    fn shortlist(&self) -> Option<&[u32]> {
+        (**self).shortlist()
     }
 }
 
@@ -161,6 +196,13 @@ impl HeadsTree {
         }
         widths
     }
+}
+
+/// Where a drafter's head rows come from: asked of the heads one at a time from a state (gated
+/// or chained heads), or all given at once.
+enum HeadRows {
+    Ask(Tensor),
+    Given(Logits),
 }
 
 /// Drafts token trees from prediction heads.
@@ -231,25 +273,64 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         if depth == 0 {
             return Ok(TokenTree::new(root));
         }
-        let gated = self.min_probability > 0.0;
         // Ungated independent heads: every head the tree uses in one call. Gated, one head at a
         // time, so an unsure head spares the cost of those after it; heads that read guesses
         // are asked one at a time anyway, each after its parent's first candidate.
-        let mut all = match gated || self.heads.reads_guesses() {
-            true => None,
-            false => Some(self.predict_checked(hidden, 0..depth)?),
+        let rows = match self.min_probability > 0.0 || self.heads.reads_guesses() {
+            true => HeadRows::Ask(hidden.clone()),
+            false => HeadRows::Given(self.predict_checked(hidden, 0..depth)?),
         };
-        let mut state = hidden.clone();
+        self.tree_from(rows, root, depth, adjust)
+    }
+
+    /// [`HeadsDrafter::draft`] from the heads' rows for the hidden state, computed before
+    /// (`predicted`: a row per head from the first, as [`verify_tree_guessing`] returns them).
+    /// For heads that do not read guesses.
+    pub fn draft_predicted(
+        &self,
+        predicted: Logits,
+        root: u32,
+        max_depth: usize,
+        adjust: &mut dyn FnMut(usize, &mut [f32]),
+    ) -> Result<TokenTree> {
+        let depth = self.tree.depth().min(max_depth);
+        if self.heads.reads_guesses() {
+            return Err(Error::Unsupported(
+                "heads that read the guess before their own are asked one head at a time",
+            ));
+        }
+        if predicted.len() < depth {
+            return Err(Error::LogitsShape {
+                got: vec![predicted.len(), predicted.vocab_size()],
+                expected: format!("at least {depth} head rows"),
+            });
+        }
+        if depth == 0 {
+            return Ok(TokenTree::new(root));
+        }
+        self.tree_from(HeadRows::Given(predicted), root, depth, adjust)
+    }
+
+    /// The tree `depth` (≥ 1) deep after `root` from the heads' rows.
+    fn tree_from(
+        &self,
+        rows: HeadRows,
+        root: u32,
+        depth: usize,
+        adjust: &mut dyn FnMut(usize, &mut [f32]),
+    ) -> Result<TokenTree> {
+        let gated = self.min_probability > 0.0;
+        let mut source = rows;
         let mut previous = root;
         let mut candidates: Vec<Vec<u32>> = Vec::with_capacity(depth);
         for d in 0..depth {
             let mut own;
-            let (rows, row) = match all.as_mut() {
-                Some(all) => (all, d),
-                None => {
-                    let (logits, next) = self.heads.predict_after(&state, d, previous)?;
+            let (rows, row) = match &mut source {
+                HeadRows::Given(all) => (all, d),
+                HeadRows::Ask(state) => {
+                    let (logits, next) = self.heads.predict_after(state, d, previous)?;
                     check_rows(&logits, 1)?;
-                    (own, state) = (logits, next);
+                    (own, *state) = (logits, next);
                     (&mut own, 0)
                 }
             };
@@ -314,6 +395,10 @@ pub enum OutputRows {
     /// rejected draft then costs its pass through the layers but not its output row. Right
     /// when the output layer is compute-bound (it fits in the cache, as Whisper's does).
     OnDemand,
+    /// Every node's row and, in the same pass, the heads' guesses for the next step
+    /// ([`verify_tree_guessing`]; heads that share the model's output layer only): right for a
+    /// small tree where the output layer is memory-bound, as for Whisper's chain of one.
+    WithGuesses,
 }
 
 /// Verifies `tree` (rooted at the last committed token, not yet in the target's cache) in one
@@ -329,6 +414,12 @@ pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
     adjust: &mut dyn FnMut(usize, &mut [f32]),
 ) -> Result<(TreeVerdict, TreeRows, Tensor)> {
     let (verdict, judged) = match output_rows {
+        OutputRows::WithGuesses => {
+            return Err(Error::Unsupported(
+                "output rows with the heads' guesses are verified with the heads: \
+                 verify_tree_guessing",
+            ))
+        }
         OutputRows::Batched => verify_tree_adjusted(target, tree, rule, adjust)?,
         OutputRows::OnDemand => {
             let prefix = target.cached_len();
@@ -347,6 +438,65 @@ pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
     // The hidden states are the tree forward's, one per node (compaction does not change them).
     let last = *verdict.path.last().expect("the path holds the root");
     Ok((verdict, judged, target.last_hidden()?.narrow(0, last, 1)?))
+}
+
+/// [`verify_tree_hidden`] for heads that share the model's output layer
+/// ([`TokenHeads::shares_output_layer`]), which also returns the next step's guesses: the one
+/// output pass that gives the tree's rows also gives heads `0..guesses`' rows for every node's
+/// state (the target's rows first, then each node's heads), and those of the last accepted node
+/// come back, tokens outside the heads' shortlist at −∞, for [`HeadsDrafter::draft_predicted`].
+/// Where the output layer is memory-bound (a large vocabulary, a few rows) its extra rows cost
+/// almost nothing, and the heads' own pass over their output rows is saved. Every output row is
+/// computed, as with [`OutputRows::Batched`].
+pub fn verify_tree_guessing<T: HiddenStates + ?Sized, H: TokenHeads + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+    heads: &H,
+    guesses: usize,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+) -> Result<(TreeVerdict, TreeRows, Tensor, Logits)> {
+    if !heads.shares_output_layer() {
+        return Err(Error::Unsupported(
+            "guesses in the verification's output pass need heads that share the model's output layer",
+        ));
+    }
+    check_head_range(&(0..guesses), heads.count())?;
+    let prefix = target.cached_len();
+    tree_forward(target, tree, rule, LogitRows::None)?;
+    let hidden = target.last_hidden()?;
+    let states = heads.output_states(&hidden, 0..guesses)?;
+    let nodes = tree.len();
+    let all = target.unembed(&Tensor::cat(&[&hidden, &states], 0)?)?;
+    let rows = Logits::from_tensor(&all, nodes * (1 + guesses), target.vocab_size())?;
+    let (verdict, judged) =
+        judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
+    keep_path(target, prefix, &verdict.path)?;
+    let last = *verdict.path.last().expect("the path holds the root");
+    let first_guess = nodes + last * guesses;
+    let predicted: Vec<Vec<f32>> = (first_guess..first_guess + guesses)
+        .map(|r| match heads.shortlist() {
+            Some(shortlist) => {
+                let row = rows.row(r);
+                let mut masked = vec![f32::NEG_INFINITY; row.len()];
+                for &token in shortlist {
+                    if let (Some(slot), Some(&logit)) =
+                        (masked.get_mut(token as usize), row.get(token as usize))
+                    {
+                        *slot = logit;
+                    }
+                }
+                masked
+            }
+            None => rows.row(r).to_vec(),
+        })
+        .collect();
+    Ok((
+        verdict,
+        judged,
+        hidden.narrow(0, last, 1)?,
+        Logits::from_rows(&predicted)?,
+    ))
 }
 
 /// Fails unless `heads` is a non-empty range within `0..count` (what [`TokenHeads::predict`]
@@ -401,6 +551,8 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
     let mut out = Output::new(stop, on_token);
     let mut committed = context.to_vec();
     let mut hidden = None;
+    // The heads' rows for `hidden`, when the last verification computed them.
+    let mut predicted = None;
     out.first_token(target, context, &mut stats, &mut committed, |logits, _| {
         rule.correction(logits)
     })?;
@@ -418,7 +570,10 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
         let max_depth = remaining.saturating_sub(1).min(room - 1);
         let root = *committed.last().expect("a token was produced");
         let t_draft = Instant::now();
-        let mut tree = drafter.draft(&state, root, max_depth, &mut |_, _| {})?;
+        let mut tree = match predicted.take() {
+            Some(rows) => drafter.draft_predicted(rows, root, max_depth, &mut |_, _| {})?,
+            None => drafter.draft(&state, root, max_depth, &mut |_, _| {})?,
+        };
         stats.draft_forwards += 1;
         if let Some(companion) = companion.as_deref_mut() {
             let draft = companion.draft_tree(&committed, max_depth)?;
@@ -428,8 +583,26 @@ pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
         stats.draft_time += t_draft.elapsed();
 
         let t_verify = Instant::now();
-        let (verdict, _, state) =
-            verify_tree_hidden(target, &tree, rule, output_rows, &mut |_, _| {})?;
+        let (verdict, state) = match output_rows {
+            OutputRows::WithGuesses => {
+                let guesses = drafter.tree.depth().max(1);
+                let (verdict, _, state, rows) = verify_tree_guessing(
+                    target,
+                    &tree,
+                    rule,
+                    &drafter.heads,
+                    guesses,
+                    &mut |_, _| {},
+                )?;
+                predicted = Some(rows);
+                (verdict, state)
+            }
+            rows => {
+                let (verdict, _, state) =
+                    verify_tree_hidden(target, &tree, rule, rows, &mut |_, _| {})?;
+                (verdict, state)
+            }
+        };
         hidden = Some(state);
         stats.target_time += t_verify.elapsed();
         out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
@@ -495,6 +668,76 @@ mod tests {
         // The prefill, then 4 tokens per forward.
         assert_eq!(out.stats.target_forwards, 1 + 39usize.div_ceil(4));
         assert!(out.stats.steps.iter().all(|s| s.accepted == s.drafted));
+    }
+
+    #[test]
+    fn guesses_from_the_output_pass_are_the_heads_own() {
+        let config = MockConfig::target(48, 9);
+        let shortlist: Vec<u32> = (0..48).step_by(2).collect();
+        // Heads that guess as the target decodes (the whole chain is accepted, so the guesses
+        // come from the state of its last node), and unsure ones over a shortlist.
+        let cases = [
+            (
+                MockHeads::sharing_output(config.clone(), config.clone(), 3),
+                true,
+            ),
+            (
+                MockHeads::sharing_output(config.clone(), config.draft(1.0, 3), 3)
+                    .with_shortlist(shortlist),
+                false,
+            ),
+        ];
+        for (heads, perfect) in &cases {
+            let drafter = HeadsDrafter::new(heads, HeadsTree::branching(2, 2)).unwrap();
+            let mut target = MockDecoder::new(config.clone());
+            let prompt = forward_tokens(&mut target, &[1, 2, 3, 4], LogitRows::Last(1)).unwrap();
+            let root = argmax(prompt.row(0));
+            let state = target.last_hidden().unwrap().narrow(0, 3, 1).unwrap();
+            let tree = drafter.draft(&state, root, 8, &mut |_, _| {}).unwrap();
+            let (verdict, _, hidden, guessed) = verify_tree_guessing(
+                &mut target,
+                &tree,
+                &AcceptanceRule::greedy(),
+                heads,
+                3,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            assert_eq!(*perfect, verdict.path.len() == 3, "{:?}", verdict.path);
+            let own = heads.predict(&hidden, 0..3).unwrap();
+            assert_eq!(guessed.len(), 3);
+            for k in 0..3 {
+                let bits = |row: &[f32]| row.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(guessed.row(k)), bits(own.row(k)), "head {k}");
+            }
+            assert_eq!(
+                !perfect,
+                guessed.row(0)[1].is_infinite(),
+                "odd tokens are off the shortlist"
+            );
+            // The next tree from the computed rows is the tree the heads would draft themselves.
+            let next = verdict.next_token;
+            assert_eq!(
+                drafter
+                    .draft_predicted(guessed, next, 8, &mut |_, _| {})
+                    .unwrap(),
+                drafter.draft(&hidden, next, 8, &mut |_, _| {}).unwrap()
+            );
+        }
+        // Heads with output layers of their own cannot.
+        let own_output = MockHeads::new(config.draft(1.0, 3), 3);
+        let mut target = MockDecoder::new(config);
+        forward_tokens(&mut target, &[1, 2, 3, 4], LogitRows::Last(1)).unwrap();
+        let refused = verify_tree_guessing(
+            &mut target,
+            &TokenTree::linear(5, &[6]),
+            &AcceptanceRule::greedy(),
+            &own_output,
+            1,
+            &mut |_, _| {},
+        );
+        assert!(matches!(refused, Err(Error::Unsupported(_))));
+        assert_eq!(target.cached_len(), 4, "nothing was forwarded");
     }
 
     /// A companion that drafts the next three tokens of a known answer.
@@ -688,15 +931,20 @@ mod tests {
             noise in 0.0f32..3.0,
             context in proptest::collection::vec(0u32..40, 1..6),
             max_new in 1usize..40,
-            on_demand: bool,
+            output in 0usize..3,
             chained: bool,
             min_probability in prop_oneof![Just(0.0f32), 0.0f32..1.0],
             lookup: bool,
         ) {
             let config = MockConfig::target(40, seed);
-            let guesses = match chained {
-                true => MockHeads::chained(config.draft(noise, seed + 1), heads),
-                false => MockHeads::new(config.draft(noise, seed + 1), heads),
+            let rows = [OutputRows::OnDemand, OutputRows::Batched, OutputRows::WithGuesses][output];
+            let guesses = match (rows, chained) {
+                (OutputRows::WithGuesses, _) => {
+                    MockHeads::sharing_output(config.clone(), config.draft(noise, seed + 1), heads)
+                        .with_shortlist((0..40).filter(|t| t % 3 != seed as u32 % 3).collect())
+                }
+                (_, true) => MockHeads::chained(config.draft(noise, seed + 1), heads),
+                (_, false) => MockHeads::new(config.draft(noise, seed + 1), heads),
             };
             let depth = 1 + seed as usize % heads;
             let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width))
@@ -705,7 +953,6 @@ mod tests {
                 .unwrap();
             let stop = StopConditions::new(max_new).with_eos([7]);
             let mut target = MockDecoder::new(config.clone());
-            let rows = if on_demand { OutputRows::OnDemand } else { OutputRows::Batched };
             // A lookup companion that copies from the context (and, with n-grams of one token,
             // often drafts a chain the heads disagree with).
             let mut copies = LookupDrafter::new(LookupConfig { max_ngram: 2, min_ngram: 1, max_draft: 3 }).unwrap();

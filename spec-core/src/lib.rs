@@ -60,8 +60,8 @@ pub use generate::{
     DraftLength, FinishReason, Generation, SpeculativeConfig, StopConditions, TreeVerdict,
 };
 pub use heads::{
-    heads_generate, verify_tree_hidden, HeadsDrafter, HeadsTree, HiddenStates, OutputRows,
-    TokenHeads,
+    heads_generate, verify_tree_guessing, verify_tree_hidden, HeadsDrafter, HeadsTree,
+    HiddenStates, OutputRows, TokenHeads,
 };
 pub use interrupt::Interrupt;
 pub use jacobi::jacobi_generate;

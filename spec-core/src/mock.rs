@@ -261,6 +261,9 @@ pub struct MockHeads {
     model: MockDecoder,
     count: usize,
     chained: bool,
+    /// The model whose output layer the heads share, if they do.
+    shared_output: Option<MockDecoder>,
+    shortlist: Option<Vec<u32>>,
 }
 
 impl MockHeads {
@@ -269,7 +272,57 @@ impl MockHeads {
             model: MockDecoder::new(config),
             count,
             chained: false,
+            shared_output: None,
+            shortlist: None,
         }
+    }
+
+    /// Heads that share `target`'s output layer ([`TokenHeads::shares_output_layer`]): head
+    /// k's state is a hidden state k + 1 positions on, holding the guesses before its own
+    /// (`guesses`' argmax tokens), and its logits are `target`'s for that state.
+    pub fn sharing_output(target: MockConfig, guesses: MockConfig, count: usize) -> Self {
+        Self {
+            shared_output: Some(MockDecoder::new(target)),
+            ..Self::new(guesses, count)
+        }
+    }
+
+    /// Heads that guess among `tokens` only (the others' logits −∞).
+    pub fn with_shortlist(mut self, tokens: Vec<u32>) -> Self {
+        self.shortlist = Some(tokens);
+        self
+    }
+
+    /// `row` with every token outside the shortlist at −∞.
+    fn masked(&self, row: Vec<f32>) -> Vec<f32> {
+        match &self.shortlist {
+            Some(tokens) => {
+                let mut masked = vec![f32::NEG_INFINITY; row.len()];
+                for &t in tokens {
+                    masked[t as usize] = row[t as usize];
+                }
+                masked
+            }
+            None => row,
+        }
+    }
+
+    /// The position, guesses and logits of each head up to `heads.end` for a hidden state:
+    /// head k guesses the tokens k + 1 positions on, after the model's own argmax guesses.
+    fn guesses(&self, row: &[f32], heads: &Range<usize>) -> Vec<(usize, Vec<u32>, Vec<f32>)> {
+        let (position, mut visible) = read_hidden_state(row);
+        let mut logits = self.model.logits_for(&visible, position);
+        let output = self.shared_output.as_ref().unwrap_or(&self.model);
+        let mut out = Vec::with_capacity(heads.len());
+        for k in 1..=heads.end {
+            visible.push(argmax(&logits));
+            logits = self.model.logits_for(&visible, position + k);
+            if heads.contains(&(k - 1)) {
+                let row = output.logits_for(&visible, position + k);
+                out.push((position + k, visible.clone(), row));
+            }
+        }
+        out
     }
 
     /// Heads that read the token before each guess ([`TokenHeads::reads_guesses`]).
@@ -293,17 +346,39 @@ impl TokenHeads for MockHeads {
     fn predict(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Logits> {
         check_head_range(&heads, self.count)?;
         let row: Vec<f32> = hidden.flatten_all()?.to_vec1()?;
-        let (position, mut visible) = read_hidden_state(&row);
-        let mut logits = self.model.logits_for(&visible, position);
-        let mut rows = Vec::with_capacity(heads.len());
-        for k in 1..=heads.end {
-            visible.push(argmax(&logits));
-            logits = self.model.logits_for(&visible, position + k);
-            if heads.contains(&(k - 1)) {
-                rows.push(logits.clone());
-            }
-        }
+        let rows: Vec<Vec<f32>> = self
+            .guesses(&row, &heads)
+            .into_iter()
+            .map(|(_, _, logits)| self.masked(logits))
+            .collect();
         Logits::from_rows(&rows)
+    }
+
+    fn shares_output_layer(&self) -> bool {
+        self.shared_output.is_some()
+    }
+
+    fn output_states(&self, hidden: &Tensor, heads: Range<usize>) -> Result<Tensor> {
+        if self.shared_output.is_none() {
+            return Err(Error::Unsupported("these mock heads have their own output"));
+        }
+        check_head_range(&heads, self.count)?;
+        let window = self.model.hidden_size() - 1;
+        let rows: Vec<Vec<f32>> = hidden.to_vec2()?;
+        let states: Vec<f32> = rows
+            .iter()
+            .flat_map(|row| self.guesses(row, &heads))
+            .flat_map(|(position, visible, _)| hidden_state(&visible, position, window))
+            .collect();
+        Ok(Tensor::from_vec(
+            states,
+            (rows.len() * heads.len(), window + 1),
+            hidden.device(),
+        )?)
+    }
+
+    fn shortlist(&self) -> Option<&[u32]> {
+        self.shortlist.as_deref()
     }
 
     fn reads_guesses(&self) -> bool {

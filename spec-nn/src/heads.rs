@@ -383,6 +383,38 @@ impl TokenHeads for MultiTokenHeads {
         self.info.kind == HeadKind::Chained
     }
 
+    /// Latent heads: their output layer is the model's unembedding (over the shortlist).
+    fn shares_output_layer(&self) -> bool {
+        matches!(self.info.kind, HeadKind::Latent { .. })
+    }
+
+    fn output_states(&self, hidden: &Tensor, heads: Range<usize>) -> spec_core::Result<Tensor> {
+        check_head_range(&heads, self.info.count)?;
+        let (
+            Layers::Latent { transforms, .. },
+            HeadKind::Latent {
+                activation,
+                residual,
+            },
+        ) = (&self.layers, self.info.kind)
+        else {
+            return Err(spec_core::Error::Unsupported(
+                "only latent heads share the model's output layer",
+            ));
+        };
+        let rows = hidden.dim(0)?;
+        let states = transforms[heads.clone()]
+            .iter()
+            .map(|transform| expand(transform.forward(hidden)?, hidden, activation, residual))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        // Row i · heads + k: head k's state for hidden row i.
+        Ok(Tensor::stack(&states, 1)?.reshape((rows * heads.len(), self.info.hidden_size))?)
+    }
+
+    fn shortlist(&self) -> Option<&[u32]> {
+        Some(&self.shortlist)
+    }
+
     fn predict_after(
         &self,
         state: &Tensor,

@@ -12,7 +12,9 @@ use std::io::Write;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 use spec_core::decoder::forward_tokens;
-use spec_core::heads::{verify_tree_hidden, HeadsDrafter, HiddenStates, OutputRows, TokenHeads};
+use spec_core::heads::{
+    verify_tree_guessing, verify_tree_hidden, HeadsDrafter, HiddenStates, OutputRows, TokenHeads,
+};
 use spec_core::sampling::{argmax, log_probability, sample, softmax, top_k_tokens};
 use spec_core::{
     Acceptance, AcceptanceRule, DecodeStats, Decoder, Forward, LogitRows, Logits, StepRecord,
@@ -151,7 +153,30 @@ pub struct DraftRequest<'a> {
     pub prompt_len: usize,
     /// Deepest node the tree may have.
     pub max_depth: usize,
+    /// The heads' rows for `hidden`, when the last verification computed them
+    /// ([`WindowOutput::WithGuesses`]).
+    pub predicted: Option<Logits>,
 }
+
+/// How the verifications of a [`speculative_window`] compute their output rows.
+#[derive(Clone, Copy)]
+pub enum WindowOutput<'a> {
+    /// Only the rows the judging reaches ([`OutputRows::OnDemand`]).
+    OnDemand,
+    /// Every node's row and, in the same pass over the output layer, the rows of the first
+    /// `guesses` heads for each node's state ([`verify_tree_guessing`]): the next draft then
+    /// needs no pass of the heads' own (heads that share the model's output layer).
+    WithGuesses {
+        heads: &'a dyn TokenHeads,
+        guesses: usize,
+    },
+}
+
+/// Most output rows (a tree's nodes and their heads' rows) a verification computes with the
+/// heads' guesses: the kernels take a Q8_0 output layer four tokens at a time, so up to four
+/// rows cost about one pass over it, where on demand every judged row and the heads' own
+/// shortlist cost one each (Whisper's chain of one: two nodes and their first heads).
+const MAX_GUESSING_ROWS: usize = 4;
 
 /// Proposes a tree for a [`DraftRequest`], returning it with the draft forwards it cost.
 pub type WindowDrafter<'a> = dyn FnMut(DraftRequest<'_>) -> Result<(TokenTree, usize)> + 'a;
@@ -174,16 +199,28 @@ pub fn heads_window<H: TokenHeads>(
     let mut draft = |request: DraftRequest<'_>| {
         let sampled = &request.committed[request.prompt_len..];
         let root = *request.committed.last().expect("a root token");
-        let tree = drafter.draft(request.hidden, root, request.max_depth, &mut |_, row| {
-            rules.apply(row, sampled)
-        })?;
+        let adjust = &mut |_, row: &mut [f32]| rules.apply(row, sampled);
+        let tree = match request.predicted {
+            Some(rows) => drafter.draft_predicted(rows, root, request.max_depth, adjust)?,
+            None => drafter.draft(request.hidden, root, request.max_depth, adjust)?,
+        };
         Ok((tree, 1))
+    };
+    let guesses = drafter.tree().depth();
+    let rows = (drafter.tree().nodes() + 1) * (1 + guesses);
+    let output = match drafter.heads().shares_output_layer() && rows <= MAX_GUESSING_ROWS {
+        true => WindowOutput::WithGuesses {
+            heads: drafter.heads(),
+            guesses,
+        },
+        false => WindowOutput::OnDemand,
     };
     speculative_window(
         model,
         rules,
         &mut draft,
         rule,
+        output,
         next,
         end_of_text,
         max_tokens,
@@ -197,11 +234,13 @@ pub fn heads_window<H: TokenHeads>(
 /// the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s at
 /// temperature 0. Returns the candidate and the steps' statistics (drafting time as draft
 /// time, verification as target time).
+#[allow(clippy::too_many_arguments)]
 pub fn speculative_window(
     model: &mut Whisper,
     rules: &LogitRules,
     draft: &mut WindowDrafter<'_>,
     rule: &AcceptanceRule,
+    output: WindowOutput<'_>,
     mut next: Vec<f32>,
     end_of_text: u32,
     max_tokens: usize,
@@ -217,6 +256,7 @@ pub fn speculative_window(
     let prompt_len = committed.len();
     let prompt_states = model.last_hidden()?;
     let mut hidden = prompt_states.narrow(0, prompt_states.dim(0)? - 1, 1)?;
+    let mut predicted = None;
     // Greedy decoding stops once the cache is full: after token n it holds the prompt and
     // n − 1 tokens.
     let limit = max_tokens.min(model.max_len() + 1 - model.cached_len().min(model.max_len()));
@@ -242,6 +282,7 @@ pub fn speculative_window(
             committed: &committed,
             prompt_len,
             max_depth,
+            predicted: predicted.take(),
         })?;
         stats.draft_time += t_draft.elapsed();
         stats.draft_forwards += forwards;
@@ -253,20 +294,25 @@ pub fn speculative_window(
 
         let t_verify = std::time::Instant::now();
         let sampled = &candidate.tokens;
-        let (verdict, rows, state) = verify_tree_hidden(
-            model,
-            &tree,
-            rule,
-            OutputRows::OnDemand,
-            &mut |node, row| {
-                let path: Vec<u32> = tree.path_to(node)[1..]
-                    .iter()
-                    .map(|&n| tree.token(n))
-                    .collect();
-                let sampled: Vec<u32> = sampled.iter().chain(&path).copied().collect();
-                rules.apply(row, &sampled)
-            },
-        )?;
+        let adjust = &mut |node, row: &mut [f32]| {
+            let path: Vec<u32> = tree.path_to(node)[1..]
+                .iter()
+                .map(|&n| tree.token(n))
+                .collect();
+            let sampled: Vec<u32> = sampled.iter().chain(&path).copied().collect();
+            rules.apply(row, &sampled)
+        };
+        let (verdict, rows, state) = match output {
+            WindowOutput::OnDemand => {
+                verify_tree_hidden(model, &tree, rule, OutputRows::OnDemand, adjust)?
+            }
+            WindowOutput::WithGuesses { heads, guesses } => {
+                let (verdict, rows, state, guessed) =
+                    verify_tree_guessing(model, &tree, rule, heads, guesses, adjust)?;
+                predicted = Some(guessed);
+                (verdict, rows, state)
+            }
+        };
         stats.target_time += t_verify.elapsed();
         stats.target_forwards += 1;
         candidate.forwards += 1;

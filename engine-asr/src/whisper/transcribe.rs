@@ -21,7 +21,7 @@ use spec_nn::heads::MultiTokenHeads;
 use crate::mel::{LogMel, MelFilters, WhisperInput};
 use crate::whisper::decode::{
     beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
-    Candidate, DraftRequest,
+    Candidate, DraftRequest, WindowOutput,
 };
 use crate::whisper::load::LoadOptions;
 use crate::whisper::model::Whisper;
@@ -729,6 +729,7 @@ impl Transcriber {
                         }
                     },
                     &AcceptanceRule::greedy(),
+                    WindowOutput::OnDemand,
                     next,
                     end,
                     max_tokens,
