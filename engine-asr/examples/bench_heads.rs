@@ -161,42 +161,60 @@ fn systems(args: &Args, count: usize) -> Result<Vec<System>> {
     Ok(systems)
 }
 
+/// Every system on every clip: each clip is decoded by all systems, one after the other,
+/// before the next clip, so that the machine's drift over minutes (±15–20 % here) meets every
+/// system alike instead of the ones that run last.
 fn run(
     transcriber: &mut Transcriber,
     heads: &MultiTokenHeads,
-    system: &System,
+    systems: &[System],
     clips: &[Clip],
     repeats: usize,
-) -> Result<Outcome> {
-    if let Some(tree) = &system.tree {
-        let drafter = HeadsDrafter::new(heads.clone(), tree.clone())?
-            .with_min_probability(system.min_probability)?;
-        transcriber.set_heads(drafter)?;
+) -> Result<Vec<Outcome>> {
+    let drafters = systems
+        .iter()
+        .map(|system| {
+            system
+                .tree
+                .as_ref()
+                .map(|tree| {
+                    HeadsDrafter::new(heads.clone(), tree.clone())?
+                        .with_min_probability(system.min_probability)
+                })
+                .transpose()
+        })
+        .collect::<spec_core::Result<Vec<_>>>()?;
+    let mut outcomes: Vec<Outcome> = systems.iter().map(|_| Outcome::default()).collect();
+    for (i, clip) in clips.iter().enumerate() {
+        eprint!("\r   clip {}/{}", i + 1, clips.len());
+        for ((system, drafter), outcome) in systems.iter().zip(&drafters).zip(&mut outcomes) {
+            if let Some(drafter) = drafter {
+                transcriber.set_heads(drafter.clone())?;
+            }
+            // Greedy decoding without the temperature fallback: the heads accelerate the greedy
+            // pass, and a fallback's sampling would swamp the comparison.
+            let options = TranscribeOptions {
+                language: Some("en".into()),
+                temperatures: vec![0.0],
+                heads: system.rule,
+                ..TranscribeOptions::default()
+            };
+            let t = fastest_transcript(
+                transcriber,
+                &clip.samples,
+                &options,
+                repeats,
+                |s| s.decoder_time,
+                &mut |_| {},
+            )?;
+            outcome.forwards += t.stats.forwards;
+            outcome.decoder_time += t.stats.decoder_time;
+            outcome.heads.merge(&t.stats.heads);
+            outcome.texts.push(t.text);
+        }
     }
-    // Greedy decoding without the temperature fallback: the heads accelerate the greedy pass,
-    // and a fallback's sampling would swamp the comparison.
-    let options = TranscribeOptions {
-        language: Some("en".into()),
-        temperatures: vec![0.0],
-        heads: system.rule,
-        ..TranscribeOptions::default()
-    };
-    let mut outcome = Outcome::default();
-    for clip in clips {
-        let t = fastest_transcript(
-            transcriber,
-            &clip.samples,
-            &options,
-            repeats,
-            |s| s.decoder_time,
-            &mut |_| {},
-        )?;
-        outcome.forwards += t.stats.forwards;
-        outcome.decoder_time += t.stats.decoder_time;
-        outcome.heads.merge(&t.stats.heads);
-        outcome.texts.push(t.text);
-    }
-    Ok(outcome)
+    eprintln!();
+    Ok(outcomes)
 }
 
 fn words(normalizer: &EnglishTextNormalizer, text: &str) -> usize {
@@ -346,11 +364,7 @@ fn main() -> Result<()> {
         let systems = systems(&args, count)?;
         for ((set, clips), table) in sets.iter().zip(&mut tables) {
             eprintln!("== {name} on {set}");
-            let mut outcomes = Vec::new();
-            for system in &systems {
-                eprintln!("   {}", system.name);
-                outcomes.push(run(&mut transcriber, &heads, system, clips, args.repeats)?);
-            }
+            let outcomes = run(&mut transcriber, &heads, &systems, clips, args.repeats)?;
             push_rows(table, name, &systems, &outcomes, clips, &normalizer, count);
         }
     }
