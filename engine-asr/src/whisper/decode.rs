@@ -185,8 +185,9 @@ pub type WindowDrafter<'a> = dyn FnMut(DraftRequest<'_>) -> Result<(TokenTree, u
 /// `next`; the model's last hidden state is the prompt's): [`speculative_window`] with the
 /// heads' trees, each row of a path adjusted by Whisper's rules for that path. With greedy
 /// acceptance the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s
-/// at temperature 0. Returns the candidate and the steps' statistics (heads time as draft
-/// time).
+/// at temperature 0. Heads that share the model's output layer guess in the verifying pass
+/// ([`WindowOutput::WithGuesses`]) where a tree needs at most [`MAX_GUESSING_ROWS`] output
+/// rows. Returns the candidate and the steps' statistics (heads time as draft time).
 pub fn heads_window<H: TokenHeads>(
     model: &mut Whisper,
     rules: &LogitRules,
@@ -208,13 +209,14 @@ pub fn heads_window<H: TokenHeads>(
     };
     let guesses = drafter.tree().depth();
     let rows = (drafter.tree().nodes() + 1) * (1 + guesses);
-    let output = match drafter.heads().shares_output_layer() && rows <= MAX_GUESSING_ROWS {
-        true => WindowOutput::WithGuesses {
-            heads: drafter.heads(),
-            guesses,
-        },
-        false => WindowOutput::OnDemand,
-    };
+    let output =
+        match drafter.heads().shares_output_layer() && guesses > 0 && rows <= MAX_GUESSING_ROWS {
+            true => WindowOutput::WithGuesses {
+                heads: drafter.heads(),
+                guesses,
+            },
+            false => WindowOutput::OnDemand,
+        };
     speculative_window(
         model,
         rules,
