@@ -186,8 +186,8 @@ pub type WindowDrafter<'a> = dyn FnMut(DraftRequest<'_>) -> Result<(TokenTree, u
 /// heads' trees, each row of a path adjusted by Whisper's rules for that path. With greedy
 /// acceptance the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s
 /// at temperature 0. Heads that share the model's output layer guess in the verifying pass
-/// ([`WindowOutput::WithGuesses`]) where a tree needs at most [`MAX_GUESSING_ROWS`] output
-/// rows. Returns the candidate and the steps' statistics (heads time as draft time).
+/// ([`WindowOutput::WithGuesses`]) where a tree needs at most four output rows (the chain of
+/// one). Returns the candidate and the steps' statistics (heads time as draft time).
 pub fn heads_window<H: TokenHeads>(
     model: &mut Whisper,
     rules: &LogitRules,
