@@ -476,18 +476,7 @@ pub fn verify_tree_guessing<T: HiddenStates + ?Sized, H: TokenHeads + ?Sized>(
     let first_guess = nodes + last * guesses;
     let predicted: Vec<Vec<f32>> = (first_guess..first_guess + guesses)
         .map(|r| match heads.shortlist() {
-            Some(shortlist) => {
-                let row = rows.row(r);
-                let mut masked = vec![f32::NEG_INFINITY; row.len()];
-                for &token in shortlist {
-                    if let (Some(slot), Some(&logit)) =
-                        (masked.get_mut(token as usize), row.get(token as usize))
-                    {
-                        *slot = logit;
-                    }
-                }
-                masked
-            }
+            Some(shortlist) => on_shortlist(rows.row(r), shortlist),
             None => rows.row(r).to_vec(),
         })
         .collect();
@@ -497,6 +486,19 @@ pub fn verify_tree_guessing<T: HiddenStates + ?Sized, H: TokenHeads + ?Sized>(
         hidden.narrow(0, last, 1)?,
         Logits::from_rows(&predicted)?,
     ))
+}
+
+/// `row` with every token outside `shortlist` at −∞ (tokens past the row's end are ignored).
+pub(crate) fn on_shortlist(row: &[f32], shortlist: &[u32]) -> Vec<f32> {
+    let mut masked = vec![f32::NEG_INFINITY; row.len()];
+    for &token in shortlist {
+        if let (Some(slot), Some(&logit)) =
+            (masked.get_mut(token as usize), row.get(token as usize))
+        {
+            *slot = logit;
+        }
+    }
+    masked
 }
 
 /// Fails unless `heads` is a non-empty range within `0..count` (what [`TokenHeads::predict`]

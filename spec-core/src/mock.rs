@@ -12,7 +12,7 @@ use std::ops::Range;
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{check_token_range, Decoder, DecoderInput, Forward, LogitRows};
-use crate::heads::{check_head_range, HiddenStates, TokenHeads};
+use crate::heads::{check_head_range, on_shortlist, HiddenStates, TokenHeads};
 use crate::kv_cache::keep_positions_of;
 use crate::logits::Logits;
 use crate::sampling::argmax;
@@ -296,13 +296,7 @@ impl MockHeads {
     /// `row` with every token outside the shortlist at −∞.
     fn masked(&self, row: Vec<f32>) -> Vec<f32> {
         match &self.shortlist {
-            Some(tokens) => {
-                let mut masked = vec![f32::NEG_INFINITY; row.len()];
-                for &t in tokens {
-                    masked[t as usize] = row[t as usize];
-                }
-                masked
-            }
+            Some(tokens) => on_shortlist(&row, tokens),
             None => row,
         }
     }

@@ -353,18 +353,8 @@ impl TokenHeads for MultiTokenHeads {
                     .collect::<candle_core::Result<Vec<_>>>()?;
                 Tensor::cat(&rows, 0)?
             }
-            (
-                Layers::Latent { transforms, output },
-                HeadKind::Latent {
-                    activation,
-                    residual,
-                },
-            ) => {
-                let z = transforms[heads]
-                    .iter()
-                    .map(|transform| transform.forward(&hidden))
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                output.forward(&expand(Tensor::cat(&z, 0)?, &hidden, activation, residual)?)?
+            (Layers::Latent { output, .. }, HeadKind::Latent { .. }) => {
+                output.forward(&self.output_states(&hidden, heads)?)?
             }
             (Layers::Latent { .. }, HeadKind::Chained) => {
                 return Err(spec_core::Error::Unsupported(
