@@ -12,11 +12,13 @@
 use candle_core::{DType, Device, Tensor, D};
 use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
-use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, Interrupt, KvCache, LogitRows};
+use spec_core::{
+    Decoder, DecoderInput, Forward, HiddenStates, Interrupt, KvCache, LogitRows, Logits,
+};
 use spec_nn::elementwise::add;
 use spec_nn::{
-    decoder_output, unembed, AttentionMask, Norm, QLinear, Rotary, SelfAttention, ShortlistOutput,
-    SwiGlu,
+    decoder_output, unembed_logits, AttentionMask, Norm, QLinear, Rotary, SelfAttention,
+    ShortlistOutput, SwiGlu,
 };
 
 use crate::config::TransformerConfig;
@@ -355,8 +357,8 @@ impl HiddenStates for Transformer {
             .ok_or(spec_core::Error::EmptyInput("no forward has run yet"))
     }
 
-    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Tensor> {
-        Ok(unembed(&self.weights.lm_head, hidden).map_err(Error::from)?)
+    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Logits> {
+        Ok(unembed_logits(&self.weights.lm_head, hidden).map_err(Error::from)?)
     }
 
     fn unembedding_rows(&self, ids: &[u32]) -> spec_core::Result<Tensor> {

@@ -41,8 +41,11 @@ pub trait HiddenStates: Decoder {
     /// `[n, hidden_size]`, one per input position, whichever logits rows it returned.
     fn last_hidden(&self) -> Result<Tensor>;
 
-    /// The model's output layer (its unembedding): `[n, hidden_size]` → `[n, vocab_size]` f32.
-    fn unembed(&self, hidden: &Tensor) -> Result<Tensor>;
+    /// The model's output layer (its unembedding): `[n, hidden_size]` → `n` rows of
+    /// `vocab_size` logits, written straight into the table where the layer allows (a
+    /// verification's rows are large: four of Whisper's are 830 KB, a copy the caller's thread
+    /// would make while the kernels' threads wait).
+    fn unembed(&self, hidden: &Tensor) -> Result<Logits>;
 
     /// Rows `ids` of the output matrix, dequantized, `[ids.len(), hidden_size]` f32 (heads that
     /// share the model's unembedding take theirs from here).
@@ -427,8 +430,7 @@ pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
             let hidden = target.last_hidden()?;
             let model = &*target;
             let mut fetch = |node: usize| -> Result<Vec<f32>> {
-                let row = model.unembed(&hidden.narrow(0, node, 1)?)?;
-                Ok(row.flatten_all()?.to_vec1()?)
+                Ok(model.unembed(&hidden.narrow(0, node, 1)?)?.into_last_row())
             };
             let judged = judge_tree(tree, rule, &mut fetch, adjust)?;
             keep_path(target, prefix, &judged.0.path)?;
@@ -467,30 +469,41 @@ pub fn verify_tree_guessing<T: HiddenStates + ?Sized, H: TokenHeads + ?Sized>(
     let hidden = target.last_hidden()?;
     let states = heads.output_states(&hidden, 0..guesses)?;
     let nodes = tree.len();
-    let all = target.unembed(&Tensor::cat(&[&hidden, &states], 0)?)?;
-    let rows = Logits::from_tensor(&all, nodes * (1 + guesses), target.vocab_size())?;
+    let rows = target.unembed(&Tensor::cat(&[&hidden, &states], 0)?)?;
+    let (vocab_size, expected) = (target.vocab_size(), nodes * (1 + guesses));
+    if rows.len() != expected || rows.vocab_size() != vocab_size {
+        return Err(Error::LogitsShape {
+            got: vec![rows.len(), rows.vocab_size()],
+            expected: format!("[{expected}, {vocab_size}]"),
+        });
+    }
     let (verdict, judged) =
         judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
     keep_path(target, prefix, &verdict.path)?;
     let last = *verdict.path.last().expect("the path holds the root");
     let first_guess = nodes + last * guesses;
-    let predicted: Vec<Vec<f32>> = (first_guess..first_guess + guesses)
-        .map(|r| match heads.shortlist() {
-            Some(shortlist) => on_shortlist(rows.row(r), shortlist),
-            None => rows.row(r).to_vec(),
-        })
-        .collect();
+    let mut predicted = Vec::with_capacity(guesses * vocab_size);
+    for r in first_guess..first_guess + guesses {
+        extend_on_shortlist(&mut predicted, rows.row(r), heads.shortlist());
+    }
     Ok((
         verdict,
         judged,
         hidden.narrow(0, last, 1)?,
-        Logits::from_rows(&predicted)?,
+        Logits::from_flat(predicted, vocab_size)?,
     ))
 }
 
-/// `row` with every token outside `shortlist` at −∞ (tokens past the row's end are ignored).
-pub(crate) fn on_shortlist(row: &[f32], shortlist: &[u32]) -> Vec<f32> {
-    let mut masked = vec![f32::NEG_INFINITY; row.len()];
+/// Appends `row` to `rows`, with every token outside `shortlist` (when there is one) at −∞
+/// (tokens past the row's end are ignored).
+pub(crate) fn extend_on_shortlist(rows: &mut Vec<f32>, row: &[f32], shortlist: Option<&[u32]>) {
+    let Some(shortlist) = shortlist else {
+        rows.extend_from_slice(row);
+        return;
+    };
+    let start = rows.len();
+    rows.resize(start + row.len(), f32::NEG_INFINITY);
+    let masked = &mut rows[start..];
     for &token in shortlist {
         if let (Some(slot), Some(&logit)) =
             (masked.get_mut(token as usize), row.get(token as usize))
@@ -498,7 +511,6 @@ pub(crate) fn on_shortlist(row: &[f32], shortlist: &[u32]) -> Vec<f32> {
             *slot = logit;
         }
     }
-    masked
 }
 
 /// Fails unless `heads` is a non-empty range within `0..count` (what [`TokenHeads::predict`]

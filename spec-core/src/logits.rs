@@ -25,6 +25,18 @@ impl Logits {
         Ok(Self { data, vocab_size })
     }
 
+    /// Takes `data`, rows of `vocab_size` one after the other, without a copy (an output
+    /// layer that wrote its products straight into a buffer).
+    pub fn from_flat(data: Vec<f32>, vocab_size: usize) -> Result<Self> {
+        if vocab_size == 0 || !data.len().is_multiple_of(vocab_size) {
+            return Err(Error::LogitsShape {
+                got: vec![data.len()],
+                expected: format!("rows of {vocab_size} (more than none)"),
+            });
+        }
+        Ok(Self { data, vocab_size })
+    }
+
     /// Builds a table from rows of equal, non-zero length.
     pub fn from_rows(rows: &[Vec<f32>]) -> Result<Self> {
         let vocab_size = rows.first().map_or(0, Vec::len);
@@ -98,6 +110,10 @@ mod tests {
             Err(Error::LogitsShape { .. })
         ));
         assert!(Logits::from_rows(&[vec![1.0], vec![1.0, 2.0]]).is_err());
+        let flat = Logits::from_flat(vec![1., 2., 3., 4., 5., 6.], 3).unwrap();
+        assert_eq!(flat, l);
+        assert!(Logits::from_flat(vec![1., 2., 3.], 2).is_err());
+        assert!(Logits::from_flat(Vec::new(), 0).is_err());
         assert_eq!(
             Logits::from_rows(&[vec![1.0, 2.0]]).unwrap().row(0),
             &[1.0, 2.0]

@@ -12,7 +12,7 @@ use std::ops::Range;
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{check_token_range, Decoder, DecoderInput, Forward, LogitRows};
-use crate::heads::{check_head_range, on_shortlist, HiddenStates, TokenHeads};
+use crate::heads::{check_head_range, extend_on_shortlist, HiddenStates, TokenHeads};
 use crate::kv_cache::keep_positions_of;
 use crate::logits::Logits;
 use crate::sampling::argmax;
@@ -229,7 +229,7 @@ impl HiddenStates for MockDecoder {
         )?)
     }
 
-    fn unembed(&self, hidden: &Tensor) -> Result<Tensor> {
+    fn unembed(&self, hidden: &Tensor) -> Result<Logits> {
         let rows: Vec<Vec<f32>> = hidden.to_vec2()?;
         let logits: Vec<f32> = rows
             .iter()
@@ -238,11 +238,7 @@ impl HiddenStates for MockDecoder {
                 self.logits_for(&visible, position)
             })
             .collect();
-        Ok(Tensor::from_vec(
-            logits,
-            (rows.len(), self.config.vocab_size),
-            &self.device,
-        )?)
+        Logits::from_flat(logits, self.config.vocab_size)
     }
 
     fn unembedding_rows(&self, _ids: &[u32]) -> Result<Tensor> {
@@ -296,7 +292,11 @@ impl MockHeads {
     /// `row` with every token outside the shortlist at −∞.
     fn masked(&self, row: Vec<f32>) -> Vec<f32> {
         match &self.shortlist {
-            Some(tokens) => on_shortlist(&row, tokens),
+            Some(tokens) => {
+                let mut masked = Vec::with_capacity(row.len());
+                extend_on_shortlist(&mut masked, &row, Some(tokens));
+                masked
+            }
             None => row,
         }
     }

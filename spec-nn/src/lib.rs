@@ -60,7 +60,7 @@ pub use load::{
 };
 pub use mlp::{GeluMlp, SwiGlu};
 pub use norm::Norm;
-pub use output::{decoder_output, unembed, DecoderOutput, ShortlistOutput};
+pub use output::{decoder_output, unembed, unembed_logits, DecoderOutput, ShortlistOutput};
 pub use positions::{sinusoidal_positions, LearnedPositions};
 pub use rotary::{RopeLayout, Rotary, RotaryTables};
 pub use sequence_attention::{RelPositionAttention, RelativePositions, SequenceAttention};

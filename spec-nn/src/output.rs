@@ -2,6 +2,8 @@
 //! prediction heads read) and the output layer over the requested rows only.
 
 use candle_core::{DType, Module, Tensor};
+use spec_core::Logits;
+use spec_kernels::QMatrix;
 
 use crate::linear::{with_cpu_values, QLinear};
 use crate::norm::Norm;
@@ -42,6 +44,30 @@ pub fn unembed(output: &QLinear, hidden: &Tensor) -> Result<Tensor> {
         .forward(&hidden.unsqueeze(0)?)?
         .squeeze(0)?
         .to_dtype(DType::F32)?)
+}
+
+/// [`unembed`] into a table of logits: on the kernels the products are written straight into
+/// the table's buffer (the same bits as [`unembed`]'s tensor, without copying it out).
+pub fn unembed_logits(output: &QLinear, hidden: &Tensor) -> Result<Logits> {
+    let QLinear::Kernel(matrix) = output else {
+        let logits = unembed(output, hidden)?;
+        let (rows, vocab_size) = logits.dims2()?;
+        return Ok(Logits::from_tensor(&logits, rows, vocab_size)?);
+    };
+    let (rows, width) = hidden.dims2()?;
+    if width != matrix.cols() {
+        return Err(Error::ShapeMismatch {
+            name: "hidden states for the output layer".into(),
+            got: vec![rows, width],
+            expected: vec![rows, matrix.cols()],
+        });
+    }
+    let mut data = vec![0f32; rows * matrix.rows()];
+    with_cpu_values(&hidden.to_dtype(DType::F32)?, |values| {
+        QMatrix::matmul_many(&[matrix.as_ref()], values, rows, &mut [data.as_mut_slice()])
+            .map_err(candle_core::Error::wrap)
+    })??;
+    Ok(Logits::from_flat(data, matrix.rows())?)
 }
 
 /// An output layer that scores some tokens only, `[tokens, hidden]`; every other token's
@@ -121,5 +147,41 @@ impl ShortlistOutput {
             (m, self.vocab_size),
             hidden.device(),
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::Device;
+
+    use super::*;
+
+    #[test]
+    fn logits_straight_from_the_kernels_are_the_bits_of_the_tensor_path() {
+        let device = Device::Cpu;
+        let w = Tensor::randn(0f32, 0.1, (40, 64), &device).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap());
+        let hidden = Tensor::randn(0f32, 1.0, (3, 64), &device).unwrap();
+        for layer in [
+            QLinear::new(q.clone(), &device).unwrap(),
+            QLinear::Candle(QMatMul::from_arc(q.clone()).unwrap()),
+        ] {
+            let expected: Vec<Vec<f32>> = unembed(&layer, &hidden).unwrap().to_vec2().unwrap();
+            let logits = unembed_logits(&layer, &hidden).unwrap();
+            assert_eq!((logits.len(), logits.vocab_size()), (3, 40));
+            for (got, want) in logits.rows().zip(&expected) {
+                assert_eq!(got, want.as_slice());
+            }
+        }
+        let kernel = QLinear::new(q, &device).unwrap();
+        assert!(matches!(kernel, QLinear::Kernel(_)));
+        let narrow = Tensor::zeros((2, 32), DType::F32, &device).unwrap();
+        assert!(matches!(
+            unembed_logits(&kernel, &narrow),
+            Err(Error::ShapeMismatch { .. })
+        ));
     }
 }

@@ -14,12 +14,12 @@
 use candle_core::{Device, Tensor};
 use spec_core::decoder::{check_token_range, input_tokens};
 use spec_core::kv_cache::keep_positions_of;
-use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache};
+use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, Logits};
 use spec_nn::elementwise::add;
 use spec_nn::SelfAttention;
 use spec_nn::{
-    decoder_output, unembed, AttentionMask, CrossAttention, CrossKv, GeluMlp, LearnedPositions,
-    Norm, QLinear,
+    decoder_output, unembed_logits, AttentionMask, CrossAttention, CrossKv, GeluMlp,
+    LearnedPositions, Norm, QLinear,
 };
 
 use crate::mel::LogMel;
@@ -265,8 +265,8 @@ impl HiddenStates for Whisper {
         ))
     }
 
-    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Tensor> {
-        Ok(unembed(&self.decoder.embeddings, hidden).map_err(Error::from)?)
+    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Logits> {
+        Ok(unembed_logits(&self.decoder.embeddings, hidden).map_err(Error::from)?)
     }
 
     fn unembedding_rows(&self, ids: &[u32]) -> spec_core::Result<Tensor> {
