@@ -60,9 +60,19 @@ pub fn sum(values: &[f32]) -> f32 {
 }
 
 /// `sum(exp(values - shift))` with [`exp`], accumulated over `LANES` lanes: a softmax's
-/// normaliser after subtracting the largest value, without storing the exponentials.
+/// normaliser after subtracting the largest value, without storing the exponentials. On
+/// 512-bit registers where the CPU has them (the compiler keeps [`exp`] to 256 bits here), with
+/// the same bits.
 #[inline]
 pub fn exp_sum(values: &[f32], shift: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let chunks = values.chunks_exact(LANES);
+        let tail: f32 = chunks.remainder().iter().map(|&v| exp(v - shift)).sum();
+        // SAFETY: AVX-512F was just detected.
+        let lanes = unsafe { avx512::exp_lanes(values, shift) };
+        return lanes.iter().sum::<f32>() + tail;
+    }
     lane_sum(values, |v| exp(v - shift))
 }
 
@@ -83,12 +93,111 @@ fn lane_sum(values: &[f32], term: impl Fn(f32) -> f32) -> f32 {
 /// Softmax of a row in place, in three vectorised passes (max, exponentials, scaling).
 pub fn softmax_in_place(row: &mut [f32]) {
     let top = max(row);
-    for v in row.iter_mut() {
-        *v = exp(*v - top);
-    }
+    exp_shifted_in_place(row, top);
     let scale = 1.0 / sum(row);
     for v in row.iter_mut() {
         *v *= scale;
+    }
+}
+
+/// `v = exp(v - shift)` for every value, on 512-bit registers where the CPU has them (same
+/// bits as [`exp`]).
+fn exp_shifted_in_place(values: &mut [f32], shift: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was just detected.
+        unsafe { avx512::exp_shifted_in_place(values, shift) };
+        return;
+    }
+    for v in values.iter_mut() {
+        *v = exp(*v - shift);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{exp, LANES};
+
+    /// [`exp`] of 16 values: the same operations in the same order, so the same bits (the
+    /// clamp's maximum and minimum take the value second, so that NaN passes through as in
+    /// `f32::clamp`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let splat = _mm512_set1_ps;
+        let x = _mm512_min_ps(splat(88.0), _mm512_max_ps(splat(-87.0), x));
+        let n = _mm512_add_ps(
+            _mm512_mul_ps(x, splat(std::f32::consts::LOG2_E)),
+            splat(0.5),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(n);
+        let r = _mm512_sub_ps(x, _mm512_mul_ps(n, splat(0.693_359_4)));
+        let r = _mm512_sub_ps(r, _mm512_mul_ps(n, splat(-2.121_944_4e-4)));
+        let mut p = splat(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
+        }
+        let e_r = _mm512_add_ps(
+            _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
+            splat(1.0),
+        );
+        // 2ⁿ from the exponent bits, as `two_to_the` builds it.
+        const SHIFTER: f32 = 12_582_912.0;
+        let n_bits = _mm512_sub_epi32(
+            _mm512_castps_si512(_mm512_add_ps(n, splat(SHIFTER))),
+            _mm512_set1_epi32(SHIFTER.to_bits() as i32),
+        );
+        let power = _mm512_slli_epi32::<23>(_mm512_add_epi32(n_bits, _mm512_set1_epi32(127)));
+        _mm512_mul_ps(e_r, _mm512_castsi512_ps(power))
+    }
+
+    /// The `LANES` lane sums of `exp(v - shift)` over the whole chunks of `values`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_lanes(values: &[f32], shift: f32) -> [f32; LANES] {
+        let shift = _mm512_set1_ps(shift);
+        let mut lanes = _mm512_setzero_ps();
+        for chunk in values.chunks_exact(LANES) {
+            // SAFETY: a chunk holds 16 values.
+            let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+            lanes = _mm512_add_ps(lanes, exp16(_mm512_sub_ps(v, shift)));
+        }
+        let mut out = [0f32; LANES];
+        // SAFETY: `out` holds 16 values.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), lanes) };
+        out
+    }
+
+    /// `v = exp(v - shift)` for every value.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_shifted_in_place(values: &mut [f32], shift: f32) {
+        let splat_shift = _mm512_set1_ps(shift);
+        let mut chunks = values.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            // SAFETY: a chunk holds 16 values.
+            unsafe {
+                let v = _mm512_loadu_ps(chunk.as_ptr());
+                _mm512_storeu_ps(chunk.as_mut_ptr(), exp16(_mm512_sub_ps(v, splat_shift)));
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = exp(*v - shift);
+        }
     }
 }
 
@@ -113,6 +222,47 @@ mod tests {
         assert_eq!(exp_sum(&row, top), sum(&shifted));
         assert_eq!(max(&[]), f32::NEG_INFINITY);
         assert_eq!(max(&row), top);
+    }
+
+    /// The infinities, NaN, zeros and the edges of `exp`'s range first (inside the first
+    /// whole chunks of 16), then values across and beyond that range.
+    fn awkward_values() -> Vec<f32> {
+        let mut values = vec![
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            f32::MIN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            -87.0,
+            88.0,
+            88.7,
+            -87.3,
+            1e-30,
+        ];
+        values.extend((0..4000).map(|i| -120.0 + i as f32 * 0.0531));
+        values
+    }
+
+    #[test]
+    fn exponentials_on_wide_registers_are_the_bits_of_the_plain_loop() {
+        let values = awkward_values();
+        for shift in [0.0, 3.5, -2.25] {
+            for len in [0, 1, 15, 16, 17, 33, 100, values.len()] {
+                let values = &values[..len];
+                let mut wide = values.to_vec();
+                exp_shifted_in_place(&mut wide, shift);
+                for (w, &v) in wide.iter().zip(values) {
+                    assert_eq!(w.to_bits(), exp(v - shift).to_bits(), "exp({v} - {shift})");
+                }
+                let finite: Vec<f32> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+                let plain = lane_sum(&finite, |v| exp(v - shift));
+                assert_eq!(exp_sum(&finite, shift).to_bits(), plain.to_bits(), "{len}");
+            }
+        }
+        assert!(exp_sum(&[1.0, f32::NAN], 0.0).is_nan());
     }
 
     #[test]
