@@ -6,20 +6,36 @@
 /// so finite x never give 0, infinity or NaN.
 #[inline]
 pub fn exp(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.0, 88.0);
+    let x = x.clamp(EXP_MIN, EXP_MAX);
     let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
+    let p = EXP_POLYNOMIAL[0];
+    let p = p * r + EXP_POLYNOMIAL[1];
+    let p = p * r + EXP_POLYNOMIAL[2];
+    let p = p * r + EXP_POLYNOMIAL[3];
+    let p = p * r + EXP_POLYNOMIAL[4];
+    let p = p * r + EXP_POLYNOMIAL[5];
     let e_r = p * r * r + r + 1.0;
     e_r * two_to_the(n)
 }
+
+/// The range [`exp`] clamps its input to.
+const EXP_MIN: f32 = -87.0;
+const EXP_MAX: f32 = 88.0;
+/// ln 2 in two parts, so that `x − n·ln 2` loses no bits.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// The polynomial of eʳ's terms past `1 + r`, highest degree first (Horner's order).
+const EXP_POLYNOMIAL: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+/// 1.5·2²³: added to an integral float, it leaves the integer in the low mantissa bits.
+const SHIFTER: f32 = 12_582_912.0;
 
 /// 2ⁿ for an integral `n` in [-126, 127], built in the exponent bits. Adding 1.5·2²³ leaves n
 /// in the low mantissa bits as a two's complement (exact for |n| < 2²²), so the whole of
@@ -27,7 +43,6 @@ pub fn exp(x: f32) -> f32 {
 /// `exp` several times slower.
 #[inline(always)]
 fn two_to_the(n: f32) -> f32 {
-    const SHIFTER: f32 = 12_582_912.0;
     let n_bits = (n + SHIFTER).to_bits().wrapping_sub(SHIFTER.to_bits());
     f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
@@ -65,28 +80,38 @@ pub fn sum(values: &[f32]) -> f32 {
 /// the same bits.
 #[inline]
 pub fn exp_sum(values: &[f32], shift: f32) -> f32 {
+    let term = |v| exp(v - shift);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        let chunks = values.chunks_exact(LANES);
-        let tail: f32 = chunks.remainder().iter().map(|&v| exp(v - shift)).sum();
         // SAFETY: AVX-512F was just detected.
         let lanes = unsafe { avx512::exp_lanes(values, shift) };
-        return lanes.iter().sum::<f32>() + tail;
+        return finish_lane_sum(lanes, values, term);
     }
-    lane_sum(values, |v| exp(v - shift))
+    lane_sum(values, term)
 }
 
 /// The sum of `term` over `values`, accumulated over `LANES` lanes in a fixed order.
 #[inline]
 fn lane_sum(values: &[f32], term: impl Fn(f32) -> f32) -> f32 {
     let mut lanes = [0f32; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let tail: f32 = chunks.remainder().iter().map(|&v| term(v)).sum();
-    for chunk in chunks {
+    for chunk in values.chunks_exact(LANES) {
         for (l, &v) in lanes.iter_mut().zip(chunk) {
             *l += term(v);
         }
     }
+    finish_lane_sum(lanes, values, term)
+}
+
+/// The end of a [`lane_sum`] whose `lanes` hold the sums over the whole chunks of `values`:
+/// the lanes in order, then the terms of the values past them.
+#[inline]
+fn finish_lane_sum(lanes: [f32; LANES], values: &[f32], term: impl Fn(f32) -> f32) -> f32 {
+    let tail: f32 = values
+        .chunks_exact(LANES)
+        .remainder()
+        .iter()
+        .map(|&v| term(v))
+        .sum();
     lanes.iter().sum::<f32>() + tail
 }
 
@@ -104,12 +129,15 @@ pub fn softmax_in_place(row: &mut [f32]) {
 /// bits as [`exp`]).
 fn exp_shifted_in_place(values: &mut [f32], shift: f32) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    let done = if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F was just detected.
-        unsafe { avx512::exp_shifted_in_place(values, shift) };
-        return;
-    }
-    for v in values.iter_mut() {
+        unsafe { avx512::exp_shifted_chunks(values, shift) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    for v in &mut values[done..] {
         *v = exp(*v - shift);
     }
 }
@@ -118,9 +146,9 @@ fn exp_shifted_in_place(values: &mut [f32], shift: f32) {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{exp, LANES};
+    use super::{EXP_MAX, EXP_MIN, EXP_POLYNOMIAL, LANES, LN2_HI, LN2_LO, SHIFTER};
 
-    /// [`exp`] of 16 values: the same operations in the same order, so the same bits (the
+    /// [`super::exp`] of 16 values: the same operations in the same order, so the same bits (the
     /// clamp's maximum and minimum take the value second, so that NaN passes through as in
     /// `f32::clamp`).
     ///
@@ -129,30 +157,23 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     unsafe fn exp16(x: __m512) -> __m512 {
         let splat = _mm512_set1_ps;
-        let x = _mm512_min_ps(splat(88.0), _mm512_max_ps(splat(-87.0), x));
+        let x = _mm512_min_ps(splat(EXP_MAX), _mm512_max_ps(splat(EXP_MIN), x));
         let n = _mm512_add_ps(
             _mm512_mul_ps(x, splat(std::f32::consts::LOG2_E)),
             splat(0.5),
         );
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(n);
-        let r = _mm512_sub_ps(x, _mm512_mul_ps(n, splat(0.693_359_4)));
-        let r = _mm512_sub_ps(r, _mm512_mul_ps(n, splat(-2.121_944_4e-4)));
-        let mut p = splat(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
+        let r = _mm512_sub_ps(x, _mm512_mul_ps(n, splat(LN2_HI)));
+        let r = _mm512_sub_ps(r, _mm512_mul_ps(n, splat(LN2_LO)));
+        let mut p = splat(EXP_POLYNOMIAL[0]);
+        for c in &EXP_POLYNOMIAL[1..] {
+            p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(*c));
         }
         let e_r = _mm512_add_ps(
             _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
             splat(1.0),
         );
         // 2ⁿ from the exponent bits, as `two_to_the` builds it.
-        const SHIFTER: f32 = 12_582_912.0;
         let n_bits = _mm512_sub_epi32(
             _mm512_castps_si512(_mm512_add_ps(n, splat(SHIFTER))),
             _mm512_set1_epi32(SHIFTER.to_bits() as i32),
@@ -180,24 +201,22 @@ mod avx512 {
         out
     }
 
-    /// `v = exp(v - shift)` for every value.
+    /// `v = exp(v - shift)` for the values of the whole chunks of 16; returns how many values
+    /// that is.
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn exp_shifted_in_place(values: &mut [f32], shift: f32) {
-        let splat_shift = _mm512_set1_ps(shift);
-        let mut chunks = values.chunks_exact_mut(LANES);
-        for chunk in &mut chunks {
+    pub(super) unsafe fn exp_shifted_chunks(values: &mut [f32], shift: f32) -> usize {
+        let shift = _mm512_set1_ps(shift);
+        for chunk in values.chunks_exact_mut(LANES) {
             // SAFETY: a chunk holds 16 values.
             unsafe {
                 let v = _mm512_loadu_ps(chunk.as_ptr());
-                _mm512_storeu_ps(chunk.as_mut_ptr(), exp16(_mm512_sub_ps(v, splat_shift)));
+                _mm512_storeu_ps(chunk.as_mut_ptr(), exp16(_mm512_sub_ps(v, shift)));
             }
         }
-        for v in chunks.into_remainder() {
-            *v = exp(*v - shift);
-        }
+        values.len() - values.len() % LANES
     }
 }
 

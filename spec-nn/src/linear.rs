@@ -127,13 +127,8 @@ fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> candle_core::Result<Vec
         );
     }
     let tokens = x.elem_count() / cols.max(1);
-    let mut outs: Vec<Vec<f32>> = matrices
-        .iter()
-        .map(|m| vec![0f32; tokens * m.rows()])
-        .collect();
-    with_cpu_values(&x.to_dtype(DType::F32)?, |values| {
-        let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-        QMatrix::matmul_many(matrices, values, tokens, &mut views).map_err(candle_core::Error::wrap)
+    let outs = with_cpu_values(&x.to_dtype(DType::F32)?, |values| {
+        kernel_values(matrices, values, tokens)
     })??;
     matrices
         .iter()
@@ -144,6 +139,22 @@ fn kernel_products(matrices: &[&QMatrix], x: &Tensor) -> candle_core::Result<Vec
             Tensor::from_vec(out, shape, &Device::Cpu)
         })
         .collect()
+}
+
+/// `x · Wᵢᵀ` for `tokens` input rows given as values (`[tokens, in]` row-major), each product
+/// written by one [`QMatrix::matmul_many`] into a buffer of its own (`[tokens, out]`).
+pub(crate) fn kernel_values(
+    matrices: &[&QMatrix],
+    x: &[f32],
+    tokens: usize,
+) -> candle_core::Result<Vec<Vec<f32>>> {
+    let mut outs: Vec<Vec<f32>> = matrices
+        .iter()
+        .map(|m| vec![0f32; tokens * m.rows()])
+        .collect();
+    let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    QMatrix::matmul_many(matrices, x, tokens, &mut views).map_err(candle_core::Error::wrap)?;
+    Ok(outs)
 }
 
 /// `f` of the values of an f32 CPU tensor, read where they lie (copied first only when the
@@ -208,13 +219,9 @@ impl Linear {
                 )),
             })
             .collect::<Result<Vec<&QMatrix>>>()?;
-        let mut outs: [Vec<f32>; N] =
-            std::array::from_fn(|i| vec![0f32; tokens * matrices[i].rows()]);
-        {
-            let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-            QMatrix::matmul_many(&matrices, x, tokens, &mut views)
-                .map_err(candle_core::Error::wrap)?;
-        }
+        let mut outs: [Vec<f32>; N] = kernel_values(&matrices, x, tokens)?
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one output per layer"));
         for (out, linear) in outs.iter_mut().zip(linears) {
             if let Some(bias) = &linear.bias {
                 with_cpu_values(bias, |bias| {

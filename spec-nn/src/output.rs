@@ -3,9 +3,8 @@
 
 use candle_core::{DType, Module, Tensor};
 use spec_core::Logits;
-use spec_kernels::QMatrix;
 
-use crate::linear::{with_cpu_values, QLinear};
+use crate::linear::{kernel_values, with_cpu_values, QLinear};
 use crate::norm::Norm;
 use crate::{Error, Result};
 
@@ -62,11 +61,11 @@ pub fn unembed_logits(output: &QLinear, hidden: &Tensor) -> Result<Logits> {
             expected: vec![rows, matrix.cols()],
         });
     }
-    let mut data = vec![0f32; rows * matrix.rows()];
-    with_cpu_values(&hidden.to_dtype(DType::F32)?, |values| {
-        QMatrix::matmul_many(&[matrix.as_ref()], values, rows, &mut [data.as_mut_slice()])
-            .map_err(candle_core::Error::wrap)
-    })??;
+    let [data] = with_cpu_values(&hidden.to_dtype(DType::F32)?, |values| {
+        kernel_values(&[matrix.as_ref()], values, rows)
+    })??
+    .try_into()
+    .unwrap_or_else(|_| unreachable!("one output for one matrix"));
     Ok(Logits::from_flat(data, matrix.rows())?)
 }
 
