@@ -58,11 +58,18 @@ struct Args {
     /// once per value.
     #[arg(long, value_delimiter = ',', default_values_t = [0.4, 0.7])]
     min_probability: Vec<f32>,
+    /// The first depths drafted whatever the heads' certainty in the `--min-probability` rows
+    /// (the gate applies to the deeper ones).
+    #[arg(long, default_value_t = 0)]
+    ungated_depths: usize,
     /// Also the chain of one with lookup chains of at most this many tokens merged in (copied
     /// from where the last two or three tokens occurred before in the prompt or answer), once
     /// per value.
     #[arg(long, value_delimiter = ',')]
     lookup: Vec<usize>,
+    /// The heads' chains the lookup chains are merged into, by depth.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    lookup_chains: Vec<usize>,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -82,8 +89,12 @@ fn main() -> Result<()> {
     } else {
         args.chains.clone()
     };
-    if let Some(&bad) = chains.iter().find(|&&d| d == 0 || d > count) {
-        bail!("--chains {bad}: a chain is 1 to {count} heads deep");
+    if let Some(&bad) = chains
+        .iter()
+        .chain(&args.lookup_chains)
+        .find(|&&d| d == 0 || d > count)
+    {
+        bail!("a chain of {bad} (--chains, --lookup-chains): chains are 1 to {count} heads deep");
     }
     let questions = match args.spread {
         true => mt_bench::spread(mt_bench::questions(&store)?, Some(args.questions)),
@@ -117,19 +128,27 @@ fn main() -> Result<()> {
         None,
     ));
     for &p in &args.min_probability {
+        let depths = match args.ungated_depths {
+            0 => "depths".to_string(),
+            n => format!("depths after the first {n}"),
+        };
         drafters.push((
-            format!("heads, chain of {count}, depths with p ≥ {p}"),
-            HeadsDrafter::new(&heads, HeadsTree::chain(count))?.with_min_probability(p)?,
+            format!("heads, chain of {count}, {depths} with p ≥ {p}"),
+            HeadsDrafter::new(&heads, HeadsTree::chain(count))?
+                .with_min_probability(p)?
+                .with_ungated_depths(args.ungated_depths),
             None,
         ));
     }
     for &max_draft in &args.lookup {
         heads_lookup(max_draft)?;
-        drafters.push((
-            format!("heads, chain of 1 + lookup ≤ {max_draft}"),
-            HeadsDrafter::new(&heads, HeadsTree::chain(1))?,
-            Some(max_draft),
-        ));
+        for &depth in &args.lookup_chains {
+            drafters.push((
+                format!("heads, chain of {depth} + lookup ≤ {max_draft}"),
+                HeadsDrafter::new(&heads, HeadsTree::chain(depth))?,
+                Some(max_draft),
+            ));
+        }
     }
     // Prompt by prompt, greedy decoding and then every drafter: this machine's speed drifts
     // from minute to minute, and each system meets the same minutes.
@@ -275,7 +294,7 @@ fn main() -> Result<()> {
     }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {}{} --tokens {} --chains {} --min-probability {}{}{}",
+            "cargo run --release -p engine-llm --example bench_heads_llm -- --model {} --heads {} --questions {}{} --tokens {} --chains {} --min-probability {}{}{}{}",
             args.model,
             args.heads,
             args.questions,
@@ -283,11 +302,21 @@ fn main() -> Result<()> {
             args.tokens,
             comma_separated(&chains),
             comma_separated(&args.min_probability),
+            match args.ungated_depths {
+                0 => String::new(),
+                n => format!(" --ungated-depths {n}"),
+            },
             if args.rows_on_demand { " --rows-on-demand" } else { "" },
             if args.lookup.is_empty() {
                 String::new()
-            } else {
+            } else if args.lookup_chains == [1] {
                 format!(" --lookup {}", comma_separated(&args.lookup))
+            } else {
+                format!(
+                    " --lookup {} --lookup-chains {}",
+                    comma_separated(&args.lookup),
+                    comma_separated(&args.lookup_chains)
+                )
             }
         ),
         tables,

@@ -215,6 +215,7 @@ pub struct HeadsDrafter<H> {
     tree: HeadsTree,
     widths: Vec<usize>,
     min_probability: f32,
+    ungated_depths: usize,
 }
 
 impl<H: TokenHeads> HeadsDrafter<H> {
@@ -234,6 +235,7 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             tree,
             widths,
             min_probability: 0.0,
+            ungated_depths: 0,
         })
     }
 
@@ -250,6 +252,15 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         }
         self.min_probability = probability;
         Ok(self)
+    }
+
+    /// Drafts the first `depths` depths whatever the heads' certainty, and gates only the
+    /// deeper ones by [`HeadsDrafter::with_min_probability`]: where a forward of a few tokens
+    /// costs what a one-token forward does, the first guesses are worth checking even when
+    /// unsure. 0 (the default) gates every depth.
+    pub fn with_ungated_depths(mut self, depths: usize) -> Self {
+        self.ungated_depths = depths;
+        self
     }
 
     /// The heads.
@@ -339,7 +350,7 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             };
             adjust(d, rows.row_mut(row));
             let row = rows.row(row);
-            if gated {
+            if gated && d >= self.ungated_depths {
                 // A row without a finite logit (NaN) is unsure too.
                 let sure = max_probability(row);
                 if sure.is_nan() || sure < self.min_probability {
@@ -856,6 +867,20 @@ mod tests {
         assert_eq!(depth_at(sure[0] + 1e-6), 0);
         let expected = sure.iter().take_while(|&&p| p >= sure[0]).count();
         assert_eq!(depth_at(sure[0]), expected);
+        // Ungated depths are drafted however unsure; the gate applies from the next one.
+        let ungated_depth_at = |p: f32, ungated: usize| {
+            let tree = drafter(p)
+                .unwrap()
+                .with_ungated_depths(ungated)
+                .draft(&state, 5, 3, &mut |_, _| {})
+                .unwrap();
+            (0..tree.len()).map(|i| tree.depth(i)).max().unwrap()
+        };
+        assert_eq!(ungated_depth_at(1.0, 1), 1);
+        assert_eq!(ungated_depth_at(1.0, 2), 2);
+        assert_eq!(ungated_depth_at(1.0, 5), 3);
+        assert_eq!(ungated_depth_at(0.0, 1), 3);
+        assert_eq!(ungated_depth_at(sure[1] + 1e-6, 1), 1);
         // A first head without a finite logit (all −∞, or a NaN) drafts nothing.
         for unsure in [f32::NEG_INFINITY, f32::NAN] {
             let tree = drafter(0.1)
@@ -935,8 +960,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// Greedy acceptance reproduces greedy decoding for any head count, tree shape, head
-        /// quality, least drafting probability and context, with or without a lookup
-        /// companion.
+        /// quality, least drafting probability (from any depth) and context, with or without a
+        /// lookup companion.
         #[test]
         fn greedy_heads_decoding_is_lossless(
             seed in 0u64..1000,
@@ -948,6 +973,7 @@ mod tests {
             output in 0usize..3,
             chained: bool,
             min_probability in prop_oneof![Just(0.0f32), 0.0f32..1.0],
+            ungated_depths in 0usize..3,
             lookup: bool,
         ) {
             let config = MockConfig::target(40, seed);
@@ -964,7 +990,8 @@ mod tests {
             let drafter = HeadsDrafter::new(&guesses, HeadsTree::branching(depth, width))
                 .unwrap()
                 .with_min_probability(min_probability)
-                .unwrap();
+                .unwrap()
+                .with_ungated_depths(ungated_depths);
             let stop = StopConditions::new(max_new).with_eos([7]);
             let mut target = MockDecoder::new(config.clone());
             // A lookup companion that copies from the context (and, with n-grams of one token,

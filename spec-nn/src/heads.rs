@@ -1090,6 +1090,15 @@ pub fn train(
             config.batch_size
         )));
     }
+    if let Some(bad) = config
+        .loss_weights
+        .iter()
+        .find(|w| !w.is_finite() || **w <= 0.0)
+    {
+        return Err(Error::Config(format!(
+            "a head's loss weight must be finite and positive, not {bad}"
+        )));
+    }
     if config.feature_weight < 0.0 || !config.feature_weight.is_finite() {
         return Err(Error::Config(format!(
             "a feature loss weight must be finite and not negative, not {}",
@@ -1472,6 +1481,11 @@ pub mod cli {
         /// Learn the model's whole distribution for each target, not only its token.
         #[arg(long)]
         pub soft_targets: bool,
+        /// λ_k of the loss Σ_k λ_k · CE_k, one per head [default: 0.2 each, the paper's]. Chained
+        /// heads pass their state on, so a deeper head's loss also trains the heads before it;
+        /// smaller weights for the deeper heads keep the first head's accuracy.
+        #[arg(long, value_delimiter = ',')]
+        pub loss_weights: Vec<f32>,
         #[arg(long, default_value_t = 0)]
         pub seed: u64,
         /// Output folder [default: $SPECVOICE_MODELS/heads/MODEL-KIND-COUNT].
@@ -1498,6 +1512,9 @@ pub mod cli {
             config.weight_decay = self.weight_decay;
             config.feature_weight = self.feature_weight;
             config.soft_targets = self.soft_targets;
+            if !self.loss_weights.is_empty() {
+                config.loss_weights = self.loss_weights.clone();
+            }
             if let Some(lr) = self.learning_rate {
                 config.learning_rate = lr;
             }
@@ -1756,6 +1773,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn loss_weights_must_be_finite_and_positive() {
+        let data = self_consistent_cycle_task(16, 4, 8);
+        let unembedding = Tensor::eye(16, DType::F32, &Device::Cpu).unwrap();
+        for weights in [vec![0.2, 0.0], vec![0.2, -0.1], vec![f32::NAN, 0.2]] {
+            let mut config = TrainConfig::new(HeadKind::Chained, 2);
+            config.loss_weights = weights;
+            let error = train(&data, &unembedding, &config, &mut |_| {})
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(error.contains("finite and positive"), "{error}");
+        }
+        let mut config = TrainConfig::new(HeadKind::Chained, 2);
+        config.epochs = 1;
+        config.loss_weights = vec![0.2, 0.05];
+        assert!(train(&data, &unembedding, &config, &mut |_| {}).is_ok());
+    }
+
     /// The model's next token is a coin toss its state does not tell, and the token after it
     /// follows from that one: only heads that read the next token can guess the one after.
     #[test]
@@ -1889,6 +1925,12 @@ mod tests {
         let parse = |args: &[&str]| Cli::try_parse_from(["train"].iter().chain(args));
         assert!(parse(&["--variant", "quick", "--out", "/tmp/heads"]).is_err());
         let cli = parse(&["--kind", "chained", "--heads", "1", "--epochs", "1"]).unwrap();
+        assert_eq!(cli.training.config().loss_weights, vec![0.2]);
+        let weighted = parse(&["--heads", "3", "--loss-weights", "0.2,0.1,0.05"]).unwrap();
+        assert_eq!(
+            weighted.training.config().loss_weights,
+            vec![0.2, 0.1, 0.05]
+        );
         let named = parse(&[
             "--kind",
             "chained",
