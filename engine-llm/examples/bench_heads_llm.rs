@@ -62,12 +62,13 @@ struct Args {
     /// (the gate applies to the deeper ones).
     #[arg(long, default_value_t = 0)]
     ungated_depths: usize,
-    /// Also the chain of one with lookup chains of at most this many tokens merged in (copied
-    /// from where the last two or three tokens occurred before in the prompt or answer), once
-    /// per value.
+    /// Also the chains of `--lookup-chains` with lookup chains of at most this many tokens
+    /// merged in (copied from where the last two or three tokens occurred before in the prompt
+    /// or answer), once per value.
     #[arg(long, value_delimiter = ',')]
     lookup: Vec<usize>,
-    /// The heads' chains the lookup chains are merged into, by depth.
+    /// The heads' chains the lookup chains are merged into, by depth (by default the chain of
+    /// one).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     lookup_chains: Vec<usize>,
     #[arg(long)]

@@ -290,7 +290,8 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         // Ungated independent heads: every head the tree uses in one call. Gated, one head at a
         // time, so an unsure head spares the cost of those after it; heads that read guesses
         // are asked one at a time anyway, each after its parent's first candidate.
-        let rows = match self.min_probability > 0.0 || self.heads.reads_guesses() {
+        let gated = self.min_probability > 0.0 && depth > self.ungated_depths;
+        let rows = match gated || self.heads.reads_guesses() {
             true => HeadRows::Ask(hidden.clone()),
             false => HeadRows::Given(self.predict_checked(hidden, 0..depth)?),
         };
