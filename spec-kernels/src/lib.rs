@@ -484,9 +484,10 @@ pub fn beyond_caches(floor: usize) -> usize {
 }
 
 /// This machine's memory read bandwidth in GB/s with `threads` threads (best of twenty sums
-/// over a buffer of at least 512 MiB and four times the last-level cache, held and read the
-/// way the kernels hold and read weights): the limit of one-token decoding, which reads every
-/// weight once.
+/// over a buffer of at least 512 MiB and four times the last-level cache, held the way the
+/// kernels hold weights; every other sum asks for its lines ahead as the kernels do, the rest
+/// leave that to the hardware, and the faster of the two ways counts): the limit of one-token
+/// decoding, which reads every weight once.
 pub fn read_bandwidth_gbs(threads: usize) -> f64 {
     let threads = threads.max(1);
     // In the buffer the weights live in, so that it reads through the same pages (zeroed by
@@ -497,12 +498,13 @@ pub fn read_bandwidth_gbs(threads: usize) -> f64 {
     let (_, buffer, _) = unsafe { bytes.as_slice().align_to::<u64>() };
     let words = buffer.len();
     let mut best = 0f64;
-    for _ in 0..20 {
+    for round in 0..20 {
+        let prefetch = round % 2 == 0;
         let started = std::time::Instant::now();
         let total = std::thread::scope(|s| {
             let handles: Vec<_> = buffer
                 .chunks(words.div_ceil(threads))
-                .map(|part| s.spawn(move || sum_words(part)))
+                .map(|part| s.spawn(move || sum_words(part, prefetch)))
                 .collect();
             handles
                 .into_iter()
@@ -515,12 +517,15 @@ pub fn read_bandwidth_gbs(threads: usize) -> f64 {
     best
 }
 
-/// The wrapping sum of `words` (the memory probe's read).
-fn sum_words(words: &[u64]) -> u64 {
+/// The wrapping sum of `words` (the memory probe's read), `prefetch` as [`x86::sum_words`]'s.
+fn sum_words(words: &[u64], prefetch: bool) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    return x86::sum_words(words);
+    return x86::sum_words(words, prefetch);
     #[cfg(not(target_arch = "x86_64"))]
-    words.iter().fold(0, |a, &x| a.wrapping_add(x))
+    {
+        let _ = prefetch;
+        words.iter().fold(0, |a, &x| a.wrapping_add(x))
+    }
 }
 
 /// What a thread that calls the kernels reuses from one matmul to the next: the task list, the

@@ -237,10 +237,14 @@ impl Tiles {
         tiles.clear();
         let mut first = 0;
         for size in tiling.sizes(tokens) {
-            let ahead = if first == 0 {
+            let bytes = if first == 0 {
                 PREFETCH_AHEAD
             } else {
                 panel_bytes
+            };
+            let ahead = Ahead {
+                bytes,
+                into: prefetch_into(),
             };
             tiles.push(Tile::new(acts, first, size, ahead));
             first += size;
@@ -284,27 +288,42 @@ impl Tiles {
     }
 }
 
-/// The wrapping sum of `words`, read as the kernels read weights: 256-bit loads into eight
-/// independent sums, lines asked for [`PREFETCH_AHEAD`] bytes ahead (the memory probe;
-/// a plain loop keeps fewer reads in flight and measures less than the kernels reach).
-pub(crate) fn sum_words(words: &[u64]) -> u64 {
+/// The wrapping sum of `words` (the memory probe): 256-bit loads into eight independent sums,
+/// with `prefetch` lines asked for [`PREFETCH_AHEAD`] bytes ahead into the kernels' cache level
+/// as the kernels ask for weights, else left to the hardware prefetcher. Which reads faster
+/// depends on the machine: a plain loop kept fewer reads in flight than the kernels reached on
+/// a Zen 5; on a Xeon with AMX, whose hardware prefetcher runs far ahead in huge pages, the
+/// plain read took 33.5–37.6 GB/s and the prefetching one 28.0–28.9.
+pub(crate) fn sum_words(words: &[u64], prefetch: bool) -> u64 {
     if is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was just detected.
-        unsafe { sum_words_avx2(words) }
+        unsafe {
+            if prefetch {
+                sum_words_avx2::<true>(words)
+            } else {
+                sum_words_avx2::<false>(words)
+            }
+        }
     } else {
         words.iter().fold(0, |a, &x| a.wrapping_add(x))
     }
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn sum_words_avx2(words: &[u64]) -> u64 {
+unsafe fn sum_words_avx2<const PREFETCH: bool>(words: &[u64]) -> u64 {
     const STEP: usize = 32;
+    let ahead = Ahead {
+        bytes: PREFETCH_AHEAD,
+        into: prefetch_into(),
+    };
     let mut sums = [_mm256_setzero_si256(); 8];
     let mut steps = words.chunks_exact(STEP);
     for step in &mut steps {
         let p = step.as_ptr() as *const u8;
-        for line in 0..4 {
-            prefetch_at(p.add(64 * line), PREFETCH_AHEAD);
+        if PREFETCH {
+            for line in 0..4 {
+                prefetch_at(p.add(64 * line), ahead);
+            }
         }
         for (k, sum) in sums.iter_mut().enumerate() {
             *sum = _mm256_add_epi64(*sum, _mm256_loadu_si256(p.add(32 * k) as *const __m256i));
@@ -376,7 +395,7 @@ struct Tile {
     /// How far ahead of a chunk its kernel prefetches: the first tile streams the panel from
     /// memory ([`PREFETCH_AHEAD`]); later ones, which find it in the cache, fetch the next
     /// panel (a panel's length ahead), so that memory is not idle while they run.
-    ahead: usize,
+    ahead: Ahead,
     quants: [*const i8; MAX_TILE],
     scales: [*const f32; MAX_TILE],
     group_sums: [*const i16; MAX_TILE],
@@ -384,7 +403,7 @@ struct Tile {
 }
 
 impl Tile {
-    fn new(acts: &QuantizedTokens, first: usize, size: usize, ahead: usize) -> Self {
+    fn new(acts: &QuantizedTokens, first: usize, size: usize, ahead: Ahead) -> Self {
         assert!(size <= MAX_TILE, "a tile of {size} tokens");
         let token = |t: usize| first + t.min(size - 1);
         Self {
@@ -413,14 +432,71 @@ impl Tile {
 /// times Q4_K read 66.5 GB/s at 4 KiB, 68.2 at 5 KiB, 69.2 at 6 KiB, 69.0 at 8 KiB and 64.5 at
 /// 12 KiB (Q6_K 70.2 at 4 KiB, 73.2 at 6 KiB); at the slow ones 50.3 at 4 KiB and 49.4 at
 /// 6 KiB. Prefetching into L2 instead (`T1`, 4–16 KiB), or into L1 and L2 at two distances,
-/// was slower at both speeds.
+/// was slower at both speeds there, but not on Intel's cores ([`prefetch_into_for`]), where
+/// `T1` read as fast at 4, 6 and 8 KiB.
 const PREFETCH_AHEAD: usize = 6144;
 
-/// Asks for the cache line `ahead` bytes after `chunk` (past the end of the weights it is a
+/// The cache level the kernels' prefetches fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PrefetchInto {
+    /// `prefetcht0`: L1 and the levels below it.
+    L1,
+    /// `prefetcht1`: L2 and the levels below it.
+    L2,
+}
+
+/// Where this machine's kernels prefetch into: `SPECVOICE_PREFETCH` (`l1` or `l2`) when set to
+/// one of those, else by the CPU's maker (decided once).
+pub(crate) fn prefetch_into() -> PrefetchInto {
+    static INTO: std::sync::OnceLock<PrefetchInto> = std::sync::OnceLock::new();
+    *INTO.get_or_init(|| {
+        let chosen = std::env::var("SPECVOICE_PREFETCH").ok();
+        prefetch_into_for(chosen.as_deref(), &cpu_vendor())
+    })
+}
+
+/// The prefetch level for a `SPECVOICE_PREFETCH` value (anything but `l1` or `l2` is ignored)
+/// and a CPU vendor string. Intel's cores fill more lines at once into L2 than into L1: on a
+/// Xeon with AVX-512 and AMX (2 cores of a KVM guest), a one-token product of 8960 × 1536
+/// cycled from memory read 27.8–29.7 GB/s (Q4_K) and 29.5–30.7 (Q6_K) with `prefetcht1`,
+/// against 25.9–26.3 and 28.1–29.2 with `prefetcht0` (6 KiB ahead, three rounds alternated),
+/// and the 1.5B's one-token forward took 34.4–35.8 ms against 39.3–39.9. On a
+/// Zen 5 machine prefetching into L2 was slower at every distance tried, so other CPUs keep L1.
+fn prefetch_into_for(chosen: Option<&str>, vendor: &[u8; 12]) -> PrefetchInto {
+    match chosen {
+        Some("l1") => PrefetchInto::L1,
+        Some("l2") => PrefetchInto::L2,
+        _ if vendor == b"GenuineIntel" => PrefetchInto::L2,
+        _ => PrefetchInto::L1,
+    }
+}
+
+/// The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, ...).
+fn cpu_vendor() -> [u8; 12] {
+    let id = __cpuid(0);
+    let mut vendor = [0u8; 12];
+    for (part, word) in vendor.chunks_exact_mut(4).zip([id.ebx, id.edx, id.ecx]) {
+        part.copy_from_slice(&word.to_le_bytes());
+    }
+    vendor
+}
+
+/// Where and how far ahead a kernel asks for weights.
+#[derive(Clone, Copy, Debug)]
+struct Ahead {
+    bytes: usize,
+    into: PrefetchInto,
+}
+
+/// Asks for the cache line `ahead.bytes` after `chunk` (past the end of the weights it is a
 /// no-op: a prefetch never faults, and the address is only computed, not dereferenced).
 #[inline(always)]
-unsafe fn prefetch_at(chunk: *const u8, ahead: usize) {
-    _mm_prefetch::<_MM_HINT_T0>(chunk.wrapping_add(ahead) as *const i8);
+unsafe fn prefetch_at(chunk: *const u8, ahead: Ahead) {
+    let line = chunk.wrapping_add(ahead.bytes) as *const i8;
+    match ahead.into {
+        PrefetchInto::L1 => _mm_prefetch::<_MM_HINT_T0>(line),
+        PrefetchInto::L2 => _mm_prefetch::<_MM_HINT_T1>(line),
+    }
 }
 
 /// Asks for the lines of the panel block at `block` that hold no chunk's first byte (scales,
@@ -429,7 +505,7 @@ unsafe fn prefetch_at(chunk: *const u8, ahead: usize) {
 /// prefetcher. A one-token Q4_K product of 8960 × 1536 cycled from memory read 48 GB/s
 /// against 46 without them, while the memory probe read 52 (2 threads, binaries alternated).
 #[inline(always)]
-unsafe fn prefetch_fields(format: Format, block: *const u8, ahead: usize) {
+unsafe fn prefetch_fields(format: Format, block: *const u8, ahead: Ahead) {
     for line in (0..chunk_at(format, 0)).step_by(64) {
         prefetch_at(block.add(line), ahead);
     }
@@ -1203,8 +1279,21 @@ mod tests {
             .collect();
         for len in [0, 1, 31, 32, 33, 999, 1000] {
             let expected = words[..len].iter().fold(0u64, |a, &x| a.wrapping_add(x));
-            assert_eq!(sum_words(&words[..len]), expected, "{len} words");
+            for prefetch in [false, true] {
+                assert_eq!(sum_words(&words[..len], prefetch), expected, "{len} words");
+            }
         }
+    }
+
+    #[test]
+    fn intel_cpus_prefetch_into_l2_unless_told_otherwise() {
+        let (intel, amd) = (b"GenuineIntel", b"AuthenticAMD");
+        assert_eq!(prefetch_into_for(None, intel), PrefetchInto::L2);
+        assert_eq!(prefetch_into_for(None, amd), PrefetchInto::L1);
+        assert_eq!(prefetch_into_for(Some("l1"), intel), PrefetchInto::L1);
+        assert_eq!(prefetch_into_for(Some("l2"), amd), PrefetchInto::L2);
+        assert_eq!(prefetch_into_for(Some("L3"), amd), PrefetchInto::L1);
+        assert!(cpu_vendor().iter().all(u8::is_ascii));
     }
 
     #[test]
