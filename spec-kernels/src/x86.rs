@@ -438,7 +438,7 @@ const PREFETCH_AHEAD: usize = 6144;
 
 /// The cache level the kernels' prefetches fill.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PrefetchInto {
+enum PrefetchInto {
     /// `prefetcht0`: L1 and the levels below it.
     L1,
     /// `prefetcht1`: L2 and the levels below it.
@@ -447,7 +447,7 @@ pub(crate) enum PrefetchInto {
 
 /// Where this machine's kernels prefetch into: `SPECVOICE_PREFETCH` (`l1` or `l2`) when set to
 /// one of those, else by the CPU's maker (decided once).
-pub(crate) fn prefetch_into() -> PrefetchInto {
+fn prefetch_into() -> PrefetchInto {
     static INTO: std::sync::OnceLock<PrefetchInto> = std::sync::OnceLock::new();
     *INTO.get_or_init(|| {
         let chosen = std::env::var("SPECVOICE_PREFETCH").ok();
