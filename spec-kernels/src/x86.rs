@@ -236,16 +236,14 @@ impl Tiles {
         let mut tiles = TILE_ROOM.take();
         tiles.clear();
         let mut first = 0;
+        let into = prefetch_into();
         for size in tiling.sizes(tokens) {
             let bytes = if first == 0 {
                 PREFETCH_AHEAD
             } else {
                 panel_bytes
             };
-            let ahead = Ahead {
-                bytes,
-                into: prefetch_into(),
-            };
+            let ahead = Ahead { bytes, into };
             tiles.push(Tile::new(acts, first, size, ahead));
             first += size;
         }
