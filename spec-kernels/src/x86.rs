@@ -109,8 +109,9 @@ compiled_with! {
     ) {
         let tiling = Tiling::of(format, Isa::Avx512Vnni);
         let tiles = Tiles::new(format, rows, acts, out.tokens(), tiling);
-        for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
-            tiles.panel::<Zmm>(panel, p, out);
+        match tiles.into {
+            PrefetchInto::L1 => tiles.panels::<Zmm, IntoL1>(panels, out),
+            PrefetchInto::L2 => tiles.panels::<Zmm, IntoL2>(panels, out),
         }
     }
 }
@@ -126,23 +127,32 @@ compiled_with! {
         out: &TaskOut,
     ) {
         let tiles = Tiles::new(format, rows, acts, out.tokens(), Tiling::of(format, Isa::Avx2));
-        // Both halves of a panel one after the other, while it is in the cache: the weights
-        // are read from memory once.
-        for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
-            if tiles.tokens <= 4 || format != Format::Q5_0 {
-                // Both halves in one pass, for every tile of tokens: the first tile streams the
-                // weights from memory all the time (a second pass over a panel in the cache
-                // left the memory idle for its duration), and the later tiles share each
-                // load and unpacking of a chunk between both halves. With 2 threads on the
-                // 8960 × 1536 matrix this took 24 % off 5 tokens and 12 % off 16 for Q4_K
-                // against one pass per half, and as much for Q6_K, Q4_1 and Q8_0. Q5_0's fifth
-                // bits take the registers that two halves of a tile's sums would need: its
-                // batches beyond one tile go half by half (the single pass was 10–30 % slower).
-                tiles.panel::<YmmPair>(panel, p, out);
-            } else {
-                tiles.panel::<Ymm<0>>(panel, p, out);
-                tiles.panel::<Ymm<1>>(panel, p, out);
-            }
+        match tiles.into {
+            PrefetchInto::L1 => panels_in_halves::<IntoL1>(&tiles, panels, out),
+            PrefetchInto::L2 => panels_in_halves::<IntoL2>(&tiles, panels, out),
+        }
+    }
+}
+
+/// [`panels_avx2`]'s passes, whose registers hold half a panel's rows.
+#[inline(always)]
+unsafe fn panels_in_halves<P: Prefetch>(tiles: &Tiles, panels: &[u8], out: &TaskOut) {
+    // Both halves of a panel one after the other, while it is in the cache: the weights are
+    // read from memory once.
+    for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
+        if tiles.tokens <= 4 || tiles.format != Format::Q5_0 {
+            // Both halves in one pass, for every tile of tokens: the first tile streams the
+            // weights from memory all the time (a second pass over a panel in the cache
+            // left the memory idle for its duration), and the later tiles share each
+            // load and unpacking of a chunk between both halves. With 2 threads on the
+            // 8960 × 1536 matrix this took 24 % off 5 tokens and 12 % off 16 for Q4_K
+            // against one pass per half, and as much for Q6_K, Q4_1 and Q8_0. Q5_0's fifth
+            // bits take the registers that two halves of a tile's sums would need: its
+            // batches beyond one tile go half by half (the single pass was 10–30 % slower).
+            tiles.panel::<YmmPair, P>(panel, p, out);
+        } else {
+            tiles.panel::<Ymm<0>, P>(panel, p, out);
+            tiles.panel::<Ymm<1>, P>(panel, p, out);
         }
     }
 }
@@ -205,6 +215,8 @@ struct Tiles {
     tokens: usize,
     blocks: usize,
     panel_bytes: usize,
+    /// The cache level the kernels prefetch into (read once per product).
+    into: PrefetchInto,
     /// Taken from the thread's [`TILE_ROOM`] and given back on drop.
     tiles: Vec<Tile>,
 }
@@ -236,14 +248,12 @@ impl Tiles {
         let mut tiles = TILE_ROOM.take();
         tiles.clear();
         let mut first = 0;
-        let into = prefetch_into();
         for size in tiling.sizes(tokens) {
-            let bytes = if first == 0 {
+            let ahead = if first == 0 {
                 PREFETCH_AHEAD
             } else {
                 panel_bytes
             };
-            let ahead = Ahead { bytes, into };
             tiles.push(Tile::new(acts, first, size, ahead));
             first += size;
         }
@@ -253,13 +263,22 @@ impl Tiles {
             tokens,
             blocks,
             panel_bytes,
+            into: prefetch_into(),
             tiles,
+        }
+    }
+
+    /// Every panel of `panels`, each with its rows in one register.
+    #[inline(always)]
+    unsafe fn panels<R: Rows, P: Prefetch>(&self, panels: &[u8], out: &TaskOut) {
+        for (p, panel) in panels.chunks_exact(self.panel_bytes).enumerate() {
+            self.panel::<R, P>(panel, p, out);
         }
     }
 
     /// Panel `p`'s rows that `R` covers against every token.
     #[inline(always)]
-    unsafe fn panel<R: Rows>(&self, panel: &[u8], p: usize, out: &TaskOut) {
+    unsafe fn panel<R: Rows, P: Prefetch>(&self, panel: &[u8], p: usize, out: &TaskOut) {
         let (format, blocks) = (self.format, self.blocks);
         let first_row = p * PANEL_ROWS + R::FIRST_ROW;
         let here = self.rows.saturating_sub(first_row).min(R::LANES);
@@ -271,7 +290,7 @@ impl Tiles {
                 ($($size:literal)|+) => {
                     match tile.size {
                         $($size => write::<R, $size>(
-                            kernel::<R, $size>(format, panel, blocks, tile),
+                            kernel::<R, P, $size>(format, panel, blocks, tile),
                             out,
                             first_row..first_row + here,
                             tile.first,
@@ -296,10 +315,10 @@ pub(crate) fn sum_words(words: &[u64], prefetch: bool) -> u64 {
     if is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was just detected.
         unsafe {
-            if prefetch {
-                sum_words_avx2::<true>(words)
-            } else {
-                sum_words_avx2::<false>(words)
+            match (prefetch, prefetch_into()) {
+                (false, _) => sum_words_avx2::<HardwareOnly>(words),
+                (true, PrefetchInto::L1) => sum_words_avx2::<IntoL1>(words),
+                (true, PrefetchInto::L2) => sum_words_avx2::<IntoL2>(words),
             }
         }
     } else {
@@ -308,20 +327,14 @@ pub(crate) fn sum_words(words: &[u64], prefetch: bool) -> u64 {
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn sum_words_avx2<const PREFETCH: bool>(words: &[u64]) -> u64 {
+unsafe fn sum_words_avx2<P: Prefetch>(words: &[u64]) -> u64 {
     const STEP: usize = 32;
-    let ahead = Ahead {
-        bytes: PREFETCH_AHEAD,
-        into: prefetch_into(),
-    };
     let mut sums = [_mm256_setzero_si256(); 8];
     let mut steps = words.chunks_exact(STEP);
     for step in &mut steps {
         let p = step.as_ptr() as *const u8;
-        if PREFETCH {
-            for line in 0..4 {
-                prefetch_at(p.add(64 * line), ahead);
-            }
+        for line in 0..4 {
+            prefetch_at::<P>(p.add(64 * line), PREFETCH_AHEAD);
         }
         for (k, sum) in sums.iter_mut().enumerate() {
             *sum = _mm256_add_epi64(*sum, _mm256_loadu_si256(p.add(32 * k) as *const __m256i));
@@ -364,20 +377,20 @@ unsafe fn write<R: Rows, const TILE: usize>(
 }
 
 #[inline(always)]
-unsafe fn kernel<R: Rows, const TILE: usize>(
+unsafe fn kernel<R: Rows, P: Prefetch, const TILE: usize>(
     format: Format,
     panel: &[u8],
     blocks: usize,
     tokens: &Tile,
 ) -> [R::F; TILE] {
     match format {
-        Format::Q4K => q4k_kernel::<R, TILE>(panel, blocks, tokens),
-        Format::Q6K => q6k_kernel::<R, TILE>(panel, blocks, tokens),
-        Format::Q8_0 => q8_0_kernel::<R, TILE>(panel, blocks, tokens),
+        Format::Q4K => q4k_kernel::<R, P, TILE>(panel, blocks, tokens),
+        Format::Q6K => q6k_kernel::<R, P, TILE>(panel, blocks, tokens),
+        Format::Q8_0 => q8_0_kernel::<R, P, TILE>(panel, blocks, tokens),
         // A constant format in each arm: inlined, each gets its own loop.
-        Format::Q4_0 => nibbles_kernel::<R, TILE>(Format::Q4_0, panel, blocks, tokens),
-        Format::Q4_1 => nibbles_kernel::<R, TILE>(Format::Q4_1, panel, blocks, tokens),
-        Format::Q5_0 => nibbles_kernel::<R, TILE>(Format::Q5_0, panel, blocks, tokens),
+        Format::Q4_0 => nibbles_kernel::<R, P, TILE>(Format::Q4_0, panel, blocks, tokens),
+        Format::Q4_1 => nibbles_kernel::<R, P, TILE>(Format::Q4_1, panel, blocks, tokens),
+        Format::Q5_0 => nibbles_kernel::<R, P, TILE>(Format::Q5_0, panel, blocks, tokens),
     }
 }
 
@@ -393,7 +406,7 @@ struct Tile {
     /// How far ahead of a chunk its kernel prefetches: the first tile streams the panel from
     /// memory ([`PREFETCH_AHEAD`]); later ones, which find it in the cache, fetch the next
     /// panel (a panel's length ahead), so that memory is not idle while they run.
-    ahead: Ahead,
+    ahead: usize,
     quants: [*const i8; MAX_TILE],
     scales: [*const f32; MAX_TILE],
     group_sums: [*const i16; MAX_TILE],
@@ -401,7 +414,7 @@ struct Tile {
 }
 
 impl Tile {
-    fn new(acts: &QuantizedTokens, first: usize, size: usize, ahead: Ahead) -> Self {
+    fn new(acts: &QuantizedTokens, first: usize, size: usize, ahead: usize) -> Self {
         assert!(size <= MAX_TILE, "a tile of {size} tokens");
         let token = |t: usize| first + t.min(size - 1);
         Self {
@@ -479,22 +492,53 @@ fn cpu_vendor() -> [u8; 12] {
     vendor
 }
 
-/// Where and how far ahead a kernel asks for weights.
-#[derive(Clone, Copy, Debug)]
-struct Ahead {
-    bytes: usize,
-    into: PrefetchInto,
+/// A cache level to prefetch into, as a type: the kernels are compiled once per level, and
+/// the level is chosen once per product. Chosen inside the loops (a branch at every prefetch),
+/// it let the compiler gather a group's prefetches into one burst ahead of their loads, and a
+/// C loop of the kernels' shape read 16 % slower from memory with its prefetches batched that
+/// way. On the Xeon with AMX, typed levels made one-token products of 8960 × 1536 from memory
+/// 0–5 % faster in Q4_K and 7–15 % in Q6_K, 3–7 % slower in Q8_0 (2 threads, binaries
+/// alternated three times), and one-token forwards after 128 cached tokens 7–9 % shorter for
+/// the Qwen 1.5B, 2–5 % for the 0.5B and 1–8 % for SmolLM2. The price: the kernels compile
+/// twice (a release build of this crate took about a minute longer).
+trait Prefetch {
+    /// Asks for the cache line at `line`.
+    unsafe fn line(line: *const i8);
 }
 
-/// Asks for the cache line `ahead.bytes` after `chunk` (past the end of the weights it is a
+/// `prefetcht0`.
+struct IntoL1;
+
+/// `prefetcht1`.
+struct IntoL2;
+
+/// No software prefetch: the hardware prefetcher alone (the memory probe's plain read).
+struct HardwareOnly;
+
+impl Prefetch for IntoL1 {
+    #[inline(always)]
+    unsafe fn line(line: *const i8) {
+        _mm_prefetch::<_MM_HINT_T0>(line);
+    }
+}
+
+impl Prefetch for IntoL2 {
+    #[inline(always)]
+    unsafe fn line(line: *const i8) {
+        _mm_prefetch::<_MM_HINT_T1>(line);
+    }
+}
+
+impl Prefetch for HardwareOnly {
+    #[inline(always)]
+    unsafe fn line(_: *const i8) {}
+}
+
+/// Asks for the cache line `ahead` bytes after `chunk` (past the end of the weights it is a
 /// no-op: a prefetch never faults, and the address is only computed, not dereferenced).
 #[inline(always)]
-unsafe fn prefetch_at(chunk: *const u8, ahead: Ahead) {
-    let line = chunk.wrapping_add(ahead.bytes) as *const i8;
-    match ahead.into {
-        PrefetchInto::L1 => _mm_prefetch::<_MM_HINT_T0>(line),
-        PrefetchInto::L2 => _mm_prefetch::<_MM_HINT_T1>(line),
-    }
+unsafe fn prefetch_at<P: Prefetch>(chunk: *const u8, ahead: usize) {
+    P::line(chunk.wrapping_add(ahead) as *const i8);
 }
 
 /// Asks for the lines of the panel block at `block` that hold no chunk's first byte (scales,
@@ -503,18 +547,18 @@ unsafe fn prefetch_at(chunk: *const u8, ahead: Ahead) {
 /// prefetcher. A one-token Q4_K product of 8960 × 1536 cycled from memory read 48 GB/s
 /// against 46 without them, while the memory probe read 52 (2 threads, binaries alternated).
 #[inline(always)]
-unsafe fn prefetch_fields(format: Format, block: *const u8, ahead: Ahead) {
+unsafe fn prefetch_fields<P: Prefetch>(format: Format, block: *const u8, ahead: usize) {
     for line in (0..chunk_at(format, 0)).step_by(64) {
-        prefetch_at(block.add(line), ahead);
+        prefetch_at::<P>(block.add(line), ahead);
     }
     if format == Format::Q6K {
         // Its scales d close the block; its high bit pairs lie between the chunks.
-        prefetch_at(block.add(q6k::D), ahead);
+        prefetch_at::<P>(block.add(q6k::D), ahead);
     }
 }
 
 #[inline(always)]
-unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
+unsafe fn q4k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
     tokens: &Tile,
@@ -522,7 +566,7 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * q4k::BYTES);
-        prefetch_fields(Format::Q4K, p, tokens.ahead);
+        prefetch_fields::<P>(Format::Q4K, p, tokens.ahead);
         let pairs: [R::I; 4] = std::array::from_fn(|i| R::u8_pairs(p.add(q4k::MINS + 32 * i)));
         let (d, dmin) = (R::f16s(p.add(q4k::D)), R::f16s(p.add(q4k::DMIN)));
         let mut total = [R::zero_i(); TILE];
@@ -534,7 +578,7 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 4 * j..4 * j + 4 {
-                prefetch_at(p.add(chunk_at(Format::Q4K, chunk)), tokens.ahead);
+                prefetch_at::<P>(p.add(chunk_at(Format::Q4K, chunk)), tokens.ahead);
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q4K, chunk)));
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
@@ -568,7 +612,7 @@ unsafe fn q4k_kernel<R: Rows, const TILE: usize>(
 }
 
 #[inline(always)]
-unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
+unsafe fn q6k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
     tokens: &Tile,
@@ -576,7 +620,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * q6k::BYTES);
-        prefetch_fields(Format::Q6K, p, tokens.ahead);
+        prefetch_fields::<P>(Format::Q6K, p, tokens.ahead);
         let mut total = [R::zero_i(); TILE];
         for j in 0..16 {
             // Two chunks' products of 6-bit quants in each narrow sum, the most AVX2's holds:
@@ -586,7 +630,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 2 * j..2 * j + 2 {
-                prefetch_at(p.add(chunk_at(Format::Q6K, chunk)), tokens.ahead);
+                prefetch_at::<P>(p.add(chunk_at(Format::Q6K, chunk)), tokens.ahead);
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q6K, chunk)));
                 let (low_top, high_top) = R::q6k_high_bits(p.add(q6k_highs_at(chunk)));
                 let (low, high) = (R::or(low, low_top), R::or(high, high_top));
@@ -600,7 +644,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
                     }
                 }
             }
-            prefetch_at(p.add(q6k_highs_at(2 * j)), tokens.ahead);
+            prefetch_at::<P>(p.add(q6k_highs_at(2 * j)), tokens.ahead);
             let scale = R::i8_scales(p.add(q6k::SCALES + 16 * j));
             for t in 0..TILE {
                 let offset = *tokens.q6k_offsets[t].add(16 * b + j);
@@ -617,7 +661,7 @@ unsafe fn q6k_kernel<R: Rows, const TILE: usize>(
 
 /// Q4_0, Q4_1 and Q5_0.
 #[inline(always)]
-unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
+unsafe fn nibbles_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     format: Format,
     panel: &[u8],
     blocks: usize,
@@ -633,13 +677,13 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * bytes);
-        prefetch_fields(format, p, tokens.ahead);
+        prefetch_fields::<P>(format, p, tokens.ahead);
         let mut total: [R::I; TILE] =
             std::array::from_fn(|t| R::splat(offset * *tokens.group_sums[t].add(b) as i32));
         let mut sub = [R::zero_i(); TILE];
         let mut sub_high = [R::zero_i(); TILE];
         for chunk in 0..4 {
-            prefetch_at(p.add(chunk_at(format, chunk)), tokens.ahead);
+            prefetch_at::<P>(p.add(chunk_at(format, chunk)), tokens.ahead);
             let (mut low, mut high) = R::nibbles(p.add(chunk_at(format, chunk)));
             if format == Format::Q5_0 {
                 let (low_top, high_top) = R::q5_0_high_bits(p.add(q5_0_highs_at(chunk)));
@@ -680,7 +724,7 @@ unsafe fn nibbles_kernel<R: Rows, const TILE: usize>(
 }
 
 #[inline(always)]
-unsafe fn q8_0_kernel<R: Rows, const TILE: usize>(
+unsafe fn q8_0_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
     tokens: &Tile,
@@ -688,12 +732,12 @@ unsafe fn q8_0_kernel<R: Rows, const TILE: usize>(
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * panel_block_bytes(Format::Q8_0));
-        prefetch_fields(Format::Q8_0, p, tokens.ahead);
+        prefetch_fields::<P>(Format::Q8_0, p, tokens.ahead);
         let mut total: [R::I; TILE] =
             std::array::from_fn(|t| R::splat(-R::Q8_0_BIAS * *tokens.group_sums[t].add(b) as i32));
         let mut total_odd = [R::zero_i(); TILE];
         for chunk in 0..8 {
-            prefetch_at(p.add(chunk_at(Format::Q8_0, chunk)), tokens.ahead);
+            prefetch_at::<P>(p.add(chunk_at(Format::Q8_0, chunk)), tokens.ahead);
             let weights = R::bytes(p.add(chunk_at(Format::Q8_0, chunk)));
             let sums = if chunk % 2 == 0 {
                 &mut total
