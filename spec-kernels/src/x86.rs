@@ -56,18 +56,18 @@ fn detected(feature: &str) -> Option<bool> {
 }
 
 /// A kernel compiled with the extensions of a list, and that list as a constant: `$list =
-/// ["avx2", "fma"]; unsafe fn f(..) {..}` declares `const $list: &[&str]` and `f` with
-/// `#[target_feature(enable = "avx2", enable = "fma")]`.
+/// ["avx2", "fma"]; unsafe fn f<P: Prefetch>(..) {..}` declares `const $list: &[&str]` and `f`
+/// with `#[target_feature(enable = "avx2", enable = "fma")]`.
 macro_rules! compiled_with {
     (
         $list:ident = [$($feature:tt),+ $(,)?];
         $(#[$attr:meta])*
-        unsafe fn $name:ident $args:tt $body:block
+        unsafe fn $name:ident<$param:ident: $bound:ident> $args:tt $body:block
     ) => {
         const $list: &[&str] = &[$($feature),+];
         $(#[$attr])*
         #[target_feature($(enable = $feature),+)]
-        unsafe fn $name $args $body
+        unsafe fn $name<$param: $bound> $args $body
     };
 }
 
@@ -83,12 +83,20 @@ pub(crate) fn panels_dot(
     out: &TaskOut,
 ) {
     debug_assert!(isa.available());
+    // Each kernel is compiled once per prefetch level, as a function of its own (inlined into
+    // one, both levels' kernels took a frame that overflowed a thread's stack in debug builds).
     // SAFETY: the instruction set was checked by `QMatrix::matmul_with`; every load below stays
     // inside a panel block or the tokens' activations (whole blocks of 256).
     unsafe {
-        match isa {
-            Isa::Avx512Vnni => panels_vnni(format, panels, rows, acts, out),
-            _ => panels_avx2(format, panels, rows, acts, out),
+        match (isa, prefetch_into()) {
+            (Isa::Avx512Vnni, PrefetchInto::L1) => {
+                panels_vnni::<IntoL1>(format, panels, rows, acts, out)
+            }
+            (Isa::Avx512Vnni, PrefetchInto::L2) => {
+                panels_vnni::<IntoL2>(format, panels, rows, acts, out)
+            }
+            (_, PrefetchInto::L1) => panels_avx2::<IntoL1>(format, panels, rows, acts, out),
+            (_, PrefetchInto::L2) => panels_avx2::<IntoL2>(format, panels, rows, acts, out),
         }
     }
 }
@@ -100,7 +108,7 @@ compiled_with! {
     AVX512_VNNI = [
         "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni",
     ];
-    unsafe fn panels_vnni(
+    unsafe fn panels_vnni<P: Prefetch>(
         format: Format,
         panels: &[u8],
         rows: usize,
@@ -109,9 +117,8 @@ compiled_with! {
     ) {
         let tiling = Tiling::of(format, Isa::Avx512Vnni);
         let tiles = Tiles::new(format, rows, acts, out.tokens(), tiling);
-        match tiles.into {
-            PrefetchInto::L1 => tiles.panels::<Zmm, IntoL1>(panels, out),
-            PrefetchInto::L2 => tiles.panels::<Zmm, IntoL2>(panels, out),
+        for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
+            tiles.panel::<Zmm, P>(panel, p, out);
         }
     }
 }
@@ -119,7 +126,7 @@ compiled_with! {
 compiled_with! {
     // F16C converts the f16 scales; FMA the float sums.
     AVX2 = ["avx", "avx2", "fma", "f16c"];
-    unsafe fn panels_avx2(
+    unsafe fn panels_avx2<P: Prefetch>(
         format: Format,
         panels: &[u8],
         rows: usize,
@@ -127,32 +134,23 @@ compiled_with! {
         out: &TaskOut,
     ) {
         let tiles = Tiles::new(format, rows, acts, out.tokens(), Tiling::of(format, Isa::Avx2));
-        match tiles.into {
-            PrefetchInto::L1 => panels_in_halves::<IntoL1>(&tiles, panels, out),
-            PrefetchInto::L2 => panels_in_halves::<IntoL2>(&tiles, panels, out),
-        }
-    }
-}
-
-/// [`panels_avx2`]'s passes, whose registers hold half a panel's rows.
-#[inline(always)]
-unsafe fn panels_in_halves<P: Prefetch>(tiles: &Tiles, panels: &[u8], out: &TaskOut) {
-    // Both halves of a panel one after the other, while it is in the cache: the weights are
-    // read from memory once.
-    for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
-        if tiles.tokens <= 4 || tiles.format != Format::Q5_0 {
-            // Both halves in one pass, for every tile of tokens: the first tile streams the
-            // weights from memory all the time (a second pass over a panel in the cache
-            // left the memory idle for its duration), and the later tiles share each
-            // load and unpacking of a chunk between both halves. With 2 threads on the
-            // 8960 × 1536 matrix this took 24 % off 5 tokens and 12 % off 16 for Q4_K
-            // against one pass per half, and as much for Q6_K, Q4_1 and Q8_0. Q5_0's fifth
-            // bits take the registers that two halves of a tile's sums would need: its
-            // batches beyond one tile go half by half (the single pass was 10–30 % slower).
-            tiles.panel::<YmmPair, P>(panel, p, out);
-        } else {
-            tiles.panel::<Ymm<0>, P>(panel, p, out);
-            tiles.panel::<Ymm<1>, P>(panel, p, out);
+        // Both halves of a panel one after the other, while it is in the cache: the weights
+        // are read from memory once.
+        for (p, panel) in panels.chunks_exact(tiles.panel_bytes).enumerate() {
+            if tiles.tokens <= 4 || format != Format::Q5_0 {
+                // Both halves in one pass, for every tile of tokens: the first tile streams the
+                // weights from memory all the time (a second pass over a panel in the cache
+                // left the memory idle for its duration), and the later tiles share each
+                // load and unpacking of a chunk between both halves. With 2 threads on the
+                // 8960 × 1536 matrix this took 24 % off 5 tokens and 12 % off 16 for Q4_K
+                // against one pass per half, and as much for Q6_K, Q4_1 and Q8_0. Q5_0's fifth
+                // bits take the registers that two halves of a tile's sums would need: its
+                // batches beyond one tile go half by half (the single pass was 10–30 % slower).
+                tiles.panel::<YmmPair, P>(panel, p, out);
+            } else {
+                tiles.panel::<Ymm<0>, P>(panel, p, out);
+                tiles.panel::<Ymm<1>, P>(panel, p, out);
+            }
         }
     }
 }
@@ -215,8 +213,6 @@ struct Tiles {
     tokens: usize,
     blocks: usize,
     panel_bytes: usize,
-    /// The cache level the kernels prefetch into (read once per product).
-    into: PrefetchInto,
     /// Taken from the thread's [`TILE_ROOM`] and given back on drop.
     tiles: Vec<Tile>,
 }
@@ -263,16 +259,7 @@ impl Tiles {
             tokens,
             blocks,
             panel_bytes,
-            into: prefetch_into(),
             tiles,
-        }
-    }
-
-    /// Every panel of `panels`, each with its rows in one register.
-    #[inline(always)]
-    unsafe fn panels<R: Rows, P: Prefetch>(&self, panels: &[u8], out: &TaskOut) {
-        for (p, panel) in panels.chunks_exact(self.panel_bytes).enumerate() {
-            self.panel::<R, P>(panel, p, out);
         }
     }
 
@@ -493,7 +480,7 @@ fn cpu_vendor() -> [u8; 12] {
 }
 
 /// A cache level to prefetch into, as a type: the kernels are compiled once per level, and
-/// the level is chosen once per product. Chosen inside the loops (a branch at every prefetch),
+/// the level is chosen before they start. Chosen inside the loops (a branch at every prefetch),
 /// it let the compiler gather a group's prefetches into one burst ahead of their loads, and a
 /// C loop of the kernels' shape read 16 % slower from memory with its prefetches batched that
 /// way. On the Xeon with AMX, typed levels made one-token products of 8960 × 1536 from memory
