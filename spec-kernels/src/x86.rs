@@ -321,7 +321,7 @@ unsafe fn sum_words_avx2<P: Prefetch>(words: &[u64]) -> u64 {
     for step in &mut steps {
         let p = step.as_ptr() as *const u8;
         for line in 0..4 {
-            prefetch_at::<P>(p.add(64 * line), PREFETCH_AHEAD);
+            prefetch_at::<P, 1>(p.add(64 * line), PREFETCH_AHEAD);
         }
         for (k, sum) in sums.iter_mut().enumerate() {
             *sum = _mm256_add_epi64(*sum, _mm256_loadu_si256(p.add(32 * k) as *const __m256i));
@@ -370,6 +370,7 @@ unsafe fn kernel<R: Rows, P: Prefetch, const TILE: usize>(
     blocks: usize,
     tokens: &Tile,
 ) -> [R::F; TILE] {
+    let tokens = &tokens.pointers::<TILE>();
     match format {
         Format::Q4K => q4k_kernel::<R, P, TILE>(panel, blocks, tokens),
         Format::Q6K => q6k_kernel::<R, P, TILE>(panel, blocks, tokens),
@@ -400,7 +401,29 @@ struct Tile {
     q6k_offsets: [*const i32; MAX_TILE],
 }
 
+/// A tile's `TILE` tokens' pointers and prefetch distance, copied out of the [`Tile`] for one
+/// kernel call, where they live in registers: read through a reference to the tile, they were
+/// loaded again after every in-place prefetch.
+struct TilePointers<const TILE: usize> {
+    ahead: usize,
+    quants: [*const i8; TILE],
+    scales: [*const f32; TILE],
+    group_sums: [*const i16; TILE],
+    q6k_offsets: [*const i32; TILE],
+}
+
 impl Tile {
+    #[inline(always)]
+    fn pointers<const TILE: usize>(&self) -> TilePointers<TILE> {
+        TilePointers {
+            ahead: self.ahead,
+            quants: std::array::from_fn(|t| self.quants[t]),
+            scales: std::array::from_fn(|t| self.scales[t]),
+            group_sums: std::array::from_fn(|t| self.group_sums[t]),
+            q6k_offsets: std::array::from_fn(|t| self.q6k_offsets[t]),
+        }
+    }
+
     fn new(acts: &QuantizedTokens, first: usize, size: usize, ahead: usize) -> Self {
         assert!(size <= MAX_TILE, "a tile of {size} tokens");
         let token = |t: usize| first + t.min(size - 1);
@@ -489,8 +512,11 @@ fn cpu_vendor() -> [u8; 12] {
 /// the Qwen 1.5B, 2–5 % for the 0.5B and 1–8 % for SmolLM2. The price: the kernels compile
 /// twice (a release build of this crate took about a minute longer).
 trait Prefetch {
-    /// Asks for the cache line at `line`.
-    unsafe fn line(line: *const i8);
+    /// Asks for the cache line at `line`, at this point of the instruction stream.
+    unsafe fn in_place(line: *const i8);
+
+    /// Asks for the cache line at `line`, wherever the compiler schedules it.
+    unsafe fn scheduled(line: *const i8);
 }
 
 /// `prefetcht0`.
@@ -502,30 +528,69 @@ struct IntoL2;
 /// No software prefetch: the hardware prefetcher alone (the memory probe's plain read).
 struct HardwareOnly;
 
+// The in-place prefetches are `asm!` blocks, which the compiler neither moves nor moves loads
+// across; the scheduled ones are the intrinsic, which it moves freely.
 impl Prefetch for IntoL1 {
     #[inline(always)]
-    unsafe fn line(line: *const i8) {
+    unsafe fn in_place(line: *const i8) {
+        std::arch::asm!(
+            "prefetcht0 [{line}]",
+            line = in(reg) line,
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+
+    #[inline(always)]
+    unsafe fn scheduled(line: *const i8) {
         _mm_prefetch::<_MM_HINT_T0>(line);
     }
 }
 
 impl Prefetch for IntoL2 {
     #[inline(always)]
-    unsafe fn line(line: *const i8) {
+    unsafe fn in_place(line: *const i8) {
+        std::arch::asm!(
+            "prefetcht1 [{line}]",
+            line = in(reg) line,
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+
+    #[inline(always)]
+    unsafe fn scheduled(line: *const i8) {
         _mm_prefetch::<_MM_HINT_T1>(line);
     }
 }
 
 impl Prefetch for HardwareOnly {
     #[inline(always)]
-    unsafe fn line(_: *const i8) {}
+    unsafe fn in_place(_: *const i8) {}
+
+    #[inline(always)]
+    unsafe fn scheduled(_: *const i8) {}
 }
 
+/// The largest tiles whose prefetches stay in place. LLVM unrolls a kernel's chunks and puts
+/// the prefetch of a chunk after that chunk's load and the next chunk's prefetch beside it:
+/// prefetches in pairs. Tiles of a few tokens are bound by the reads from memory, and pairs
+/// cost them: a one-token Q4_K loop of the kernel's shape read 15.0–15.6 GB/s on one thread
+/// with the intrinsic and 16.4–17.0 with each prefetch in place before its chunk's load, as a
+/// C loop compiled by GCC reads. Larger tiles are bound by their arithmetic, which the
+/// compiler schedules better with the prefetches free to move: 16-token forwards of the Qwen
+/// 1.5B (two tiles of eight) took 6 % longer with them in place.
+const IN_PLACE_TILE: usize = 4;
+
 /// Asks for the cache line `ahead` bytes after `chunk` (past the end of the weights it is a
-/// no-op: a prefetch never faults, and the address is only computed, not dereferenced).
+/// no-op: a prefetch never faults, and the address is only computed, not dereferenced), from
+/// a kernel of `TILE` tokens.
 #[inline(always)]
-unsafe fn prefetch_at<P: Prefetch>(chunk: *const u8, ahead: usize) {
-    P::line(chunk.wrapping_add(ahead) as *const i8);
+unsafe fn prefetch_at<P: Prefetch, const TILE: usize>(chunk: *const u8, ahead: usize) {
+    let line = chunk.wrapping_add(ahead) as *const i8;
+    if TILE <= IN_PLACE_TILE {
+        P::in_place(line);
+    } else {
+        P::scheduled(line);
+    }
 }
 
 /// Asks for the lines of the panel block at `block` that hold no chunk's first byte (scales,
@@ -534,13 +599,17 @@ unsafe fn prefetch_at<P: Prefetch>(chunk: *const u8, ahead: usize) {
 /// prefetcher. A one-token Q4_K product of 8960 × 1536 cycled from memory read 48 GB/s
 /// against 46 without them, while the memory probe read 52 (2 threads, binaries alternated).
 #[inline(always)]
-unsafe fn prefetch_fields<P: Prefetch>(format: Format, block: *const u8, ahead: usize) {
+unsafe fn prefetch_fields<P: Prefetch, const TILE: usize>(
+    format: Format,
+    block: *const u8,
+    ahead: usize,
+) {
     for line in (0..chunk_at(format, 0)).step_by(64) {
-        prefetch_at::<P>(block.add(line), ahead);
+        prefetch_at::<P, TILE>(block.add(line), ahead);
     }
     if format == Format::Q6K {
         // Its scales d close the block; its high bit pairs lie between the chunks.
-        prefetch_at::<P>(block.add(q6k::D), ahead);
+        prefetch_at::<P, TILE>(block.add(q6k::D), ahead);
     }
 }
 
@@ -548,12 +617,12 @@ unsafe fn prefetch_fields<P: Prefetch>(format: Format, block: *const u8, ahead: 
 unsafe fn q4k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
-    tokens: &Tile,
+    tokens: &TilePointers<TILE>,
 ) -> [R::F; TILE] {
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * q4k::BYTES);
-        prefetch_fields::<P>(Format::Q4K, p, tokens.ahead);
+        prefetch_fields::<P, TILE>(Format::Q4K, p, tokens.ahead);
         let pairs: [R::I; 4] = std::array::from_fn(|i| R::u8_pairs(p.add(q4k::MINS + 32 * i)));
         let (d, dmin) = (R::f16s(p.add(q4k::D)), R::f16s(p.add(q4k::DMIN)));
         let mut total = [R::zero_i(); TILE];
@@ -565,7 +634,7 @@ unsafe fn q4k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 4 * j..4 * j + 4 {
-                prefetch_at::<P>(p.add(chunk_at(Format::Q4K, chunk)), tokens.ahead);
+                prefetch_at::<P, TILE>(p.add(chunk_at(Format::Q4K, chunk)), tokens.ahead);
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q4K, chunk)));
                 for t in 0..TILE {
                     let a = tokens.quants[t].add(256 * b + 8 * chunk);
@@ -602,12 +671,12 @@ unsafe fn q4k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
 unsafe fn q6k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
-    tokens: &Tile,
+    tokens: &TilePointers<TILE>,
 ) -> [R::F; TILE] {
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * q6k::BYTES);
-        prefetch_fields::<P>(Format::Q6K, p, tokens.ahead);
+        prefetch_fields::<P, TILE>(Format::Q6K, p, tokens.ahead);
         let mut total = [R::zero_i(); TILE];
         for j in 0..16 {
             // Two chunks' products of 6-bit quants in each narrow sum, the most AVX2's holds:
@@ -617,7 +686,7 @@ unsafe fn q6k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
             let mut sub = [R::zero_i(); TILE];
             let mut sub_high = [R::zero_i(); TILE];
             for chunk in 2 * j..2 * j + 2 {
-                prefetch_at::<P>(p.add(chunk_at(Format::Q6K, chunk)), tokens.ahead);
+                prefetch_at::<P, TILE>(p.add(chunk_at(Format::Q6K, chunk)), tokens.ahead);
                 let (low, high) = R::nibbles(p.add(chunk_at(Format::Q6K, chunk)));
                 let (low_top, high_top) = R::q6k_high_bits(p.add(q6k_highs_at(chunk)));
                 let (low, high) = (R::or(low, low_top), R::or(high, high_top));
@@ -631,7 +700,7 @@ unsafe fn q6k_kernel<R: Rows, P: Prefetch, const TILE: usize>(
                     }
                 }
             }
-            prefetch_at::<P>(p.add(q6k_highs_at(2 * j)), tokens.ahead);
+            prefetch_at::<P, TILE>(p.add(q6k_highs_at(2 * j)), tokens.ahead);
             let scale = R::i8_scales(p.add(q6k::SCALES + 16 * j));
             for t in 0..TILE {
                 let offset = *tokens.q6k_offsets[t].add(16 * b + j);
@@ -652,7 +721,7 @@ unsafe fn nibbles_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     format: Format,
     panel: &[u8],
     blocks: usize,
-    tokens: &Tile,
+    tokens: &TilePointers<TILE>,
 ) -> [R::F; TILE] {
     // The stored quants are q; Q4_0's weights are q − 8, Q5_0's q − 16.
     let offset = match format {
@@ -664,13 +733,13 @@ unsafe fn nibbles_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * bytes);
-        prefetch_fields::<P>(format, p, tokens.ahead);
+        prefetch_fields::<P, TILE>(format, p, tokens.ahead);
         let mut total: [R::I; TILE] =
             std::array::from_fn(|t| R::splat(offset * *tokens.group_sums[t].add(b) as i32));
         let mut sub = [R::zero_i(); TILE];
         let mut sub_high = [R::zero_i(); TILE];
         for chunk in 0..4 {
-            prefetch_at::<P>(p.add(chunk_at(format, chunk)), tokens.ahead);
+            prefetch_at::<P, TILE>(p.add(chunk_at(format, chunk)), tokens.ahead);
             let (mut low, mut high) = R::nibbles(p.add(chunk_at(format, chunk)));
             if format == Format::Q5_0 {
                 let (low_top, high_top) = R::q5_0_high_bits(p.add(q5_0_highs_at(chunk)));
@@ -714,17 +783,17 @@ unsafe fn nibbles_kernel<R: Rows, P: Prefetch, const TILE: usize>(
 unsafe fn q8_0_kernel<R: Rows, P: Prefetch, const TILE: usize>(
     panel: &[u8],
     blocks: usize,
-    tokens: &Tile,
+    tokens: &TilePointers<TILE>,
 ) -> [R::F; TILE] {
     let mut acc = [R::zero_f(); TILE];
     for b in 0..blocks {
         let p = panel.as_ptr().add(b * panel_block_bytes(Format::Q8_0));
-        prefetch_fields::<P>(Format::Q8_0, p, tokens.ahead);
+        prefetch_fields::<P, TILE>(Format::Q8_0, p, tokens.ahead);
         let mut total: [R::I; TILE] =
             std::array::from_fn(|t| R::splat(-R::Q8_0_BIAS * *tokens.group_sums[t].add(b) as i32));
         let mut total_odd = [R::zero_i(); TILE];
         for chunk in 0..8 {
-            prefetch_at::<P>(p.add(chunk_at(Format::Q8_0, chunk)), tokens.ahead);
+            prefetch_at::<P, TILE>(p.add(chunk_at(Format::Q8_0, chunk)), tokens.ahead);
             let weights = R::bytes(p.add(chunk_at(Format::Q8_0, chunk)));
             let sums = if chunk % 2 == 0 {
                 &mut total
