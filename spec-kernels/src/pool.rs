@@ -7,7 +7,7 @@
 //! the memory bus sits idle; a worker that has finished its tasks spends that time pulling the
 //! bytes the next job is expected to read ([`Pool::expect_next`]) into the caches.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -35,27 +35,52 @@ struct WarmRanges {
 
 type Job = dyn Fn(usize) + Sync;
 
-struct Shared {
-    /// The current job's epoch (high 32 bits) and next task to hand out (low 32 bits): a
-    /// worker takes a task with a compare-and-swap, so it can never take one of a job other
-    /// than the one whose pointer it holds.
-    state: AtomicU64,
-    /// The current job, its task count and epoch.
-    job: Mutex<Option<(JobRef, usize, u64)>>,
-    /// Tasks of the current job that have not finished.
-    pending: AtomicUsize,
-    /// Whether a task of the current job panicked (the caller panics in turn).
-    panicked: AtomicBool,
-    sleeping: Vec<AtomicBool>,
-    warm: Mutex<WarmRanges>,
+/// A value alone on its cache lines (two, for the adjacent-line prefetcher), so that the
+/// threads writing it do not take the lines the others spin on.
+#[repr(align(128))]
+struct Alone<T>(T);
+
+/// Most tasks of one hand-out: a job of more runs in rounds of this many.
+const MAX_TASKS: usize = u16::MAX as usize;
+
+/// The state word: the job's epoch (bits 32–63, counted modulo 2³²), its task count (16–31)
+/// and the next task to hand out (0–15). A worker takes a task with a compare-and-swap on
+/// the whole word, so it can never take one of a job other than the one the word names.
+#[derive(Clone, Copy, PartialEq)]
+struct State(u64);
+
+impl State {
+    fn new(epoch: u64, tasks: usize) -> Self {
+        Self((epoch << 32) | ((tasks as u64) << 16))
+    }
+
+    fn epoch(self) -> u64 {
+        self.0 >> 32
+    }
+
+    fn tasks(self) -> usize {
+        (self.0 >> 16) as usize & MAX_TASKS
+    }
+
+    fn next(self) -> usize {
+        self.0 as usize & MAX_TASKS
+    }
 }
 
-/// A job pointer with its lifetime erased; `run` waits for every task before returning, so
-/// the referent outlives every use.
-#[derive(Clone, Copy)]
-struct JobRef(*const Job);
-// SAFETY: the pointee is `Sync` and outlives its use (see `Pool::run`).
-unsafe impl Send for JobRef {}
+struct Shared {
+    state: Alone<AtomicU64>,
+    /// The current job: the caller's `&Job`, on its stack for the length of [`Pool::run`].
+    /// The caller writes it only between jobs and the workers read it without a lock; a worker
+    /// calls it only after its compare-and-swap took a task of the epoch it saw before the
+    /// read. The caller writes the next job only after every task of this one has finished, so
+    /// that read was of this job (the state is a sequence lock for this pointer).
+    job: Alone<AtomicPtr<&'static Job>>,
+    /// Tasks of the current job that have not finished, and whether one panicked (the
+    /// caller panics in turn).
+    pending: Alone<(AtomicUsize, AtomicBool)>,
+    sleeping: Vec<Alone<AtomicBool>>,
+    warm: Mutex<WarmRanges>,
+}
 
 static POOL: OnceLock<Pool> = OnceLock::new();
 static REQUESTED_THREADS: OnceLock<usize> = OnceLock::new();
@@ -98,11 +123,12 @@ impl Pool {
 
     fn new(threads: usize) -> Self {
         let shared = Arc::new(Shared {
-            state: AtomicU64::new(0),
-            job: Mutex::new(None),
-            pending: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
-            sleeping: (1..threads).map(|_| AtomicBool::new(false)).collect(),
+            state: Alone(AtomicU64::new(0)),
+            job: Alone(AtomicPtr::new(std::ptr::null_mut())),
+            pending: Alone((AtomicUsize::new(0), AtomicBool::new(false))),
+            sleeping: (1..threads)
+                .map(|_| Alone(AtomicBool::new(false)))
+                .collect(),
             warm: Mutex::new(WarmRanges::default()),
         });
         let workers = (1..threads)
@@ -147,54 +173,77 @@ impl Pool {
             return;
         }
         let _guard = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if tasks <= MAX_TASKS {
+            self.hand_out(tasks, job);
+            return;
+        }
+        for first in (0..tasks).step_by(MAX_TASKS) {
+            let round = MAX_TASKS.min(tasks - first);
+            self.hand_out(round, &|task| job(first + task));
+        }
+    }
+
+    /// [`Pool::run`] of at most [`MAX_TASKS`] tasks, under the `running` lock.
+    fn hand_out(&self, tasks: usize, job: &(dyn Fn(usize) + Sync)) {
         let s = &self.shared;
-        // SAFETY: only the lifetime is erased; we wait below until no task uses it.
-        let erased: *const Job =
-            unsafe { std::mem::transmute(job as *const (dyn Fn(usize) + Sync)) };
-        let epoch = (s.state.load(Ordering::SeqCst) >> 32) + 1;
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some((JobRef(erased), tasks, epoch));
-        s.pending.store(tasks, Ordering::SeqCst);
-        s.panicked.store(false, Ordering::SeqCst);
-        s.state.store(epoch << 32, Ordering::SeqCst);
+        // SAFETY: only the lifetime is erased; the workers dereference this only for a task
+        // they took, and we wait below until every task has finished.
+        let erased: &'static Job = unsafe { std::mem::transmute(job) };
+        let job_ref: *const &'static Job = &erased;
+        // Epochs count modulo 2³² (a long-running server passes 2³² jobs within a day).
+        let epoch = (State(s.state.0.load(Ordering::Relaxed)).epoch() + 1) & u64::from(u32::MAX);
+        s.job.0.store(job_ref.cast_mut(), Ordering::Relaxed);
+        let (pending, panicked) = &s.pending.0;
+        pending.store(tasks, Ordering::Relaxed);
+        panicked.store(false, Ordering::Relaxed);
+        // Publishes the stores above; sequentially consistent against a worker that announces
+        // its sleep and then checks the state (see `worker`).
+        s.state
+            .0
+            .store(State::new(epoch, tasks).0, Ordering::SeqCst);
         for (thread, sleeping) in self.workers.iter().zip(&s.sleeping) {
-            if sleeping.load(Ordering::SeqCst) {
+            if sleeping.0.load(Ordering::SeqCst) {
                 thread.unpark();
             }
         }
-        take_tasks(s, job, tasks, epoch);
-        while s.pending.load(Ordering::Acquire) > 0 {
+        take_tasks(s, job_ref, epoch);
+        while pending.load(Ordering::Acquire) > 0 {
             std::hint::spin_loop();
         }
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if s.panicked.load(Ordering::SeqCst) {
+        if panicked.load(Ordering::Relaxed) {
             panic!("a spec-kernels task panicked");
         }
     }
 }
 
-/// Runs tasks of the job of `epoch` until none is left or another job has started.
-fn take_tasks(s: &Shared, job: &(dyn Fn(usize) + Sync), tasks: usize, epoch: u64) {
-    let mut current = s.state.load(Ordering::Acquire);
+/// Runs tasks of the job of `epoch`, which `job` points to, until none is left or another job
+/// has started; `job` is dereferenced only for a task taken in that epoch.
+fn take_tasks(s: &Shared, job: *const &'static Job, epoch: u64) {
+    let mut current = State(s.state.0.load(Ordering::Acquire));
     loop {
-        let task = (current & u64::from(u32::MAX)) as usize;
-        if current >> 32 != epoch || task >= tasks {
+        if current.epoch() != epoch || current.next() >= current.tasks() {
             return;
         }
-        match s.state.compare_exchange_weak(
-            current,
-            current + 1,
+        let task = current.next();
+        match s.state.0.compare_exchange_weak(
+            current.0,
+            current.0 + 1,
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
             Ok(_) => {
+                // SAFETY: the task was taken in `epoch`, whose caller waits in `run` until it
+                // finishes, so `job` points to that caller's live reference (see `Shared::job`).
+                let job = unsafe { *job };
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(task)));
+                let (pending, panicked) = &s.pending.0;
                 if run.is_err() {
-                    s.panicked.store(true, Ordering::SeqCst);
+                    panicked.store(true, Ordering::Relaxed);
                 }
-                s.pending.fetch_sub(1, Ordering::AcqRel);
-                current = s.state.load(Ordering::Acquire);
+                pending.fetch_sub(1, Ordering::Release);
+                current = State(s.state.0.load(Ordering::Acquire));
             }
-            Err(now) => current = now,
+            Err(now) => current = State(now),
         }
     }
 }
@@ -205,24 +254,22 @@ fn worker(s: &Shared, index: usize) {
     loop {
         let started = Instant::now();
         let mut spins = 0u32;
-        while s.state.load(Ordering::Acquire) >> 32 == seen {
+        let mut state = State(s.state.0.load(Ordering::Acquire));
+        while state.epoch() == seen {
             std::hint::spin_loop();
             spins += 1;
             if spins.is_multiple_of(1024) && started.elapsed() > SPIN {
-                s.sleeping[index].store(true, Ordering::SeqCst);
-                if s.state.load(Ordering::SeqCst) >> 32 == seen {
+                let sleeping = &s.sleeping[index].0;
+                sleeping.store(true, Ordering::SeqCst);
+                if State(s.state.0.load(Ordering::SeqCst)).epoch() == seen {
                     std::thread::park();
                 }
-                s.sleeping[index].store(false, Ordering::SeqCst);
+                sleeping.store(false, Ordering::SeqCst);
             }
+            state = State(s.state.0.load(Ordering::Acquire));
         }
-        seen = s.state.load(Ordering::Acquire) >> 32;
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((JobRef(job), tasks, epoch)) = job {
-            // SAFETY: a task is taken only while the state holds this job's epoch, and `run`
-            // keeps the job alive until every taken task has finished.
-            take_tasks(s, unsafe { &*job }, tasks, epoch);
-        }
+        seen = state.epoch();
+        take_tasks(s, s.job.0.load(Ordering::Relaxed), seen);
         warm_caches(s, seen, &mut warmed);
     }
 }
@@ -246,7 +293,7 @@ fn warm_caches(s: &Shared, seen: u64, warmed: &mut (u64, usize)) {
         skip = 0;
         budget -= len;
         for chunk in (start..start + len).step_by(WARM_STRIDE) {
-            if s.state.load(Ordering::Relaxed) >> 32 != seen {
+            if State(s.state.0.load(Ordering::Relaxed)).epoch() != seen {
                 return;
             }
             let bytes = WARM_STRIDE.min(start + len - chunk);
@@ -285,6 +332,34 @@ mod tests {
                 assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 1));
             }
         }
+    }
+
+    /// Jobs of alternating sizes back to back: a worker that read one job's state finds the
+    /// next job's fields in place while the caller has finished the first alone.
+    #[test]
+    fn jobs_of_alternating_sizes_each_run_every_task_once() {
+        let pool = Pool::new(2);
+        let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        for round in 0..20_000 {
+            let tasks = [2, 64, 3, 17][round % 4];
+            pool.run(tasks, &|t| {
+                counts[t].fetch_add(1, Ordering::Relaxed);
+            });
+            for (t, count) in counts.iter().enumerate() {
+                assert_eq!(count.swap(0, Ordering::Relaxed), usize::from(t < tasks));
+            }
+        }
+    }
+
+    #[test]
+    fn a_job_of_more_tasks_than_a_hand_out_holds_runs_in_rounds() {
+        let pool = Pool::new(2);
+        let tasks = 2 * MAX_TASKS + 5;
+        let counts: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+        pool.run(tasks, &|t| {
+            counts[t].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
     }
 
     #[test]

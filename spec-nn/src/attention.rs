@@ -179,6 +179,31 @@ mod avx {
     }
 }
 
+/// Bytes of keys or values ahead of the one being read that the attention loops ask the
+/// caches for. A decoding step reads its layer's cached keys and values once, from memory
+/// (the layers' weights read between two steps have evicted them), at a few bytes of
+/// arithmetic per byte: without these requests a thread waited for each row in turn.
+const PREFETCH_AHEAD_BYTES: usize = 4096;
+
+/// Rows that [`PREFETCH_AHEAD_BYTES`] holds for rows of `len` values (at least one).
+fn rows_ahead(len: usize) -> usize {
+    (PREFETCH_AHEAD_BYTES / (4 * len).max(1)).max(1)
+}
+
+/// Asks the caches for the lines of `values` (a hint: it changes no result).
+#[inline(always)]
+fn prefetch(values: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..values.len()).step_by(16) {
+        // SAFETY: a prefetch of an address inside the slice; it never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                values.as_ptr().add(line).cast(),
+            )
+        };
+    }
+}
+
 /// `scores[r·keys + j]` = query `r` · key `j` for every key `0..keys`, by [`pair_dots`] over
 /// groups of `KEYS` keys (`PAIRS` = rows · `KEYS` ≤ 8 chains in registers), then key by key.
 fn block_scores<'k, const KEYS: usize, const PAIRS: usize>(
@@ -189,8 +214,12 @@ fn block_scores<'k, const KEYS: usize, const PAIRS: usize>(
 ) {
     let rows = queries.len();
     assert_eq!(rows * KEYS, PAIRS, "{rows} rows of {KEYS} keys");
+    let ahead = rows_ahead(queries[0].len());
     let mut first = 0;
     while first + KEYS <= keys {
+        for j in first + ahead..(first + ahead + KEYS).min(keys) {
+            prefetch(key(j));
+        }
         let pairs: [(&[f32], &[f32]); PAIRS] =
             std::array::from_fn(|p| (queries[p / KEYS], key(first + p % KEYS)));
         for (p, dot) in pair_dots(pairs).into_iter().enumerate() {
@@ -568,9 +597,13 @@ mod avx512 {
         let rows: &[&[f32]; ROWS] = coefficients.try_into().expect("ROWS rows");
         assert!(rows.iter().all(|r| r.len() == terms) && out.len() >= ROWS * width);
         let wide = width - width % group;
+        let ahead = super::rows_ahead(group);
         for start in (0..wide).step_by(group) {
             let mut acc = [[_mm512_setzero_ps(); VECTORS]; ROWS];
             for i in 0..terms {
+                if i + ahead < terms {
+                    super::prefetch(&matrix_row(i + ahead)[start..start + group]);
+                }
                 let columns = &matrix_row(i)[start..start + group];
                 // SAFETY: `columns` holds VECTORS loads of 16.
                 let values: [__m512; VECTORS] = std::array::from_fn(|v| unsafe {
