@@ -283,10 +283,10 @@ fn attend_row_blocks(
 
 /// Attention of `queries` `[1, kv_heads, group·n, dim]` (already scaled by 1/√dim, the `group`
 /// query heads of each key/value head stacked, n rows each) over `keys`/`values`
-/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`. Blocks of
-/// [`SELF_ROW_BLOCK`] rows share each read of a key and a value, but every row's scores,
-/// softmax and weighted sum are accumulated in key order on their own: a row's result is
-/// bit-identical whatever rows are beside it.
+/// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`. Each head's rows go in
+/// equal blocks of at most [`SELF_ROW_BLOCK`] that share each read of a key and a value, but
+/// every row's scores, softmax and weighted sum are accumulated in key order on their own: a
+/// row's result is bit-identical whatever rows are beside it.
 fn row_attention(
     queries: &Tensor,
     keys: &Tensor,
@@ -294,14 +294,15 @@ fn row_attention(
     n: usize,
     mask: &RowMask<'_>,
 ) -> Result<Tensor> {
-    let dim = queries.dim(3)?;
+    let (dim, stacked) = (queries.dim(3)?, queries.dim(2)?);
     let total = keys.dim(2)?;
+    let block_rows = stacked.div_ceil(stacked.div_ceil(SELF_ROW_BLOCK).max(1));
     attend_row_blocks(
         queries,
         keys,
         dim,
         values,
-        SELF_ROW_BLOCK,
+        block_rows,
         &|q, k, v, head, first, out| {
             self_attention_block(q, k, v, head, first, total, n, mask, out)
         },
@@ -360,7 +361,11 @@ fn all_scores<'k>(
         1 => block_scores::<8, 8>(queries, key, keys, scores),
         2 => block_scores::<4, 8>(queries, key, keys, scores),
         3 => block_scores::<2, 6>(queries, key, keys, scores),
-        _ => block_scores::<2, { 2 * SELF_ROW_BLOCK }>(queries, key, keys, scores),
+        4 => block_scores::<2, 8>(queries, key, keys, scores),
+        5 => block_scores::<1, 5>(queries, key, keys, scores),
+        6 => block_scores::<1, 6>(queries, key, keys, scores),
+        7 => block_scores::<1, 7>(queries, key, keys, scores),
+        _ => block_scores::<1, SELF_ROW_BLOCK>(queries, key, keys, scores),
     }
 }
 
@@ -377,10 +382,11 @@ fn weight_sums(weights: &[f32], keys: usize, sums: &mut [f32]) {
     }
 }
 
-/// Query rows of a self-attention handled together (a decoding step's query heads of one
-/// key/value group): each cached key and value is read once for all of them, the values'
-/// weighted sum accumulating in registers.
-const SELF_ROW_BLOCK: usize = 4;
+/// Most query rows of a self-attention handled together: each cached key and value is read
+/// once for all of them, the values' weighted sum accumulating in registers. Eight, so that a
+/// decoding step's query heads of one key/value group (six for the Qwen 1.5B, seven for the
+/// 0.5B) are one block and each head's keys and values are read once per step.
+const SELF_ROW_BLOCK: usize = 8;
 
 /// Query rows of a cross-attention handled together: each key and value is read once for all
 /// of them (a verification's rows would otherwise stream the encoder's keys and values, about
