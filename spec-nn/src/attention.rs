@@ -289,7 +289,8 @@ fn attend_row_blocks(
 /// `[1, kv_heads, L, dim]`; returns `[1, kv_heads, group·n, dim]`. Each head's rows go in
 /// equal blocks of at most [`SELF_ROW_BLOCK`] that share each read of a key and a value, but
 /// every row's scores, softmax and weighted sum are accumulated in key order on their own: a
-/// row's result is bit-identical whatever rows are beside it.
+/// row's result is bit-identical whatever rows are beside it. Under a bias that hides at
+/// least half of the keys from the rows, [`sparse_row_attention`] reads only what each sees.
 fn row_attention(
     queries: &Tensor,
     keys: &Tensor,
@@ -299,6 +300,12 @@ fn row_attention(
 ) -> Result<Tensor> {
     let (dim, stacked) = (queries.dim(3)?, queries.dim(2)?);
     let total = keys.dim(2)?;
+    if let RowMask::Bias(bias) = mask {
+        let seen = bias.iter().filter(|&&b| b > f32::NEG_INFINITY).count();
+        if 2 * seen <= bias.len() {
+            return sparse_row_attention(queries, keys, values, n, bias);
+        }
+    }
     let block_rows = stacked.div_ceil(stacked.div_ceil(SELF_ROW_BLOCK).max(1));
     attend_row_blocks(
         queries,
@@ -326,14 +333,34 @@ fn self_attention_block(
     mask: &RowMask<'_>,
     out: &mut [f32],
 ) {
-    let dim = q.dim;
-    let rows = out.len() / dim;
+    let rows = out.len() / q.dim;
     let queries: Vec<&[f32]> = (first..first + rows).map(|r| q.row(head, r)).collect();
-    let mut weights = vec![0f32; rows * total];
-    let key = |j: usize| k.row(head, j);
-    all_scores(&queries, key, total, &mut weights);
-    for (r, row) in weights.chunks_exact_mut(total).enumerate() {
-        mask.apply((first + r) % n, row);
+    attend_keys(
+        &queries,
+        |j| k.row(head, j),
+        |j| v.row(head, j),
+        total,
+        |r, scores| mask.apply((first + r) % n, scores),
+        out,
+    );
+}
+
+/// The attention of up to [`SELF_ROW_BLOCK`] query rows over `keys` keys (`key(j)`,
+/// `value(j)`), written to `out`: scores, `mask(r, scores)` on each row's, softmax whose masked
+/// keys weigh exactly 0, and each row's weighted sum of values, all in key order.
+fn attend_keys<'k>(
+    queries: &[&[f32]],
+    key: impl Fn(usize) -> &'k [f32],
+    value: impl Fn(usize) -> &'k [f32] + Copy,
+    keys: usize,
+    mask: impl Fn(usize, &mut [f32]),
+    out: &mut [f32],
+) {
+    let rows = queries.len();
+    let mut weights = vec![0f32; rows * keys];
+    all_scores(queries, key, keys, &mut weights);
+    for (r, row) in weights.chunks_exact_mut(keys).enumerate() {
+        mask(r, row);
         let max = math::max(row);
         // Masked keys weigh exactly 0 (`exp` clamps, so e^(−∞) would not).
         for w in row.iter_mut() {
@@ -345,12 +372,85 @@ fn self_attention_block(
         }
     }
     let mut sums = [0f32; SELF_ROW_BLOCK];
-    weight_sums(&weights, total, &mut sums[..rows]);
-    let weights: Vec<&[f32]> = weights.chunks_exact(total).collect();
-    weighted_values(&weights, v, head, dim, out);
-    for (out_row, sum) in out.chunks_exact_mut(dim).zip(&sums) {
+    weight_sums(&weights, keys, &mut sums[..rows]);
+    let weights: Vec<&[f32]> = weights.chunks_exact(keys).collect();
+    rows_times_matrix(&weights, value, out.len() / rows, out);
+    for (out_row, sum) in out.chunks_exact_mut(out.len() / rows).zip(&sums) {
         out_row.iter_mut().for_each(|o| *o /= sum);
     }
+}
+
+/// [`row_attention`] under a bias that hides most keys from each row, as when several answers
+/// are decoded in lockstep (each branch sees the shared context and its own tokens, not the
+/// other branches'). Each task takes one token's query rows of a key/value head and reads only
+/// the keys that token sees, in key order: a hidden key weighs exactly 0 in the softmax, its
+/// sum and the weighted values, so leaving it out changes no bit, and a row's cost follows
+/// what it sees instead of the whole cache.
+fn sparse_row_attention(
+    queries: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    n: usize,
+    bias: &[f32],
+) -> Result<Tensor> {
+    let (_, kv_heads, stacked, dim) = queries.dims4()?;
+    let total = keys.dim(2)?;
+    let group = stacked / n;
+    let queries = queries.contiguous()?;
+    let (q_storage, q_layout) = queries.storage_and_layout();
+    let (k_storage, k_layout) = keys.storage_and_layout();
+    let (v_storage, v_layout) = values.storage_and_layout();
+    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
+        (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Err(Error::Config("row attention runs on the CPU only".into()));
+    };
+    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
+    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, dim)?;
+    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
+    // `[kv_heads, n, group, dim]`: one chunk per task.
+    let mut by_token = vec![0f32; kv_heads * n * group * dim];
+    spec_kernels::parallel_chunks_mut(&mut by_token, group * dim, &|index, out| {
+        let (head, token) = (index / n, index % n);
+        let row_bias = &bias[token * total..(token + 1) * total];
+        let seen: Vec<usize> = (0..total)
+            .filter(|&j| row_bias[j] > f32::NEG_INFINITY)
+            .collect();
+        for (block, out) in out.chunks_mut(SELF_ROW_BLOCK * dim).enumerate() {
+            let first = block * SELF_ROW_BLOCK;
+            let queries: Vec<&[f32]> = (first..first + out.len() / dim)
+                .map(|g| q.row(head, g * n + token))
+                .collect();
+            attend_keys(
+                &queries,
+                |j| k.row(head, seen[j]),
+                |j| v.row(head, seen[j]),
+                seen.len(),
+                |_, scores| {
+                    for (score, &j) in scores.iter_mut().zip(&seen) {
+                        *score += row_bias[j];
+                    }
+                },
+                out,
+            );
+        }
+    });
+    drop((q_storage, k_storage, v_storage));
+    let mut out = vec![0f32; by_token.len()];
+    for head in 0..kv_heads {
+        for token in 0..n {
+            for g in 0..group {
+                let from = ((head * n + token) * group + g) * dim;
+                let to = ((head * group + g) * n + token) * dim;
+                out[to..to + dim].copy_from_slice(&by_token[from..from + dim]);
+            }
+        }
+    }
+    Ok(Tensor::from_vec(
+        out,
+        (1, kv_heads, stacked, dim),
+        &Device::Cpu,
+    )?)
 }
 
 /// [`block_scores`] for 1 to [`SELF_ROW_BLOCK`] rows.
@@ -1362,6 +1462,76 @@ mod tests {
                 values(&tree.narrow(1, node, 1).unwrap()),
                 values(&single),
                 "node {node}"
+            );
+        }
+    }
+
+    #[test]
+    fn branches_in_lockstep_read_only_their_own_keys_and_get_the_bits_of_each_alone() {
+        let device = Device::Cpu;
+        let attention = self_attention(Heads::new(6, 2, 16).unwrap());
+        let rotary = Rotary::new(
+            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
+            RopeLayout::Halves,
+            &device,
+        )
+        .unwrap();
+        let (prompt_len, branches, len) = (3, 4, 5);
+        let x =
+            Tensor::randn(0f32, 1.0, (1, prompt_len + branches * len, HIDDEN), &device).unwrap();
+        let prompt = x.narrow(1, 0, prompt_len).unwrap();
+        let prompt_positions: Vec<usize> = (0..prompt_len).collect();
+        let causal = AttentionMask::new(None, prompt_len, 0, &device).unwrap();
+        let mut lockstep = LayerKvCache::new(2, 64);
+        attention
+            .forward(
+                &prompt,
+                Some(&rotary.tables(&prompt_positions).unwrap()),
+                &causal,
+                &mut lockstep,
+            )
+            .unwrap();
+        // Each branch's rows see the prompt and the branch's own rows up to themselves: at most
+        // 8 of 23 keys, so the rows take the path that reads only those.
+        let keys = prompt_len + branches * len;
+        let mut bias = vec![f32::NEG_INFINITY; branches * len * keys];
+        let mut positions = Vec::new();
+        for b in 0..branches {
+            for j in 0..len {
+                let row = &mut bias[(b * len + j) * keys..(b * len + j + 1) * keys];
+                row[..prompt_len].fill(0.0);
+                row[prompt_len + b * len..=prompt_len + b * len + j].fill(0.0);
+                positions.push(prompt_len + j);
+            }
+        }
+        let mask = Tensor::from_vec(bias, (1, 1, branches * len, keys), &device).unwrap();
+        let mask = AttentionMask::new(Some(&mask), branches * len, prompt_len, &device).unwrap();
+        let together = attention
+            .forward(
+                &x.narrow(1, prompt_len, branches * len).unwrap(),
+                Some(&rotary.tables(&positions).unwrap()),
+                &mask,
+                &mut lockstep,
+            )
+            .unwrap();
+        for b in 0..branches {
+            let mut alone = LayerKvCache::new(2, 64);
+            let rows = x.narrow(1, prompt_len + b * len, len).unwrap();
+            let whole = Tensor::cat(&[&prompt, &rows], 1).unwrap();
+            let all: Vec<usize> = (0..prompt_len + len).collect();
+            let causal = AttentionMask::new(None, prompt_len + len, 0, &device).unwrap();
+            let single = attention
+                .forward(
+                    &whole,
+                    Some(&rotary.tables(&all).unwrap()),
+                    &causal,
+                    &mut alone,
+                )
+                .unwrap();
+            assert_eq!(
+                values(&together.narrow(1, b * len, len).unwrap()),
+                values(&single.narrow(1, prompt_len, len).unwrap()),
+                "branch {b}"
             );
         }
     }
