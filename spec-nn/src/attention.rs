@@ -237,6 +237,31 @@ fn block_scores<'k, const KEYS: usize, const PAIRS: usize>(
     }
 }
 
+/// Runs `f` on the CPU tensors `queries`, `keys` and `values` seen as rows (`key_row`: the
+/// length of a row of `keys`).
+fn with_head_rows<T>(
+    queries: &Tensor,
+    keys: &Tensor,
+    key_row: usize,
+    values: &Tensor,
+    f: impl FnOnce(&HeadRows, &HeadRows, &HeadRows) -> T,
+) -> Result<T> {
+    let dim = queries.dim(3)?;
+    let queries = queries.contiguous()?;
+    let (q_storage, q_layout) = queries.storage_and_layout();
+    let (k_storage, k_layout) = keys.storage_and_layout();
+    let (v_storage, v_layout) = values.storage_and_layout();
+    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
+        (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Err(Error::Config("row attention runs on the CPU only".into()));
+    };
+    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
+    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, key_row)?;
+    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
+    Ok(f(&q, &k, &v))
+}
+
 /// A block of query rows' attention: `(q, k, v, head, first_row, out)` writes the rows' output.
 type BlockFn<'a> = dyn Fn(&HeadRows, &HeadRows, &HeadRows, usize, usize, &mut [f32]) + Sync + 'a;
 
@@ -253,29 +278,18 @@ fn attend_row_blocks(
     attend_block: &BlockFn<'_>,
 ) -> Result<Tensor> {
     let (_, kv_heads, stacked, dim) = queries.dims4()?;
-    let queries = queries.contiguous()?;
-    let (q_storage, q_layout) = queries.storage_and_layout();
-    let (k_storage, k_layout) = keys.storage_and_layout();
-    let (v_storage, v_layout) = values.storage_and_layout();
-    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
-        (&*q_storage, &*k_storage, &*v_storage)
-    else {
-        return Err(Error::Config("row attention runs on the CPU only".into()));
-    };
-    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
-    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, key_row)?;
-    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
     let block_rows = block_rows.clamp(1, stacked.max(1));
     let blocks = stacked.div_ceil(block_rows);
     // Each head's rows padded to whole blocks, so that every task owns one equal chunk.
     let padded = blocks * block_rows;
     let mut out = vec![0f32; kv_heads * padded * dim];
-    spec_kernels::parallel_chunks_mut(&mut out, block_rows * dim, &|index, out_block| {
-        let (head, first) = (index / blocks, (index % blocks) * block_rows);
-        let rows = block_rows.min(stacked - first);
-        attend_block(&q, &k, &v, head, first, &mut out_block[..rows * dim])
-    });
-    drop((q_storage, k_storage, v_storage));
+    with_head_rows(queries, keys, key_row, values, |q, k, v| {
+        spec_kernels::parallel_chunks_mut(&mut out, block_rows * dim, &|index, out_block| {
+            let (head, first) = (index / blocks, (index % blocks) * block_rows);
+            let rows = block_rows.min(stacked - first);
+            attend_block(q, k, v, head, first, &mut out_block[..rows * dim])
+        })
+    })?;
     let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
     Ok(if padded == stacked {
         out
@@ -302,7 +316,7 @@ fn row_attention(
     let total = keys.dim(2)?;
     if let RowMask::Bias(bias) = mask {
         let seen = bias.iter().filter(|&&b| b > f32::NEG_INFINITY).count();
-        if 2 * seen <= bias.len() {
+        if n > 0 && 2 * seen <= bias.len() {
             return sparse_row_attention(queries, keys, values, n, bias);
         }
     }
@@ -396,46 +410,35 @@ fn sparse_row_attention(
     let (_, kv_heads, stacked, dim) = queries.dims4()?;
     let total = keys.dim(2)?;
     let group = stacked / n;
-    let queries = queries.contiguous()?;
-    let (q_storage, q_layout) = queries.storage_and_layout();
-    let (k_storage, k_layout) = keys.storage_and_layout();
-    let (v_storage, v_layout) = values.storage_and_layout();
-    let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) =
-        (&*q_storage, &*k_storage, &*v_storage)
-    else {
-        return Err(Error::Config("row attention runs on the CPU only".into()));
-    };
-    let q = HeadRows::new(q.as_slice::<f32>()?, q_layout, dim)?;
-    let k = HeadRows::new(k.as_slice::<f32>()?, k_layout, dim)?;
-    let v = HeadRows::new(v.as_slice::<f32>()?, v_layout, dim)?;
     // `[kv_heads, n, group, dim]`: one chunk per task.
     let mut by_token = vec![0f32; kv_heads * n * group * dim];
-    spec_kernels::parallel_chunks_mut(&mut by_token, group * dim, &|index, out| {
-        let (head, token) = (index / n, index % n);
-        let row_bias = &bias[token * total..(token + 1) * total];
-        let seen: Vec<usize> = (0..total)
-            .filter(|&j| row_bias[j] > f32::NEG_INFINITY)
-            .collect();
-        for (block, out) in out.chunks_mut(SELF_ROW_BLOCK * dim).enumerate() {
-            let first = block * SELF_ROW_BLOCK;
-            let queries: Vec<&[f32]> = (first..first + out.len() / dim)
-                .map(|g| q.row(head, g * n + token))
+    with_head_rows(queries, keys, dim, values, |q, k, v| {
+        spec_kernels::parallel_chunks_mut(&mut by_token, group * dim, &|index, out| {
+            let (head, token) = (index / n, index % n);
+            let row_bias = &bias[token * total..(token + 1) * total];
+            let seen: Vec<usize> = (0..total)
+                .filter(|&j| row_bias[j] > f32::NEG_INFINITY)
                 .collect();
-            attend_keys(
-                &queries,
-                |j| k.row(head, seen[j]),
-                |j| v.row(head, seen[j]),
-                seen.len(),
-                |_, scores| {
-                    for (score, &j) in scores.iter_mut().zip(&seen) {
-                        *score += row_bias[j];
-                    }
-                },
-                out,
-            );
-        }
-    });
-    drop((q_storage, k_storage, v_storage));
+            for (block, out) in out.chunks_mut(SELF_ROW_BLOCK * dim).enumerate() {
+                let first = block * SELF_ROW_BLOCK;
+                let queries: Vec<&[f32]> = (first..first + out.len() / dim)
+                    .map(|g| q.row(head, g * n + token))
+                    .collect();
+                attend_keys(
+                    &queries,
+                    |j| k.row(head, seen[j]),
+                    |j| v.row(head, seen[j]),
+                    seen.len(),
+                    |_, scores| {
+                        for (score, &j) in scores.iter_mut().zip(&seen) {
+                            *score += row_bias[j];
+                        }
+                    },
+                    out,
+                );
+            }
+        })
+    })?;
     let mut out = vec![0f32; by_token.len()];
     for head in 0..kv_heads {
         for token in 0..n {
@@ -1260,6 +1263,16 @@ mod tests {
         }
     }
 
+    /// Rotary tables for head_dim 16 (eight frequencies, rotating halves).
+    fn test_rotary(device: &Device) -> Rotary {
+        Rotary::new(
+            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
+            RopeLayout::Halves,
+            device,
+        )
+        .unwrap()
+    }
+
     fn values(t: &Tensor) -> Vec<f32> {
         t.flatten_all().unwrap().to_vec1().unwrap()
     }
@@ -1354,12 +1367,7 @@ mod tests {
         let device = Device::Cpu;
         let heads = Heads::new(4, 2, 16).unwrap();
         let attention = self_attention(heads);
-        let rotary = Rotary::new(
-            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
-            RopeLayout::Halves,
-            &device,
-        )
-        .unwrap();
+        let rotary = test_rotary(&device);
         let x = Tensor::randn(0f32, 1.0, (1, 7, HIDDEN), &device).unwrap();
         // A 2-token prompt, then 5 rows in one forward, against the same 5 one at a time.
         let prompt = x.narrow(1, 0, 2).unwrap();
@@ -1406,12 +1414,7 @@ mod tests {
     fn a_token_tree_gives_each_branch_the_bits_of_decoding_it_alone() {
         let device = Device::Cpu;
         let attention = self_attention(Heads::new(4, 2, 16).unwrap());
-        let rotary = Rotary::new(
-            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
-            RopeLayout::Halves,
-            &device,
-        )
-        .unwrap();
+        let rotary = test_rotary(&device);
         let prompt_len = 37;
         let x = Tensor::randn(0f32, 1.0, (1, prompt_len + 3, HIDDEN), &device).unwrap();
         let prompt = x.narrow(1, 0, prompt_len).unwrap();
@@ -1470,12 +1473,7 @@ mod tests {
     fn branches_in_lockstep_read_only_their_own_keys_and_get_the_bits_of_each_alone() {
         let device = Device::Cpu;
         let attention = self_attention(Heads::new(6, 2, 16).unwrap());
-        let rotary = Rotary::new(
-            vec![1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003],
-            RopeLayout::Halves,
-            &device,
-        )
-        .unwrap();
+        let rotary = test_rotary(&device);
         let (prompt_len, branches, len) = (3, 4, 5);
         let x =
             Tensor::randn(0f32, 1.0, (1, prompt_len + branches * len, HIDDEN), &device).unwrap();
