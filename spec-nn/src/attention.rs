@@ -32,8 +32,12 @@ pub const ROW_ATTENTION_MAX_ROWS: usize = 64;
 enum RowMask<'a> {
     /// Query i sees keys `0..=cached + i`.
     Causal { cached: usize },
-    /// An additive bias per query row, `[n, keys]`.
-    Bias(&'a [f32]),
+    /// An additive bias per query row, `[n, keys]`, and where it hides at least half of the
+    /// keys, the keys each row sees, in order.
+    Bias {
+        bias: &'a [f32],
+        seen: Option<&'a [Vec<usize>]>,
+    },
 }
 
 impl RowMask<'_> {
@@ -45,7 +49,7 @@ impl RowMask<'_> {
                 let visible = (cached + row + 1).min(scores.len());
                 scores[visible..].fill(f32::NEG_INFINITY);
             }
-            Self::Bias(bias) => {
+            Self::Bias { bias, .. } => {
                 let keys = scores.len();
                 for (score, bias) in scores.iter_mut().zip(&bias[row * keys..(row + 1) * keys]) {
                     *score += bias;
@@ -314,11 +318,12 @@ fn row_attention(
 ) -> Result<Tensor> {
     let (dim, stacked) = (queries.dim(3)?, queries.dim(2)?);
     let total = keys.dim(2)?;
-    if let RowMask::Bias(bias) = mask {
-        let seen = bias.iter().filter(|&&b| b > f32::NEG_INFINITY).count();
-        if n > 0 && 2 * seen <= bias.len() {
-            return sparse_row_attention(queries, keys, values, n, bias);
-        }
+    if let RowMask::Bias {
+        bias,
+        seen: Some(seen),
+    } = mask
+    {
+        return sparse_row_attention(queries, keys, values, bias, seen);
     }
     let block_rows = stacked.div_ceil(stacked.div_ceil(SELF_ROW_BLOCK).max(1));
     attend_row_blocks(
@@ -399,16 +404,16 @@ fn attend_keys<'k>(
 /// other branches'). Each task takes one token's query rows of a key/value head and reads only
 /// the keys that token sees, in key order: a hidden key weighs exactly 0 in the softmax, its
 /// sum and the weighted values, so leaving it out changes no bit, and a row's cost follows
-/// what it sees instead of the whole cache.
+/// what it sees instead of the whole cache. `seen`: the keys each of the `n` rows sees.
 fn sparse_row_attention(
     queries: &Tensor,
     keys: &Tensor,
     values: &Tensor,
-    n: usize,
     bias: &[f32],
+    seen: &[Vec<usize>],
 ) -> Result<Tensor> {
     let (_, kv_heads, stacked, dim) = queries.dims4()?;
-    let total = keys.dim(2)?;
+    let (total, n) = (keys.dim(2)?, seen.len());
     let group = stacked / n;
     // `[kv_heads, n, group, dim]`: one chunk per task.
     let mut by_token = vec![0f32; kv_heads * n * group * dim];
@@ -416,9 +421,7 @@ fn sparse_row_attention(
         spec_kernels::parallel_chunks_mut(&mut by_token, group * dim, &|index, out| {
             let (head, token) = (index / n, index % n);
             let row_bias = &bias[token * total..(token + 1) * total];
-            let seen: Vec<usize> = (0..total)
-                .filter(|&j| row_bias[j] > f32::NEG_INFINITY)
-                .collect();
+            let seen = &seen[token];
             for (block, out) in out.chunks_mut(SELF_ROW_BLOCK * dim).enumerate() {
                 let first = block * SELF_ROW_BLOCK;
                 let queries: Vec<&[f32]> = (first..first + out.len() / dim)
@@ -430,7 +433,7 @@ fn sparse_row_attention(
                     |j| v.row(head, seen[j]),
                     seen.len(),
                     |_, scores| {
-                        for (score, &j) in scores.iter_mut().zip(&seen) {
+                        for (score, &j) in scores.iter_mut().zip(seen) {
                             *score += row_bias[j];
                         }
                     },
@@ -851,8 +854,11 @@ fn blocked_products(
 pub enum AttentionMask {
     /// Row-by-row attention (every self-attention forward on the CPU, whatever its length):
     /// causal after `cached` positions, or an additive bias `[n, L]`.
+    /// `seen`: where the bias hides at least half of its entries (answers decoded in
+    /// lockstep, each seeing its own tokens), the keys each row sees, found once for all layers.
     Rows {
         bias: Option<Vec<f32>>,
+        seen: Option<Vec<Vec<usize>>>,
         cached: usize,
     },
     /// Batched attention (other devices): an additive bias `[1, 1, 1, n, L]`.
@@ -865,11 +871,30 @@ impl AttentionMask {
     pub fn new(mask: Option<&Tensor>, n: usize, cached: usize, device: &Device) -> Result<Self> {
         let width = cached + n;
         Ok(match (mask, device.is_cpu()) {
-            (None, true) => Self::Rows { bias: None, cached },
-            (Some(mask), true) => Self::Rows {
-                bias: Some(mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?),
+            (None, true) => Self::Rows {
+                bias: None,
+                seen: None,
                 cached,
             },
+            (Some(mask), true) => {
+                let bias: Vec<f32> = mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                let visible = bias.iter().filter(|&&b| b > f32::NEG_INFINITY).count();
+                let seen =
+                    (n > 0 && bias.len() == n * width && 2 * visible <= bias.len()).then(|| {
+                        bias.chunks_exact(width)
+                            .map(|row| {
+                                (0..row.len())
+                                    .filter(|&j| row[j] > f32::NEG_INFINITY)
+                                    .collect()
+                            })
+                            .collect()
+                    });
+                Self::Rows {
+                    bias: Some(bias),
+                    seen,
+                    cached,
+                }
+            }
             (None, false) => {
                 Self::Batched(causal_mask(n, cached, device)?.reshape((1, 1, 1, n, width))?)
             }
@@ -883,9 +908,16 @@ impl AttentionMask {
     fn row_mask(&self) -> Option<RowMask<'_>> {
         match self {
             Self::Rows {
-                bias: Some(bias), ..
-            } => Some(RowMask::Bias(bias)),
-            Self::Rows { bias: None, cached } => Some(RowMask::Causal { cached: *cached }),
+                bias: Some(bias),
+                seen,
+                ..
+            } => Some(RowMask::Bias {
+                bias,
+                seen: seen.as_deref(),
+            }),
+            Self::Rows {
+                bias: None, cached, ..
+            } => Some(RowMask::Causal { cached: *cached }),
             Self::Batched(_) => None,
         }
     }
