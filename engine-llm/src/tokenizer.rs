@@ -147,30 +147,31 @@ impl TextTokenizer {
                 }
             }
         }
-        let size = ids
+        let all_ids: std::collections::HashSet<u32> = ids
             .values()
             .copied()
             .chain(added.iter().map(|(id, _, _)| *id))
-            .max()
-            .map_or(0, |m| m as usize + 1);
-        let mut tokens: Vec<Option<String>> = vec![None; size];
+            .collect();
+        // Ids number the tokens from 0 without a gap: `size` distinct ids all below `size`.
+        // Checked before the table is allocated, so a stray id (4 294 967 295, say) cannot
+        // size it; then every slot of the table is filled below.
+        let size = all_ids.len();
+        if let Some(missing) = (0..size as u32).find(|id| !all_ids.contains(id)) {
+            return Err(malformed(vocab, format!("no token has id {missing}")));
+        }
+        let mut tokens = vec![String::new(); size];
         let mut types = vec![1; size];
         for (token, &id) in &ids {
-            tokens[id as usize] = Some(token.clone());
+            tokens[id as usize] = token.clone();
         }
         for (id, content, special) in added {
-            tokens[id as usize] = Some(content);
+            tokens[id as usize] = content;
             types[id as usize] = if special {
                 TOKEN_TYPE_CONTROL
             } else {
                 TOKEN_TYPE_USER_DEFINED
             };
         }
-        let tokens: Vec<String> = tokens
-            .into_iter()
-            .enumerate()
-            .map(|(id, t)| t.ok_or_else(|| malformed(vocab, format!("no token has id {id}"))))
-            .collect::<Result<_>>()?;
         let merges: Vec<String> = read(merges)?
             .lines()
             .filter(|l| !l.starts_with("#version") && !l.trim().is_empty())
@@ -465,6 +466,9 @@ mod tests {
         assert_eq!(tokenizer.decode(&[7, 8, 6]).unwrap(), "hello hell");
 
         std::fs::write(&vocab, r#"{"h":0,"e":2}"#).unwrap();
+        let err = TextTokenizer::from_vocab_and_merges(&vocab, &merges, None, "qwen2").unwrap_err();
+        assert!(err.to_string().contains("no token has id 1"), "{err}");
+        std::fs::write(&vocab, r#"{"h":0,"e":4294967295}"#).unwrap();
         let err = TextTokenizer::from_vocab_and_merges(&vocab, &merges, None, "qwen2").unwrap_err();
         assert!(err.to_string().contains("no token has id 1"), "{err}");
         let missing = dir.path().join("nowhere.json");

@@ -420,6 +420,47 @@ fn live_api_misuse_is_a_clear_error() {
     assert!(session.history().is_empty());
 }
 
+/// Partials stamped ahead of the turn's clock: a simulated clock moves on to them, so the
+/// turn's latencies count from the final partial's time (they used to underflow and panic
+/// when the answer's first sentence was ready before that time); the wall clock refuses them.
+#[test]
+fn partials_stamped_ahead_of_the_clock_move_a_simulated_clock_and_are_refused_on_the_wall() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut model = tiny_chat_model(scratch.path(), 4);
+    let mut session = PredGen::new(&mut model, PredGenConfig::default()).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    let input_end = Duration::from_secs(5);
+    session
+        .begin_turn(engine_llm::TurnClock::Simulated)
+        .unwrap();
+    session
+        .hear(Partial::new(Duration::from_secs(2), "what is", false))
+        .unwrap();
+    assert_eq!(session.now(), Duration::from_secs(2));
+    session
+        .hear(Partial::new(input_end, "what is two plus two", true))
+        .unwrap();
+    assert_eq!(session.now(), input_end);
+    let turn = loop {
+        if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
+            break turn;
+        }
+    };
+    assert_eq!(turn.input_end, input_end);
+    assert!(turn.time_to_first_sentence <= turn.answer_latency);
+    assert!(turn.answer_latency < Duration::from_secs(60), "{turn:?}");
+
+    session.begin_turn(engine_llm::TurnClock::Wall).unwrap();
+    let err = session
+        .hear(Partial::new(Duration::from_secs(3600), "what is", false))
+        .unwrap_err();
+    assert!(matches!(err, Error::Input(_)), "{err}");
+    assert!(err.to_string().contains("wall clock"), "{err}");
+    session
+        .hear(Partial::new(Duration::ZERO, "what is", false))
+        .unwrap();
+}
+
 #[test]
 fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
     use spec_core::ForwardCosts;
@@ -525,6 +566,52 @@ fn no_step_while_listening_runs_more_than_one_forward() {
             "{candidates}: {} forwards in {working_steps} steps while listening",
             turn.forwards_during_input
         );
+    }
+}
+
+/// An answer limit below the guess limit: the guess (and every candidate question's guessed
+/// answer) stops at the answer limit, so the answers are the cascade's, cut at that limit
+/// (a candidate's guess used to run to the guess limit and underflow the answer's budget).
+#[test]
+fn answers_shorter_than_the_guess_limit_are_the_cascades() {
+    let scratch = tempfile::tempdir().unwrap();
+    // The whole question is heard a while before its final partial says so: its candidate
+    // is the final question, and its guess has time to grow.
+    let heard_early = |text: &str| {
+        vec![
+            Partial::new(Duration::from_millis(100), text, false),
+            Partial::new(Duration::from_secs(30), text, true),
+        ]
+    };
+    let turns = vec![
+        heard_early("what is 1 + 23?"),
+        corrected_inputs("and what is it times four, roughly?"),
+    ];
+    let short = |candidates| PredGenConfig {
+        max_guess_tokens: 12,
+        max_answer_tokens: 3,
+        ..with_candidates(Continuation::Autoregressive, candidates)
+    };
+    let mut reference_model = tiny_chat_model(scratch.path(), 9);
+    let mut reference = PredGen::new(&mut reference_model, short(1)).unwrap();
+    let expected = run_turns(&mut reference, &turns, true);
+    let mut longer_model = tiny_chat_model(scratch.path(), 9);
+    let uncut_config = PredGenConfig {
+        max_answer_tokens: 24,
+        ..short(1)
+    };
+    let mut longer = PredGen::new(&mut longer_model, uncut_config).unwrap();
+    let uncut = run_turns(&mut longer, &turns, true);
+    for (cut, whole) in expected.iter().zip(&uncut) {
+        assert!(cut.answer.len() < whole.answer.len(), "{cut:?} / {whole:?}");
+    }
+    for candidates in [1, 2, 4] {
+        let mut model = tiny_chat_model(scratch.path(), 9);
+        let mut session = PredGen::new(&mut model, short(candidates)).unwrap();
+        let got = run_turns(&mut session, &turns, false);
+        for (g, e) in got.iter().zip(&expected) {
+            assert_eq!(g.answer, e.answer, "{candidates} candidates");
+        }
     }
 }
 

@@ -520,6 +520,68 @@ fn bad_weights_and_inputs_are_clear_errors() {
     );
 }
 
+/// A GGUF whose embedding table is not `[vocabulary, hidden]` (a vector, another width) is
+/// refused with a clear error, not a vocabulary read off the wrong axis.
+#[test]
+fn an_embedding_table_of_the_wrong_shape_is_a_clear_error() {
+    use candle_core::quantized::{gguf_file, QTensor};
+    use candle_core::Tensor;
+    let scratch = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new(Family::Qwen2);
+    let path = tiny.write_gguf(scratch.path(), 7, GgmlDType::Q8_0, &[]);
+    let mut reader = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+            (name.clone(), t)
+        })
+        .collect();
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let hidden = tiny.hidden;
+    for (shape, what) in [
+        (vec![hidden], "a vector"),
+        (vec![96, hidden + 1], "another width"),
+    ] {
+        let count = shape.iter().product::<usize>();
+        let table = Tensor::ones(count, DType::F32, &Device::Cpu)
+            .unwrap()
+            .reshape(shape)
+            .unwrap();
+        let embedding = tensors
+            .iter_mut()
+            .find(|(name, _)| name == "token_embd.weight")
+            .unwrap();
+        embedding.1 = QTensor::quantize(&table, GgmlDType::F32).unwrap();
+        let broken = scratch.path().join("broken.gguf");
+        let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        gguf_file::write(
+            &mut std::fs::File::create(&broken).unwrap(),
+            &metadata,
+            &refs,
+        )
+        .unwrap();
+        let err = Transformer::from_gguf(&broken, &LoadOptions::default()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Nn(spec_nn::Error::BadWeights { .. } | spec_nn::Error::ShapeMismatch { .. })
+            ),
+            "{what}: {err}"
+        );
+        assert!(
+            err.to_string().contains("token_embd.weight"),
+            "{what}: {err}"
+        );
+    }
+}
+
 #[test]
 fn forward_costs_are_measured_once_and_cached_beside_the_weights() {
     let scratch = tempfile::tempdir().unwrap();

@@ -272,4 +272,16 @@ fn drafts_for_other_models_and_bad_settings_are_refused() {
         train(&Backbone::text(&target), &data[..1], &config, &mut quiet),
         Err(Error::Input(_))
     ));
+    // A sequence whose labels start past its end, or do not cover it.
+    for (first, drop_labels) in [(data[0].tokens.len() + 1, 0), (data[0].first, 1)] {
+        let mut broken = data.clone();
+        broken[0].first = first;
+        let kept = broken[0].labels.len().saturating_sub(drop_labels);
+        broken[0].labels.truncate(kept);
+        let err = train(&Backbone::text(&target), &broken, &config, &mut quiet).unwrap_err();
+        assert!(
+            matches!(err, Error::Input(_)) && err.to_string().contains("sequence 0"),
+            "{err}"
+        );
+    }
 }

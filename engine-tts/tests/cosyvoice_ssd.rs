@@ -94,7 +94,7 @@ fn target_distribution(target: &mut SpeechLm, history: &[u32]) -> Vec<f32> {
         .unwrap();
     // Before the minimum length (2 per text token) the end token is masked.
     scores[SPEECH_TOKENS] = f32::NEG_INFINITY;
-    ras_distribution(&scores, history, &target.config().sampling)
+    ras_distribution(&scores, history, &target.config().sampling).unwrap()
 }
 
 #[test]

@@ -469,7 +469,9 @@ impl<'m> PredGen<'m> {
 
     /// A partial transcript arrives: everything heard so far, at `partial.at` on the turn's
     /// clock, the last of the turn with `is_final`. Cheap: the work it calls for happens in the
-    /// next [`PredGen::step`]s (partials that arrive meanwhile replace it unheard).
+    /// next [`PredGen::step`]s (partials that arrive meanwhile replace it unheard). A partial
+    /// stamped ahead of the turn's clock moves a simulated clock on to its time and is an
+    /// [`Error::Input`] on the wall clock.
     pub fn hear(&mut self, partial: Partial) -> Result<()> {
         let turn = self.turn.as_mut().ok_or_else(|| {
             Error::Input("no turn in progress: begin one before hearing partials".into())
@@ -484,6 +486,20 @@ impl<'m> PredGen<'m> {
         }
         if partial.is_final && partial.text.trim().is_empty() {
             return Err(Error::Input("the final partial is empty".into()));
+        }
+        // A partial is heard no earlier than its time: a simulated clock moves on to it (the
+        // model cannot have worked on it before), a wall clock cannot, so there it is refused
+        // (every latency of the turn is measured from the final partial's time).
+        let now = turn.clock.now();
+        if partial.at > now {
+            if let Clock::Wall(_) = turn.clock {
+                return Err(Error::Input(format!(
+                    "a partial stamped {:?} was heard at {now:?} on the turn's wall clock: \
+                     stamp partials with the time they arrive (PredGen::now)",
+                    partial.at
+                )));
+            }
+            turn.clock.wait_until(partial.at);
         }
         turn.last_heard_at = Some(partial.at);
         if partial.is_final {
@@ -749,8 +765,16 @@ impl<'m> PredGen<'m> {
     /// complete first sentence.
     fn guess_complete(&self, guess: &Answer) -> Result<bool> {
         Ok(guess.done
-            || guess.tokens.len() >= self.config.max_guess_tokens
+            || guess.tokens.len() >= self.guess_limit()
             || self.first_sentence(guess)?.is_some())
+    }
+
+    /// Most tokens a guess holds: `max_guess_tokens`, and never more than an answer may
+    /// (a kept guess becomes the answer's beginning).
+    fn guess_limit(&self) -> usize {
+        self.config
+            .max_guess_tokens
+            .min(self.config.max_answer_tokens)
     }
 
     fn verify_partial(&mut self, turn: &mut TurnState, partial: &Partial) -> Result<()> {
@@ -880,7 +904,7 @@ impl<'m> PredGen<'m> {
         let budget = self
             .config
             .tokens_per_step
-            .min(self.config.max_guess_tokens - turn.guess.tokens.len());
+            .min(self.guess_limit() - turn.guess.tokens.len());
         let before = turn.guess.tokens.len();
         let tail = std::mem::take(&mut turn.rejected_tail);
         let drafting = Drafting {

@@ -156,7 +156,11 @@ pub fn draft_dir(root: &Path, model: &str) -> PathBuf {
 /// The layers an SSD draft of a model with `num_layers` layers starts from: the lower `lower`
 /// and the upper `upper`.
 pub fn draft_layers(num_layers: usize, lower: usize, upper: usize) -> Result<Vec<usize>> {
-    if lower == 0 || lower + upper > num_layers {
+    if lower == 0
+        || lower
+            .checked_add(upper)
+            .is_none_or(|both| both > num_layers)
+    {
         return Err(Error::Config(format!(
             "an SSD draft of the lower {lower} and upper {upper} layers of a model with \
              {num_layers} (it needs at least one lower layer, and no more than the model has)"
@@ -232,5 +236,23 @@ impl Transformer {
                 .map(|&i| self.layer(i).clone()),
         );
         Ok(layers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draft_layers_are_the_lower_and_upper_ones_and_refuse_what_does_not_fit() {
+        assert_eq!(draft_layers(6, 2, 1).unwrap(), [0, 1, 5]);
+        assert_eq!(draft_layers(6, 6, 0).unwrap(), [0, 1, 2, 3, 4, 5]);
+        // The last two would wrap around in unchecked arithmetic (2 + usize::MAX = 1).
+        for (lower, upper) in [(0, 2), (4, 3), (2, usize::MAX), (usize::MAX, 2)] {
+            assert!(
+                matches!(draft_layers(6, lower, upper), Err(Error::Config(_))),
+                "lower {lower}, upper {upper}"
+            );
+        }
     }
 }

@@ -381,6 +381,19 @@ pub fn train(
             config.label_top_k
         )));
     }
+    if let Some((i, s)) = data
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.first >= s.tokens.len() || s.labels.len() != s.tokens.len() - s.first)
+    {
+        return Err(Error::Input(format!(
+            "training sequence {i} has {} tokens, labels from position {} and {} label lists \
+             (one per position from `first` to the end is needed)",
+            s.tokens.len(),
+            s.first,
+            s.labels.len()
+        )));
+    }
     let vocab = backbone.classes;
     if let Some(bad) = data
         .iter()

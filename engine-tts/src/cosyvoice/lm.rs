@@ -319,7 +319,7 @@ impl SpeechLm {
             if i < min_len {
                 scores[end as usize] = f32::NEG_INFINITY;
             }
-            let token = ras_sample(&mut scores, &out, &self.config.sampling, uniforms);
+            let token = ras_sample(&mut scores, &out, &self.config.sampling, uniforms)?;
             if token >= end {
                 break;
             }
@@ -590,7 +590,7 @@ impl SpeechLm {
                 let scores: Vec<f32> = draft.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
                 stats.draft_forwards += 1;
                 let history: Vec<u32> = out.iter().chain(&proposals).copied().collect();
-                let p = distribution(scores, history.len(), &history, &draft.config.sampling);
+                let p = distribution(scores, history.len(), &history, &draft.config.sampling)?;
                 let token = draw(&p, rng.random::<f64>()) as u32;
                 proposals.push(token);
                 proposal_distributions.push(p);
@@ -614,7 +614,7 @@ impl SpeechLm {
                     history.len(),
                     &history,
                     &self.config.sampling,
-                ));
+                )?);
             }
             let verdict =
                 rule.verify_distributions(&proposals, &proposal_distributions, &targets, rng)?;
@@ -707,7 +707,7 @@ impl Bistream<'_> {
                 fill
             } else {
                 scores[end as usize] = f32::NEG_INFINITY;
-                ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms)
+                ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms)?
             };
             if token == fill {
                 self.next_fill = self.out.len() + speech_ratio + 1;
@@ -745,7 +745,7 @@ impl Bistream<'_> {
             }
             let input = self.lm.embed_pieces(&self.pending)?;
             let mut scores: Vec<f32> = self.lm.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
-            let token = ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms);
+            let token = ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms)?;
             self.out.push(token);
             if token == end {
                 return Ok(spoken);

@@ -88,26 +88,43 @@ fn nucleus(probabilities: &[f32], top_p: f32, top_k: usize) -> Vec<usize> {
     kept
 }
 
+/// `Err` unless there are scores to sample from and the nucleus can hold a token.
+fn check_nucleus(scores: &[f32], top_p: f32, top_k: usize) -> Result<()> {
+    if scores.is_empty() {
+        return Err(CosyVoiceError::Input("no scores to sample from".into()));
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) || top_k == 0 {
+        return Err(CosyVoiceError::Config(format!(
+            "nucleus sampling needs 0 < top_p ≤ 1 and top_k ≥ 1, got top_p {top_p}, top_k {top_k}"
+        )));
+    }
+    Ok(())
+}
+
 /// Nucleus sampling over log-probabilities `scores`: one token of the nucleus (the most likely
 /// tokens until their probabilities reach `top_p`, at most `top_k`) drawn in proportion to its
-/// probability.
+/// probability. `Err` for empty `scores` or a nucleus that could hold no token.
 pub fn nucleus_sample(
     scores: &[f32],
     top_p: f32,
     top_k: usize,
     uniforms: &mut dyn Uniforms,
-) -> u32 {
+) -> Result<u32> {
+    check_nucleus(scores, top_p, top_k)?;
     let probabilities = softmax(scores);
     let kept = nucleus(&probabilities, top_p, top_k);
     let weights: Vec<f32> = kept.iter().map(|&i| probabilities[i]).collect();
-    kept[draw(&weights, uniforms.next_uniform())] as u32
+    Ok(kept[draw(&weights, uniforms.next_uniform())] as u32)
 }
 
 /// The distribution [`ras_sample`] draws from, exactly: each nucleus token keeps its share of
 /// the nucleus, except that the share of a token repeated within the window is spread over
 /// the whole distribution without it. Speculative decoding needs it to judge a drafted token
-/// by the distribution the sampler really used (Speech Speculative Decoding, §3).
-pub fn ras_distribution(scores: &[f32], decoded: &[u32], config: &RasConfig) -> Vec<f32> {
+/// by the distribution the sampler really used (Speech Speculative Decoding, §3). `Err` for
+/// empty `scores` or a configuration [`RasConfig::validate`] refuses.
+pub fn ras_distribution(scores: &[f32], decoded: &[u32], config: &RasConfig) -> Result<Vec<f32>> {
+    config.validate()?;
+    check_nucleus(scores, config.top_p, config.top_k)?;
     let probabilities = softmax(scores);
     let kept = nucleus(&probabilities, config.top_p, config.top_k);
     let nucleus: f64 = kept.iter().map(|&i| f64::from(probabilities[i])).sum();
@@ -127,25 +144,27 @@ pub fn ras_distribution(scores: &[f32], decoded: &[u32], config: &RasConfig) -> 
             distribution[i] += share;
         }
     }
-    distribution.into_iter().map(|d| d as f32).collect()
+    Ok(distribution.into_iter().map(|d| d as f32).collect())
 }
 
 /// Repetition-aware sampling of the next token after `decoded` from log-probabilities
-/// `scores` (modified in place when the fallback excludes a token).
+/// `scores` (modified in place when the fallback excludes a token). `Err` for empty `scores`
+/// or a configuration [`RasConfig::validate`] refuses.
 pub fn ras_sample(
     scores: &mut [f32],
     decoded: &[u32],
     config: &RasConfig,
     uniforms: &mut dyn Uniforms,
-) -> u32 {
-    let token = nucleus_sample(scores, config.top_p, config.top_k, uniforms);
+) -> Result<u32> {
+    config.validate()?;
+    let token = nucleus_sample(scores, config.top_p, config.top_k, uniforms)?;
     let recent = &decoded[decoded.len().saturating_sub(config.window)..];
     let repeats = recent.iter().filter(|&&t| t == token).count();
     if repeats as f32 >= config.window as f32 * config.tau_r {
         scores[token as usize] = f32::NEG_INFINITY;
-        return draw(&softmax(scores), uniforms.next_uniform()) as u32;
+        return Ok(draw(&softmax(scores), uniforms.next_uniform()) as u32);
     }
-    token
+    Ok(token)
 }
 
 #[cfg(test)]
@@ -158,6 +177,31 @@ mod tests {
         fn next_uniform(&mut self) -> f64 {
             self.0.remove(0)
         }
+    }
+
+    #[test]
+    fn sampling_settings_that_leave_no_token_are_errors_not_panics() {
+        let scores: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
+        let mut u = Fixed(vec![0.5; 8]);
+        assert!(matches!(
+            nucleus_sample(&scores, 0.8, 0, &mut u),
+            Err(CosyVoiceError::Config(_))
+        ));
+        assert!(matches!(
+            nucleus_sample(&scores, 0.0, 5, &mut u),
+            Err(CosyVoiceError::Config(_))
+        ));
+        assert!(matches!(
+            nucleus_sample(&[], 0.8, 5, &mut u),
+            Err(CosyVoiceError::Input(_))
+        ));
+        let no_top_k = RasConfig {
+            top_k: 0,
+            ..RasConfig::default()
+        };
+        assert!(ras_distribution(&scores, &[], &no_top_k).is_err());
+        assert!(ras_sample(&mut scores.clone(), &[], &no_top_k, &mut u).is_err());
+        assert!(ras_distribution(&[], &[], &RasConfig::default()).is_err());
     }
 
     #[test]
@@ -174,10 +218,16 @@ mod tests {
         // 0.8 is not below 0.8, so the third is left out.
         let scores: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
         for (u, token) in [(0.1, 0), (0.7, 1), (0.99, 1)] {
-            assert_eq!(nucleus_sample(&scores, 0.8, 25, &mut Fixed(vec![u])), token);
+            assert_eq!(
+                nucleus_sample(&scores, 0.8, 25, &mut Fixed(vec![u])).unwrap(),
+                token
+            );
         }
         // top_k = 1 is greedy.
-        assert_eq!(nucleus_sample(&scores, 0.8, 1, &mut Fixed(vec![0.99])), 0);
+        assert_eq!(
+            nucleus_sample(&scores, 0.8, 1, &mut Fixed(vec![0.99])).unwrap(),
+            0
+        );
     }
 
     #[test]
@@ -186,14 +236,15 @@ mod tests {
         let config = RasConfig::default();
         // Token 0 (drawn by u = 0.1) was decoded 3 tokens ago: the second draw (u = 0.1 of
         // the distribution without it: 0.3 / 0.5 → token 1) replaces it.
-        let token = ras_sample(&mut scores, &[0, 2, 1], &config, &mut Fixed(vec![0.1, 0.1]));
+        let token =
+            ras_sample(&mut scores, &[0, 2, 1], &config, &mut Fixed(vec![0.1, 0.1])).unwrap();
         assert_eq!(token, 1);
         assert_eq!(scores[0], f32::NEG_INFINITY);
         // Outside the window it stays.
         let mut scores: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
         let old = [vec![0], vec![2; 10]].concat();
         assert_eq!(
-            ras_sample(&mut scores, &old, &config, &mut Fixed(vec![0.1])),
+            ras_sample(&mut scores, &old, &config, &mut Fixed(vec![0.1])).unwrap(),
             0
         );
     }
@@ -208,7 +259,7 @@ mod tests {
         let config = RasConfig::default();
         // Token 1 was decoded recently: its share goes to the rest.
         let decoded = [5, 1, 4];
-        let expected = ras_distribution(&scores, &decoded, &config);
+        let expected = ras_distribution(&scores, &decoded, &config).unwrap();
         assert!((expected.iter().sum::<f32>() - 1.0).abs() < 1e-5);
         assert_eq!(expected[1], 0.0, "a repeated token is never drawn");
         assert!(
@@ -220,7 +271,7 @@ mod tests {
         let mut counts = [0usize; 6];
         for _ in 0..draws {
             let mut s = scores.clone();
-            counts[ras_sample(&mut s, &decoded, &config, &mut rng) as usize] += 1;
+            counts[ras_sample(&mut s, &decoded, &config, &mut rng).unwrap() as usize] += 1;
         }
         for (count, p) in counts.iter().zip(&expected) {
             let frequency = *count as f32 / draws as f32;
