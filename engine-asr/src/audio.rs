@@ -1,6 +1,7 @@
 //! Audio in: WAV files in any common PCM encoding, mixed down to mono and resampled to the
 //! 16 kHz Whisper listens at.
 
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use rubato::{FftFixedInOut, Resampler};
@@ -9,6 +10,11 @@ use crate::{Error, Result};
 
 /// The sample rate of Whisper's front end.
 pub const SAMPLE_RATE: u32 = 16_000;
+
+/// The sample rates [`resample`] accepts. Below 1 kHz no speech is left; above 768 kHz (the
+/// fastest audio hardware) a rate is a corrupt header, whose resampling would allocate
+/// gigabytes or run for hours.
+pub const SAMPLE_RATES: RangeInclusive<u32> = 1_000..=768_000;
 
 /// Mono samples in [-1, 1] at a sample rate.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,13 +86,30 @@ impl Audio {
     }
 }
 
+/// Fails with [`Error::NonFiniteSample`] at the first NaN or infinite sample.
+pub fn check_finite(samples: &[f32]) -> Result<()> {
+    match samples.iter().position(|s| !s.is_finite()) {
+        Some(index) => Err(Error::NonFiniteSample {
+            index,
+            value: samples[index],
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `samples` at rate `from` resampled to rate `to`: `⌈len · to / from⌉` samples, aligned with
-/// the input (the resampler's delay removed).
+/// the input (the resampler's delay removed). Both rates must lie in [`SAMPLE_RATES`] and
+/// every sample must be finite.
 pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
     let failed = |reason: String| Error::Resample { from, to, reason };
-    if from == 0 || to == 0 {
-        return Err(failed("a sample rate of 0".into()));
+    if !SAMPLE_RATES.contains(&from) || !SAMPLE_RATES.contains(&to) {
+        return Err(failed(format!(
+            "sample rates must lie in {}..={} Hz",
+            SAMPLE_RATES.start(),
+            SAMPLE_RATES.end()
+        )));
     }
+    check_finite(samples)?;
     if from == to {
         return Ok(samples.to_vec());
     }
@@ -203,6 +226,61 @@ mod tests {
         std::fs::write(&cut, &bytes[..bytes.len() - 101]).unwrap();
         assert!(matches!(Audio::read_wav(&cut), Err(Error::BadAudio { .. })));
         assert!(resample(&[0.0; 10], 0, 16000).is_err());
+    }
+
+    #[test]
+    fn corrupt_sample_rates_are_refused_before_resampling() {
+        let dir = tempfile::tempdir().unwrap();
+        for rate in [1, 999, 768_001, i32::MAX as u32] {
+            let path = dir.path().join(format!("{rate}.wav"));
+            let spec = hound::WavSpec {
+                channels: 1,
+                sample_rate: rate,
+                bits_per_sample: 8,
+                sample_format: hound::SampleFormat::Int,
+            };
+            write_wav(&path, spec, &[vec![0.25; 100]]);
+            let audio = Audio::read_wav(&path).unwrap();
+            assert_eq!(audio.sample_rate, rate);
+            assert!(
+                matches!(audio.to_16k(), Err(Error::Resample { from, to: SAMPLE_RATE, .. }) if from == rate),
+                "{rate} Hz"
+            );
+        }
+        for (from, to) in [(0, 16_000), (16_000, 0), (16_000, 16_000_000), (1, 1)] {
+            assert!(
+                matches!(resample(&[0.0; 10], from, to), Err(Error::Resample { .. })),
+                "{from} Hz to {to} Hz"
+            );
+        }
+        for rate in [*SAMPLE_RATES.start(), *SAMPLE_RATES.end()] {
+            let out = resample(&[0.0; 100], rate, SAMPLE_RATE).unwrap();
+            assert_eq!(
+                out.len(),
+                (100 * 16_000u64).div_ceil(u64::from(rate)) as usize
+            );
+        }
+    }
+
+    #[test]
+    fn non_finite_samples_are_refused_with_the_first_ones_index() {
+        let mut samples = vec![0.1; 1_000];
+        assert!(check_finite(&samples).is_ok());
+        samples[700] = f32::NEG_INFINITY;
+        samples[300] = f32::NAN;
+        assert!(matches!(
+            check_finite(&samples),
+            Err(Error::NonFiniteSample { index: 300, value }) if value.is_nan()
+        ));
+        assert!(matches!(
+            resample(&samples, 8_000, SAMPLE_RATE),
+            Err(Error::NonFiniteSample { index: 300, .. })
+        ));
+        let error = check_finite(&samples[400..]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid audio: sample 300 is -inf, not a finite number"
+        );
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub enum Error {
     #[error("invalid audio: {0}")]
     Audio(String),
 
+    /// A sample that is NaN or infinite: no spectrogram or resampling can use it.
+    #[error("invalid audio: sample {index} is {value}, not a finite number")]
+    NonFiniteSample { index: usize, value: f32 },
+
     #[error(transparent)]
     Nn(#[from] spec_nn::Error),
 
@@ -31,8 +35,9 @@ pub enum Error {
     Candle(#[from] candle_core::Error),
 
     /// A model folder or configuration that does not describe a Whisper model this engine can
-    /// run (a missing file, an unknown layout, inconsistent sizes).
-    #[error("invalid Whisper model: {0}")]
+    /// run (a missing file, an unknown layout, inconsistent sizes), or decoding options it
+    /// cannot follow (a temperature that is not a finite number ≥ 0, say).
+    #[error("invalid Whisper model or options: {0}")]
     Config(String),
 
     /// The tokenizer file cannot be read or lacks Whisper's special tokens.

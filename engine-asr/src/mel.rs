@@ -5,6 +5,7 @@
 
 use realfft::RealFftPlanner;
 
+use crate::audio::check_finite;
 use crate::{Error, Result};
 
 /// Frames of Whisper's 30-second input window.
@@ -85,7 +86,7 @@ impl LogMel {
 }
 
 /// The log-mel spectrogram of 16 kHz `samples`: `samples.len() / 160` frames. Needs more than
-/// 200 samples (the reflect padding of the first window).
+/// 200 samples (the reflect padding of the first window), all finite.
 pub fn log_mel_spectrogram(samples: &[f32], filters: &MelFilters) -> Result<LogMel> {
     spectrogram(samples, 0, filters)
 }
@@ -101,6 +102,7 @@ fn spectrogram(samples: &[f32], trailing_silence: usize, filters: &MelFilters) -
             samples.len()
         )));
     }
+    check_finite(samples)?;
     let frames = (samples.len() + trailing_silence) / HOP;
     // Past `computed`, every window reads zeros only (the reflection at the far end of a long
     // silence is of zeros too).
@@ -177,7 +179,7 @@ pub struct WhisperInput {
 }
 
 impl WhisperInput {
-    /// The input for 16 kHz `samples` (at least 201 of them).
+    /// The input for 16 kHz `samples` (at least 201 of them, all finite).
     pub fn new(samples: &[f32], filters: &MelFilters) -> Result<Self> {
         if samples.len() <= N_FFT / 2 {
             return Err(Error::Audio(format!(
@@ -264,6 +266,29 @@ mod tests {
         let silent = log_mel_spectrogram(&[0.0; 1600], &filters).unwrap();
         assert_eq!((silent.n_mels, silent.frames), (80, 10));
         assert!(silent.data.iter().all(|&v| v == -1.5));
+    }
+
+    #[test]
+    fn non_finite_samples_are_errors_not_silence() {
+        let filters = MelFilters::new(80).unwrap();
+        let tone: Vec<f32> = (0..1_600).map(|i| (i as f32 * 0.1).sin() * 0.3).collect();
+        for (index, bad) in [
+            (0, f32::NAN),
+            (250, f32::INFINITY),
+            (1_599, f32::NEG_INFINITY),
+        ] {
+            let mut samples = tone.clone();
+            samples[index] = bad;
+            for result in [
+                log_mel_spectrogram(&samples, &filters).map(drop),
+                WhisperInput::new(&samples, &filters).map(drop),
+            ] {
+                assert!(
+                    matches!(result, Err(Error::NonFiniteSample { index: i, .. }) if i == index),
+                    "{bad} at {index}"
+                );
+            }
+        }
     }
 
     #[test]

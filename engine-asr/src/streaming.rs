@@ -19,6 +19,7 @@ use spec_core::sampling::{argmax, log_probability};
 use spec_core::{forward_continuation, Decoder, LogitRows};
 use spec_nn::ROW_ATTENTION_MAX_ROWS;
 
+use crate::audio::check_finite;
 use crate::mel::{WhisperInput, HOP};
 use crate::whisper::decode::{extend_window, Candidate};
 use crate::whisper::{TranscribeOptions, Transcriber};
@@ -139,8 +140,10 @@ impl StreamingTranscriber {
     }
 
     /// Appends `chunk` and returns the partial transcript of everything received (`None`
-    /// while the window holds too little audio for one spectrogram frame).
+    /// while the window holds too little audio for one spectrogram frame). A chunk with a NaN
+    /// or infinite sample is refused whole ([`Error::NonFiniteSample`], indexed in the chunk).
     pub fn push(&mut self, chunk: &[f32]) -> Result<Option<Partial>> {
+        check_finite(chunk)?;
         let window_samples = self.transcriber.model().config().window_frames() * HOP;
         let mut rest = chunk;
         let mut last = None;
@@ -228,7 +231,9 @@ impl StreamingTranscriber {
         let mut max_tokens = model.config().max_target_positions / 2;
         if let Some(rate) = self.tokens_per_second {
             let seconds = self.samples.len() as f64 / f64::from(SAMPLE_RATE);
-            max_tokens = max_tokens.min(TOKEN_ALLOWANCE + (rate * seconds).ceil() as usize);
+            // The cast saturates: a huge rate leaves the decoder's own limit.
+            let rate_limit = TOKEN_ALLOWANCE.saturating_add((rate * seconds).ceil() as usize);
+            max_tokens = max_tokens.min(rate_limit);
         }
         let draft = &draft[..draft.len().min(max_tokens)];
         let greedy = |rules: &crate::whisper::LogitRules, raw: &[f32], sampled: &[u32]| {

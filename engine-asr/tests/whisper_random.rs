@@ -511,6 +511,102 @@ fn streaming_partials_stop_at_the_token_limit_with_the_greedy_tokens() {
 }
 
 #[test]
+fn a_huge_token_rate_means_no_practical_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 23).unwrap();
+    let stream = |limit| {
+        let transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+        StreamingTranscriber::new(transcriber, greedy_options())
+            .unwrap()
+            .with_token_limit(limit)
+            .unwrap()
+    };
+    let (mut huge, mut unlimited) = (stream(Some(f64::MAX)), stream(None));
+    for chunk in tones(1.5, 220.0).chunks(8_000) {
+        let (Some(a), Some(b)) = (huge.push(chunk).unwrap(), unlimited.push(chunk).unwrap()) else {
+            panic!("a chunk of 0.5 s gives a partial");
+        };
+        assert_eq!(a.tokens, b.tokens);
+    }
+}
+
+#[test]
+fn non_finite_audio_is_refused_by_transcription_and_streaming() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 24).unwrap();
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let good = tones(1.0, 220.0);
+    let mut bad = good.clone();
+    bad[5_000] = f32::NAN;
+    assert!(matches!(
+        transcriber.transcribe(&bad, &greedy_options()),
+        Err(Error::NonFiniteSample { index: 5_000, .. })
+    ));
+    let mut reference = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let mut stream = StreamingTranscriber::new(transcriber, greedy_options())
+        .unwrap()
+        .with_token_limit(None)
+        .unwrap();
+    bad[5_000] = f32::INFINITY;
+    assert!(matches!(
+        stream.push(&bad),
+        Err(Error::NonFiniteSample { index: 5_000, .. })
+    ));
+    // The refused chunk left nothing behind.
+    let partial = stream.push(&good).unwrap().unwrap();
+    let expected = reference.transcribe(&good, &greedy_options()).unwrap();
+    assert_eq!(partial.text, expected.text);
+}
+
+#[test]
+fn temperatures_must_be_finite_and_not_negative() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 25).unwrap();
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let audio = tones(1.0, 220.0);
+    for bad in [f32::INFINITY, f32::NAN, -0.2] {
+        let options = TranscribeOptions {
+            temperatures: vec![0.0, bad],
+            ..greedy_options()
+        };
+        assert!(
+            matches!(
+                transcriber.transcribe(&audio, &options),
+                Err(Error::Config(_))
+            ),
+            "temperature {bad}"
+        );
+    }
+}
+
+#[test]
+fn a_huge_encoder_margin_reads_the_whole_window() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 26).unwrap();
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let audio = tones(1.0, 220.0);
+    let window = engine_asr::WhisperInput::new(&audio, transcriber.filters())
+        .unwrap()
+        .window(0)
+        .unwrap();
+    let huge = EncoderLength::Audio {
+        margin_frames: usize::MAX,
+    };
+    let full = transcriber.encoder_input(window.clone(), 100, EncoderLength::Full);
+    assert_eq!(full.frames, 2 * SOURCE_POSITIONS);
+    assert_eq!(transcriber.encoder_input(window, 100, huge), full);
+    let options = |encoder_length| TranscribeOptions {
+        encoder_length,
+        ..greedy_options()
+    };
+    let expected = transcriber
+        .transcribe(&audio, &options(EncoderLength::Full))
+        .unwrap();
+    let got = transcriber.transcribe(&audio, &options(huge)).unwrap();
+    assert_eq!(got.text, expected.text);
+}
+
+#[test]
 fn streaming_refuses_beam_search() {
     let dir = tempfile::tempdir().unwrap();
     write_hf(dir.path(), 1).unwrap();

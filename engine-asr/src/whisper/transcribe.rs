@@ -78,7 +78,8 @@ pub struct TranscribeOptions {
     pub beam_size: usize,
     /// Samples drawn at each temperature above 0.
     pub best_of: usize,
-    /// Temperatures tried in turn until a decoding passes the thresholds.
+    /// Temperatures tried in turn until a decoding passes the thresholds: finite and at least
+    /// 0, where 0 decodes greedily (or by beam search).
     pub temperatures: Vec<f32>,
     /// A window whose text compresses better than this is a repetition loop: retry.
     pub compression_ratio_threshold: Option<f32>,
@@ -499,8 +500,9 @@ impl Transcriber {
         let frames = match length {
             EncoderLength::Full => full,
             EncoderLength::Audio { margin_frames } => {
-                let wanted = audio_frames + margin_frames;
-                (wanted + wanted % 2).min(full)
+                // Saturating: a huge margin means the whole window.
+                let wanted = audio_frames.saturating_add(margin_frames);
+                wanted.saturating_add(wanted % 2).min(full)
             }
         };
         if frames == window.frames {
@@ -639,6 +641,16 @@ impl Transcriber {
         let rules = self.rules(options);
         let end = self.tokenizer.end_of_text;
         let max_tokens = self.model.config().max_target_positions / 2;
+        if let Some(bad) = options
+            .temperatures
+            .iter()
+            .find(|t| !(t.is_finite() && **t >= 0.0))
+        {
+            return Err(Error::Config(format!(
+                "temperatures must be finite and at least 0 (0 decodes greedily), got {bad} in {:?}",
+                options.temperatures
+            )));
+        }
         let temperatures = if options.temperatures.is_empty() {
             vec![0.0]
         } else {
