@@ -25,7 +25,9 @@ pub const NOISE_WINDOW: Duration = Duration::from_secs(2);
 /// Settings of the [`EndpointDetector`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndpointConfig {
-    /// Length of the frames whose energy is measured. Default 20 ms.
+    /// Length of the frames whose energy is measured: a whole number of samples at
+    /// [`SAMPLE_RATE`] (a multiple of 62.5 µs), so that stream times counted in frames fall on
+    /// samples. Default 20 ms.
     pub frame: Duration,
     /// Silence that ends an utterance. Default 500 ms; shorter answers sooner but cuts
     /// speakers who pause mid-sentence.
@@ -63,6 +65,13 @@ impl EndpointConfig {
         if samples == 0 {
             return Err(Error::Config(format!(
                 "an endpoint frame of {:?} holds no sample at {SAMPLE_RATE} Hz",
+                self.frame
+            )));
+        }
+        if !(self.frame.as_nanos() * u128::from(SAMPLE_RATE)).is_multiple_of(1_000_000_000) {
+            return Err(Error::Config(format!(
+                "an endpoint frame of {:?} is not a whole number of samples at {SAMPLE_RATE} Hz \
+                 (make it a multiple of 62.5 µs)",
                 self.frame
             )));
         }
@@ -450,6 +459,15 @@ mod tests {
                 frame: Duration::ZERO,
                 ..EndpointConfig::default()
             },
+            // 320.48 and 533.33 samples: a clock counted in frames would run ahead of the audio.
+            EndpointConfig {
+                frame: Duration::from_micros(20_030),
+                ..EndpointConfig::default()
+            },
+            EndpointConfig {
+                frame: Duration::from_secs_f64(1.0 / 30.0),
+                ..EndpointConfig::default()
+            },
             EndpointConfig {
                 silence: ms(10),
                 ..EndpointConfig::default()
@@ -468,6 +486,14 @@ mod tests {
                 EndpointDetector::new(config),
                 Err(Error::Config(_))
             ));
+        }
+        // Any whole number of samples is a frame: 62.5 µs, 30.0625 ms.
+        for nanos in [62_500, 30_062_500] {
+            let config = EndpointConfig {
+                frame: Duration::from_nanos(nanos),
+                ..EndpointConfig::default()
+            };
+            assert!(EndpointDetector::new(config).is_ok(), "{nanos} ns");
         }
     }
 }

@@ -95,6 +95,8 @@ pub struct Listener {
     audio: Vec<f32>,
     /// Stream index of `audio[0]`, in samples.
     audio_start: usize,
+    /// Why a call failed midway, after which the listener refuses more audio.
+    failed: Option<String>,
 }
 
 impl Listener {
@@ -115,12 +117,20 @@ impl Listener {
                 "the listener decodes greedily: set beam_size to 1".into(),
             ));
         }
+        // The prompt every partial starts with: a language or task the model lacks (German or
+        // translation on an English-only model) is refused here rather than mid-utterance.
+        transcriber.prompt(
+            &config.transcribe,
+            config.transcribe.language.as_deref(),
+            &[],
+        )?;
         Ok(Self {
             detector: EndpointDetector::new(config.endpoint.clone())?,
             config,
             recognizer: Recognizer::Idle(Box::new(transcriber)),
             audio: Vec::new(),
             audio_start: 0,
+            failed: None,
         })
     }
 
@@ -149,10 +159,50 @@ impl Listener {
 
     /// Takes the next piece of 16 kHz mono audio and returns what it completes: the starts
     /// and ends of utterances, and at most one partial transcript.
+    ///
+    /// A piece with a sample that is not finite is refused unheard, and the listener goes on.
+    /// Any other error (recognition failing) comes after the piece was partly heard, so the
+    /// listener stops there: later calls to `push` and [`Listener::finish`] are refused with
+    /// [`Error::Input`], and [`Listener::into_transcriber`] gives Whisper back for a new one.
     pub fn push(&mut self, samples: &[f32]) -> Result<Vec<Heard>> {
+        self.refuse_after_failure()?;
         if let Some(bad) = samples.iter().find(|s| !s.is_finite()) {
             return Err(Error::Input(format!("an audio sample is {bad}")));
         }
+        let heard = self.hear(samples);
+        self.note_failure(heard)
+    }
+
+    /// The stream ends: an utterance in progress ends with it. Refused after a failed call,
+    /// as [`Listener::push`] is.
+    pub fn finish(&mut self) -> Result<Option<Heard>> {
+        self.refuse_after_failure()?;
+        let heard = self
+            .detector
+            .finish()
+            .map(|boundary| self.on_boundary(boundary))
+            .transpose();
+        self.note_failure(heard)
+    }
+
+    fn refuse_after_failure(&self) -> Result<()> {
+        match &self.failed {
+            Some(reason) => Err(Error::Input(format!(
+                "the listener stopped after an error ({reason}): start a new one"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn note_failure<T>(&mut self, result: Result<T>) -> Result<T> {
+        if let Err(error) = &result {
+            self.failed = Some(error.to_string());
+        }
+        result
+    }
+
+    /// [`Listener::push`] of finite samples.
+    fn hear(&mut self, samples: &[f32]) -> Result<Vec<Heard>> {
         self.audio.extend_from_slice(samples);
         let mut heard = Vec::new();
         for boundary in self.detector.push(samples) {
@@ -181,14 +231,6 @@ impl Listener {
             self.keep_recent();
         }
         Ok(heard)
-    }
-
-    /// The stream ends: an utterance in progress ends with it.
-    pub fn finish(&mut self) -> Result<Option<Heard>> {
-        self.detector
-            .finish()
-            .map(|boundary| self.on_boundary(boundary))
-            .transpose()
     }
 
     fn on_boundary(&mut self, boundary: Boundary) -> Result<Heard> {
@@ -351,5 +393,109 @@ impl Pipeline for Transcription<'_> {
 
     fn take_events(&mut self) -> Vec<()> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use engine_asr::testing::{greedy_options, write_hf};
+    use engine_asr::{LoadOptions, Task};
+
+    use super::*;
+
+    fn transcriber(dir: &tempfile::TempDir) -> Transcriber {
+        write_hf(dir.path(), 41).unwrap();
+        Transcriber::load(dir.path(), &LoadOptions::default()).unwrap()
+    }
+
+    /// English greedy decoding without the thresholds a random model's transcripts never pass.
+    fn config() -> ListenerConfig {
+        ListenerConfig {
+            transcribe: TranscribeOptions {
+                language: Some("en".into()),
+                ..greedy_options()
+            },
+            ..ListenerConfig::default()
+        }
+    }
+
+    /// Silence, a second of a tone, and a pause longer than the end-of-speech silence.
+    fn utterance() -> Vec<f32> {
+        let tone = (0..16_000)
+            .map(|i| 0.3 * (2.0 * std::f32::consts::PI * 220.0 * i as f32 / 16_000.0).sin());
+        [vec![0.0; 8_000], tone.collect(), vec![0.0; 16_000]].concat()
+    }
+
+    #[test]
+    fn settings_the_model_or_the_audio_cannot_follow_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut whisper = transcriber(&dir);
+        let german = ListenerConfig {
+            transcribe: TranscribeOptions {
+                language: Some("de".into()),
+                ..config().transcribe
+            },
+            ..config()
+        };
+        let translate = ListenerConfig {
+            transcribe: TranscribeOptions {
+                task: Task::Translate,
+                ..config().transcribe
+            },
+            ..config()
+        };
+        for bad in [german, translate] {
+            let refused = Listener::new(whisper, bad).unwrap_err();
+            assert!(
+                matches!(refused, Error::Asr(engine_asr::Error::Language(_))),
+                "{refused:?}"
+            );
+            whisper = transcriber(&dir);
+        }
+        // A frame of 320.48 samples: counted in frames, the stream would run ahead of its audio.
+        let uneven = ListenerConfig {
+            endpoint: EndpointConfig {
+                frame: Duration::from_micros(20_030),
+                ..EndpointConfig::default()
+            },
+            ..config()
+        };
+        assert!(matches!(
+            Listener::new(whisper, uneven),
+            Err(Error::Config(_))
+        ));
+    }
+
+    #[test]
+    fn a_listener_whose_recognition_failed_refuses_more_audio() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut listener = Listener::new(transcriber(&dir), config()).unwrap();
+        // Unusable audio is refused unheard: the listener goes on.
+        assert!(matches!(
+            listener.push(&[0.1, f32::NAN]),
+            Err(Error::Input(_))
+        ));
+        // Recognition fails at the end of an utterance (the whole utterance in one piece, so
+        // its final transcript is the first): a language the model lacks, after the check.
+        listener.config.transcribe.language = Some("de".into());
+        let failed = listener.push(&utterance()).unwrap_err();
+        assert!(
+            matches!(failed, Error::Asr(engine_asr::Error::Language(_))),
+            "{failed:?}"
+        );
+        // The next utterance is refused, not started on a recognizer still in the last one.
+        assert!(matches!(listener.push(&utterance()), Err(Error::Input(_))));
+        assert!(matches!(listener.finish(), Err(Error::Input(_))));
+        // Whisper comes back, and a new listener hears the same audio.
+        let mut listener = Listener::new(listener.into_transcriber(), config()).unwrap();
+        let heard = listener.push(&utterance()).unwrap();
+        assert!(
+            matches!(heard.first(), Some(Heard::Started { .. })),
+            "{heard:?}"
+        );
+        assert!(
+            matches!(heard.last(), Some(Heard::Final { .. })),
+            "{heard:?}"
+        );
     }
 }
