@@ -30,6 +30,32 @@ fn transcriber(name: &str) -> Transcriber {
     Transcriber::load(&model.dir, &LoadOptions::default()).unwrap()
 }
 
+/// The multilingual tokenizer beside the English-only model numbers every special token one
+/// higher (its end of text is 50257, the model's 50256): refused, not a transcript that never
+/// ends.
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn a_tokenizer_of_another_whisper_is_refused() {
+    let (tiny, base) = (
+        store().resolve(TINY_EN).unwrap(),
+        store().resolve(BASE).unwrap(),
+    );
+    let mixed = tempfile::tempdir().unwrap();
+    for name in ["model.bin", "config.json"] {
+        std::os::unix::fs::symlink(tiny.dir.join(name), mixed.path().join(name)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        base.dir.join("tokenizer.json"),
+        mixed.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let err = Transcriber::load(mixed.path(), &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, engine_asr::Error::Config(_)) && err.to_string().contains("50257"),
+        "{err}"
+    );
+}
+
 /// The clips, keyed as in `expected_transcripts.json` (`folder/file.wav`).
 fn clips() -> Vec<(String, Vec<f32>)> {
     let root = store().root().join("data/speech");

@@ -213,6 +213,20 @@ fn damaged_and_mismatched_model_folders_are_typed_errors() {
     ));
 }
 
+/// A model whose start-of-window suppression lacks the tokenizer's end of text was configured
+/// for another tokenizer: refused.
+#[test]
+fn a_tokenizer_whose_end_of_text_the_model_does_not_suppress_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 27).unwrap();
+    let tokenizer = || WhisperTokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    let model = || Whisper::load(dir.path(), &LoadOptions::default()).unwrap();
+    assert!(Transcriber::new(model(), tokenizer(), vec![3, 4], vec![26, END_OF_TEXT]).is_ok());
+    let err =
+        Transcriber::new(model(), tokenizer(), vec![3, 4], vec![26, END_OF_TEXT + 1]).unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+}
+
 fn rules(dir: &std::path::Path, timestamps: bool) -> (WhisperTokenizer, LogitRules) {
     let tokenizer = WhisperTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let rules = LogitRules::new(

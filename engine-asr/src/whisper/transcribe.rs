@@ -379,6 +379,17 @@ impl Transcriber {
                 model.config().vocab_size
             )));
         }
+        // Whisper suppresses a blank and the end of text at a window's start, so a model's
+        // list without this tokenizer's end of text was made for another tokenizer (the
+        // multilingual one numbers every special token one above the English-only one's).
+        if !suppress_at_start.is_empty() && !suppress_at_start.contains(&tokenizer.end_of_text) {
+            return Err(Error::Config(format!(
+                "the model suppresses {suppress_at_start:?} at a window's start, Whisper's blank \
+                 and end of text, but the tokenizer's end of text is {}: a tokenizer of another \
+                 Whisper model?",
+                tokenizer.end_of_text
+            )));
+        }
         let filters = MelFilters::new(model.config().n_mels)?;
         Ok(Self {
             model,
