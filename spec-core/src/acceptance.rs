@@ -53,6 +53,12 @@ pub trait Acceptance {
     /// token by token without randomness; `None` for rules that cannot (speculative sampling).
     fn judge(&self, token: u32, target_logits: &[f32]) -> Option<bool>;
 
+    /// Checks the rule's parameters ([`Error::InvalidConfig`] when out of range); the tree
+    /// verifications and speculative sampling's check call it before judging anything.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// The target's own token where the draft stops: argmax for deterministic rules.
     fn correction(&self, target_logits: &[f32]) -> u32 {
         argmax(target_logits)
@@ -109,6 +115,13 @@ impl Acceptance for TopK {
     fn judge(&self, token: u32, target_logits: &[f32]) -> Option<bool> {
         Some(in_top_k(target_logits, token, self.k))
     }
+
+    fn validate(&self) -> Result<()> {
+        if self.k == 0 {
+            return Err(Error::InvalidConfig("top-k acceptance needs k >= 1".into()));
+        }
+        Ok(())
+    }
 }
 
 /// Accept while the target's probability (softmax at temperature 1) of the draft token is at
@@ -127,6 +140,20 @@ impl Acceptance for Threshold {
                 .is_some_and(|&p| p >= self.min_prob),
         )
     }
+
+    fn validate(&self) -> Result<()> {
+        in_unit_interval("threshold", self.min_prob)
+    }
+}
+
+/// [`Error::InvalidConfig`] unless `value` lies in [0, 1] (NaN does not).
+fn in_unit_interval(what: &str, value: f32) -> Result<()> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err(Error::InvalidConfig(format!(
+            "{what} must be in [0, 1], got {value}"
+        )));
+    }
+    Ok(())
 }
 
 /// Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) with the tolerance factor β
@@ -152,6 +179,7 @@ impl SpeculativeSampling {
         target_probs: &[Vec<f32>],
         rng: &mut dyn RngCore,
     ) -> Result<Verdict> {
+        Acceptance::validate(self)?;
         if draft_probs.len() != draft.len() || target_probs.len() != draft.len() + 1 {
             return Err(Error::InvalidConfig(format!(
                 "speculative sampling needs the draft's distribution for each of the {} draft \
@@ -160,6 +188,21 @@ impl SpeculativeSampling {
                 draft_probs.len(),
                 target_probs.len()
             )));
+        }
+        let vocab = target_probs[0].len();
+        if let Some(width) = draft_probs
+            .iter()
+            .chain(target_probs)
+            .map(Vec::len)
+            .find(|&w| w != vocab || w == 0)
+        {
+            return Err(Error::InvalidConfig(format!(
+                "speculative sampling needs distributions over one vocabulary, got rows of {vocab} \
+                 and {width} tokens"
+            )));
+        }
+        if let Some(&token) = draft.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
         }
         for (i, (&x, p)) in draft.iter().zip(draft_probs).enumerate() {
             let q = &target_probs[i];
@@ -191,8 +234,13 @@ impl Acceptance for SpeculativeSampling {
         None
     }
 
+    fn validate(&self) -> Result<()> {
+        in_unit_interval("tolerance β", self.tolerance)
+    }
+
     fn verify(&self, check: &DraftCheck<'_>, rng: &mut dyn RngCore) -> Result<Verdict> {
         check_target_rows(check.draft, check.target_logits)?;
+        check.sampling.validate()?;
         let target: Vec<Vec<f32>> = check
             .target_logits
             .rows()
@@ -214,6 +262,10 @@ pub struct Biased {
 }
 
 impl Acceptance for Biased {
+    fn validate(&self) -> Result<()> {
+        in_unit_interval("bias β", self.beta)
+    }
+
     fn judge(&self, token: u32, target_logits: &[f32]) -> Option<bool> {
         if token as usize >= target_logits.len() {
             return Some(false);
@@ -273,23 +325,7 @@ impl AcceptanceRule {
 
     /// Checks the rule's parameter range.
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(Error::InvalidConfig(what));
-        match *self {
-            Self::Greedy(_) => Ok(()),
-            Self::TopK(TopK { k: 0 }) => bad("top-k acceptance needs k >= 1".into()),
-            Self::Threshold(Threshold { min_prob }) if !(0.0..=1.0).contains(&min_prob) => {
-                bad(format!("threshold must be in [0, 1], got {min_prob}"))
-            }
-            Self::SpeculativeSampling(SpeculativeSampling { tolerance })
-                if !(0.0..=1.0).contains(&tolerance) =>
-            {
-                bad(format!("tolerance β must be in [0, 1], got {tolerance}"))
-            }
-            Self::Biased(Biased { beta }) if !(0.0..=1.0).contains(&beta) => {
-                bad(format!("bias β must be in [0, 1], got {beta}"))
-            }
-            _ => Ok(()),
-        }
+        self.inner().validate()
     }
 
     fn inner(&self) -> &dyn Acceptance {
@@ -306,6 +342,10 @@ impl AcceptanceRule {
 impl Acceptance for AcceptanceRule {
     fn judge(&self, token: u32, target_logits: &[f32]) -> Option<bool> {
         self.inner().judge(token, target_logits)
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.inner().validate()
     }
 
     fn correction(&self, target_logits: &[f32]) -> u32 {

@@ -66,8 +66,8 @@ impl ForwardCosts {
     /// costs measured on these tokens compare with ours.
     pub fn probe_tokens(vocab: u32, max_tokens: usize) -> (Vec<u32>, Vec<u32>) {
         let context = Self::probe_context(vocab, 64);
-        let batch = (0..max_tokens as u32)
-            .map(|i| (i * 104_729 + 5) % vocab)
+        let batch = (0..max_tokens as u64)
+            .map(|i| ((i * 104_729 + 5) % u64::from(vocab.max(1))) as u32)
             .collect();
         (context, batch)
     }
@@ -75,7 +75,9 @@ impl ForwardCosts {
     /// The first `len` tokens of the probe's context (the context of [`Self::probe_tokens`] is
     /// the first 64), for timing forwards after a longer or shorter one.
     pub fn probe_context(vocab: u32, len: usize) -> Vec<u32> {
-        (0..len as u32).map(|i| (i * 7919 + 13) % vocab).collect()
+        (0..len as u64)
+            .map(|i| ((i * 7919 + 13) % u64::from(vocab.max(1))) as u32)
+            .collect()
     }
 
     /// Times forwards of 1 to `max_tokens` tokens after a 64-token context (best of `repeats`),
@@ -87,6 +89,13 @@ impl ForwardCosts {
         max_tokens: usize,
         repeats: usize,
     ) -> Result<Self> {
+        if max_tokens == 0 || repeats == 0 || model.vocab_size() == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "measuring forward costs needs at least one token, one repeat and a vocabulary, \
+                 got {max_tokens} tokens, {repeats} repeats, a vocabulary of {}",
+                model.vocab_size()
+            )));
+        }
         let (context, batch) = Self::probe_tokens(model.vocab_size() as u32, max_tokens);
         model.reset();
         forward_tokens(model, &context, LogitRows::Last(1))?;

@@ -563,6 +563,7 @@ pub(crate) fn tree_forward<T: Decoder + ?Sized>(
     rule: &dyn Acceptance,
     logits: LogitRows,
 ) -> Result<Tensor> {
+    rule.validate()?;
     if rule.is_stochastic() {
         return Err(Error::Unsupported(
             "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",

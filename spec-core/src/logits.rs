@@ -15,7 +15,7 @@ pub struct Logits {
 impl Logits {
     /// Copies a `[rows, vocab_size]` tensor (any float dtype), checking its shape.
     pub fn from_tensor(logits: &Tensor, rows: usize, vocab_size: usize) -> Result<Self> {
-        if logits.dims() != [rows, vocab_size] {
+        if vocab_size == 0 || logits.dims() != [rows, vocab_size] {
             return Err(Error::LogitsShape {
                 got: logits.dims().to_vec(),
                 expected: format!("[{rows}, {vocab_size}]"),
