@@ -878,17 +878,22 @@ impl AttentionMask {
             },
             (Some(mask), true) => {
                 let bias: Vec<f32> = mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                if bias.len() != n * width {
+                    return Err(Error::Config(format!(
+                        "an attention bias of {} values for {n} rows over {width} keys",
+                        bias.len()
+                    )));
+                }
                 let visible = bias.iter().filter(|&&b| b > f32::NEG_INFINITY).count();
-                let seen =
-                    (n > 0 && bias.len() == n * width && 2 * visible <= bias.len()).then(|| {
-                        bias.chunks_exact(width)
-                            .map(|row| {
-                                (0..row.len())
-                                    .filter(|&j| row[j] > f32::NEG_INFINITY)
-                                    .collect()
-                            })
-                            .collect()
-                    });
+                let seen = (n > 0 && 2 * visible <= bias.len()).then(|| {
+                    bias.chunks_exact(width)
+                        .map(|row| {
+                            (0..row.len())
+                                .filter(|&j| row[j] > f32::NEG_INFINITY)
+                                .collect()
+                        })
+                        .collect()
+                });
                 Self::Rows {
                     bias: Some(bias),
                     seen,
@@ -902,6 +907,17 @@ impl AttentionMask {
                 Self::Batched(mask.to_dtype(DType::F32)?.reshape((1, 1, 1, n, width))?)
             }
         })
+    }
+
+    /// `Err` unless a row mask was built for the `cached` positions a layer's cache holds (its
+    /// bias rows and causal offsets count them).
+    fn check_cached(&self, cached: usize) -> Result<()> {
+        match self {
+            Self::Rows { cached: built, .. } if *built != cached => Err(Error::Config(format!(
+                "an attention mask built after {built} cached positions, for a cache of {cached}"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Which keys each query row sees, for row attention; `None` for a batched mask.
@@ -1052,6 +1068,7 @@ impl SelfAttention {
         mask: &AttentionMask,
         cache: &mut LayerKvCache,
     ) -> Result<Tensor> {
+        mask.check_cached(cache.len())?;
         let h = self.heads;
         let [q, k, v] = Linear::forward_many([&self.q, &self.k, &self.v], x)?;
         let (mut q, mut k) = (h.split(&q, h.heads)?, h.split(&k, h.kv_heads)?);
@@ -1086,6 +1103,7 @@ impl SelfAttention {
         let Some(row_mask) = mask.row_mask() else {
             return Err(Error::Config("row attention needs a CPU row mask".into()));
         };
+        mask.check_cached(cache.len())?;
         let [mut q, mut k, v] = Linear::forward_many_rows([&self.q, &self.k, &self.v], x, n)?;
         if let Some(tables) = rotary {
             tables.rotate_rows(&mut q, n, heads, d)?;
@@ -1392,6 +1410,37 @@ mod tests {
         assert!(attention
             .forward_rows(&x, 1, None, &causal, &mut cache)
             .is_err());
+    }
+
+    /// A mask built for another cache length, or a bias of another size, would attend to the
+    /// wrong keys (or read past the bias): refused.
+    #[test]
+    fn a_mask_that_does_not_fit_the_cache_is_refused() {
+        let device = Device::Cpu;
+        let attention = self_attention(Heads::new(2, 1, 32).unwrap());
+        let x = Tensor::randn(0f32, 1.0, (1, 2, HIDDEN), &device).unwrap();
+        let mut cache = LayerKvCache::new(4, 64);
+        let fresh = AttentionMask::new(None, 2, 0, &device).unwrap();
+        attention.forward(&x, None, &fresh, &mut cache).unwrap();
+        assert_eq!(cache.len(), 2);
+        for stale in [0, 3] {
+            let mask = AttentionMask::new(None, 2, stale, &device).unwrap();
+            let err = attention.forward(&x, None, &mask, &mut cache).unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{stale}: {err}");
+            let rows: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            assert!(attention
+                .forward_rows(&rows, 2, None, &mask, &mut cache)
+                .is_err());
+            assert_eq!(cache.len(), 2, "a refused forward appends nothing");
+        }
+        let short = Tensor::zeros((1, 1, 2, 3), DType::F32, &device).unwrap();
+        assert!(matches!(
+            AttentionMask::new(Some(&short), 2, 2, &device),
+            Err(Error::Config(_))
+        ));
+        let fits = AttentionMask::new(None, 2, 2, &device).unwrap();
+        attention.forward(&x, None, &fits, &mut cache).unwrap();
+        assert_eq!(cache.len(), 4);
     }
 
     #[test]

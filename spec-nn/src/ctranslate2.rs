@@ -187,8 +187,11 @@ impl Ct2File {
             let dtype = Ct2DType::from_id(dtype_id)
                 .ok_or_else(|| bad(format!("`{name}` has unknown data type {dtype_id}")))?;
             let bytes = reader.u32()? as usize;
-            let expected = dims.iter().product::<usize>() * dtype.size();
-            if bytes != expected {
+            let expected = dims
+                .iter()
+                .try_fold(dtype.size(), |total, &d| total.checked_mul(d));
+            if expected != Some(bytes) {
+                let expected = expected.map_or("more than memory holds".into(), |e| e.to_string());
                 return Err(bad(format!(
                     "`{name}` {dims:?} of {dtype:?} holds {bytes} bytes, expected {expected}"
                 )));
@@ -546,6 +549,20 @@ mod tests {
             let err = Ct2File::open(&path).err().expect("cut file opened");
             assert!(matches!(err, Error::BadWeights { .. }), "{cut}: {err}");
         }
+        // A header whose dimensions multiply past any size (4 294 967 295² halves).
+        let name = b"dense/weight";
+        let at = bytes
+            .windows(name.len())
+            .position(|w| w == name)
+            .expect("the tensor's name")
+            + name.len();
+        let at = at + usize::from(bytes[at] == 0);
+        assert_eq!(bytes[at], 2, "rank 2");
+        let mut huge = bytes.clone();
+        huge[at + 1..at + 9].fill(0xff);
+        std::fs::write(&path, &huge).unwrap();
+        let err = Ct2File::open(&path).err().expect("impossible shape opened");
+        assert!(err.to_string().contains("more than memory holds"), "{err}");
         std::fs::write(&path, b"GGUF\x03\x00\x00\x00 not a ctranslate2 file").unwrap();
         assert!(matches!(
             Ct2File::open(&path),

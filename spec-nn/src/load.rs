@@ -111,7 +111,11 @@ impl GgufFile {
             .map(|info| {
                 let elems = info.shape.elem_count();
                 let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-                content.tensor_data_offset + info.offset + bytes as u64
+                // A header's offsets are the file's word: one past u64 means a file it is not.
+                content
+                    .tensor_data_offset
+                    .saturating_add(info.offset)
+                    .saturating_add(bytes as u64)
             })
             .max()
             .unwrap_or(0);
@@ -576,6 +580,21 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         let cut = dir.path().join("cut.gguf");
         std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+        assert!(matches!(
+            GgufFile::open(&cut),
+            Err(Error::BadWeights { .. })
+        ));
+        // A header placing a tensor past any file (its offset near 2⁶⁴).
+        let name = b"norm";
+        let at = bytes
+            .windows(name.len())
+            .position(|w| w == name)
+            .expect("the tensor's name")
+            + name.len();
+        // Then: 1 dimension (u32), its length (u64), the type (u32), the offset (u64).
+        let mut far = bytes.clone();
+        far[at + 16..at + 24].copy_from_slice(&(u64::MAX - 16).to_le_bytes());
+        std::fs::write(&cut, &far).unwrap();
         assert!(matches!(
             GgufFile::open(&cut),
             Err(Error::BadWeights { .. })

@@ -8,7 +8,7 @@
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::linear::{with_cpu_values, Linear};
-use crate::Result;
+use crate::{Error, Result};
 use spec_core::math::exp;
 
 /// `down(silu(gate(x)) · up(x))`.
@@ -28,6 +28,12 @@ impl SwiGlu {
     /// [`SwiGlu::forward`] of `tokens` rows given as values (`[tokens, in]`), every layer on
     /// the kernels: the same bits, without tensors.
     pub fn forward_rows(&self, x: &[f32], tokens: usize) -> Result<Vec<f32>> {
+        let (gate_rows, up_rows) = (self.gate.weight.shape()?.0, self.up.weight.shape()?.0);
+        if gate_rows != up_rows {
+            return Err(Error::Config(format!(
+                "SwiGLU's gate has {gate_rows} outputs and its up projection {up_rows}"
+            )));
+        }
         let [mut gate, up] = Linear::forward_many_rows([&self.gate, &self.up], x, tokens)?;
         gate_in_place(&mut gate, &up);
         let [out] = Linear::forward_many_rows([&self.down], &gate, tokens)?;
@@ -193,5 +199,13 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&expected), "{tokens} tokens");
         }
+        let uneven = SwiGlu {
+            up: linear(CHUNK, 64),
+            ..ffn
+        };
+        assert!(matches!(
+            uneven.forward_rows(&[0.5; 64], 1),
+            Err(Error::Config(_))
+        ));
     }
 }
