@@ -48,7 +48,7 @@ impl TransformerConfig {
                     path: gguf.path().to_path_buf(),
                     name: "token_embd.weight".into(),
                 })?;
-        let &[vocab_size, embed_width] = embed_shape.as_slice() else {
+        let &[vocab_size, _] = embed_shape.as_slice() else {
             return Err(spec_nn::Error::BadWeights {
                 path: gguf.path().to_path_buf(),
                 reason: format!(
@@ -57,14 +57,6 @@ impl TransformerConfig {
             }
             .into());
         };
-        if embed_width != hidden_size {
-            return Err(spec_nn::Error::ShapeMismatch {
-                name: "token_embd.weight".into(),
-                got: embed_shape.to_vec(),
-                expected: vec![vocab_size, hidden_size],
-            }
-            .into());
-        }
         let head_dim = match gguf.usize(&key("attention.key_length")) {
             Ok(d) => d,
             Err(_) => hidden_size / num_heads.max(1),

@@ -550,12 +550,7 @@ mod tests {
             assert!(matches!(err, Error::BadWeights { .. }), "{cut}: {err}");
         }
         // A header whose dimensions multiply past any size (4 294 967 295² halves).
-        let name = b"dense/weight";
-        let at = bytes
-            .windows(name.len())
-            .position(|w| w == name)
-            .expect("the tensor's name")
-            + name.len();
+        let at = crate::after_name(&bytes, b"dense/weight");
         let at = at + usize::from(bytes[at] == 0);
         assert_eq!(bytes[at], 2, "rank 2");
         let mut huge = bytes.clone();

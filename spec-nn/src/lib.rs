@@ -65,3 +65,14 @@ pub use positions::{sinusoidal_positions, LearnedPositions};
 pub use rotary::{RopeLayout, Rotary, RotaryTables};
 pub use sequence_attention::{RelPositionAttention, RelativePositions, SequenceAttention};
 pub use trainable::TrainableDecoderLayer;
+
+/// The index just past the first occurrence of `name` in a weight file's bytes: where the
+/// header fields of that tensor begin, for tests that patch them.
+#[cfg(test)]
+pub(crate) fn after_name(bytes: &[u8], name: &[u8]) -> usize {
+    bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the tensor's name")
+        + name.len()
+}

@@ -585,12 +585,7 @@ mod tests {
             Err(Error::BadWeights { .. })
         ));
         // A header placing a tensor past any file (its offset near 2⁶⁴).
-        let name = b"norm";
-        let at = bytes
-            .windows(name.len())
-            .position(|w| w == name)
-            .expect("the tensor's name")
-            + name.len();
+        let at = crate::after_name(&bytes, b"norm");
         // Then: 1 dimension (u32), its length (u64), the type (u32), the offset (u64).
         let mut far = bytes.clone();
         far[at + 16..at + 24].copy_from_slice(&(u64::MAX - 16).to_le_bytes());

@@ -166,9 +166,7 @@ impl Listener {
     /// [`Error::Input`], and [`Listener::into_transcriber`] gives Whisper back for a new one.
     pub fn push(&mut self, samples: &[f32]) -> Result<Vec<Heard>> {
         self.refuse_after_failure()?;
-        if let Some(bad) = samples.iter().find(|s| !s.is_finite()) {
-            return Err(Error::Input(format!("an audio sample is {bad}")));
-        }
+        engine_asr::audio::check_finite(samples).map_err(|e| Error::Input(e.to_string()))?;
         let heard = self.hear(samples);
         self.note_failure(heard)
     }

@@ -649,9 +649,6 @@ impl Transcriber {
                 "decode with heads or with a draft model, not both".into(),
             ));
         }
-        let rules = self.rules(options);
-        let end = self.tokenizer.end_of_text;
-        let max_tokens = self.model.config().max_target_positions / 2;
         if let Some(bad) = options
             .temperatures
             .iter()
@@ -662,6 +659,9 @@ impl Transcriber {
                 options.temperatures
             )));
         }
+        let rules = self.rules(options);
+        let end = self.tokenizer.end_of_text;
+        let max_tokens = self.model.config().max_target_positions / 2;
         let temperatures = if options.temperatures.is_empty() {
             vec![0.0]
         } else {

@@ -48,7 +48,7 @@ impl Default for RasConfig {
 
 impl RasConfig {
     pub fn validate(&self) -> Result<()> {
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) || self.top_k == 0 || self.window == 0 {
+        if !nucleus_can_hold_a_token(self.top_p, self.top_k) || self.window == 0 {
             return Err(CosyVoiceError::Config(format!(
                 "repetition-aware sampling needs 0 < top_p ≤ 1, top_k ≥ 1 and a window ≥ 1, got {self:?}"
             )));
@@ -88,17 +88,25 @@ fn nucleus(probabilities: &[f32], top_p: f32, top_k: usize) -> Vec<usize> {
     kept
 }
 
-/// `Err` unless there are scores to sample from and the nucleus can hold a token.
-fn check_nucleus(scores: &[f32], top_p: f32, top_k: usize) -> Result<()> {
+/// Whether a nucleus of these settings keeps at least one token: 0 < `top_p` ≤ 1, `top_k` ≥ 1.
+fn nucleus_can_hold_a_token(top_p: f32, top_k: usize) -> bool {
+    top_p > 0.0 && top_p <= 1.0 && top_k > 0
+}
+
+/// `Err` for no scores to sample from.
+fn check_scores(scores: &[f32]) -> Result<()> {
     if scores.is_empty() {
         return Err(CosyVoiceError::Input("no scores to sample from".into()));
     }
-    if !(top_p > 0.0 && top_p <= 1.0) || top_k == 0 {
-        return Err(CosyVoiceError::Config(format!(
-            "nucleus sampling needs 0 < top_p ≤ 1 and top_k ≥ 1, got top_p {top_p}, top_k {top_k}"
-        )));
-    }
     Ok(())
+}
+
+/// [`nucleus_sample`] of checked scores and settings.
+fn draw_from_nucleus(scores: &[f32], top_p: f32, top_k: usize, uniforms: &mut dyn Uniforms) -> u32 {
+    let probabilities = softmax(scores);
+    let kept = nucleus(&probabilities, top_p, top_k);
+    let weights: Vec<f32> = kept.iter().map(|&i| probabilities[i]).collect();
+    kept[draw(&weights, uniforms.next_uniform())] as u32
 }
 
 /// Nucleus sampling over log-probabilities `scores`: one token of the nucleus (the most likely
@@ -110,11 +118,13 @@ pub fn nucleus_sample(
     top_k: usize,
     uniforms: &mut dyn Uniforms,
 ) -> Result<u32> {
-    check_nucleus(scores, top_p, top_k)?;
-    let probabilities = softmax(scores);
-    let kept = nucleus(&probabilities, top_p, top_k);
-    let weights: Vec<f32> = kept.iter().map(|&i| probabilities[i]).collect();
-    Ok(kept[draw(&weights, uniforms.next_uniform())] as u32)
+    check_scores(scores)?;
+    if !nucleus_can_hold_a_token(top_p, top_k) {
+        return Err(CosyVoiceError::Config(format!(
+            "nucleus sampling needs 0 < top_p ≤ 1 and top_k ≥ 1, got top_p {top_p}, top_k {top_k}"
+        )));
+    }
+    Ok(draw_from_nucleus(scores, top_p, top_k, uniforms))
 }
 
 /// The distribution [`ras_sample`] draws from, exactly: each nucleus token keeps its share of
@@ -124,7 +134,7 @@ pub fn nucleus_sample(
 /// empty `scores` or a configuration [`RasConfig::validate`] refuses.
 pub fn ras_distribution(scores: &[f32], decoded: &[u32], config: &RasConfig) -> Result<Vec<f32>> {
     config.validate()?;
-    check_nucleus(scores, config.top_p, config.top_k)?;
+    check_scores(scores)?;
     let probabilities = softmax(scores);
     let kept = nucleus(&probabilities, config.top_p, config.top_k);
     let nucleus: f64 = kept.iter().map(|&i| f64::from(probabilities[i])).sum();
@@ -157,7 +167,8 @@ pub fn ras_sample(
     uniforms: &mut dyn Uniforms,
 ) -> Result<u32> {
     config.validate()?;
-    let token = nucleus_sample(scores, config.top_p, config.top_k, uniforms)?;
+    check_scores(scores)?;
+    let token = draw_from_nucleus(scores, config.top_p, config.top_k, uniforms);
     let recent = &decoded[decoded.len().saturating_sub(config.window)..];
     let repeats = recent.iter().filter(|&&t| t == token).count();
     if repeats as f32 >= config.window as f32 * config.tau_r {
