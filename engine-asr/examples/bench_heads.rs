@@ -23,7 +23,7 @@ use engine_asr::wer::word_errors;
 use engine_asr::whisper::model_fingerprint;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use spec_core::heads::{HeadsDrafter, HeadsTree};
-use spec_core::report::{Report, Table};
+use spec_core::report::{speedup, Report, Table};
 use spec_core::{AcceptanceRule, DecodeStats};
 use spec_models::{Registry, Store};
 use spec_nn::heads::{training_command, MultiTokenHeads};
@@ -275,11 +275,11 @@ fn push_rows(
             model.into(),
             system.name.clone(),
             format!("{:.3}", per_word(o)),
-            format!("{:.2}×", per_word(greedy) / per_word(o)),
+            speedup(per_word(greedy), per_word(o)),
             format!("{:.0} ms", o.decoder_time.as_secs_f64() * 1e3),
-            format!(
-                "{:.2}×",
-                greedy.decoder_time.as_secs_f64() / o.decoder_time.as_secs_f64()
+            speedup(
+                greedy.decoder_time.as_secs_f64(),
+                o.decoder_time.as_secs_f64(),
             ),
             if is_heads {
                 format!("{:.0} %", 100.0 * heads_share)

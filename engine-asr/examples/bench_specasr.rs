@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
-use spec_core::report::{Report, Table};
+use spec_core::report::{speedup, Report, Table};
 use spec_core::{DecodeStats, SpecAsrConfig};
 use spec_models::{Registry, Store};
 
@@ -205,19 +205,18 @@ fn main() -> Result<()> {
                 name.clone(),
                 format!("{}/{}", o.drafted_windows, o.windows),
                 format!("{:.0} ms", o.decoder_time.as_secs_f64() * 1e3),
-                format!(
-                    "{:.2}×",
-                    greedy.decoder_time.as_secs_f64() / o.decoder_time.as_secs_f64()
+                speedup(
+                    greedy.decoder_time.as_secs_f64(),
+                    o.decoder_time.as_secs_f64(),
                 ),
                 if speculative {
                     format!("{:.0} ms", o.draft_encoder_time.as_secs_f64() * 1e3)
                 } else {
                     dash()
                 },
-                format!(
-                    "{:.2}×",
-                    greedy.decoder_time.as_secs_f64()
-                        / (o.decoder_time + o.draft_encoder_time).as_secs_f64()
+                speedup(
+                    greedy.decoder_time.as_secs_f64(),
+                    (o.decoder_time + o.draft_encoder_time).as_secs_f64(),
                 ),
                 format!("{:.3}", o.forwards as f64 / words.max(1) as f64),
                 if speculative {

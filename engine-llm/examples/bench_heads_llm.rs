@@ -21,7 +21,7 @@ use engine_llm::cli::open_heads;
 use engine_llm::{heads_lookup, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::report::{Report, Table};
+use spec_core::report::{speedup, Report, Table};
 use spec_core::{
     generate, heads_generate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,
     OutputRows, SamplingConfig, StopConditions, TreeDrafter,
@@ -243,9 +243,9 @@ fn main() -> Result<()> {
         table.push(vec![
             label.clone(),
             format!("{:.2}", stats.decode_tokens_per_second()),
-            format!(
-                "{:.2}×",
-                stats.decode_tokens_per_second() / greedy.decode_tokens_per_second()
+            speedup(
+                stats.decode_tokens_per_second(),
+                greedy.decode_tokens_per_second(),
             ),
             format!("{:.3}", per_token(stats)),
             format!("{:.2}", stats.tokens_per_target_pass()),
@@ -281,9 +281,9 @@ fn main() -> Result<()> {
                     .to_string(),
                 format!("{:.2}", plain.decode_tokens_per_second()),
                 format!("{:.2}", drafted.decode_tokens_per_second()),
-                format!(
-                    "{:.2}×",
-                    drafted.decode_tokens_per_second() / plain.decode_tokens_per_second()
+                speedup(
+                    drafted.decode_tokens_per_second(),
+                    plain.decode_tokens_per_second(),
                 ),
                 format!(
                     "{:.0} %",

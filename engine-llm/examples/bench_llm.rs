@@ -29,7 +29,7 @@ use engine_llm::cli::{init_logging, open_model};
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::report::{Report, Table};
+use spec_core::report::{speedup, Report, Table};
 use spec_core::sampling::argmax;
 use spec_core::{
     generate, speculative_generate, CostAwarePolicy, DecodeStats, Decoder, DraftLength,
@@ -383,7 +383,7 @@ fn main() -> Result<()> {
             format!("{:.0} %", 100.0 * decode / limit),
             format!("{bandwidth:.1}"),
             format!("{their_decode:.1}"),
-            format!("{:.2}×", decode / their_decode),
+            speedup(decode, their_decode),
             format!("{llama_cpp_rate:.1}"),
             format!("{:.0} %", 100.0 * llama_cpp_rate / limit),
             format!("{:.2}", decode / llama_cpp_rate),
@@ -475,7 +475,7 @@ fn main() -> Result<()> {
         spec_rows.push(vec![
             label.clone(),
             format!("{spec_rate:.1}"),
-            format!("{:.2}×", spec_rate / plain_rate),
+            speedup(spec_rate, plain_rate),
             format!("{lo:.2}× / {hi:.2}×"),
             format!("{:.0} %", 100.0 * stats.acceptance_rate()),
             format!("{:.2}", stats.tokens_per_target_pass()),

@@ -35,7 +35,7 @@ use engine_llm::spec_voice::DEFAULT_CHARS_PER_MINUTE;
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
 };
-use spec_core::report::{Report, Table};
+use spec_core::report::{latency_speedup, Report, Table};
 use spec_core::HeadsDrafter;
 use spec_models::mt_bench;
 use spec_nn::heads::MultiTokenHeads;
@@ -670,7 +670,7 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
                 percentile(&latencies, 0.5),
                 percentile(&latencies, 0.9)
             ),
-            format!("{:.2}×", baseline_latency / latency.max(1e-9)),
+            latency_speedup(baseline_latency, latency),
             format!(
                 "{}/{turn_count}",
                 (0..turn_count).filter(|&t| run.ratio(s, t) > 1.05).count()
@@ -764,12 +764,12 @@ fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
             let latency = mean(turns.iter().map(|t| seconds(t.audio_latency)));
             let worst = (0..turn_count).map(|t| run.ratio(s, t)).fold(0.0, f64::max);
             format!(
-                "{}, {}: audio latency {:.2} s against {:.2} s, {:.2}× faster than the plain cascade; slowest turn {:.2}× the latency of the cascade runs right before and after it; {} of {} answers identical to it.",
+                "{}, {}: audio latency {:.2} s against {:.2} s, {} faster than the plain cascade; slowest turn {:.2}× the latency of the cascade runs right before and after it; {} of {} answers identical to it.",
                 run.name,
                 setup.label,
                 latency,
                 baseline_latency,
-                baseline_latency / latency.max(1e-9),
+                latency_speedup(baseline_latency, latency),
                 worst,
                 turns.iter().zip(baseline).filter(|(a, b)| a.answer == b.answer).count(),
                 turn_count

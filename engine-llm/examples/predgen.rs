@@ -33,6 +33,7 @@ use engine_llm::spec_voice::{read_partials, DEFAULT_CHARS_PER_MINUTE};
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, Turn, Verifier,
 };
+use spec_core::report::latency_speedup;
 use spec_core::{Decoder, LogitRows};
 
 /// Speak a question into PredGen and watch the answer being prepared while you talk.
@@ -232,11 +233,7 @@ fn main() -> Result<()> {
                 baseline.question,
                 before * 1e3,
                 after * 1e3,
-                if after > 0.0 {
-                    format!("{:.1}×", before / after)
-                } else {
-                    "no wait".into()
-                },
+                latency_speedup(before, after),
                 if predgen.answer == baseline.answer {
                     "yes"
                 } else {

@@ -45,6 +45,33 @@ impl Table {
     }
 }
 
+/// At or below this many seconds a latency prints as "no wait" instead of dividing by it: the answer's
+/// audio was ready when the user stopped (the latency prints as 0 ms).
+pub const NO_WAIT_SECONDS: f64 = 0.5e-3;
+
+/// `numerator / denominator` as a speed-up, "2.35×"; "–" where the ratio has no meaning (a
+/// denominator that is zero, negative or not finite, or a numerator that is not finite).
+pub fn speedup(numerator: f64, denominator: f64) -> String {
+    if numerator.is_finite() && denominator.is_finite() && denominator > 0.0 {
+        format!("{:.2}×", numerator / denominator)
+    } else {
+        "–".into()
+    }
+}
+
+/// How many times lower `latency` is than `baseline` (both in seconds): "2.35×", or "no wait"
+/// when `latency` is at most [`NO_WAIT_SECONDS`] (never a ratio to zero), "–" when either is
+/// negative or not finite.
+pub fn latency_speedup(baseline: f64, latency: f64) -> String {
+    if !(baseline.is_finite() && latency.is_finite()) || baseline < 0.0 || latency < 0.0 {
+        "–".into()
+    } else if latency <= NO_WAIT_SECONDS {
+        "no wait".into()
+    } else {
+        speedup(baseline, latency)
+    }
+}
+
 /// A benchmark's results: the command that reproduces it, its tables, and notes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -96,6 +123,29 @@ mod tests {
             report.markdown(),
             format!("{}\nNote.\n\n", table.markdown())
         );
+    }
+
+    #[test]
+    fn speedups_never_divide_by_zero() {
+        assert_eq!(speedup(3.0, 2.0), "1.50×");
+        assert_eq!(speedup(3.0, 0.0), "–");
+        assert_eq!(speedup(3.0, -1.0), "–");
+        assert_eq!(speedup(f64::NAN, 1.0), "–");
+        assert_eq!(speedup(1.0, f64::INFINITY), "–");
+        assert_eq!(speedup(0.0, 2.0), "0.00×");
+    }
+
+    #[test]
+    fn a_latency_that_prints_as_zero_is_no_wait() {
+        assert_eq!(latency_speedup(0.808, 0.317), "2.55×");
+        assert_eq!(latency_speedup(0.408, 0.0), "no wait");
+        // The demo once printed 2509201.1× for a turn shown as 0 ms.
+        assert_eq!(latency_speedup(0.408, 1.6e-7), "no wait");
+        assert_eq!(latency_speedup(0.408, NO_WAIT_SECONDS), "no wait");
+        assert_eq!(latency_speedup(0.408, 0.0006), "680.00×");
+        assert_eq!(latency_speedup(0.0, 0.0), "no wait");
+        assert_eq!(latency_speedup(f64::NAN, 0.3), "–");
+        assert_eq!(latency_speedup(0.3, -0.1), "–");
     }
 
     #[test]

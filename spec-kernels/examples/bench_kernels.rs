@@ -16,7 +16,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use spec_core::report::{Report, Table};
+use spec_core::report::{speedup, Report, Table};
 use spec_kernels::{Format, Isa, QMatrix};
 
 const ROWS: usize = 8960;
@@ -119,7 +119,7 @@ fn main() -> Result<()> {
                 Ok(())
             })? / copies as f64;
             row.push(format!("{:.3}", candle * 1e3));
-            row.push(format!("{:.2}×", candle / fastest));
+            row.push(speedup(candle, fastest));
             row.push(format!("{:.1}", size / fastest / 1e9));
             rows.push(row);
         }

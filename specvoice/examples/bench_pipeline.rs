@@ -28,7 +28,7 @@ use engine_llm::cli::{init_logging, open_model, progress_bar};
 use engine_llm::{LoadOptions, PredGen, PredGenConfig};
 use engine_mt::{Caption, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
-use spec_core::report::{Report, Table};
+use spec_core::report::{latency_speedup, speedup, Report, Table, NO_WAIT_SECONDS};
 use spec_models::{Registry, Store};
 use spec_voice::SentenceSynthesizer;
 use specvoice::{
@@ -339,6 +339,22 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
+/// The median of the turns' speed-ups (cascade latency over PredGen's): "no wait" when it is a
+/// turn whose PredGen latency prints as zero.
+fn median_latency_speedup(turns: impl Iterator<Item = (Duration, Duration)>) -> String {
+    let ratios = turns.map(|(cascade, predgen)| {
+        if predgen.as_secs_f64() <= NO_WAIT_SECONDS {
+            f64::INFINITY
+        } else {
+            cascade.as_secs_f64() / predgen.as_secs_f64()
+        }
+    });
+    match median(ratios) {
+        m if m.is_infinite() => "no wait".into(),
+        m => speedup(m, 1.0),
+    }
+}
+
 fn median(values: impl Iterator<Item = f64>) -> f64 {
     let mut values: Vec<f64> = values.collect();
     values.sort_by(f64::total_cmp);
@@ -398,14 +414,8 @@ fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Tabl
                 ("1.00×".to_string(), "–".to_string(), "–".to_string())
             } else {
                 (
-                    format!("{:.2}×", cascade_mean / this_mean),
-                    format!(
-                        "{:.2}×",
-                        median(
-                            rows.iter()
-                                .map(|(_, c, p)| ms(c.latency()) / ms(p.latency()).max(1e-3))
-                        )
-                    ),
+                    latency_speedup(cascade_mean / 1e3, this_mean / 1e3),
+                    median_latency_speedup(rows.iter().map(|(_, c, p)| (c.latency(), p.latency()))),
                     format!(
                         "{}/{}",
                         rows.iter()
@@ -496,10 +506,7 @@ fn caption_table(
         table.push(vec![
             name.to_string(),
             format!("{:.1}", summary.tokens_per_second()),
-            format!(
-                "{:.2}×",
-                summary.tokens_per_second() / ar.tokens_per_second()
-            ),
+            speedup(summary.tokens_per_second(), ar.tokens_per_second()),
             format!("{:.3}", summary.normalized_erasure()),
             format!(
                 "{:+.0} %",

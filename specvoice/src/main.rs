@@ -17,6 +17,7 @@ use engine_llm::cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use engine_llm::{Continuation, LoadOptions, PredGen, PredGenConfig, Verifier};
 use engine_mt::{Decoding, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use spec_core::report::latency_speedup;
 use spec_models::{Registry, Store};
 use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, SynthesizerFactory};
@@ -441,8 +442,8 @@ fn print_turns(predgen: &[VoiceTurn], cascade: Option<&[VoiceTurn]>) {
         println!("  A: {}", turn.turn.answer);
         if let Some(c) = other {
             println!(
-                "  PredGen: {:.2}× lower latency than the cascade",
-                c.latency().as_secs_f64() / turn.latency().as_secs_f64().max(1e-6)
+                "  PredGen's latency against the cascade's: {}",
+                latency_speedup(c.latency().as_secs_f64(), turn.latency().as_secs_f64())
             );
         }
     }

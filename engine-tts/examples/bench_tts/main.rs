@@ -32,7 +32,7 @@ use engine_llm::{LoadOptions, TransformerConfig};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig, SsdStats};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use spec_core::report::{Report, Table};
+use spec_core::report::{speedup, Report, Table};
 
 /// CosyVoice 2's speech-token rate (`token_frame_rate`, reference/cosyvoice2-reference.md).
 const TOKEN_RATE_HZ: f64 = 25.0;
@@ -234,7 +234,6 @@ const COLUMNS: [&str; 10] = [
 
 /// A table row for `totals`, its speed-up against `plain`'s tokens/s.
 fn row(label: &str, totals: &Totals, plain: &Totals) -> Vec<String> {
-    let speed_up = totals.tokens_per_second() / plain.tokens_per_second();
     let (lo, hi) = totals
         .rates
         .iter()
@@ -250,7 +249,7 @@ fn row(label: &str, totals: &Totals, plain: &Totals) -> Vec<String> {
         totals.tokens.to_string(),
         format!("{:.3}", totals.rtf()),
         format!("{:.1}", totals.tokens_per_second()),
-        format!("{speed_up:.2}×"),
+        speedup(totals.tokens_per_second(), plain.tokens_per_second()),
         or_dash(format!("{lo:.2}× / {hi:.2}×")),
         or_dash(format!("{:.0} %", 100.0 * ssd.acceptance_rate())),
         if speculative {

@@ -11,7 +11,7 @@ use engine_llm::ssd::{draft_dir, draft_layers, SsdDraftWeights};
 use engine_llm::{LanguageModel, LoadOptions, Message, Transformer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::report::Table;
+use spec_core::report::{speedup, Table};
 use spec_core::{
     generate, speculative_generate, AcceptanceRule, CostAwarePolicy, DecodeStats, Decoder,
     DraftLength, ForwardCosts, LogitRows, SamplingConfig, SpeculativeConfig, StopConditions,
@@ -265,7 +265,7 @@ fn run_model(model: &str, args: &TextArgs, seed: u64) -> Result<Section> {
             method.label(),
             format!("{:.1}", stats.decode_tokens_per_second()),
             format!("{:.3}", 25.0 / stats.decode_tokens_per_second()),
-            format!("{:.2}×", stats.decode_tokens_per_second() / base),
+            speedup(stats.decode_tokens_per_second(), base),
             if ssd {
                 format!("{:.0} %", 100.0 * stats.acceptance_rate())
             } else {
