@@ -1,8 +1,9 @@
 //! `cargo xtask bench`: runs the benchmarks the engines register in their `Cargo.toml`
-//! (`[[package.metadata.specvoice.bench]]`: name, example, args, quick-args, and what must be
-//! trained first: prepare, quick-prepare), files each report
-//! as `results/NAME.json` and `results/NAME.md` with the machine, date and commit, and can
-//! refresh the README section between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`.
+//! (`[[package.metadata.specvoice.bench]]`: name, example, args, quick-args, what must be
+//! trained first (prepare, quick-prepare), the docs page that shows it and its headline
+//! figures), files each report as `results/NAME.json` and `results/NAME.md` with the machine,
+//! date and commit, and can refresh the generated sections of the docs and the README
+//! ([`crate::docs`]). `--quick` runs file elsewhere and never replace a full run's results.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,13 +12,19 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use spec_core::report::Report;
 
+use crate::docs::{self, Headline};
 use crate::machine::{self, Machine};
+
+/// Where full runs file their reports, and the docs read them from.
+pub const RESULTS: &str = "results";
+/// Where `--quick` runs file theirs unless `--out` says otherwise.
+const QUICK_RESULTS: &str = "target/bench-quick";
 
 /// A benchmark registered by an engine.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct Benchmark {
-    name: String,
+pub struct Benchmark {
+    pub name: String,
     example: String,
     #[serde(default)]
     args: Vec<String>,
@@ -29,6 +36,12 @@ struct Benchmark {
     /// The same for `--quick` runs.
     #[serde(default)]
     quick_prepare: Vec<Preparation>,
+    /// The docs page (from the workspace root) whose `<!-- bench:NAME -->` section shows the
+    /// report.
+    pub doc: String,
+    /// The figures the README's headline table takes from the report.
+    #[serde(default)]
+    pub headline: Vec<Headline>,
     #[serde(skip)]
     package: String,
 }
@@ -73,14 +86,28 @@ impl Preparation {
 }
 
 /// What `results/NAME.json` holds.
-#[derive(Serialize)]
-struct Filed<'a> {
-    benchmark: &'a str,
-    date: String,
-    commit: String,
-    machine: Machine,
-    command: String,
-    report: Report,
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Filed {
+    pub benchmark: String,
+    pub date: String,
+    pub commit: String,
+    pub machine: Machine,
+    pub command: String,
+    pub report: Report,
+}
+
+impl Filed {
+    /// The report as the docs show it: where, when and how it was measured, then its tables.
+    pub fn markdown(&self) -> String {
+        format!(
+            "Measured {} on {} with `{}` (runs `{}`).\n\n{}",
+            self.date,
+            self.machine.describe(),
+            self.command,
+            self.report.command,
+            self.report.markdown()
+        )
+    }
 }
 
 /// `cargo xtask bench`'s options.
@@ -89,26 +116,38 @@ pub struct BenchArgs {
     /// Benchmarks to run [default: every registered one]
     names: Vec<String>,
 
-    /// Run each benchmark with its lighter `quick-args`
+    /// Run each benchmark with its lighter `quick-args`; the reports go to target/bench-quick
+    /// (or --out), never over a full run's in results/
     #[arg(long)]
     quick: bool,
 
-    /// Replace the section between `<!-- bench:NAME -->` markers of the workspace README and the
-    /// engine's own README with the new table
-    #[arg(long)]
+    /// Then rewrite the benchmark's section of its docs page and the README's headline table
+    /// from results/ (full runs only)
+    #[arg(long, conflicts_with = "quick")]
     update_readme: bool,
 
-    /// Folder for NAME.json and NAME.md
-    #[arg(long, default_value = "results")]
-    out: PathBuf,
+    /// Folder for NAME.json and NAME.md [default: results, or target/bench-quick with --quick]
+    #[arg(long)]
+    out: Option<PathBuf>,
 
     /// Arguments passed on to every benchmark (after `--`)
     #[arg(last = true)]
     extra: Vec<String>,
 }
 
+impl BenchArgs {
+    /// Where this run files its reports.
+    fn out(&self) -> PathBuf {
+        match (&self.out, self.quick) {
+            (Some(out), _) => out.clone(),
+            (None, true) => PathBuf::from(QUICK_RESULTS),
+            (None, false) => PathBuf::from(RESULTS),
+        }
+    }
+}
+
 /// The benchmarks every workspace package registers.
-fn registered() -> Result<Vec<Benchmark>> {
+pub fn registered() -> Result<Vec<Benchmark>> {
     let output = Command::new(crate::cargo())
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .output()
@@ -157,29 +196,28 @@ pub fn run(options: &BenchArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
-    std::fs::create_dir_all(&options.out).with_context(|| options.out.display().to_string())?;
+    let out = options.out();
+    if options.update_readme && out != Path::new(RESULTS) {
+        bail!("--update-readme shows results/ in the docs: run without --out");
+    }
+    std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
     for benchmark in selected {
         let filed = run_one(benchmark, options)?;
-        let markdown = markdown(&filed);
-        let base = options.out.join(&benchmark.name);
+        let base = out.join(&benchmark.name);
         std::fs::write(
             base.with_extension("json"),
             serde_json::to_string_pretty(&filed)?,
         )?;
-        std::fs::write(base.with_extension("md"), &markdown)?;
+        std::fs::write(base.with_extension("md"), filed.markdown())?;
         println!("wrote {}.{{json,md}}", base.display());
         if options.update_readme {
-            let readmes = [
-                PathBuf::from("README.md"),
-                Path::new(&benchmark.package).join("README.md"),
-            ];
-            update_readmes(&readmes, &benchmark.name, &markdown)?;
+            docs::update(&all, Path::new(RESULTS))?;
         }
     }
     Ok(())
 }
 
-fn run_one<'a>(benchmark: &'a Benchmark, options: &BenchArgs) -> Result<Filed<'a>> {
+fn run_one(benchmark: &Benchmark, options: &BenchArgs) -> Result<Filed> {
     let json = std::env::temp_dir().join(format!(
         "specvoice-bench-{}-{}.json",
         benchmark.name,
@@ -238,7 +276,7 @@ fn run_one<'a>(benchmark: &'a Benchmark, options: &BenchArgs) -> Result<Filed<'a
         command.push_str(&format!(" -- {}", options.extra.join(" ")));
     }
     Ok(Filed {
-        benchmark: &benchmark.name,
+        benchmark: benchmark.name.clone(),
         date: machine::today(),
         commit: machine::commit(),
         machine: Machine::current(),
@@ -247,56 +285,35 @@ fn run_one<'a>(benchmark: &'a Benchmark, options: &BenchArgs) -> Result<Filed<'a
     })
 }
 
-fn markdown(filed: &Filed) -> String {
-    format!(
-        "Measured {} on {} (commit {}) with `{}` (runs `{}`).\n\n{}",
-        filed.date,
-        filed.machine.describe(),
-        filed.commit,
-        filed.command,
-        filed.report.command,
-        filed.report.markdown()
-    )
-}
-
-/// Replaces the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in every one of
-/// `paths` that has the section (the workspace README and the engine's own).
-fn update_readmes(paths: &[PathBuf], name: &str, markdown: &str) -> Result<()> {
-    let mut updated = false;
-    for path in paths.iter().filter(|p| p.is_file()) {
-        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-        if let Some(new_text) = replace_section(&text, name, markdown) {
-            std::fs::write(path, new_text)?;
-            println!("updated the `{name}` section of {}", path.display());
-            updated = true;
-        }
-    }
-    if !updated {
-        println!("no README has a `<!-- bench:{name} -->` … `<!-- /bench:{name} -->` section; left as is");
-    }
-    Ok(())
-}
-
-fn replace_section(text: &str, name: &str, body: &str) -> Option<String> {
-    let open = format!("<!-- bench:{name} -->");
-    let close = format!("<!-- /bench:{name} -->");
-    let start = text.find(&open)? + open.len();
-    let end = start + text[start..].find(&close)?;
-    Some(format!("{}\n{}{}", &text[..start], body, &text[end..]))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn readme_sections_are_replaced_in_place() {
-        let text = "intro\n<!-- bench:llm -->\nold\n<!-- /bench:llm -->\nrest\n";
+    fn quick_runs_never_file_into_results() {
+        let parse = |args: &[&str]| {
+            #[derive(clap::Parser)]
+            struct Cli {
+                #[command(flatten)]
+                bench: BenchArgs,
+            }
+            <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("bench").chain(args.iter().copied()),
+            )
+            .map(|cli| cli.bench)
+        };
+        assert_eq!(parse(&["llm"]).unwrap().out(), Path::new(RESULTS));
         assert_eq!(
-            replace_section(text, "llm", "new\n").unwrap(),
-            "intro\n<!-- bench:llm -->\nnew\n<!-- /bench:llm -->\nrest\n"
+            parse(&["llm", "--quick"]).unwrap().out(),
+            Path::new(QUICK_RESULTS)
         );
-        assert!(replace_section(text, "mt", "x").is_none());
+        assert_eq!(
+            parse(&["llm", "--quick", "--out", "elsewhere"])
+                .unwrap()
+                .out(),
+            Path::new("elsewhere")
+        );
+        assert!(parse(&["llm", "--quick", "--update-readme"]).is_err());
     }
 
     #[test]
@@ -338,11 +355,12 @@ mod tests {
     }
 
     #[test]
-    fn every_registered_benchmark_names_an_existing_example() {
+    fn every_registered_benchmark_names_an_existing_example_and_docs_page() {
         let benchmarks = registered().unwrap();
         assert!(benchmarks.iter().any(|b| b.name == "llm"));
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         for b in &benchmarks {
+            assert!(root.join(&b.doc).is_file(), "{}: no page {}", b.name, b.doc);
             let examples = root.join(&b.package).join("examples");
             let file = examples.join(format!("{}.rs", b.example));
             let folder = examples.join(&b.example).join("main.rs");

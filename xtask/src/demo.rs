@@ -3,20 +3,15 @@
 //! plain cascade (wait for the question, generate, synthesize) on the same model. Then the
 //! questions are spoken aloud by espeak-ng and answered from the audio by `specvoice chat`
 //! (Whisper → PredGen → speech), each question's and answer's audio written to a folder and,
-//! with `--play`, played.
+//! with `--play`, played. What is missing first (models, espeak-ng, the release build) is done
+//! by [`crate::setup`], saying so.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use spec_models::Store;
 
-use crate::models;
-
-/// The default chat model: the one `../shared/models/fetch` provides.
-const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
-/// The recognizer `specvoice chat` listens with by default.
-const WHISPER: &str = "whisper-tiny.en-ct2";
+use crate::setup::{self, CHAT_MODEL, WHISPER};
 /// Most tokens of an answer, in the typed and the spoken runs alike. Short answers keep the
 /// demo to a few minutes on a 2-core CPU; the latency that matters, to the first sentence's
 /// audio, does not depend on it.
@@ -34,7 +29,7 @@ const QUESTIONS: [&str; 3] = [
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// The chat model (a registry name is downloaded when missing)
-    #[arg(long, default_value = DEFAULT_MODEL)]
+    #[arg(long, default_value = CHAT_MODEL)]
     model: String,
 
     /// Questions to also ask aloud (espeak-ng → `specvoice chat`), 0 for none
@@ -56,23 +51,23 @@ pub struct DemoArgs {
 
 pub fn run(args: &DemoArgs) -> Result<()> {
     let model = &args.model;
-    let store = Store::from_env()?;
-    let player = if args.spoken > 0 {
-        check_spoken_prerequisites(&store)?;
-        args.play.then(player).flatten()
-    } else {
-        None
-    };
-    if let Err(missing) = store.resolve(model) {
-        if store.registry().get(model).is_none() {
-            return Err(missing).with_context(|| format!("cannot use `{model}`"));
-        }
-        println!(
-            "`{model}` is not in {}: downloading it",
-            store.root().display()
-        );
-        models::download(std::slice::from_ref(model))?;
+    let mut models = vec![model.clone()];
+    if args.spoken > 0 {
+        models.push(WHISPER.to_string());
     }
+    setup::ensure_models(&models)?;
+    let spoken = if args.spoken > 0 && !setup::ensure_espeak()? {
+        println!("the spoken questions are skipped; the typed ones run");
+        0
+    } else {
+        args.spoken
+    };
+    let player = (spoken > 0 && args.play).then(player).flatten();
+    setup::build_release()?;
+    println!(
+        "\n== {} typed questions, spoken into PredGen at a speaking rate, then the plain cascade",
+        QUESTIONS.len()
+    );
     let mut command = Command::new(crate::cargo());
     command.args([
         "run",
@@ -95,29 +90,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     if !status.success() {
         bail!("the predgen example failed ({status})");
     }
-    if args.spoken > 0 {
-        speak_questions(args, player.as_deref())?;
-    }
-    Ok(())
-}
-
-/// Fails early, saying how to get them, when espeak-ng or the Whisper model is missing.
-fn check_spoken_prerequisites(store: &Store) -> Result<()> {
-    let espeak = Command::new("espeak-ng").arg("--version").output();
-    if !espeak.is_ok_and(|o| o.status.success()) {
-        bail!(
-            "the spoken questions need espeak-ng (apt-get install espeak-ng); \
-             or run with --spoken 0"
-        );
-    }
-    if let Err(missing) = store.resolve(WHISPER) {
-        return Err(missing).with_context(|| {
-            format!(
-                "the spoken questions need {WHISPER}: run ../shared/models/fetch or \
-                 cargo xtask download {WHISPER} (cargo xtask models lists what is there); \
-                 or run with --spoken 0"
-            )
-        });
+    if spoken > 0 {
+        speak_questions(args, spoken, player.as_deref())?;
     }
     Ok(())
 }
@@ -139,12 +113,12 @@ fn player() -> Option<PathBuf> {
     found
 }
 
-/// Speaks the first `args.spoken` questions into WAVs with espeak-ng, answers each with
+/// Speaks the first `spoken` questions into WAVs with espeak-ng, answers each with
 /// `specvoice chat`, and writes (and plays) the questions and answers.
-fn speak_questions(args: &DemoArgs, player: Option<&Path>) -> Result<()> {
+fn speak_questions(args: &DemoArgs, spoken: u64, player: Option<&Path>) -> Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let mut written = Vec::new();
-    for (i, text) in QUESTIONS.iter().take(args.spoken as usize).enumerate() {
+    for (i, text) in QUESTIONS.iter().take(spoken as usize).enumerate() {
         let question = args.out.join(format!("question-{}.wav", i + 1));
         let answer = args.out.join(format!("answer-{}.wav", i + 1));
         println!("\n== spoken question {}: {text}", i + 1);

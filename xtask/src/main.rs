@@ -3,9 +3,11 @@
 mod bench;
 mod ci;
 mod demo;
+mod docs;
 mod machine;
 mod models;
 mod peers;
+mod setup;
 mod train;
 
 use std::io::IsTerminal;
@@ -29,10 +31,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Speak a few questions into PredGen and compare its latency with the plain cascade
-    /// (downloads the model when it is missing), then ask them aloud through `specvoice chat`
-    /// and write the questions' and answers' audio
+    /// Speak a few questions into PredGen and compare its latency with the plain cascade,
+    /// then ask them aloud through `specvoice chat` and write the questions' and answers' audio
+    /// (first does what `setup` does, where something is missing)
     Demo(demo::DemoArgs),
+    /// Make the demo and the real-model tests ready: download the default models when absent,
+    /// install espeak-ng (as root with apt; else print the command), build the release binaries
+    Setup(setup::SetupArgs),
     /// Known models, and which are in the models folder
     Models {
         /// Also check the SHA-256 of files not yet verified
@@ -48,6 +53,8 @@ enum Command {
     },
     /// Run the engines' benchmarks and file their reports with the machine and date
     Bench(bench::BenchArgs),
+    /// Rewrite the generated sections of docs/ and the README's headline table from results/
+    Docs,
     /// Train multi-token prediction heads for a model on its own outputs (speech synthesized
     /// by espeak-ng for Whisper) into the models folder
     TrainHeads(train::TrainArgs),
@@ -80,9 +87,11 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Demo(args) => demo::run(&args),
+        Command::Setup(args) => setup::run(&args),
         Command::Models { verify } => models::list(verify),
         Command::Download { names } => models::download(&names),
         Command::Bench(args) => bench::run(&args),
+        Command::Docs => docs::update(&bench::registered()?, std::path::Path::new(bench::RESULTS)),
         Command::TrainHeads(args) => train::heads(&args),
         Command::TrainSsdDraft(args) => train::ssd_draft(&args),
         Command::LlamaBench(args) => peers::llama_bench(&args),

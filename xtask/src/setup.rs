@@ -1,0 +1,149 @@
+//! `cargo xtask setup`: what the demo and the real-model tests need, done once and said as it
+//! is done: the default models (downloaded when absent), espeak-ng (installed with apt when
+//! running as root, else the one command to run is printed), and the release binaries built
+//! with cargo's progress shown.
+
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use spec_models::Store;
+
+use crate::models;
+
+/// The chat model the demo and `specvoice chat` answer with.
+pub const CHAT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
+/// The recognizer `specvoice chat` listens with by default.
+pub const WHISPER: &str = "whisper-tiny.en-ct2";
+
+/// `cargo xtask setup`'s options.
+#[derive(clap::Args)]
+pub struct SetupArgs {
+    /// Models to make present [default: the demo's chat model and Whisper]
+    #[arg(long = "model")]
+    models: Vec<String>,
+}
+
+pub fn run(args: &SetupArgs) -> Result<()> {
+    let models = if args.models.is_empty() {
+        vec![CHAT_MODEL.to_string(), WHISPER.to_string()]
+    } else {
+        args.models.clone()
+    };
+    ensure_models(&models)?;
+    if !ensure_espeak()? {
+        println!("set-up done except espeak-ng (above)");
+    }
+    build_release()?;
+    println!("set-up done: `cargo xtask demo` runs the demo, `cargo test --workspace` the tests");
+    Ok(())
+}
+
+/// Downloads each of `names` that the models folder lacks, saying so. A download that cannot
+/// reach the hub is an error that says where else the files can come from.
+pub fn ensure_models(names: &[String]) -> Result<()> {
+    let store = Store::from_env()?;
+    let missing: Vec<String> = names
+        .iter()
+        .filter(|name| store.resolve(name).is_err())
+        .cloned()
+        .collect();
+    for name in &missing {
+        if store.registry().get(name).is_none() {
+            let problem = store.resolve(name).expect_err("missing above");
+            return Err(problem).with_context(|| {
+                format!(
+                    "`{name}` is neither in {} nor a registry model",
+                    store.root().display()
+                )
+            });
+        }
+    }
+    if missing.is_empty() {
+        println!(
+            "models: {} present in {}",
+            names.join(", "),
+            store.root().display()
+        );
+        return Ok(());
+    }
+    println!(
+        "models: {} missing from {}; downloading",
+        missing.join(", "),
+        store.root().display()
+    );
+    models::download(&missing).with_context(|| {
+        format!(
+            "could not download {}: place the files by hand (`cargo xtask models` lists them), \
+             set SPECVOICE_MODELS to a folder that has them, or, in the project's own \
+             development environment, run ../shared/models/fetch",
+            missing.join(", ")
+        )
+    })
+}
+
+/// Whether espeak-ng is there, installing it first when this runs as root on a system with
+/// apt; otherwise prints the command to run and returns false.
+pub fn ensure_espeak() -> Result<bool> {
+    if runs("espeak-ng", &["--version"]) {
+        return Ok(true);
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");
+    if !(root && runs("apt-get", &["--version"])) {
+        println!(
+            "espeak-ng is not installed (the spoken part of the demo speaks the questions and \
+             answers with it): run `sudo apt-get install espeak-ng` (Debian, Ubuntu) or your \
+             system's equivalent"
+        );
+        return Ok(false);
+    }
+    println!("espeak-ng is not installed: apt-get update && apt-get install -y espeak-ng");
+    let update = Command::new("apt-get").args(["update", "-qq"]).status();
+    let install = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "espeak-ng"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("running apt-get")?;
+    if !install.success() || !runs("espeak-ng", &["--version"]) {
+        bail!(
+            "installing espeak-ng failed (apt-get update: {update:?}, install: {install}); \
+             install it by hand or run the demo with --spoken 0"
+        );
+    }
+    Ok(true)
+}
+
+/// Builds the demo's release binaries, showing cargo's progress; says how long it took.
+pub fn build_release() -> Result<()> {
+    println!("building the release binaries (the first build takes several minutes: candle and the kernels compile with the CPU's own instructions)");
+    let start = Instant::now();
+    for package in [
+        &["-p", "engine-llm", "--example", "predgen"][..],
+        &["-p", "specvoice"],
+    ] {
+        let status = Command::new(crate::cargo())
+            .args(["build", "--release"])
+            .args(package)
+            .status()
+            .context("running cargo build")?;
+        if !status.success() {
+            bail!(
+                "cargo build --release {} failed ({status})",
+                package.join(" ")
+            );
+        }
+    }
+    println!("built in {:.0} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Whether `program ARGS` runs and succeeds.
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
