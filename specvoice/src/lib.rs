@@ -23,3 +23,9 @@ pub use clock::{play_recording, ClockKind, Pipeline, PipelineClock, PACKET};
 pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use listener::{utterances_of, Heard, Listener, ListenerConfig};
+
+/// The workspace README's Rust examples, compiled (and those that need no download run) as
+/// doc-tests of this crate, which depends on every engine they use.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadme;
