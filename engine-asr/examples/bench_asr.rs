@@ -26,7 +26,7 @@ use engine_asr::whisper::{hugging_face_tensors, LogitRules};
 use engine_asr::{
     EncoderLength, LoadOptions, TranscribeOptions, Transcriber, TranscriptStats, WhisperInput,
 };
-use spec_core::report::{Report, Table};
+use spec_core::report::{ratio, Report, Table};
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
 
@@ -374,10 +374,7 @@ fn push_rows(
         };
         let (versus, same) = match &peer {
             Some((peer_total, peer_texts)) => (
-                format!(
-                    "{:.2}",
-                    outcome.total.as_secs_f64() / peer_total.as_secs_f64()
-                ),
+                ratio(outcome.total.as_secs_f64(), peer_total.as_secs_f64()),
                 format!(
                     "{}/{}",
                     outcome

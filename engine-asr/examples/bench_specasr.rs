@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
-use spec_core::report::{speedup, Report, Table};
+use spec_core::report::{ratio, speedup, Report, Table};
 use spec_core::{DecodeStats, SpecAsrConfig};
 use spec_models::{Registry, Store};
 
@@ -241,7 +241,7 @@ fn main() -> Result<()> {
                     dash()
                 },
                 if speculative {
-                    format!("{:.2}", draft_step / target_step)
+                    ratio(draft_step, target_step)
                 } else {
                     dash()
                 },

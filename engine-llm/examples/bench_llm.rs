@@ -29,7 +29,7 @@ use engine_llm::cli::{init_logging, open_model};
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::report::{speedup, Report, Table};
+use spec_core::report::{ratio, speedup, Report, Table};
 use spec_core::sampling::argmax;
 use spec_core::{
     generate, speculative_generate, CostAwarePolicy, DecodeStats, Decoder, DraftLength,
@@ -300,7 +300,7 @@ fn main() -> Result<()> {
         );
         row.push(ms[0].map_or("—".into(), |m| format!("{:.1}", 1e3 / m)));
         row.push(match (ms[0], ms[2]) {
-            (Some(one), Some(four)) => format!("{:.2}", four / one),
+            (Some(one), Some(four)) => ratio(four, one),
             _ => "—".into(),
         });
         row
@@ -386,7 +386,7 @@ fn main() -> Result<()> {
             speedup(decode, their_decode),
             format!("{llama_cpp_rate:.1}"),
             format!("{:.0} %", 100.0 * llama_cpp_rate / limit),
-            format!("{:.2}", decode / llama_cpp_rate),
+            ratio(decode, llama_cpp_rate),
             format!("{:.1}", ours_stats.tokens_per_second()),
             format!("{:.1}", theirs.tokens_per_second()),
         ]);

@@ -49,14 +49,22 @@ impl Table {
 /// audio was ready when the user stopped (the latency prints as 0 ms).
 pub const NO_WAIT_SECONDS: f64 = 0.5e-3;
 
-/// `numerator / denominator` as a speed-up, "2.35×"; "–" where the ratio has no meaning (a
+/// `numerator / denominator`, None where the ratio has no meaning: a denominator that is zero,
+/// negative or not finite, or a numerator that is not finite.
+fn meaningful_ratio(numerator: f64, denominator: f64) -> Option<f64> {
+    (numerator.is_finite() && denominator.is_finite() && denominator > 0.0)
+        .then(|| numerator / denominator)
+}
+
+/// `numerator / denominator` with two decimals, "0.41"; "–" where it has no meaning (a
 /// denominator that is zero, negative or not finite, or a numerator that is not finite).
+pub fn ratio(numerator: f64, denominator: f64) -> String {
+    meaningful_ratio(numerator, denominator).map_or("–".into(), |r| format!("{r:.2}"))
+}
+
+/// [`ratio`] as a speed-up, "2.35×" (or "–").
 pub fn speedup(numerator: f64, denominator: f64) -> String {
-    if numerator.is_finite() && denominator.is_finite() && denominator > 0.0 {
-        format!("{:.2}×", numerator / denominator)
-    } else {
-        "–".into()
-    }
+    meaningful_ratio(numerator, denominator).map_or("–".into(), |r| format!("{r:.2}×"))
 }
 
 /// How many times lower `latency` is than `baseline` (both in seconds): "2.35×", or "no wait"
@@ -127,6 +135,8 @@ mod tests {
 
     #[test]
     fn speedups_never_divide_by_zero() {
+        assert_eq!(ratio(1.0, 4.0), "0.25");
+        assert_eq!(ratio(1.0, 0.0), "–");
         assert_eq!(speedup(3.0, 2.0), "1.50×");
         assert_eq!(speedup(3.0, 0.0), "–");
         assert_eq!(speedup(3.0, -1.0), "–");
