@@ -148,17 +148,7 @@ impl BenchArgs {
 
 /// The benchmarks every workspace package registers.
 pub fn registered() -> Result<Vec<Benchmark>> {
-    let output = Command::new(crate::cargo())
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("running cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let metadata = crate::metadata()?;
     let mut benchmarks = Vec::new();
     for package in metadata["packages"].as_array().context("packages")? {
         let Some(list) = package["metadata"]["specvoice"]["bench"].as_array() else {

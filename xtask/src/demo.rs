@@ -63,24 +63,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         args.spoken
     };
     let player = (spoken > 0 && args.play).then(player).flatten();
-    setup::build_release()?;
+    let programs = setup::build_release()?;
     println!(
         "\n== {} typed questions, spoken into PredGen at a speaking rate, then the plain cascade",
         QUESTIONS.len()
     );
-    let mut command = Command::new(crate::cargo());
-    command.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "engine-llm",
-        "--example",
-        "predgen",
-        "--",
-        "--model",
-        model,
-    ]);
+    let mut command = Command::new(&programs.predgen);
+    command.args(["--model", model]);
     command.args(["--max-tokens", MAX_TOKENS]);
     for question in QUESTIONS {
         command.args(["--question", question]);
@@ -91,7 +80,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         bail!("the predgen example failed ({status})");
     }
     if spoken > 0 {
-        speak_questions(args, spoken, player.as_deref())?;
+        speak_questions(args, spoken, &programs.specvoice, player.as_deref())?;
     }
     Ok(())
 }
@@ -115,7 +104,12 @@ fn player() -> Option<PathBuf> {
 
 /// Speaks the first `spoken` questions into WAVs with espeak-ng, answers each with
 /// `specvoice chat`, and writes (and plays) the questions and answers.
-fn speak_questions(args: &DemoArgs, spoken: u64, player: Option<&Path>) -> Result<()> {
+fn speak_questions(
+    args: &DemoArgs,
+    spoken: u64,
+    specvoice: &Path,
+    player: Option<&Path>,
+) -> Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let mut written = Vec::new();
     for (i, text) in QUESTIONS.iter().take(spoken as usize).enumerate() {
@@ -131,8 +125,7 @@ fn speak_questions(args: &DemoArgs, spoken: u64, player: Option<&Path>) -> Resul
         if !status.success() {
             bail!("espeak-ng failed ({status}) on {}", question.display());
         }
-        let status = Command::new(crate::cargo())
-            .args(["run", "--quiet", "--release", "-p", "specvoice", "--"])
+        let status = Command::new(specvoice)
             .args(["chat", "--model", &args.model, "--asr", WHISPER])
             .args(["--max-tokens", MAX_TOKENS, "--audio"])
             .arg(&question)

@@ -12,7 +12,7 @@ mod train;
 
 use std::io::IsTerminal;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -76,6 +76,21 @@ enum Command {
 /// The cargo that runs this command (or the one on the PATH).
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// `cargo metadata` of the workspace's own packages.
+fn metadata() -> Result<serde_json::Value> {
+    let output = std::process::Command::new(cargo())
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "cargo metadata: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
 }
 
 fn main() -> Result<()> {

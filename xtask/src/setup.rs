@@ -3,6 +3,7 @@
 //! running as root, else the one command to run is printed), and the release binaries built
 //! with cargo's progress shown.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
@@ -34,7 +35,12 @@ pub fn run(args: &SetupArgs) -> Result<()> {
     if !ensure_espeak()? {
         println!("set-up done except espeak-ng (above)");
     }
-    build_release()?;
+    let programs = build_release()?;
+    println!(
+        "the programs: {} and {}",
+        programs.predgen.display(),
+        programs.specvoice.display()
+    );
     println!("set-up done: `cargo xtask demo` runs the demo, `cargo test --workspace` the tests");
     Ok(())
 }
@@ -116,28 +122,49 @@ pub fn ensure_espeak() -> Result<bool> {
     Ok(true)
 }
 
-/// Builds the demo's release binaries, showing cargo's progress; says how long it took.
-pub fn build_release() -> Result<()> {
-    println!("building the release binaries (the first build takes several minutes: candle and the kernels compile with the CPU's own instructions)");
+/// The demo's release programs, built by [`build_release`].
+pub struct ReleasePrograms {
+    /// engine-llm's `predgen` example.
+    pub predgen: PathBuf,
+    /// The `specvoice` command.
+    pub specvoice: PathBuf,
+}
+
+/// Builds the demo's release programs in one cargo run (one set of features for the
+/// dependencies both share, so nothing is compiled twice), showing cargo's progress; says how
+/// long it took.
+pub fn build_release() -> Result<ReleasePrograms> {
+    println!(
+        "building the release programs (the first build takes several minutes: candle and the \
+         kernels compile with the CPU's own instructions)"
+    );
     let start = Instant::now();
-    for package in [
-        &["-p", "engine-llm", "--example", "predgen"][..],
-        &["-p", "specvoice"],
-    ] {
-        let status = Command::new(crate::cargo())
-            .args(["build", "--release"])
-            .args(package)
-            .status()
-            .context("running cargo build")?;
-        if !status.success() {
-            bail!(
-                "cargo build --release {} failed ({status})",
-                package.join(" ")
-            );
-        }
+    let status = Command::new(crate::cargo())
+        .args(["build", "--release", "-p", "engine-llm", "-p", "specvoice"])
+        .args(["--example", "predgen", "--bin", "specvoice"])
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build --release failed ({status})");
     }
     println!("built in {:.0} s", start.elapsed().as_secs_f64());
-    Ok(())
+    let metadata = crate::metadata()?;
+    let release = PathBuf::from(
+        metadata["target_directory"]
+            .as_str()
+            .context("cargo metadata: target_directory")?,
+    )
+    .join("release");
+    let programs = ReleasePrograms {
+        predgen: release.join("examples").join("predgen"),
+        specvoice: release.join("specvoice"),
+    };
+    for program in [&programs.predgen, &programs.specvoice] {
+        if !program.is_file() {
+            bail!("the build finished but {} is missing", program.display());
+        }
+    }
+    Ok(programs)
 }
 
 /// Whether `program ARGS` runs and succeeds.
