@@ -13,10 +13,10 @@ use crate::{Error, Result};
 /// How time runs during a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TurnClock {
-    /// Real time from [`PredGen::begin_turn`]: the live pipeline's clock.
+    /// Real time from [`PredGen::begin_turn`](super::PredGen::begin_turn): the live pipeline's clock.
     Wall,
     /// Compute time: the clock advances by the measured compute of each step and jumps to the
-    /// next partial when the model is idle ([`PredGen::wait_until`]), so replaying a recorded
+    /// next partial when the model is idle ([`PredGen::wait_until`](super::PredGen::wait_until)), so replaying a recorded
     /// turn costs compute time, not speaking time, while every latency is real measured
     /// compute. Speech synthesis runs beside the model, so its time is not charged.
     Simulated,
@@ -51,7 +51,7 @@ impl Clock {
     }
 }
 
-/// What a [`PredGen::step`] did.
+/// What a [`PredGen::step`](super::PredGen::step) did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Progress {
     /// What happened, in order (audio to play is in [`EventKind::AudioStarts`] and
