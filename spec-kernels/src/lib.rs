@@ -18,6 +18,7 @@
 
 mod activations;
 mod aligned;
+pub mod attention;
 mod formats;
 mod panels;
 mod pool;
