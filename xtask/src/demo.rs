@@ -12,6 +12,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use crate::setup::{self, CHAT_MODEL, WHISPER};
+
 /// Most tokens of an answer, in the typed and the spoken runs alike. Short answers keep the
 /// demo to a few minutes on a 2-core CPU; the latency that matters, to the first sentence's
 /// audio, does not depend on it.
