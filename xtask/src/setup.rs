@@ -32,16 +32,20 @@ pub fn run(args: &SetupArgs) -> Result<()> {
         args.models.clone()
     };
     ensure_models(&models)?;
-    if !ensure_espeak()? {
-        println!("set-up done except espeak-ng (above)");
-    }
+    let espeak = ensure_espeak()?;
     let programs = build_release()?;
     println!(
         "the programs: {} and {}",
         programs.predgen.display(),
         programs.specvoice.display()
     );
-    println!("set-up done: `cargo xtask demo` runs the demo, `cargo test --workspace` the tests");
+    if espeak {
+        println!(
+            "set-up done: `cargo xtask demo` runs the demo, `cargo test --workspace` the tests"
+        );
+    } else {
+        println!("set-up done but for espeak-ng (above): `cargo xtask demo` runs the typed part");
+    }
     Ok(())
 }
 
@@ -49,20 +53,18 @@ pub fn run(args: &SetupArgs) -> Result<()> {
 /// reach the hub is an error that says where else the files can come from.
 pub fn ensure_models(names: &[String]) -> Result<()> {
     let store = Store::from_env()?;
-    let missing: Vec<String> = names
-        .iter()
-        .filter(|name| store.resolve(name).is_err())
-        .cloned()
-        .collect();
-    for name in &missing {
-        if store.registry().get(name).is_none() {
-            let problem = store.resolve(name).expect_err("missing above");
-            return Err(problem).with_context(|| {
-                format!(
-                    "`{name}` is neither in {} nor a registry model",
-                    store.root().display()
-                )
-            });
+    let mut missing = Vec::new();
+    for name in names {
+        if let Err(problem) = store.resolve(name) {
+            if store.registry().get(name).is_none() {
+                return Err(problem).with_context(|| {
+                    format!(
+                        "`{name}` is neither in {} nor a registry model",
+                        store.root().display()
+                    )
+                });
+            }
+            missing.push(name.clone());
         }
     }
     if missing.is_empty() {
