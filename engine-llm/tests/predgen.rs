@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use candle_core::quantized::GgmlDType;
 use common::{Family, Tiny};
-use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
+use engine_llm::predgen::{spoken_at_rate, Clock, FixedLatencySynthesizer, Partial};
 use engine_llm::predgen::{EventKind, Status};
 use engine_llm::testing::tiny_heads;
 use engine_llm::{
@@ -359,9 +359,8 @@ fn a_barge_in_rolls_the_turn_back() {
     let mut session = PredGen::new(&mut model, cfg).unwrap();
     let mut tts = FixedLatencySynthesizer::default();
     // The user says something, the assistant starts answering, the user speaks again.
-    session
-        .begin_turn(engine_llm::TurnClock::Simulated)
-        .unwrap();
+    let clock = Clock::simulated();
+    session.begin_turn(&clock).unwrap();
     for partial in spoken_at_rate("tell me a long story about dragons", 600.0).unwrap() {
         session.hear(partial).unwrap();
         for _ in 0..3 {
@@ -388,9 +387,8 @@ fn live_api_misuse_is_a_clear_error() {
         Err(Error::Input(_))
     ));
     assert!(matches!(session.step(&mut tts), Err(Error::Input(_))));
-    session
-        .begin_turn(engine_llm::TurnClock::Simulated)
-        .unwrap();
+    let clock = Clock::simulated();
+    session.begin_turn(&clock).unwrap();
     // Nothing heard yet: nothing to do.
     let idle = session.step(&mut tts).unwrap();
     assert_eq!(idle.status, engine_llm::predgen::Status::Idle);
@@ -430,17 +428,16 @@ fn partials_stamped_ahead_of_the_clock_move_a_simulated_clock_and_are_refused_on
     let mut session = PredGen::new(&mut model, PredGenConfig::default()).unwrap();
     let mut tts = FixedLatencySynthesizer::default();
     let input_end = Duration::from_secs(5);
-    session
-        .begin_turn(engine_llm::TurnClock::Simulated)
-        .unwrap();
+    let clock = Clock::simulated();
+    session.begin_turn(&clock).unwrap();
     session
         .hear(Partial::new(Duration::from_secs(2), "what is", false))
         .unwrap();
-    assert_eq!(session.now(), Duration::from_secs(2));
+    assert_eq!(clock.now(), Duration::from_secs(2));
     session
         .hear(Partial::new(input_end, "what is two plus two", true))
         .unwrap();
-    assert_eq!(session.now(), input_end);
+    assert_eq!(clock.now(), input_end);
     let turn = loop {
         if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
             break turn;
@@ -450,7 +447,7 @@ fn partials_stamped_ahead_of_the_clock_move_a_simulated_clock_and_are_refused_on
     assert!(turn.time_to_first_sentence <= turn.answer_latency);
     assert!(turn.answer_latency < Duration::from_secs(60), "{turn:?}");
 
-    session.begin_turn(engine_llm::TurnClock::Wall).unwrap();
+    session.begin_turn(&Clock::wall()).unwrap();
     let err = session
         .hear(Partial::new(Duration::from_secs(3600), "what is", false))
         .unwrap_err();
@@ -533,14 +530,13 @@ fn no_step_while_listening_runs_more_than_one_forward() {
         assert!(cfg.complete_questions);
         let mut session = PredGen::new(&mut model, cfg).unwrap();
         let mut tts = FixedLatencySynthesizer::default();
-        session
-            .begin_turn(engine_llm::TurnClock::Simulated)
-            .unwrap();
+        let clock = Clock::simulated();
+        session.begin_turn(&clock).unwrap();
         let inputs = corrected_inputs("what is 1 + 23?");
         let (last, partials) = inputs.split_last().unwrap();
         let mut working_steps = 0;
         for partial in partials {
-            session.wait_until(partial.at);
+            clock.wait_until(partial.at);
             session.hear(partial.clone()).unwrap();
             for _ in 0..6 {
                 match session.step(&mut tts).unwrap().status {
@@ -550,7 +546,7 @@ fn no_step_while_listening_runs_more_than_one_forward() {
                 }
             }
         }
-        session.wait_until(last.at);
+        clock.wait_until(last.at);
         session.hear(last.clone()).unwrap();
         let turn = loop {
             if let Status::Done(turn) = session.step(&mut tts).unwrap().status {

@@ -9,7 +9,7 @@ pub mod sentence;
 pub mod synth;
 
 pub use channel::{partial_channel, FinalSignal, PartialReceiver, PartialSender};
-pub use clock::SimClock;
+pub use clock::{Clock, ClockKind};
 pub use error::{Error, Result};
 pub use partial::{
     keeps_words, lag_k, parse_partials, read_partials, spoken_at_rate, Partial,

@@ -5,7 +5,7 @@
 //! revise earlier words ([`Partial::revises`]), and the last one is final. They are generated
 //! from a text at a speaking rate ([`spoken_at_rate`]) or `k` words at a time ([`lag_k`]), or
 //! read from a file of recorded partial transcripts ([`parse_partials`], [`read_partials`]), the
-//! one file format of every engine. [`SimClock`](crate::SimClock) replays them in compute time.
+//! one file format of every engine. A simulated [`Clock`](crate::Clock) replays them in compute time.
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use engine_mt::{Caption, LiveTranslator, StreamSummary};
-use spec_voice::Partial;
+use spec_voice::{Clock, ClockKind, Partial};
 
-use crate::clock::{ClockKind, Pipeline, PipelineClock};
+use crate::drive::Pipeline;
 use crate::listener::{Heard, Listener};
 use crate::Result;
 
@@ -49,7 +49,7 @@ impl std::fmt::Display for CaptionEvent {
 pub struct LiveCaptions<'m> {
     listener: Listener,
     translator: LiveTranslator<'m>,
-    clock: PipelineClock,
+    clock: Clock,
     /// The transcript translated last in the current utterance.
     last_source: Option<String>,
     /// The current utterance's captions.
@@ -63,7 +63,7 @@ impl<'m> LiveCaptions<'m> {
         Self {
             listener,
             translator,
-            clock: PipelineClock::start(clock),
+            clock: Clock::start(clock),
             last_source: None,
             utterance: Vec::new(),
             summary: StreamSummary::default(),
@@ -104,8 +104,8 @@ impl<'m> LiveCaptions<'m> {
 impl Pipeline for LiveCaptions<'_> {
     type Event = CaptionEvent;
 
-    fn clock(&mut self) -> &mut PipelineClock {
-        &mut self.clock
+    fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     fn listener(&self) -> &Listener {

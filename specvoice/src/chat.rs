@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use engine_llm::predgen::{Event, EventKind, Status, Turn};
-use engine_llm::{PredGen, TurnClock};
-use spec_voice::{AudioChunk, Partial, SentenceSynthesizer};
+use engine_llm::PredGen;
+use spec_voice::{AudioChunk, Clock, ClockKind, Partial, SentenceSynthesizer};
 
-use crate::clock::{play_recording, ClockKind, Pipeline, PipelineClock};
+use crate::drive::{play_recording, Pipeline};
 use crate::listener::{Heard, Listener};
 use crate::{Error, Result};
 
@@ -47,7 +47,7 @@ pub enum ChatEventKind {
     NoWords,
     /// The user spoke while an answer was still being generated: it was dropped.
     BargeIn,
-    /// The language model's side of the turn (PredGen's events, on the stream's clock).
+    /// The language model's side of the turn (PredGen's events).
     Answer(EventKind),
     /// A turn is complete.
     TurnDone(Box<VoiceTurn>),
@@ -148,8 +148,6 @@ impl VoiceTurn {
 /// A turn in progress.
 #[derive(Clone, Debug)]
 struct TurnTimes {
-    /// Stream time of the turn clock's zero.
-    zero: Duration,
     speech_start: Duration,
     /// Set once the utterance has ended: speech end, endpoint, final transcript.
     ended: Option<(Duration, Duration, Duration)>,
@@ -162,7 +160,7 @@ pub struct VoiceChat<'m> {
     predgen: PredGen<'m>,
     tts: Box<dyn SentenceSynthesizer + 'm>,
     mode: ChatMode,
-    clock: PipelineClock,
+    clock: Clock,
     turn: Option<TurnTimes>,
     events: Vec<ChatEvent>,
     /// When the last partial was reported: a recogniser that fell behind the audio (a slow
@@ -185,7 +183,7 @@ impl<'m> VoiceChat<'m> {
             predgen,
             tts,
             mode,
-            clock: PipelineClock::start(clock),
+            clock: Clock::start(clock),
             turn: None,
             events: Vec::new(),
             last_partial_at: Duration::ZERO,
@@ -229,14 +227,12 @@ impl<'m> VoiceChat<'m> {
         let Some(times) = self.turn.clone() else {
             return Ok(false);
         };
-        self.sync_model_clock(&times);
         let progress = self.predgen.step(self.tts.as_mut())?;
-        if self.clock.kind() == ClockKind::Simulated {
-            self.clock.wait_until(times.zero + self.predgen.now());
-        }
-        for event in progress.events {
-            self.push_answer_event(&times, event);
-        }
+        self.events
+            .extend(progress.events.into_iter().map(|event| ChatEvent {
+                at: event.at,
+                kind: ChatEventKind::Answer(event.kind),
+            }));
         match progress.status {
             Status::Working => Ok(true),
             Status::Idle => Ok(false),
@@ -245,7 +241,7 @@ impl<'m> VoiceChat<'m> {
                 let (speech_end, endpoint_at, transcript_at) = times
                     .ended
                     .ok_or_else(|| Error::Input("a turn ended before its utterance did".into()))?;
-                let since_input = |after: Duration| times.zero + turn.input_end + after;
+                let since_input = |after: Duration| turn.input_end + after;
                 let voice_turn = VoiceTurn {
                     speech_start: times.speech_start,
                     speech_end,
@@ -265,30 +261,12 @@ impl<'m> VoiceChat<'m> {
         }
     }
 
-    fn push_answer_event(&mut self, times: &TurnTimes, event: Event) {
-        self.events.push(ChatEvent {
-            at: times.zero + event.at,
-            kind: ChatEventKind::Answer(event.kind),
-        });
-    }
-
-    /// On the simulated clock, the model's turn clock catches up with the stream's (time the
-    /// recognizer spent, or waiting for audio).
-    fn sync_model_clock(&mut self, times: &TurnTimes) {
-        if self.clock.kind() == ClockKind::Simulated {
-            let now = self.now();
-            self.predgen.wait_until(now.saturating_sub(times.zero));
-        }
-    }
-
-    /// Hands a transcript to the turn in progress, stamped with the turn clock's now.
+    /// Hands a transcript to the turn in progress, stamped with the clock's now.
     fn hear_text(&mut self, text: &str, is_final: bool) -> Result<()> {
-        let times = self
-            .turn
-            .clone()
-            .ok_or_else(|| Error::Input("a transcript outside an utterance".into()))?;
-        self.sync_model_clock(&times);
-        let at = self.predgen.now();
+        if self.turn.is_none() {
+            return Err(Error::Input("a transcript outside an utterance".into()));
+        }
+        let at = self.now();
         self.predgen.hear(Partial::new(at, text, is_final))?;
         Ok(())
     }
@@ -297,8 +275,8 @@ impl<'m> VoiceChat<'m> {
 impl Pipeline for VoiceChat<'_> {
     type Event = ChatEvent;
 
-    fn clock(&mut self) -> &mut PipelineClock {
-        &mut self.clock
+    fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     fn listener(&self) -> &Listener {
@@ -327,16 +305,11 @@ impl Pipeline for VoiceChat<'_> {
                             kind: ChatEventKind::BargeIn,
                         });
                     }
-                    let clock = match self.clock.kind() {
-                        ClockKind::Wall => TurnClock::Wall,
-                        ClockKind::Simulated => TurnClock::Simulated,
-                    };
                     match self.mode {
-                        ChatMode::PredGen => self.predgen.begin_turn(clock)?,
-                        ChatMode::Cascade => self.predgen.begin_cascade_turn(clock)?,
+                        ChatMode::PredGen => self.predgen.begin_turn(&self.clock)?,
+                        ChatMode::Cascade => self.predgen.begin_cascade_turn(&self.clock)?,
                     }
                     self.turn = Some(TurnTimes {
-                        zero: at,
                         speech_start: started_at,
                         ended: None,
                     });

@@ -6,12 +6,12 @@
 //!   Whisper on one stream, partial and final transcripts.
 //! - [`chat`]: [`VoiceChat`], Whisper → PredGen (or the cascade) → speech, with each turn's
 //!   latency breakdown; [`caption`]: [`LiveCaptions`], Whisper → live re-translation.
-//! - [`clock`]: the simulated and wall clocks, the [`Pipeline`] step API and
-//!   [`play_recording`].
+//! - [`drive`]: the [`Pipeline`] step API and the one loop that drives a pipeline from an
+//!   [`AudioSource`] (a [`Recording`], a connection) on the session's [`Clock`].
 
 pub mod caption;
 pub mod chat;
-pub mod clock;
+pub mod drive;
 pub mod endpoint;
 mod error;
 pub mod listener;
@@ -19,10 +19,11 @@ pub mod serve;
 
 pub use caption::{CaptionEvent, CaptionEventKind, LiveCaptions};
 pub use chat::{ChatEvent, ChatEventKind, ChatMode, LatencyBreakdown, VoiceChat, VoiceTurn};
-pub use clock::{play_recording, ClockKind, Pipeline, PipelineClock, PACKET};
+pub use drive::{drive, play_recording, Arrival, AudioSource, Ended, Pipeline, Recording, PACKET};
 pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use listener::{utterances_of, Heard, Listener, ListenerConfig};
+pub use spec_voice::{Clock, ClockKind};
 
 /// The workspace README's Rust examples, compiled (and those that need no download run) as
 /// doc-tests of this crate, which depends on every engine they use.

@@ -10,8 +10,9 @@
 use std::time::{Duration, Instant};
 
 use engine_asr::{StreamingTranscriber, TranscribeOptions, Transcriber};
+use spec_voice::Clock;
 
-use crate::clock::{play_recording, ClockKind, Pipeline, PipelineClock};
+use crate::drive::{play_recording, Pipeline};
 use crate::endpoint::{duration_of, samples_in, Boundary, EndpointConfig, EndpointDetector};
 use crate::{Error, Result};
 
@@ -333,7 +334,7 @@ pub fn utterances_of(
 ) -> Result<Vec<Vec<spec_voice::Partial>>> {
     let mut transcription = Transcription {
         listener,
-        clock: PipelineClock::start(ClockKind::Simulated),
+        clock: Clock::simulated(),
         current: Vec::new(),
         done: Vec::new(),
     };
@@ -344,7 +345,7 @@ pub fn utterances_of(
 /// The listener alone as a pipeline, collecting utterances.
 struct Transcription<'l> {
     listener: &'l mut Listener,
-    clock: PipelineClock,
+    clock: Clock,
     current: Vec<spec_voice::Partial>,
     done: Vec<Vec<spec_voice::Partial>>,
 }
@@ -352,8 +353,8 @@ struct Transcription<'l> {
 impl Pipeline for Transcription<'_> {
     type Event = ();
 
-    fn clock(&mut self) -> &mut PipelineClock {
-        &mut self.clock
+    fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     fn listener(&self) -> &Listener {

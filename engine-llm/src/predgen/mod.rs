@@ -23,12 +23,11 @@
 
 mod session;
 
-pub use session::{
-    Event, EventKind, PredGen, Progress, Status, Turn, TurnClock, MAX_COMPLETION_TOKENS,
-};
+pub use session::{Event, EventKind, PredGen, Progress, Status, Turn, MAX_COMPLETION_TOKENS};
 pub use spec_voice::{
-    partial_channel, spoken_at_rate, AudioChunk, FinalSignal, FixedLatencySynthesizer, Partial,
-    PartialReceiver, PartialSender, PreparedAudio, SentenceSynthesizer, Synthesis,
+    partial_channel, spoken_at_rate, AudioChunk, Clock, ClockKind, FinalSignal,
+    FixedLatencySynthesizer, Partial, PartialReceiver, PartialSender, PreparedAudio,
+    SentenceSynthesizer, Synthesis,
 };
 
 use crate::{Error, Result};

@@ -14,7 +14,7 @@ use spec_core::{AcceptanceRate, CostAwarePolicy, ForwardCosts, HeadsDrafter, Int
 use spec_nn::forward_costs;
 use spec_nn::heads::MultiTokenHeads;
 
-use spec_voice::{Partial, PartialReceiver, SentenceSynthesizer, Synthesis};
+use spec_voice::{Clock, Partial, PartialReceiver, SentenceSynthesizer, Synthesis};
 
 use super::{Continuation, PredGenConfig, Verifier};
 use crate::chat::{LanguageModel, Message};
@@ -32,8 +32,8 @@ mod verify;
 use candidates::Candidates;
 use completion::Completing;
 use continuation::{Drafting, RECYCLED_GUESSES};
-use turn::{check_inputs, heard_event, Clock, FinalArrival, Phase, TurnKind, TurnState};
-pub use turn::{Progress, Status, TurnClock};
+use turn::{check_inputs, heard_event, FinalArrival, Phase, TurnKind, TurnState};
+pub use turn::{Progress, Status};
 use verify::{verified_event, JudgeTokens};
 
 /// Something that happened during a turn, at a time of the session clock (from the turn's
@@ -318,20 +318,21 @@ impl<'m> PredGen<'m> {
         Ok(())
     }
 
-    /// The user starts speaking: a turn with input-time speculation begins, timed by `clock`.
+    /// The user starts speaking: a turn with input-time speculation begins on the session's
+    /// `clock` (shared: the turn charges its compute to it and stamps its events with it).
     /// Feed it the recogniser's partial transcripts with [`PredGen::hear`] and call
     /// [`PredGen::step`] whenever the caller is free; a turn already in progress is cancelled.
-    pub fn begin_turn(&mut self, clock: TurnClock) -> Result<()> {
+    pub fn begin_turn(&mut self, clock: &Clock) -> Result<()> {
         self.begin(clock, TurnKind::Speculative)
     }
 
     /// As [`PredGen::begin_turn`], for the plain cascade: nothing is done before the final
     /// partial, then the answer is generated autoregressively and spoken sentence by sentence.
-    pub fn begin_cascade_turn(&mut self, clock: TurnClock) -> Result<()> {
+    pub fn begin_cascade_turn(&mut self, clock: &Clock) -> Result<()> {
         self.begin(clock, TurnKind::Cascade)
     }
 
-    fn begin(&mut self, clock: TurnClock, kind: TurnKind) -> Result<()> {
+    fn begin(&mut self, clock: &Clock, kind: TurnKind) -> Result<()> {
         if matches!(self.config.continuation, Continuation::DraftModel { .. })
             && self.draft.is_none()
         {
@@ -347,7 +348,7 @@ impl<'m> PredGen<'m> {
         }
         self.turn = None;
         self.start_turn()?;
-        self.turn = Some(TurnState::new(clock, kind));
+        self.turn = Some(TurnState::new(clock.clone(), kind));
         Ok(())
     }
 
@@ -358,20 +359,6 @@ impl<'m> PredGen<'m> {
             self.start_turn()?;
         }
         Ok(())
-    }
-
-    /// The time of the turn's clock (zero with no turn in progress): partial transcripts of a
-    /// live turn are stamped with it.
-    pub fn now(&self) -> Duration {
-        self.turn.as_ref().map_or(Duration::ZERO, |t| t.clock.now())
-    }
-
-    /// On a simulated clock, lets time pass until `at` (the model has nothing to do until the
-    /// next partial arrives then); the wall clock passes by itself.
-    pub fn wait_until(&mut self, at: Duration) {
-        if let Some(turn) = &mut self.turn {
-            turn.clock.wait_until(at);
-        }
     }
 
     /// A partial transcript arrives: everything heard so far, at `partial.at` on the turn's
@@ -399,10 +386,10 @@ impl<'m> PredGen<'m> {
         // (every latency of the turn is measured from the final partial's time).
         let now = turn.clock.now();
         if partial.at > now {
-            if let Clock::Wall(_) = turn.clock {
+            if !turn.clock.is_simulated() {
                 return Err(Error::Input(format!(
-                    "a partial stamped {:?} was heard at {now:?} on the turn's wall clock: \
-                     stamp partials with the time they arrive (PredGen::now)",
+                    "a partial stamped {:?} was heard at {now:?} on the session's wall clock: \
+                     stamp partials with the time they arrive (Clock::now)",
                     partial.at
                 )));
             }
@@ -452,7 +439,7 @@ impl<'m> PredGen<'m> {
     /// its latencies; the turn joins the history.
     pub fn turn(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
         check_inputs(inputs)?;
-        self.begin_turn(TurnClock::Simulated)?;
+        self.begin_turn(&Clock::simulated())?;
         self.replay(inputs, tts)
     }
 
@@ -464,7 +451,7 @@ impl<'m> PredGen<'m> {
         tts: &mut dyn SentenceSynthesizer,
     ) -> Result<Turn> {
         check_inputs(inputs)?;
-        self.begin_cascade_turn(TurnClock::Simulated)?;
+        self.begin_cascade_turn(&Clock::simulated())?;
         self.replay(inputs, tts)
     }
 
@@ -481,7 +468,7 @@ impl<'m> PredGen<'m> {
         tts: &mut dyn SentenceSynthesizer,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<Turn> {
-        self.begin_turn(TurnClock::Wall)?;
+        self.begin_turn(&Clock::wall())?;
         if let Some(turn) = &mut self.turn {
             turn.final_arrival = FinalArrival::Signalled(partials.final_signal());
         }
@@ -518,19 +505,23 @@ impl<'m> PredGen<'m> {
 
     /// Hears `partial` as arriving now.
     fn hear_now(&mut self, partial: Partial) -> Result<()> {
-        let at = self.now();
+        let at = self.turn.as_ref().map_or(Duration::ZERO, |t| t.clock.now());
         self.hear(Partial { at, ..partial })
     }
 
     /// Drives a turn begun on the simulated clock: each partial is heard once its time has
     /// come, and time jumps to the next one when the model is idle.
     fn replay(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
-        if let (Some(turn), Some(last)) = (&mut self.turn, inputs.last()) {
+        let Some(turn) = &mut self.turn else {
+            return Err(Error::Input("no turn in progress to replay".into()));
+        };
+        if let Some(last) = inputs.last() {
             turn.final_arrival = FinalArrival::At(last.at);
         }
+        let clock = turn.clock.clone();
         let mut next = 0;
         loop {
-            while inputs.get(next).is_some_and(|p| p.at <= self.now()) {
+            while inputs.get(next).is_some_and(|p| p.at <= clock.now()) {
                 self.hear(inputs[next].clone())?;
                 next += 1;
             }
@@ -538,7 +529,7 @@ impl<'m> PredGen<'m> {
                 Status::Done(turn) => return Ok(*turn),
                 Status::Working => {}
                 Status::Idle => match inputs.get(next) {
-                    Some(partial) => self.wait_until(partial.at),
+                    Some(partial) => clock.wait_until(partial.at),
                     None => {
                         return Err(Error::Input(
                             "the partials ended without a final one".into(),
@@ -672,7 +663,7 @@ mod tests {
 
     #[test]
     fn a_turn_keeps_its_newest_discarded_guesses() {
-        let mut turn = TurnState::new(TurnClock::Simulated, TurnKind::Speculative);
+        let mut turn = TurnState::new(Clock::simulated(), TurnKind::Speculative);
         turn.recycle(None);
         turn.recycle(Some(Vec::new()));
         assert!(turn.recycled.is_empty());

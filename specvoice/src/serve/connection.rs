@@ -17,8 +17,9 @@ use super::protocol::{
     decode_frame, parse_client, ClientMessage, ErrorCode, Outgoing, ProtocolError, ServerMessage,
     SessionMode,
 };
-use super::session::{self, Ended, Input, SessionContext};
+use super::session::{self, Input, SessionContext};
 use super::{Engine, Shared};
+use crate::drive::Ended;
 use crate::endpoint::SAMPLE_RATE;
 use crate::{Error, Result};
 

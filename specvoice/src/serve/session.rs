@@ -16,9 +16,10 @@ use tokio::sync::mpsc;
 use super::pool::Pool;
 use super::protocol::{caption_messages, chat_messages, Outgoing, SessionMode};
 use super::{Engine, ServeConfig, SynthesizerFactory};
-use crate::clock::{ClockKind, Pipeline};
+use crate::drive::{drive, Arrival, AudioSource, Ended, Pipeline};
 use crate::listener::Listener;
-use crate::{Error, LiveCaptions, Result, VoiceChat};
+use crate::{ClockKind, Error, LiveCaptions, Result, VoiceChat};
+use spec_voice::Clock;
 
 /// What the connection hands the session.
 #[derive(Debug)]
@@ -27,15 +28,6 @@ pub(crate) enum Input {
     Audio(Vec<f32>),
     /// The audio stream ended.
     End,
-}
-
-/// How a session ended.
-#[derive(Debug)]
-pub(crate) enum Ended {
-    /// The audio ended and every turn is complete.
-    Finished,
-    /// The client is gone (its audio or its events have nowhere to go).
-    Disconnected,
 }
 
 /// Everything a session thread needs besides its engine.
@@ -112,7 +104,7 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
                 config.chat_mode,
                 ClockKind::Wall,
             );
-            let result = drive(&mut chat, context, chat_messages);
+            let result = run_pipeline(&mut chat, context, chat_messages);
             (chat.into_parts().0, result)
         }
         SessionMode::Caption { to } => {
@@ -132,7 +124,7 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
                 translator,
                 ClockKind::Wall,
             );
-            let result = drive(&mut captions, context, caption_messages);
+            let result = run_pipeline(&mut captions, context, caption_messages);
             (captions.into_listener(), result)
         }
     };
@@ -143,73 +135,48 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
     result
 }
 
-/// The session's loop (see the module's documentation).
-fn drive<P: Pipeline>(
+/// A connection's audio: what the client has sent, as it arrives.
+struct Connection<'c> {
+    inputs: &'c mut mpsc::Receiver<Input>,
+}
+
+impl Connection<'_> {
+    fn arrival(input: Option<Input>) -> Arrival {
+        match input {
+            Some(Input::Audio(samples)) => Arrival::Audio(samples),
+            Some(Input::End) => Arrival::End,
+            None => Arrival::Gone,
+        }
+    }
+}
+
+impl AudioSource for Connection<'_> {
+    fn poll(&mut self, _clock: &Clock) -> Arrival {
+        match self.inputs.try_recv() {
+            Ok(input) => Self::arrival(Some(input)),
+            Err(mpsc::error::TryRecvError::Empty) => Arrival::Nothing,
+            Err(mpsc::error::TryRecvError::Disconnected) => Arrival::Gone,
+        }
+    }
+
+    fn wait(&mut self, _clock: &Clock) -> Arrival {
+        Self::arrival(self.inputs.blocking_recv())
+    }
+}
+
+/// The session's loop ([`drive`]): the connection's audio in, the pipeline's events out.
+fn run_pipeline<P: Pipeline>(
     pipeline: &mut P,
     context: &mut SessionContext,
     messages: fn(P::Event) -> Vec<Outgoing>,
 ) -> Result<Ended> {
-    let mut ended = false;
-    loop {
-        loop {
-            let input = match context.inputs.try_recv() {
-                Ok(input) => input,
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => return Ok(Ended::Disconnected),
-            };
-            hear(pipeline, input, &mut ended)?;
-            if !send_events(pipeline, context, messages) {
-                return Ok(Ended::Disconnected);
-            }
-        }
-        let working = pipeline.step()?;
-        if !send_events(pipeline, context, messages) {
-            return Ok(Ended::Disconnected);
-        }
-        if working {
-            continue;
-        }
-        if ended {
-            if pipeline.in_turn() {
-                return Err(Error::Input(
-                    "the audio ended and the turn in progress has nothing left to do".into(),
-                ));
-            }
-            return Ok(Ended::Finished);
-        }
-        match context.inputs.blocking_recv() {
-            Some(input) => {
-                hear(pipeline, input, &mut ended)?;
-                if !send_events(pipeline, context, messages) {
-                    return Ok(Ended::Disconnected);
-                }
-            }
-            None => return Ok(Ended::Disconnected),
-        }
-    }
-}
-
-fn hear<P: Pipeline>(pipeline: &mut P, input: Input, ended: &mut bool) -> Result<()> {
-    match input {
-        Input::Audio(samples) if !*ended => pipeline.hear_audio(&samples),
-        Input::Audio(_) => Err(Error::Input("audio after the end of the stream".into())),
-        Input::End if !*ended => {
-            *ended = true;
-            pipeline.end_of_audio()
-        }
-        Input::End => Ok(()),
-    }
-}
-
-/// Sends the pipeline's new events; `false` when the client is gone.
-fn send_events<P: Pipeline>(
-    pipeline: &mut P,
-    context: &SessionContext,
-    messages: fn(P::Event) -> Vec<Outgoing>,
-) -> bool {
-    pipeline
-        .take_events()
-        .into_iter()
-        .flat_map(messages)
-        .all(|out| context.outputs.blocking_send(out).is_ok())
+    let outputs = context.outputs.clone();
+    let mut connection = Connection {
+        inputs: &mut context.inputs,
+    };
+    drive(pipeline, &mut connection, &mut |event| {
+        messages(event)
+            .into_iter()
+            .all(|out| outputs.blocking_send(out).is_ok())
+    })
 }

@@ -4,52 +4,11 @@ use std::time::{Duration, Instant};
 
 use spec_core::Interrupt;
 
-use spec_voice::{keeps_words, FinalSignal, Partial, PreparedAudio, SimClock, Synthesis};
+use spec_voice::{keeps_words, Clock, FinalSignal, Partial, PreparedAudio, Synthesis};
 
 use super::{Answer, Candidates, Completing, Event, EventKind, Turn, RECYCLED_GUESSES};
 use crate::predgen::{Continuation, PredGenConfig};
 use crate::{Error, Result};
-
-/// How time runs during a turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TurnClock {
-    /// Real time from [`PredGen::begin_turn`](super::PredGen::begin_turn): the live pipeline's clock.
-    Wall,
-    /// Compute time: the clock advances by the measured compute of each step and jumps to the
-    /// next partial when the model is idle ([`PredGen::wait_until`](super::PredGen::wait_until)), so replaying a recorded
-    /// turn costs compute time, not speaking time, while every latency is real measured
-    /// compute. Speech synthesis runs beside the model, so its time is not charged.
-    Simulated,
-}
-
-/// The clock of a turn in progress.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Clock {
-    Wall(Instant),
-    Simulated(SimClock),
-}
-
-impl Clock {
-    pub(super) fn now(&self) -> Duration {
-        match self {
-            Self::Wall(start) => start.elapsed(),
-            Self::Simulated(clock) => clock.now(),
-        }
-    }
-
-    /// Compute spent by the model: the wall clock has seen it pass already.
-    pub(super) fn charge(&mut self, compute: Duration) {
-        if let Self::Simulated(clock) = self {
-            clock.advance(compute);
-        }
-    }
-
-    pub(super) fn wait_until(&mut self, at: Duration) {
-        if let Self::Simulated(clock) = self {
-            clock.wait_until(at);
-        }
-    }
-}
 
 /// What a [`PredGen::step`](super::PredGen::step) did.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,7 +60,7 @@ pub(super) enum FinalArrival {
 }
 
 impl FinalArrival {
-    /// The interrupt of a step that starts at `started` (the wall clock) and `now` (the turn's).
+    /// The interrupt of a step that starts at `started` (the wall clock) and `now` (the session's).
     pub(super) fn interrupt(&self, started: Instant, now: Duration) -> Option<Interrupt> {
         match self {
             Self::Unknown => None,
@@ -118,6 +77,7 @@ impl FinalArrival {
 
 /// A turn in progress.
 pub(super) struct TurnState {
+    /// The session's clock (the pipeline's, shared).
     pub(super) clock: Clock,
     pub(super) kind: TurnKind,
     pub(super) phase: Phase,
@@ -185,12 +145,9 @@ impl TurnState {
         }
     }
 
-    pub(super) fn new(clock: TurnClock, kind: TurnKind) -> Self {
+    pub(super) fn new(clock: Clock, kind: TurnKind) -> Self {
         Self {
-            clock: match clock {
-                TurnClock::Wall => Clock::Wall(Instant::now()),
-                TurnClock::Simulated => Clock::Simulated(SimClock::new()),
-            },
+            clock,
             kind,
             phase: Phase::Listening,
             pending: None,
