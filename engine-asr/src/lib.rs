@@ -29,7 +29,7 @@ pub mod whisper;
 pub use audio::{resample, Audio, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};
-pub use streaming::{Partial, StreamStats, StreamingTranscriber};
+pub use streaming::{StreamStats, StreamUpdate, StreamingTranscriber};
 pub use whisper::{
     EncoderLength, LoadOptions, Task, TranscribeOptions, Transcriber, Transcript, TranscriptStats,
     Whisper, WhisperTokenizer,

@@ -32,32 +32,23 @@ pub const MAX_TOKENS_PER_SECOND: f64 = 12.0;
 /// Tokens a partial may hold beyond [`MAX_TOKENS_PER_SECOND`] (a short window's punctuation).
 const TOKEN_ALLOWANCE: usize = 8;
 
-/// A partial transcript of the audio received so far.
+/// What the recognizer reports after new audio: the stream's transcript so far with what it
+/// cost. The voice pipeline stamps it on the session's clock as the one partial-transcript
+/// type, `spec_voice::Partial`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Partial {
+pub struct StreamUpdate {
     /// Text of the whole stream so far (committed windows and the current one).
     pub text: String,
     /// Tokens of the current window.
     pub tokens: Vec<u32>,
-    /// Seconds of audio the partial covers.
+    /// Seconds of audio the update covers.
     pub audio_seconds: f64,
-    /// Compute time of this partial (encoding and decoding).
+    /// Compute time of this update (encoding and decoding).
     pub latency: Duration,
-    /// Tokens of the previous partial the decoder confirmed.
+    /// Tokens of the previous update the decoder confirmed.
     pub accepted_draft: usize,
-    /// Decoder forwards spent on this partial.
+    /// Decoder forwards spent on this update.
     pub forwards: usize,
-}
-
-impl Partial {
-    /// This partial as every engine takes partial transcripts (`spec-voice`): heard once its
-    /// audio had arrived and been transcribed (`audio_seconds` + `latency` from the stream's
-    /// start, on a clock where transcription starts as audio arrives), `is_final` for the last
-    /// one of an utterance.
-    pub fn heard(&self, is_final: bool) -> spec_voice::Partial {
-        let at = Duration::from_secs_f64(self.audio_seconds.max(0.0)) + self.latency;
-        spec_voice::Partial::new(at, self.text.trim(), is_final)
-    }
 }
 
 /// Totals over a stream.
@@ -142,7 +133,7 @@ impl StreamingTranscriber {
     /// Appends `chunk` and returns the partial transcript of everything received (`None`
     /// while the window holds too little audio for one spectrogram frame). A chunk with a NaN
     /// or infinite sample is refused whole ([`Error::NonFiniteSample`], indexed in the chunk).
-    pub fn push(&mut self, chunk: &[f32]) -> Result<Option<Partial>> {
+    pub fn push(&mut self, chunk: &[f32]) -> Result<Option<StreamUpdate>> {
         check_finite(chunk)?;
         let window_samples = self.transcriber.model().config().window_frames() * HOP;
         let mut rest = chunk;
@@ -180,7 +171,7 @@ impl StreamingTranscriber {
         self.draft.clear();
     }
 
-    fn partial(&mut self) -> Result<Option<Partial>> {
+    fn partial(&mut self) -> Result<Option<StreamUpdate>> {
         if self.samples.len() <= crate::mel::N_FFT / 2 {
             return Ok(None);
         }
@@ -210,7 +201,7 @@ impl StreamingTranscriber {
         self.stats.accepted += accepted;
         self.window_text = self.transcriber.tokenizer().decode(&candidate.tokens)?;
         self.draft = candidate.tokens.clone();
-        Ok(Some(Partial {
+        Ok(Some(StreamUpdate {
             text: format!("{}{}", self.committed, self.window_text)
                 .trim()
                 .to_string(),

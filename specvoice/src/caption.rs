@@ -82,10 +82,9 @@ impl<'m> LiveCaptions<'m> {
         self.listener
     }
 
-    fn translate(&mut self, source: String, is_final: bool) -> Result<()> {
-        let caption = self
-            .translator
-            .update(&Partial::new(self.clock.now(), &source, is_final))?;
+    fn translate(&mut self, transcript: Partial) -> Result<()> {
+        let caption = self.translator.update(&transcript)?;
+        let source = transcript.text;
         self.clock.charge(caption.decode.time);
         self.utterance.push(caption.clone());
         let at = self.clock.now();
@@ -130,22 +129,22 @@ impl Pipeline for LiveCaptions<'_> {
                         kind: CaptionEventKind::SpeechStarted { started_at },
                     });
                 }
-                Heard::Partial { text, compute, .. } => {
-                    self.clock.charge(compute);
-                    if !text.trim().is_empty() && self.last_source.as_deref() != Some(&text) {
-                        self.translate(text, false)?;
+                Heard::Partial(partial) => {
+                    if !partial.text.trim().is_empty()
+                        && self.last_source.as_deref() != Some(&partial.text)
+                    {
+                        self.translate(partial)?;
                     }
                 }
-                Heard::Final { text, compute, .. } => {
-                    self.clock.charge(compute);
-                    if text.trim().is_empty() {
+                Heard::Final { transcript, .. } => {
+                    if transcript.text.trim().is_empty() {
                         let at = self.clock.now();
                         self.events.push(CaptionEvent {
                             at,
                             kind: CaptionEventKind::NoWords,
                         });
                     } else {
-                        self.translate(text, true)?;
+                        self.translate(transcript)?;
                     }
                     let by_characters = self.translator.config().task.target_uses_characters();
                     if !self.utterance.is_empty() {

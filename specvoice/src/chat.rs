@@ -261,14 +261,12 @@ impl<'m> VoiceChat<'m> {
         }
     }
 
-    /// Hands a transcript to the turn in progress, stamped with the clock's now.
-    fn hear_text(&mut self, text: &str, is_final: bool) -> Result<()> {
+    /// Hands a transcript to the turn in progress.
+    fn hear(&mut self, transcript: Partial) -> Result<()> {
         if self.turn.is_none() {
             return Err(Error::Input("a transcript outside an utterance".into()));
         }
-        let at = self.now();
-        self.predgen.hear(Partial::new(at, text, is_final))?;
-        Ok(())
+        Ok(self.predgen.hear(transcript)?)
     }
 }
 
@@ -290,11 +288,6 @@ impl Pipeline for VoiceChat<'_> {
     /// Starts and ends turns, and hands the transcripts to the language model.
     fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
         for item in heard {
-            let compute = match &item {
-                Heard::Partial { compute, .. } | Heard::Final { compute, .. } => *compute,
-                Heard::Started { .. } => Duration::ZERO,
-            };
-            self.clock.charge(compute);
             let at = self.now();
             match item {
                 Heard::Started { at: started_at } => {
@@ -318,9 +311,10 @@ impl Pipeline for VoiceChat<'_> {
                         kind: ChatEventKind::SpeechStarted { started_at },
                     });
                 }
-                Heard::Partial { text, .. } => {
-                    if !text.trim().is_empty() {
-                        self.hear_text(&text, false)?;
+                Heard::Partial(partial) => {
+                    if !partial.text.trim().is_empty() {
+                        let text = partial.text.clone();
+                        self.hear(partial)?;
                         self.last_partial_at = at;
                         self.events.push(ChatEvent {
                             at,
@@ -329,16 +323,15 @@ impl Pipeline for VoiceChat<'_> {
                     }
                 }
                 Heard::Final {
-                    text,
+                    transcript,
                     speech_end,
                     detected_at,
-                    ..
                 } => {
                     self.events.push(ChatEvent {
                         at: detected_at.max(self.last_partial_at),
                         kind: ChatEventKind::SpeechEnded { speech_end },
                     });
-                    if text.trim().is_empty() {
+                    if transcript.text.trim().is_empty() {
                         self.turn = None;
                         self.predgen.cancel_turn()?;
                         self.events.push(ChatEvent {
@@ -350,7 +343,8 @@ impl Pipeline for VoiceChat<'_> {
                     if let Some(times) = &mut self.turn {
                         times.ended = Some((speech_end, detected_at, at));
                     }
-                    self.hear_text(&text, true)?;
+                    let text = transcript.text.clone();
+                    self.hear(transcript)?;
                     self.events.push(ChatEvent {
                         at,
                         kind: ChatEventKind::Transcript { text },

@@ -49,13 +49,15 @@ pub trait Pipeline {
 
     /// Audio arrived (16 kHz mono): the listener runs on it now.
     fn hear_audio(&mut self, samples: &[f32]) -> Result<()> {
-        let heard = self.listener_mut().push(samples)?;
+        let clock = self.clock().clone();
+        let heard = self.listener_mut().push(samples, &clock)?;
         self.on_heard(heard)
     }
 
     /// The audio stream ended: an utterance in progress ends with it.
     fn end_of_audio(&mut self) -> Result<()> {
-        let heard = self.listener_mut().finish()?;
+        let clock = self.clock().clone();
+        let heard = self.listener_mut().finish(&clock)?;
         self.on_heard(heard.into_iter().collect())
     }
 }

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use engine_asr::{StreamingTranscriber, TranscribeOptions, Transcriber};
-use spec_voice::Clock;
+use spec_voice::{Clock, Partial};
 
 use crate::drive::{play_recording, Pipeline};
 use crate::endpoint::{duration_of, samples_in, Boundary, EndpointConfig, EndpointDetector};
@@ -49,26 +49,22 @@ impl Default for ListenerConfig {
     }
 }
 
-/// What the listener heard, in stream time (from the first sample pushed).
+/// What the listener heard, in stream time (from the first sample pushed). Transcripts are
+/// [`Partial`]s stamped on the session's clock when they are ready (Whisper's compute charged to
+/// it first): the very values the language model and the translator take.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Heard {
     /// Speech started at `at`.
     Started { at: Duration },
-    /// A partial transcript of the utterance so far, covering audio up to `audio_end`;
-    /// `compute` is the recognition time it took.
-    Partial {
-        text: String,
-        audio_end: Duration,
-        compute: Duration,
-    },
+    /// A partial transcript of the utterance so far.
+    Partial(Partial),
     /// The utterance ended: speech stopped at `speech_end`, and the detector noticed at
-    /// `detected_at`. `text` (empty for an utterance without words: a cough, noise) is the
-    /// final transcript; `compute` the recognition time spent after the detection.
+    /// `detected_at`. `transcript` (final; its text empty for an utterance without words: a
+    /// cough, noise) is stamped when it was ready.
     Final {
-        text: String,
+        transcript: Partial,
         speech_end: Duration,
         detected_at: Duration,
-        compute: Duration,
     },
 }
 
@@ -165,21 +161,24 @@ impl Listener {
     /// Any other error (recognition failing) comes after the piece was partly heard, so the
     /// listener stops there: later calls to `push` and [`Listener::finish`] are refused with
     /// [`Error::Input`], and [`Listener::into_transcriber`] gives Whisper back for a new one.
-    pub fn push(&mut self, samples: &[f32]) -> Result<Vec<Heard>> {
+    ///
+    /// Whisper's compute is charged to `clock` (the session's), and transcripts are stamped
+    /// with it.
+    pub fn push(&mut self, samples: &[f32], clock: &Clock) -> Result<Vec<Heard>> {
         self.refuse_after_failure()?;
         engine_asr::audio::check_finite(samples).map_err(|e| Error::Input(e.to_string()))?;
-        let heard = self.hear(samples);
+        let heard = self.hear(samples, clock);
         self.note_failure(heard)
     }
 
     /// The stream ends: an utterance in progress ends with it. Refused after a failed call,
     /// as [`Listener::push`] is.
-    pub fn finish(&mut self) -> Result<Option<Heard>> {
+    pub fn finish(&mut self, clock: &Clock) -> Result<Option<Heard>> {
         self.refuse_after_failure()?;
         let heard = self
             .detector
             .finish()
-            .map(|boundary| self.on_boundary(boundary))
+            .map(|boundary| self.on_boundary(boundary, clock))
             .transpose();
         self.note_failure(heard)
     }
@@ -201,11 +200,11 @@ impl Listener {
     }
 
     /// [`Listener::push`] of finite samples.
-    fn hear(&mut self, samples: &[f32]) -> Result<Vec<Heard>> {
+    fn hear(&mut self, samples: &[f32], clock: &Clock) -> Result<Vec<Heard>> {
         self.audio.extend_from_slice(samples);
         let mut heard = Vec::new();
         for boundary in self.detector.push(samples) {
-            heard.push(self.on_boundary(boundary)?);
+            heard.push(self.on_boundary(boundary, clock)?);
         }
         if let Some(voiced_end) = self.detector.last_voiced_end() {
             // While the speaker pauses, one partial of the speech and the final margin (the
@@ -219,12 +218,8 @@ impl Listener {
                     .filter(|_| self.audio.len() >= samples_in(self.config.partial_every))
             };
             if let Some(end) = end {
-                let (text, compute) = self.transcribe_until(end)?;
-                heard.push(Heard::Partial {
-                    text,
-                    audio_end: duration_of(end),
-                    compute,
-                });
+                let text = self.transcribe_until(end, clock)?;
+                heard.push(Heard::Partial(Partial::new(clock.now(), text, false)));
             }
         } else {
             self.keep_recent();
@@ -232,7 +227,7 @@ impl Listener {
         Ok(heard)
     }
 
-    fn on_boundary(&mut self, boundary: Boundary) -> Result<Heard> {
+    fn on_boundary(&mut self, boundary: Boundary, clock: &Clock) -> Result<Heard> {
         match boundary {
             Boundary::Started { at } => {
                 let from = (samples_in(at).saturating_sub(samples_in(self.config.pre_roll)))
@@ -261,10 +256,10 @@ impl Listener {
                 // pause's partial, made already.
                 let end = samples_in(speech_end + self.config.final_margin)
                     .min(self.audio_start + self.audio.len());
-                let (text, compute) = if self.covered() >= duration_of(end) {
-                    (self.current_text().to_string(), Duration::ZERO)
+                let text = if self.covered() >= duration_of(end) {
+                    self.current_text().to_string()
                 } else {
-                    self.transcribe_until(end)?
+                    self.transcribe_until(end, clock)?
                 };
                 let Recognizer::Utterance { stream, .. } =
                     std::mem::replace(&mut self.recognizer, Recognizer::Switching)
@@ -273,10 +268,9 @@ impl Listener {
                 };
                 self.recognizer = Recognizer::Idle(Box::new(stream.into_inner()));
                 Ok(Heard::Final {
-                    text,
+                    transcript: Partial::new(clock.now(), text, true),
                     speech_end,
                     detected_at,
-                    compute,
                 })
             }
         }
@@ -296,19 +290,20 @@ impl Listener {
         }
     }
 
-    /// Sends the utterance's audio up to stream index `end` to Whisper: the partial transcript
-    /// of everything sent, and the time it took.
-    fn transcribe_until(&mut self, end: usize) -> Result<(String, Duration)> {
+    /// Sends the utterance's audio up to stream index `end` to Whisper and charges its compute
+    /// to `clock`: the partial transcript of everything sent.
+    fn transcribe_until(&mut self, end: usize, clock: &Clock) -> Result<String> {
         let Recognizer::Utterance { stream, text } = &mut self.recognizer else {
             unreachable!("transcribing only inside an utterance")
         };
         let started = Instant::now();
         let piece: Vec<f32> = self.audio.drain(..end - self.audio_start).collect();
         self.audio_start = end;
-        if let Some(partial) = stream.push(&piece)? {
-            *text = partial.text;
+        if let Some(update) = stream.push(&piece)? {
+            *text = update.text;
         }
-        Ok((text.clone(), started.elapsed()))
+        clock.charge(started.elapsed());
+        Ok(text.clone())
     }
 
     /// Outside an utterance, keeps only the audio a pre-roll may need.
@@ -331,7 +326,7 @@ pub fn utterances_of(
     listener: &mut Listener,
     audio: &[f32],
     trailing_silence: Duration,
-) -> Result<Vec<Vec<spec_voice::Partial>>> {
+) -> Result<Vec<Vec<Partial>>> {
     let mut transcription = Transcription {
         listener,
         clock: Clock::simulated(),
@@ -346,8 +341,8 @@ pub fn utterances_of(
 struct Transcription<'l> {
     listener: &'l mut Listener,
     clock: Clock,
-    current: Vec<spec_voice::Partial>,
-    done: Vec<Vec<spec_voice::Partial>>,
+    current: Vec<Partial>,
+    done: Vec<Vec<Partial>>,
 }
 
 impl Pipeline for Transcription<'_> {
@@ -369,19 +364,15 @@ impl Pipeline for Transcription<'_> {
         for item in heard {
             match item {
                 Heard::Started { .. } => self.current.clear(),
-                Heard::Partial { text, compute, .. } => {
-                    self.clock.charge(compute);
-                    if !text.trim().is_empty() {
-                        let at = self.clock.now();
-                        self.current.push(spec_voice::Partial::new(at, text, false));
+                Heard::Partial(partial) => {
+                    if !partial.text.trim().is_empty() {
+                        self.current.push(partial);
                     }
                 }
-                Heard::Final { text, compute, .. } => {
-                    self.clock.charge(compute);
+                Heard::Final { transcript, .. } => {
                     let mut utterance = std::mem::take(&mut self.current);
-                    if !text.trim().is_empty() {
-                        let at = self.clock.now();
-                        utterance.push(spec_voice::Partial::new(at, text, true));
+                    if !transcript.text.trim().is_empty() {
+                        utterance.push(transcript);
                         self.done.push(utterance);
                     }
                 }
@@ -469,25 +460,29 @@ mod tests {
     fn a_listener_whose_recognition_failed_refuses_more_audio() {
         let dir = tempfile::tempdir().unwrap();
         let mut listener = Listener::new(transcriber(&dir), config()).unwrap();
+        let clock = Clock::simulated();
         // Unusable audio is refused unheard: the listener goes on.
         assert!(matches!(
-            listener.push(&[0.1, f32::NAN]),
+            listener.push(&[0.1, f32::NAN], &clock),
             Err(Error::Input(_))
         ));
         // Recognition fails at the end of an utterance (the whole utterance in one piece, so
         // its final transcript is the first): a language the model lacks, after the check.
         listener.config.transcribe.language = Some("de".into());
-        let failed = listener.push(&utterance()).unwrap_err();
+        let failed = listener.push(&utterance(), &clock).unwrap_err();
         assert!(
             matches!(failed, Error::Asr(engine_asr::Error::Language(_))),
             "{failed:?}"
         );
         // The next utterance is refused, not started on a recognizer still in the last one.
-        assert!(matches!(listener.push(&utterance()), Err(Error::Input(_))));
-        assert!(matches!(listener.finish(), Err(Error::Input(_))));
+        assert!(matches!(
+            listener.push(&utterance(), &clock),
+            Err(Error::Input(_))
+        ));
+        assert!(matches!(listener.finish(&clock), Err(Error::Input(_))));
         // Whisper comes back, and a new listener hears the same audio.
         let mut listener = Listener::new(listener.into_transcriber(), config()).unwrap();
-        let heard = listener.push(&utterance()).unwrap();
+        let heard = listener.push(&utterance(), &clock).unwrap();
         assert!(
             matches!(heard.first(), Some(Heard::Started { .. })),
             "{heard:?}"

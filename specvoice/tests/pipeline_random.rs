@@ -10,7 +10,7 @@ use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use engine_llm::testing::tiny_chat_model;
 use engine_llm::{LanguageModel, PredGen};
 use engine_mt::{LiveConfig, LiveTranslator};
-use spec_voice::FixedLatencySynthesizer;
+use spec_voice::{Clock, FixedLatencySynthesizer};
 use specvoice::{
     play_recording, utterances_of, CaptionEventKind, ChatEvent, ChatEventKind, ChatMode, ClockKind,
     Error, Heard, Listener, ListenerConfig, LiveCaptions, Pipeline, VoiceChat, VoiceTurn,
@@ -306,20 +306,23 @@ fn the_final_transcript_does_not_depend_on_how_the_audio_arrived() {
     let mut finals = Vec::new();
     for piece in [320, 1_000, 4_800, 16_000, audio.len()] {
         let mut listener = listener(whisper.take().unwrap());
+        let clock = Clock::simulated();
         let mut heard: Vec<Heard> = Vec::new();
         for chunk in audio.chunks(piece) {
-            heard.extend(listener.push(chunk).unwrap());
+            heard.extend(listener.push(chunk, &clock).unwrap());
         }
-        heard.extend(listener.finish().unwrap());
+        heard.extend(listener.finish(&clock).unwrap());
         let last = heard.last().cloned().unwrap();
         let Heard::Final {
-            text, speech_end, ..
+            transcript,
+            speech_end,
+            ..
         } = last
         else {
             panic!("no final transcript: {heard:?}");
         };
         assert_eq!(speech_end, ms(2000), "piece {piece}");
-        finals.push(text);
+        finals.push(transcript.text);
         whisper = Some(listener.into_transcriber());
     }
     assert!(!finals[0].is_empty());
