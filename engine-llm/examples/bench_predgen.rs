@@ -33,7 +33,7 @@ use engine_llm::predgen::FixedLatencySynthesizer;
 use engine_llm::predgen::{answer_similarity, EventKind};
 use engine_llm::spec_voice::DEFAULT_CHARS_PER_MINUTE;
 use engine_llm::{
-    Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
+    Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
 use spec_core::report::{latency_speedup, Report, Table};
 use spec_core::HeadsDrafter;
@@ -260,7 +260,7 @@ fn run_question(
     setup: &Setup,
     turns: &[String],
     options: &Options,
-) -> Result<Vec<Turn>> {
+) -> Result<Vec<SpokenTurn>> {
     let (verifier, continuation) = setup
         .method
         .unwrap_or((Verifier::Greedy, Continuation::Autoregressive));
@@ -496,7 +496,7 @@ struct SetRun {
     name: &'static str,
     title: String,
     /// Per setup, every turn in order.
-    results: Vec<Vec<Turn>>,
+    results: Vec<Vec<SpokenTurn>>,
     /// Per setup, every turn's cascade latency right around the kept run (s): the mean of the
     /// cascade's runs just before and just after it (the cascade's own kept latency for the
     /// cascade).
@@ -511,13 +511,13 @@ impl SetRun {
 }
 
 /// A turn's audio latency over `adjacent`, the mean latency of the cascade runs around it (s).
-fn ratio_to_adjacent(turn: &Turn, adjacent: f64) -> f64 {
-    seconds(turn.audio_latency) / adjacent.max(1e-9)
+fn ratio_to_adjacent(turn: &SpokenTurn, adjacent: f64) -> f64 {
+    seconds(turn.audio_latency()) / adjacent.max(1e-9)
 }
 
 /// One run of a method on a conversation, with the cascade's latencies just before and after.
 struct BracketedRun {
-    turns: Vec<Turn>,
+    turns: Vec<SpokenTurn>,
     /// Per turn, the mean of the two cascade runs' audio latencies (s).
     adjacent: Vec<f64>,
 }
@@ -537,12 +537,12 @@ fn run_set(
     title: String,
 ) -> Result<SetRun> {
     let (cascade, methods) = setups.split_first().context("no cascade")?;
-    let mut results: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
+    let mut results: Vec<Vec<SpokenTurn>> = setups.iter().map(|_| Vec::new()).collect();
     let mut adjacent: Vec<Vec<f64>> = setups.iter().map(|_| Vec::new()).collect();
     let bar = progress_bar(conversations.len(), name);
     let mut run = |setup: &Setup, turns: &[String]| run_question(models, setup, turns, options);
     for (i, turns) in conversations.iter().enumerate() {
-        let mut cascade_runs: Vec<Vec<Turn>> = Vec::new();
+        let mut cascade_runs: Vec<Vec<SpokenTurn>> = Vec::new();
         let mut method_runs: Vec<Vec<BracketedRun>> = methods.iter().map(|_| Vec::new()).collect();
         for _ in 0..options.repeats {
             let mut before = run(cascade, turns)?;
@@ -552,7 +552,7 @@ fn run_set(
                 let adjacent = before
                     .iter()
                     .zip(&after)
-                    .map(|(b, a)| (seconds(b.audio_latency) + seconds(a.audio_latency)) / 2.0)
+                    .map(|(b, a)| (seconds(b.audio_latency()) + seconds(a.audio_latency())) / 2.0)
                     .collect();
                 runs.push(BracketedRun {
                     turns: method_turns,
@@ -563,7 +563,7 @@ fn run_set(
             cascade_runs.push(before);
         }
         let cascade_turns = median_turns(cascade_runs);
-        adjacent[0].extend(cascade_turns.iter().map(|t| seconds(t.audio_latency)));
+        adjacent[0].extend(cascade_turns.iter().map(|t| seconds(t.audio_latency())));
         results[0].extend(cascade_turns);
         for (s, runs) in method_runs.into_iter().enumerate() {
             let (turns, around) = median_ratio_turns(runs);
@@ -571,7 +571,7 @@ fn run_set(
             adjacent[s + 1].extend(around);
         }
         bar.inc(1);
-        let latest = |s: usize| seconds(results[s].last().unwrap().audio_latency);
+        let latest = |s: usize| seconds(results[s].last().unwrap().audio_latency());
         tracing::info!(
             "{name} {}/{}: audio latency {}",
             i + 1,
@@ -600,19 +600,19 @@ fn lower_median<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
 }
 
 /// Turn by turn, the run with the median audio latency (the lower middle of an even count).
-fn median_turns(runs: Vec<Vec<Turn>>) -> Vec<Turn> {
+fn median_turns(runs: Vec<Vec<SpokenTurn>>) -> Vec<SpokenTurn> {
     let turns = runs.first().map_or(0, Vec::len);
     (0..turns)
         .map(|t| {
-            let candidates: Vec<&Turn> = runs.iter().map(|run| &run[t]).collect();
-            lower_median(candidates, |turn| seconds(turn.audio_latency)).clone()
+            let candidates: Vec<&SpokenTurn> = runs.iter().map(|run| &run[t]).collect();
+            lower_median(candidates, |turn| seconds(turn.audio_latency())).clone()
         })
         .collect()
 }
 
 /// Turn by turn, the run whose latency over its adjacent cascades' is the median (the lower
 /// middle of an even count), with those cascades' mean latency.
-fn median_ratio_turns(runs: Vec<BracketedRun>) -> (Vec<Turn>, Vec<f64>) {
+fn median_ratio_turns(runs: Vec<BracketedRun>) -> (Vec<SpokenTurn>, Vec<f64>) {
     let turns = runs.first().map_or(0, |run| run.turns.len());
     (0..turns)
         .map(|t| {
@@ -627,7 +627,7 @@ fn median_ratio_turns(runs: Vec<BracketedRun>) -> (Vec<Turn>, Vec<f64>) {
 /// The paper's Table 1 for one set.
 fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
     let baseline = &run.results[0];
-    let baseline_latency = mean(baseline.iter().map(|t| seconds(t.audio_latency)));
+    let baseline_latency = mean(baseline.iter().map(|t| seconds(t.audio_latency())));
     let turn_count = baseline.len();
     let mut table = Table::new(
         run.title.clone(),
@@ -649,20 +649,24 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
         ],
     );
     for (s, (setup, turns)) in setups.iter().zip(&run.results).enumerate() {
-        let latencies: Vec<f64> = turns.iter().map(|t| seconds(t.audio_latency)).collect();
+        let latencies: Vec<f64> = turns.iter().map(|t| seconds(t.audio_latency())).collect();
         let latency = mean(latencies.iter().copied());
-        let same = |f: &dyn Fn(&Turn, &Turn) -> bool| {
+        let same = |f: &dyn Fn(&SpokenTurn, &SpokenTurn) -> bool| {
             turns.iter().zip(baseline).filter(|(a, b)| f(a, b)).count()
         };
         table.push(vec![
             setup.label.to_string(),
             format!(
                 "{:.2}",
-                mean(turns.iter().map(|t| seconds(t.time_to_first_sentence)))
+                mean(turns.iter().map(|t| seconds(t.turn.time_to_first_sentence)))
             ),
             format!(
                 "{:.2}",
-                mean(turns.iter().map(|t| t.forwards_to_first_sentence as f64))
+                mean(
+                    turns
+                        .iter()
+                        .map(|t| t.turn.forwards_to_first_sentence as f64)
+                )
             ),
             format!("{latency:.2}"),
             format!(
@@ -677,7 +681,7 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
             ),
             format!(
                 "{}/{turn_count}",
-                same(&|a, b| a.first_sentence == b.first_sentence)
+                same(&|a, b| a.turn.first_sentence == b.turn.first_sentence)
             ),
             format!(
                 "{:.3}",
@@ -685,34 +689,41 @@ fn summary_table(run: &SetRun, setups: &[Setup]) -> Table {
                     turns
                         .iter()
                         .zip(baseline)
-                        .map(|(a, b)| answer_similarity(&a.answer, &b.answer))
+                        .map(|(a, b)| answer_similarity(&a.turn.answer, &b.turn.answer))
                 )
             ),
-            format!("{}/{turn_count}", same(&|a, b| a.answer == b.answer)),
             format!(
                 "{}/{turn_count}",
-                turns.iter().filter(|t| t.prepared_audio_used).count()
+                same(&|a, b| a.turn.answer == b.turn.answer)
+            ),
+            format!(
+                "{}/{turn_count}",
+                turns.iter().filter(|t| t.prepared_audio_used()).count()
             ),
             format!(
                 "{}/{turn_count}",
                 turns
                     .iter()
-                    .filter(|t| t.guessed_question.as_ref() == Some(&t.question))
+                    .filter(|t| t.turn.guessed_question.as_ref() == Some(&t.turn.question))
                     .count()
             ),
             format!(
                 "{:.1}",
-                mean(turns.iter().map(|t| t.tokens_during_input as f64))
+                mean(turns.iter().map(|t| t.turn.tokens_during_input as f64))
             ),
             format!(
                 "{}/{turn_count} / {:.1}",
                 turns
                     .iter()
-                    .filter(|t| t.timeline.iter().any(|e| e.kind == EventKind::Interrupted))
+                    .filter(|t| t
+                        .turn
+                        .timeline
+                        .iter()
+                        .any(|e| e.kind == EventKind::Interrupted))
                     .count(),
                 turns
                     .iter()
-                    .map(|t| t.final_partial_wait.as_secs_f64() * 1e3)
+                    .map(|t| t.turn.final_partial_wait.as_secs_f64() * 1e3)
                     .fold(0.0, f64::max)
             ),
         ]);
@@ -736,15 +747,15 @@ fn turns_table(run: &SetRun, setups: &[Setup]) -> Table {
     let mut table = Table::new(format!("{}: every turn", run.title), &columns);
     let baseline = &run.results[0];
     for (i, turn) in baseline.iter().enumerate() {
-        let mut row = vec![(i + 1).to_string(), turn.question.clone()];
+        let mut row = vec![(i + 1).to_string(), turn.turn.question.clone()];
         for turns in &run.results {
-            row.push(format!("{:.0}", seconds(turns[i].audio_latency) * 1e3));
+            row.push(format!("{:.0}", seconds(turns[i].audio_latency()) * 1e3));
         }
         for s in 1..run.results.len() {
             row.push(format!("{:.2}", run.ratio(s, i)));
         }
         for turns in &run.results[1..] {
-            row.push((turns[i].answer == turn.answer).to_string());
+            row.push((turns[i].turn.answer == turn.turn.answer).to_string());
         }
         table.push(row);
     }
@@ -753,7 +764,7 @@ fn turns_table(run: &SetRun, setups: &[Setup]) -> Table {
 
 fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
     let baseline = &run.results[0];
-    let baseline_latency = mean(baseline.iter().map(|t| seconds(t.audio_latency)));
+    let baseline_latency = mean(baseline.iter().map(|t| seconds(t.audio_latency())));
     let turn_count = baseline.len();
     setups
         .iter()
@@ -761,7 +772,7 @@ fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
         .enumerate()
         .skip(1)
         .map(|(s, (setup, turns))| {
-            let latency = mean(turns.iter().map(|t| seconds(t.audio_latency)));
+            let latency = mean(turns.iter().map(|t| seconds(t.audio_latency())));
             let worst = (0..turn_count).map(|t| run.ratio(s, t)).fold(0.0, f64::max);
             format!(
                 "{}, {}: audio latency {:.2} s against {:.2} s, {} faster than the plain cascade; slowest turn {:.2}× the latency of the cascade runs right before and after it; {} of {} answers identical to it.",
@@ -771,7 +782,7 @@ fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
                 baseline_latency,
                 latency_speedup(baseline_latency, latency),
                 worst,
-                turns.iter().zip(baseline).filter(|(a, b)| a.answer == b.answer).count(),
+                turns.iter().zip(baseline).filter(|(a, b)| a.turn.answer == b.turn.answer).count(),
                 turn_count
             )
         })
@@ -779,8 +790,9 @@ fn set_notes(run: &SetRun, setups: &[Setup]) -> Vec<String> {
 }
 
 fn write_plots(run: &SetRun, setups: &[Setup], folder: &Path) -> Result<()> {
-    let latencies =
-        |turns: &[Turn]| -> Vec<f64> { turns.iter().map(|t| seconds(t.audio_latency)).collect() };
+    let latencies = |turns: &[SpokenTurn]| -> Vec<f64> {
+        turns.iter().map(|t| seconds(t.audio_latency())).collect()
+    };
     let rows: Vec<(&str, Vec<f64>)> = setups
         .iter()
         .zip(&run.results)

@@ -31,7 +31,7 @@ use engine_llm::predgen::{
 };
 use engine_llm::spec_voice::{read_partials, DEFAULT_CHARS_PER_MINUTE};
 use engine_llm::{
-    Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, Turn, Verifier,
+    Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
 use spec_core::report::latency_speedup;
 use spec_core::{Decoder, LogitRows};
@@ -124,15 +124,15 @@ impl Args {
     }
 }
 
-fn summary(label: &str, turn: &Turn) -> String {
+fn summary(label: &str, turn: &SpokenTurn) -> String {
     format!(
         "{label:<10} TTFS {:>6.0} ms  NFETFS {:>3}  audio latency {:>6.0} ms  answer {:>6.0} ms  \
          tokens during input {:>3}",
-        turn.time_to_first_sentence.as_secs_f64() * 1e3,
-        turn.forwards_to_first_sentence,
-        turn.audio_latency.as_secs_f64() * 1e3,
-        turn.answer_latency.as_secs_f64() * 1e3,
-        turn.tokens_during_input
+        turn.turn.time_to_first_sentence.as_secs_f64() * 1e3,
+        turn.turn.forwards_to_first_sentence,
+        turn.audio_latency().as_secs_f64() * 1e3,
+        turn.turn.answer_latency.as_secs_f64() * 1e3,
+        turn.turn.tokens_during_input
     )
 }
 
@@ -200,12 +200,12 @@ fn main() -> Result<()> {
                 })?
             } else {
                 let turn = session.turn(inputs, &mut tts)?;
-                for event in &turn.timeline {
+                for event in &turn.turn.timeline {
                     println!("{event}");
                 }
                 turn
             };
-            println!("\nanswer: {}\n", turn.answer);
+            println!("\nanswer: {}\n", turn.turn.answer);
             predgen_turns.push(turn);
         }
     }
@@ -214,7 +214,7 @@ fn main() -> Result<()> {
         let mut rows = Vec::new();
         for (inputs, predgen) in turns.iter().zip(&predgen_turns) {
             let baseline = session.baseline_turn(inputs, &mut tts)?;
-            println!("question: {}", baseline.question);
+            println!("question: {}", baseline.turn.question);
             println!("{}", summary("PredGen", predgen));
             println!("{}\n", summary("cascade", &baseline));
             rows.push((baseline, predgen));
@@ -225,16 +225,16 @@ fn main() -> Result<()> {
         println!("|---|---|---|---|---|");
         for (baseline, predgen) in rows {
             let (before, after) = (
-                baseline.audio_latency.as_secs_f64(),
-                predgen.audio_latency.as_secs_f64(),
+                baseline.audio_latency().as_secs_f64(),
+                predgen.audio_latency().as_secs_f64(),
             );
             println!(
                 "| {} | {:.0} ms | {:.0} ms | {} | {} |",
-                baseline.question,
+                baseline.turn.question,
                 before * 1e3,
                 after * 1e3,
                 latency_speedup(before, after),
-                if predgen.answer == baseline.answer {
+                if predgen.turn.answer == baseline.turn.answer {
                     "yes"
                 } else {
                     "no"

@@ -22,7 +22,7 @@ pub use chat::{LanguageModel, Message, Role};
 pub use config::{Architecture, RopeLayout, TransformerConfig};
 pub use error::{Error, Result};
 pub use load::LoadOptions;
-pub use predgen::{Continuation, PredGen, PredGenConfig, Turn, Verifier};
+pub use predgen::{Continuation, PredGen, PredGenConfig, SpokenTurn, Turn, TurnVoice, Verifier};
 pub use spec_core::{DecodeStats, DraftLength, SamplingConfig};
 pub use spec_nn::{forward_costs, GgufFile, Requantize};
 pub use spec_voice;

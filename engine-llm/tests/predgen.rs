@@ -11,10 +11,10 @@ use std::time::Duration;
 use candle_core::quantized::GgmlDType;
 use common::{Family, Tiny};
 use engine_llm::predgen::{spoken_at_rate, Clock, FixedLatencySynthesizer, Partial};
-use engine_llm::predgen::{EventKind, Status};
+use engine_llm::predgen::{EventKind, SpeechEvent, Status};
 use engine_llm::testing::tiny_heads;
 use engine_llm::{
-    Continuation, Error, LanguageModel, LoadOptions, PredGen, PredGenConfig, Turn, Verifier,
+    Continuation, Error, LanguageModel, LoadOptions, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
 use spec_core::{HeadsDrafter, HeadsTree};
 
@@ -64,7 +64,7 @@ fn corrected_inputs(final_text: &str) -> Vec<Partial> {
     inputs
 }
 
-fn run_turns(session: &mut PredGen<'_>, turns: &[Vec<Partial>], baseline: bool) -> Vec<Turn> {
+fn run_turns(session: &mut PredGen<'_>, turns: &[Vec<Partial>], baseline: bool) -> Vec<SpokenTurn> {
     let mut tts = FixedLatencySynthesizer::default();
     turns
         .iter()
@@ -90,7 +90,10 @@ fn greedy_predgen_answers_exactly_as_the_plain_cascade() {
     let mut reference =
         PredGen::new(&mut reference_model, cfg(Continuation::Autoregressive)).unwrap();
     let expected = run_turns(&mut reference, &turns, true);
-    assert!(expected.iter().all(|t| t.answer.len() > 10), "{expected:?}");
+    assert!(
+        expected.iter().all(|t| t.turn.answer.len() > 10),
+        "{expected:?}"
+    );
 
     let mut draft = tiny_chat_model(scratch.path(), 2);
     for continuation in [
@@ -112,16 +115,19 @@ fn greedy_predgen_answers_exactly_as_the_plain_cascade() {
             .unwrap();
         let got = run_turns(&mut session, &turns, false);
         for (turn, (got, expected)) in got.iter().zip(&expected).enumerate() {
-            assert_eq!(got.answer, expected.answer, "{continuation:?}, turn {turn}");
-            assert_eq!(got.first_sentence, expected.first_sentence);
+            assert_eq!(
+                got.turn.answer, expected.turn.answer,
+                "{continuation:?}, turn {turn}"
+            );
+            assert_eq!(got.turn.first_sentence, expected.turn.first_sentence);
             assert!(
-                got.tokens_during_input > 0,
+                got.turn.tokens_during_input > 0,
                 "{continuation:?}: no speculation"
             );
-            assert!(got.forwards_to_first_sentence >= 1);
-            assert!(got.audio_latency >= got.time_to_first_sentence);
-            assert!(got.answer_latency >= got.time_to_first_sentence);
-            assert!(got.timeline.windows(2).all(|w| w[0].at <= w[1].at));
+            assert!(got.turn.forwards_to_first_sentence >= 1);
+            assert!(got.audio_latency() >= got.turn.time_to_first_sentence);
+            assert!(got.turn.answer_latency >= got.turn.time_to_first_sentence);
+            assert!(got.turn.timeline.windows(2).all(|w| w[0].at <= w[1].at));
         }
     }
 }
@@ -143,16 +149,16 @@ fn greedy_predgen_with_the_same_budget_gives_the_cascade_answer_token_for_token(
         let inputs = spoken_at_rate(question, 900.0).unwrap();
         let expected = reference.baseline_turn(&inputs, &mut tts).unwrap();
         let got = session.turn(&inputs, &mut tts).unwrap();
-        assert!(!expected.answer.is_empty());
-        assert_eq!(got.answer, expected.answer, "{question}");
-        assert_eq!(got.first_sentence, expected.first_sentence);
+        assert!(!expected.turn.answer.is_empty());
+        assert_eq!(got.turn.answer, expected.turn.answer, "{question}");
+        assert_eq!(got.turn.first_sentence, expected.turn.first_sentence);
         // The plain cascade synthesizes after the first sentence, at the fixed latency.
         assert_eq!(
-            expected.audio_latency,
-            expected.time_to_first_sentence + Duration::from_millis(200)
+            expected.audio_latency(),
+            expected.turn.time_to_first_sentence + Duration::from_millis(200)
         );
-        assert!(!expected.prepared_audio_used);
-        assert_eq!(expected.tokens_during_input, 0);
+        assert!(!expected.prepared_audio_used());
+        assert_eq!(expected.turn.tokens_during_input, 0);
     }
     assert_eq!(session.history(), reference.history());
     assert_eq!(session.history().len(), 6);
@@ -184,9 +190,10 @@ fn a_guess_for_the_final_prompt_is_kept_whole() {
     let turn = session
         .turn(&inputs, &mut FixedLatencySynthesizer::default())
         .unwrap();
-    assert!(turn.guessed_at_end > 0);
-    assert_eq!(turn.kept_at_end, turn.guessed_at_end);
+    assert!(turn.turn.guessed_at_end > 0);
+    assert_eq!(turn.turn.kept_at_end, turn.turn.guessed_at_end);
     assert!(turn
+        .turn
         .timeline
         .iter()
         .any(|e| matches!(e.kind, EventKind::Generated { tokens, .. } if tokens > 0)));
@@ -203,7 +210,7 @@ fn lossy_verifiers_run_and_reflection_needs_yes_and_no_tokens() {
     )
     .unwrap();
     let got = run_turns(&mut session, &turns, false);
-    assert!(!got[0].answer.is_empty());
+    assert!(!got[0].turn.answer.is_empty());
     drop(session);
     // The tiny tokenizer spells "yes" with three tokens.
     let err = PredGen::new(
@@ -312,16 +319,16 @@ fn live_turns_on_the_wall_clock_answer_as_the_simulated_ones() {
                 seen.push(e.clone())
             })
             .unwrap();
-        assert_eq!(turn.answer, expected.answer);
-        assert_eq!(turn.first_sentence, expected.first_sentence);
+        assert_eq!(turn.turn.answer, expected.turn.answer);
+        assert_eq!(turn.turn.first_sentence, expected.turn.first_sentence);
         assert!(
-            turn.tokens_during_input > 0,
+            turn.turn.tokens_during_input > 0,
             "no speculation while listening"
         );
         // Every event reached the caller as it happened, the final partial heard last.
-        assert_eq!(seen.len(), turn.timeline.len());
+        assert_eq!(seen.len(), turn.turn.timeline.len());
         let finals = seen.iter().filter(
-            |e| matches!(&e.kind, EventKind::Heard { is_final: true, text } if *text == turn.question),
+            |e| matches!(&e.kind, EventKind::Heard { is_final: true, text } if *text == turn.turn.question),
         );
         assert_eq!(finals.count(), 1);
         // The answer's audio is handed over, not discarded: the first sentence's with the
@@ -329,19 +336,19 @@ fn live_turns_on_the_wall_clock_answer_as_the_simulated_ones() {
         let started: Vec<_> = seen
             .iter()
             .filter_map(|e| match &e.kind {
-                EventKind::AudioStarts { audio, .. } => Some(audio),
+                EventKind::Speech(SpeechEvent::AudioStarts { audio, .. }) => Some(audio),
                 _ => None,
             })
             .collect();
         assert_eq!(started.len(), 1);
-        assert_eq!(started[0].sentence, turn.first_sentence);
-        assert_eq!(turn.audio[0], *started[0]);
+        assert_eq!(started[0].sentence, turn.turn.first_sentence);
+        assert_eq!(turn.speech.audio[0], *started[0]);
         let later = seen
             .iter()
-            .filter(|e| matches!(e.kind, EventKind::Sentence { .. }))
+            .filter(|e| matches!(e.kind, EventKind::Speech(SpeechEvent::Sentence { .. })))
             .count();
-        assert_eq!(turn.audio.len(), 1 + later);
-        assert!(turn.audio.iter().all(|a| !a.chunks.is_empty()));
+        assert_eq!(turn.speech.audio.len(), 1 + later);
+        assert!(turn.speech.audio.iter().all(|a| !a.chunks.is_empty()));
     }
     assert_eq!(live.history(), simulated.history());
 }
@@ -357,20 +364,19 @@ fn a_barge_in_rolls_the_turn_back() {
 
     let mut model = tiny_chat_model(scratch.path(), 5);
     let mut session = PredGen::new(&mut model, cfg).unwrap();
-    let mut tts = FixedLatencySynthesizer::default();
     // The user says something, the assistant starts answering, the user speaks again.
     let clock = Clock::simulated();
     session.begin_turn(&clock).unwrap();
     for partial in spoken_at_rate("tell me a long story about dragons", 600.0).unwrap() {
         session.hear(partial).unwrap();
         for _ in 0..3 {
-            session.step(&mut tts).unwrap();
+            session.step().unwrap();
         }
     }
     session.cancel_turn().unwrap();
     assert!(session.history().is_empty());
     let got = run_turns(&mut session, &[question], false);
-    assert_eq!(got[0].answer, expected[0].answer);
+    assert_eq!(got[0].turn.answer, expected[0].turn.answer);
     assert_eq!(session.history(), reference.history());
 }
 
@@ -386,11 +392,11 @@ fn live_api_misuse_is_a_clear_error() {
         session.hear(partial(0, "hi", false)),
         Err(Error::Input(_))
     ));
-    assert!(matches!(session.step(&mut tts), Err(Error::Input(_))));
+    assert!(matches!(session.step(), Err(Error::Input(_))));
     let clock = Clock::simulated();
     session.begin_turn(&clock).unwrap();
     // Nothing heard yet: nothing to do.
-    let idle = session.step(&mut tts).unwrap();
+    let idle = session.step().unwrap();
     assert_eq!(idle.status, engine_llm::predgen::Status::Idle);
     assert!(idle.events.is_empty());
     session.hear(partial(100, "hi", false)).unwrap();
@@ -426,7 +432,6 @@ fn partials_stamped_ahead_of_the_clock_move_a_simulated_clock_and_are_refused_on
     let scratch = tempfile::tempdir().unwrap();
     let mut model = tiny_chat_model(scratch.path(), 4);
     let mut session = PredGen::new(&mut model, PredGenConfig::default()).unwrap();
-    let mut tts = FixedLatencySynthesizer::default();
     let input_end = Duration::from_secs(5);
     let clock = Clock::simulated();
     session.begin_turn(&clock).unwrap();
@@ -439,7 +444,7 @@ fn partials_stamped_ahead_of_the_clock_move_a_simulated_clock_and_are_refused_on
         .unwrap();
     assert_eq!(clock.now(), input_end);
     let turn = loop {
-        if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
+        if let Status::Done(turn) = session.step().unwrap().status {
             break turn;
         }
     };
@@ -497,8 +502,9 @@ fn verifying_guesses_in_chunks_keeps_greedy_predgen_lossless() {
             let got = run_turns(&mut session, &turns, false);
             let mut verifications = 0;
             for (got, expected) in got.iter().zip(&expected) {
-                assert_eq!(got.answer, expected.answer, "{continuation:?}");
+                assert_eq!(got.turn.answer, expected.turn.answer, "{continuation:?}");
                 verifications += got
+                    .turn
                     .timeline
                     .iter()
                     .filter(|e| matches!(e.kind, EventKind::Verified { .. }))
@@ -529,7 +535,6 @@ fn no_step_while_listening_runs_more_than_one_forward() {
         };
         assert!(cfg.complete_questions);
         let mut session = PredGen::new(&mut model, cfg).unwrap();
-        let mut tts = FixedLatencySynthesizer::default();
         let clock = Clock::simulated();
         session.begin_turn(&clock).unwrap();
         let inputs = corrected_inputs("what is 1 + 23?");
@@ -539,7 +544,7 @@ fn no_step_while_listening_runs_more_than_one_forward() {
             clock.wait_until(partial.at);
             session.hear(partial.clone()).unwrap();
             for _ in 0..6 {
-                match session.step(&mut tts).unwrap().status {
+                match session.step().unwrap().status {
                     Status::Working => working_steps += 1,
                     Status::Idle => break,
                     Status::Done(_) => panic!("done before the final partial"),
@@ -549,7 +554,7 @@ fn no_step_while_listening_runs_more_than_one_forward() {
         clock.wait_until(last.at);
         session.hear(last.clone()).unwrap();
         let turn = loop {
-            if let Status::Done(turn) = session.step(&mut tts).unwrap().status {
+            if let Status::Done(turn) = session.step().unwrap().status {
                 break turn;
             }
         };
@@ -599,14 +604,17 @@ fn answers_shorter_than_the_guess_limit_are_the_cascades() {
     let mut longer = PredGen::new(&mut longer_model, uncut_config).unwrap();
     let uncut = run_turns(&mut longer, &turns, true);
     for (cut, whole) in expected.iter().zip(&uncut) {
-        assert!(cut.answer.len() < whole.answer.len(), "{cut:?} / {whole:?}");
+        assert!(
+            cut.turn.answer.len() < whole.turn.answer.len(),
+            "{cut:?} / {whole:?}"
+        );
     }
     for candidates in [1, 2, 4] {
         let mut model = tiny_chat_model(scratch.path(), 9);
         let mut session = PredGen::new(&mut model, short(candidates)).unwrap();
         let got = run_turns(&mut session, &turns, false);
         for (g, e) in got.iter().zip(&expected) {
-            assert_eq!(g.answer, e.answer, "{candidates} candidates");
+            assert_eq!(g.turn.answer, e.turn.answer, "{candidates} candidates");
         }
     }
 }
@@ -644,16 +652,19 @@ fn candidate_questions_answer_exactly_as_the_plain_cascade() {
             let got = run_turns(&mut session, &turns, false);
             for (turn, (got, expected)) in got.iter().zip(&expected).enumerate() {
                 let case = format!("{continuation:?}, {candidates} candidates, turn {turn}");
-                assert_eq!(got.answer, expected.answer, "{case}");
-                assert_eq!(got.first_sentence, expected.first_sentence, "{case}");
+                assert_eq!(got.turn.answer, expected.turn.answer, "{case}");
+                assert_eq!(
+                    got.turn.first_sentence, expected.turn.first_sentence,
+                    "{case}"
+                );
                 // The one-word question has nothing before its final partial.
                 let spoken_before_the_end = turn < 2;
                 assert_eq!(
-                    got.forwards_during_input > 0,
+                    got.turn.forwards_during_input > 0,
                     spoken_before_the_end,
                     "{case}"
                 );
-                assert!(got.timeline.windows(2).all(|w| w[0].at <= w[1].at));
+                assert!(got.turn.timeline.windows(2).all(|w| w[0].at <= w[1].at));
             }
             assert_eq!(session.history(), reference.history());
         }
@@ -662,9 +673,9 @@ fn candidate_questions_answer_exactly_as_the_plain_cascade() {
 
 /// The candidate questions the model completed `heard` into (the turn's `Completed` events
 /// after hearing it), likeliest first.
-fn completed_questions(turn: &Turn) -> Vec<String> {
+fn completed_questions(turn: &SpokenTurn) -> Vec<String> {
     let mut questions = Vec::new();
-    for event in &turn.timeline {
+    for event in &turn.turn.timeline {
         if let EventKind::Completed { question } = &event.kind {
             if !questions.contains(question) {
                 questions.push(question.clone());
@@ -709,18 +720,19 @@ fn the_candidate_the_user_asks_is_the_answer_with_nothing_to_verify() {
     let mut session =
         PredGen::new(&mut model, with_candidates(Continuation::Autoregressive, 4)).unwrap();
     let got = session.turn(&inputs, &mut tts).unwrap();
-    assert_eq!(got.guessed_question.as_deref(), Some(asked.as_str()));
-    assert_eq!(got.answer, expected.answer);
+    assert_eq!(got.turn.guessed_question.as_deref(), Some(asked.as_str()));
+    assert_eq!(got.turn.answer, expected.turn.answer);
     // Thirty seconds were time enough to answer every candidate: the asked one's guess is
     // kept whole without a verifying forward.
-    assert!(got.guessed_at_end > 0);
-    assert_eq!(got.kept_at_end, got.guessed_at_end);
+    assert!(got.turn.guessed_at_end > 0);
+    assert_eq!(got.turn.kept_at_end, got.turn.guessed_at_end);
     assert!(
-        !got.timeline
+        !got.turn
+            .timeline
             .iter()
             .any(|e| matches!(e.kind, EventKind::Verified { kept, guessed, .. } if kept < guessed)),
         "{:?}",
-        got.timeline
+        got.turn.timeline
     );
 }
 
@@ -749,7 +761,7 @@ fn a_step_in_flight_at_the_final_partial_is_abandoned_and_the_answer_stays_the_c
     let mut tts = FixedLatencySynthesizer::default();
     let quiet = spoken_at_rate(question, 600.0).unwrap();
     let expected = reference.baseline_turn(&quiet, &mut tts).unwrap();
-    assert!(expected.answer.len() > 10, "{expected:?}");
+    assert!(expected.turn.answer.len() > 10, "{expected:?}");
     // The question asked again after it.
     let expected_again = reference.turn(&quiet, &mut tts).unwrap();
 
@@ -779,9 +791,13 @@ fn a_step_in_flight_at_the_final_partial_is_abandoned_and_the_answer_stays_the_c
                 .unwrap();
             let got = session.turn(&inputs, &mut tts).unwrap();
             let case = format!("{cfg:?}, final {final_after_us} µs after the last word");
-            assert_eq!(got.answer, expected.answer, "{case}");
-            assert_eq!(got.first_sentence, expected.first_sentence, "{case}");
+            assert_eq!(got.turn.answer, expected.turn.answer, "{case}");
+            assert_eq!(
+                got.turn.first_sentence, expected.turn.first_sentence,
+                "{case}"
+            );
             let abandoned: Vec<_> = got
+                .turn
                 .timeline
                 .iter()
                 .filter(|e| e.kind == EventKind::Interrupted)
@@ -794,7 +810,10 @@ fn a_step_in_flight_at_the_final_partial_is_abandoned_and_the_answer_stays_the_c
             }
             // A forward run to its end or abandoned, the cache holds the same conversation.
             let again = session.turn(&quiet, &mut tts).unwrap();
-            assert_eq!(again.answer, expected_again.answer, "{case}: the next turn");
+            assert_eq!(
+                again.turn.answer, expected_again.turn.answer,
+                "{case}: the next turn"
+            );
         }
         assert!(
             interrupted > 0,
@@ -830,7 +849,7 @@ fn a_live_step_in_flight_is_abandoned_when_the_final_partial_is_sent() {
             })
             .unwrap();
         assert_eq!(
-            turn.answer, expected.answer,
+            turn.turn.answer, expected.turn.answer,
             "final {final_after_us} µs late"
         );
         interrupted += usize::from(abandoned);

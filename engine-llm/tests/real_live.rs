@@ -16,7 +16,9 @@ fn load(name: &str) -> LanguageModel {
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
 fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
-    use engine_llm::predgen::{spoken_at_rate, EventKind, FixedLatencySynthesizer, Partial};
+    use engine_llm::predgen::{
+        spoken_at_rate, EventKind, FixedLatencySynthesizer, Partial, SpeechEvent,
+    };
     use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
 
     let mut target = load(QWEN_LARGE);
@@ -66,17 +68,19 @@ fn predgen_driven_live_on_the_wall_clock_answers_as_the_simulated_benchmark() {
             .live_turn(&receiver, &mut tts, &mut |e| {
                 if matches!(
                     e.kind,
-                    EventKind::AudioStarts { .. } | EventKind::Sentence { .. }
+                    EventKind::Speech(
+                        SpeechEvent::AudioStarts { .. } | SpeechEvent::Sentence { .. }
+                    )
                 ) {
                     audio_events += 1;
                 }
             })
             .unwrap();
         speaker.join().unwrap();
-        assert_eq!(turn.answer, expected.answer);
-        worked_during_input += turn.tokens_during_input;
-        assert_eq!(audio_events, turn.audio.len());
-        assert!(!turn.audio.is_empty());
+        assert_eq!(turn.turn.answer, expected.turn.answer);
+        worked_during_input += turn.turn.tokens_during_input;
+        assert_eq!(audio_events, turn.speech.audio.len());
+        assert!(!turn.speech.audio.is_empty());
     }
     // On the wall clock, how much fits into a turn depends on the machine's speed and load: the
     // 1.9 s second question once got none.

@@ -239,9 +239,9 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
         .collect();
     drop(cascade);
     assert!(
-        expected[0].answer.contains("Paris"),
+        expected[0].turn.answer.contains("Paris"),
         "{}",
-        expected[0].answer
+        expected[0].turn.answer
     );
     // With the cost model and question completion (the defaults), and as the paper runs it.
     let paper = PredGenConfig {
@@ -275,12 +275,12 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
             .unwrap();
         for (inputs, expected) in inputs.iter().zip(&expected) {
             let turn = session.turn(inputs, &mut tts).unwrap();
-            assert_eq!(turn.answer, expected.answer, "{continuation:?}");
+            assert_eq!(turn.turn.answer, expected.turn.answer, "{continuation:?}");
             // Without the cost model PredGen always guesses while the user speaks; with it, a
             // machine whose forwards are slow next to the pace of the words may decline (seen
             // on a 2-core machine reading 16–23 GB/s, where a 1.5B forward took ~80 ms).
             if !cost_aware {
-                assert!(turn.tokens_during_input > 0, "{continuation:?}");
+                assert!(turn.turn.tokens_during_input > 0, "{continuation:?}");
             }
         }
     }
@@ -291,7 +291,7 @@ fn predgen_greedy_gives_the_plain_cascades_answer_on_real_weights() {
     )
     .unwrap();
     let turn = session.turn(&inputs[0], &mut tts).unwrap();
-    assert!(!turn.first_sentence.is_empty());
+    assert!(!turn.turn.first_sentence.is_empty());
     let question = "What is the capital of France?";
     assert!(session
         .judge(question, "The capital of France is Paris.")
@@ -342,7 +342,10 @@ fn predgen_candidate_questions_give_the_cascades_answer_on_real_weights() {
         let mut session = PredGen::new(&mut target, config(continuation, candidates)).unwrap();
         for (t, (inputs, expected)) in inputs.iter().zip(&expected).enumerate() {
             let turn = session.turn(inputs, &mut tts).unwrap();
-            assert_eq!(turn.answer, expected.answer, "{continuation:?}, turn {t}");
+            assert_eq!(
+                turn.turn.answer, expected.turn.answer,
+                "{continuation:?}, turn {t}"
+            );
         }
     }
     // "What's" is completed into "What's wrong?" among the candidates (the greedy completion
@@ -357,10 +360,10 @@ fn predgen_candidate_questions_give_the_cascades_answer_on_real_weights() {
     )
     .unwrap();
     let turn = session.turn(&paused, &mut tts).unwrap();
-    assert_eq!(turn.guessed_question.as_deref(), Some(turns[0]));
-    assert!(turn.guessed_at_end > 0);
-    assert_eq!(turn.kept_at_end, turn.guessed_at_end);
-    assert_eq!(turn.answer, expected[0].answer);
+    assert_eq!(turn.turn.guessed_question.as_deref(), Some(turns[0]));
+    assert!(turn.turn.guessed_at_end > 0);
+    assert_eq!(turn.turn.kept_at_end, turn.turn.guessed_at_end);
+    assert_eq!(turn.turn.answer, expected[0].turn.answer);
 }
 
 /// A guess of a whole 64-token answer is verified in one forward of over 64 rows; the cascade
@@ -389,7 +392,7 @@ fn predgen_greedy_verifying_a_long_guess_gives_the_cascades_answer() {
     drop(cascade);
     let mut session = PredGen::new(&mut target, config()).unwrap();
     let turn = session.turn(&inputs, &mut tts).unwrap();
-    assert_eq!(turn.answer, expected.answer);
+    assert_eq!(turn.turn.answer, expected.turn.answer);
 }
 
 /// Conversations of every role, with and without a system message, multi-turn.

@@ -6,6 +6,7 @@ mod error;
 pub mod partial;
 pub mod script;
 pub mod sentence;
+pub mod speaker;
 pub mod synth;
 
 pub use channel::{partial_channel, FinalSignal, PartialReceiver, PartialSender};
@@ -17,6 +18,7 @@ pub use partial::{
 };
 pub use script::{parse_conversations, read_conversations};
 pub use sentence::{first_sentence_end, first_streamed_sentence, split_sentences, SentenceStream};
+pub use speaker::{Speaker, Speech, SpeechEvent};
 pub use synth::{
     write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,
 };

@@ -1,8 +1,9 @@
 //! Speech synthesis behind one interface: sentences in, audio out.
 //!
-//! PredGen synthesizes the first sentence of its guessed answer while the user is still
-//! speaking and keeps it as [`PreparedAudio`]; when the final answer starts with that sentence,
-//! its audio plays at once instead of after the synthesizer's latency.
+//! The pipeline's [`Speaker`](crate::Speaker) synthesizes the first sentence of PredGen's guessed
+//! answer while the user is still speaking and keeps it as [`PreparedAudio`]; when the final
+//! answer starts with that sentence, its audio plays at once instead of after the synthesizer's
+//! latency.
 
 use std::path::Path;
 use std::time::Duration;
@@ -57,9 +58,9 @@ impl Synthesis {
     }
 }
 
-/// Synthesizes speech sentence by sentence. PredGen calls it ahead of time with the first
-/// sentence of its guessed answer and keeps the Synthesis, so that if the final answer starts
-/// with the same sentence its audio plays at once.
+/// Synthesizes speech sentence by sentence. The pipeline's [`Speaker`](crate::Speaker) calls it
+/// ahead of time with the first sentence of PredGen's guessed answer and keeps the Synthesis, so
+/// that if the final answer starts with the same sentence its audio plays at once.
 pub trait SentenceSynthesizer {
     /// Speech for `sentence`; an error for an empty or whitespace-only sentence.
     fn synthesize(&mut self, sentence: &str) -> Result<Synthesis>;

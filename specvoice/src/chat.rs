@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use engine_llm::predgen::{Event, EventKind, Status, Turn};
-use engine_llm::PredGen;
-use spec_voice::{AudioChunk, Clock, ClockKind, Partial, SentenceSynthesizer};
+use engine_llm::{PredGen, TurnVoice};
+use spec_voice::{AudioChunk, Clock, ClockKind, Partial, SentenceSynthesizer, Speech};
 
 use crate::drive::{play_recording, Pipeline};
 use crate::listener::{Heard, Listener};
@@ -94,8 +94,10 @@ impl std::fmt::Display for ChatEvent {
 /// One question and its answer, with the times of the whole pipeline on the stream's clock.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VoiceTurn {
-    /// The language model's turn (question, answer, audio, its own timeline).
+    /// The language model's turn (question, answer, its timeline with the speech events).
     pub turn: Turn,
+    /// The answer's speech.
+    pub speech: Speech,
     pub speech_start: Duration,
     /// The end of the last voiced audio.
     pub speech_end: Duration,
@@ -141,7 +143,7 @@ impl VoiceTurn {
 
     /// The answer's audio, sentence by sentence.
     pub fn audio(&self) -> impl Iterator<Item = &AudioChunk> {
-        self.turn.audio.iter().flat_map(|s| s.chunks.iter())
+        self.speech.audio.iter().flat_map(|s| s.chunks.iter())
     }
 }
 
@@ -154,11 +156,13 @@ struct TurnTimes {
 }
 
 /// A voice conversation: a [`Listener`] (endpoint detector and streaming Whisper), a PredGen
-/// session and a sentence synthesizer on one clock.
+/// session and a sentence synthesizer on one clock. PredGen reports the sentences that are
+/// ready; the conversation speaks them ([`TurnVoice`]).
 pub struct VoiceChat<'m> {
     listener: Listener,
     predgen: PredGen<'m>,
     tts: Box<dyn SentenceSynthesizer + 'm>,
+    voice: TurnVoice,
     mode: ChatMode,
     clock: Clock,
     turn: Option<TurnTimes>,
@@ -182,6 +186,7 @@ impl<'m> VoiceChat<'m> {
             listener,
             predgen,
             tts,
+            voice: TurnVoice::new(),
             mode,
             clock: Clock::start(clock),
             turn: None,
@@ -227,12 +232,18 @@ impl<'m> VoiceChat<'m> {
         let Some(times) = self.turn.clone() else {
             return Ok(false);
         };
-        let progress = self.predgen.step(self.tts.as_mut())?;
-        self.events
-            .extend(progress.events.into_iter().map(|event| ChatEvent {
-                at: event.at,
-                kind: ChatEventKind::Answer(event.kind),
-            }));
+        let progress = self.predgen.step()?;
+        let spoken = self.voice.speak(&progress.events, self.tts.as_mut())?;
+        self.events.extend(
+            progress
+                .events
+                .into_iter()
+                .chain(spoken)
+                .map(|event| ChatEvent {
+                    at: event.at,
+                    kind: ChatEventKind::Answer(event.kind),
+                }),
+        );
         match progress.status {
             Status::Working => Ok(true),
             Status::Idle => Ok(false),
@@ -241,15 +252,16 @@ impl<'m> VoiceChat<'m> {
                 let (speech_end, endpoint_at, transcript_at) = times
                     .ended
                     .ok_or_else(|| Error::Input("a turn ended before its utterance did".into()))?;
-                let since_input = |after: Duration| turn.input_end + after;
+                let spoken = self.voice.finish(*turn);
                 let voice_turn = VoiceTurn {
                     speech_start: times.speech_start,
                     speech_end,
                     endpoint_at,
                     transcript_at,
-                    first_sentence_at: since_input(turn.time_to_first_sentence),
-                    first_audio_at: since_input(turn.audio_latency),
-                    turn: *turn,
+                    first_sentence_at: spoken.turn.input_end + spoken.turn.time_to_first_sentence,
+                    first_audio_at: spoken.turn.input_end + spoken.audio_latency(),
+                    turn: spoken.turn,
+                    speech: spoken.speech,
                 };
                 let at = self.now();
                 self.events.push(ChatEvent {
@@ -293,6 +305,7 @@ impl Pipeline for VoiceChat<'_> {
                 Heard::Started { at: started_at } => {
                     if self.turn.take().is_some() {
                         self.predgen.cancel_turn()?;
+                        self.voice.cancel();
                         self.events.push(ChatEvent {
                             at,
                             kind: ChatEventKind::BargeIn,
@@ -334,6 +347,7 @@ impl Pipeline for VoiceChat<'_> {
                     if transcript.text.trim().is_empty() {
                         self.turn = None;
                         self.predgen.cancel_turn()?;
+                        self.voice.cancel();
                         self.events.push(ChatEvent {
                             at,
                             kind: ChatEventKind::NoWords,

@@ -6,7 +6,7 @@
 //!   Whisper on one stream, partial and final transcripts.
 //! - [`chat`]: [`VoiceChat`], Whisper → PredGen (or the cascade) → speech, with each turn's
 //!   latency breakdown; [`caption`]: [`LiveCaptions`], Whisper → live re-translation.
-//! - [`drive`]: the [`Pipeline`] step API and the one loop that drives a pipeline from an
+//! - [`drive`](mod@drive): the [`Pipeline`] step API and the one loop that drives a pipeline from an
 //!   [`AudioSource`] (a [`Recording`], a connection) on the session's [`Clock`].
 
 pub mod caption;

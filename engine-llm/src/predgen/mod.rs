@@ -6,7 +6,8 @@
 //! last word, for the whole first sentence of the answer and then for its speech. PredGen works
 //! while the user is still speaking: on every new partial prompt it verifies the answer it
 //! guessed before ([`Verifier`]), keeps what still holds, generates on ([`Continuation`]), and
-//! hands the guessed first sentence to TTS ahead of time. When the input ends, one forward over
+//! reports the guessed first sentence, which the caller's voice synthesizes ahead of time
+//! ([`TurnVoice`]). When the input ends, one forward over
 //! the rest of the prompt and the guessed answer is both the prefill and the final
 //! verification (the paper's Algorithm 1); if the first sentence survives, its audio plays at
 //! once.
@@ -22,13 +23,15 @@
 //! re-exported here.
 
 mod session;
+mod voice;
 
 pub use session::{Event, EventKind, PredGen, Progress, Status, Turn, MAX_COMPLETION_TOKENS};
 pub use spec_voice::{
     partial_channel, spoken_at_rate, AudioChunk, Clock, ClockKind, FinalSignal,
-    FixedLatencySynthesizer, Partial, PartialReceiver, PartialSender, PreparedAudio,
-    SentenceSynthesizer, Synthesis,
+    FixedLatencySynthesizer, Partial, PartialReceiver, PartialSender, SentenceSynthesizer, Speech,
+    SpeechEvent, Synthesis,
 };
+pub use voice::{SpokenTurn, TurnVoice};
 
 use crate::{Error, Result};
 

@@ -3,7 +3,8 @@
 //! A turn runs step by step, so that a live pipeline can drive it: [`PredGen::begin_turn`] when
 //! the user starts speaking, [`PredGen::hear`] for each partial transcript of the recogniser,
 //! [`PredGen::step`] whenever the caller is free (it does one bounded piece of work and returns
-//! what happened, audio included), [`PredGen::cancel_turn`] on barge-in. [`PredGen::turn`]
+//! what happened, the sentences ready for speech included: the caller speaks them, see
+//! [`TurnVoice`](super::TurnVoice)), [`PredGen::cancel_turn`] on barge-in. [`PredGen::turn`]
 //! replays a recorded turn through the same steps on a simulated clock, for benchmarks.
 
 use std::fmt;
@@ -14,9 +15,9 @@ use spec_core::{AcceptanceRate, CostAwarePolicy, ForwardCosts, HeadsDrafter, Int
 use spec_nn::forward_costs;
 use spec_nn::heads::MultiTokenHeads;
 
-use spec_voice::{Clock, Partial, PartialReceiver, SentenceSynthesizer, Synthesis};
+use spec_voice::{Clock, Partial, PartialReceiver, SentenceSynthesizer, SpeechEvent};
 
-use super::{Continuation, PredGenConfig, Verifier};
+use super::{Continuation, PredGenConfig, SpokenTurn, TurnVoice, Verifier};
 use crate::chat::{LanguageModel, Message};
 use crate::transformer::CacheState;
 use crate::{Error, Result};
@@ -61,23 +62,14 @@ pub enum EventKind {
     },
     /// Tokens generated onto the guess (or the answer).
     Generated { tokens: usize, text: String },
-    /// A first sentence was handed to TTS ahead of time; its audio is ready at `ready_at`.
-    Prepared {
-        sentence: String,
-        ready_at: Duration,
-    },
-    /// The first sentence of the final answer is complete.
+    /// A guessed answer's first sentence is complete: worth synthesizing ahead of time.
+    SpeakAhead { sentence: String },
+    /// The first sentence of the final answer is complete: to be spoken now.
     FirstSentence { text: String },
-    /// A later sentence of the answer is complete and synthesized; its audio is ready at
-    /// `ready_at`.
-    Sentence {
-        text: String,
-        ready_at: Duration,
-        audio: Synthesis,
-    },
-    /// The first sentence's audio starts playing (`prepared`: synthesized before the input
-    /// ended).
-    AudioStarts { prepared: bool, audio: Synthesis },
+    /// A later sentence of the answer is complete: to be spoken after the ones before it.
+    NextSentence { text: String },
+    /// What the turn's voice did with the sentences ([`TurnVoice`]).
+    Speech(SpeechEvent),
     /// A step working ahead of the user was abandoned part-way through a forward: the final
     /// partial arrived (its work is dropped, the answer starts at once).
     Interrupted,
@@ -114,29 +106,12 @@ impl fmt::Display for Event {
             EventKind::Generated { tokens, text } => {
                 write!(f, "{:<14} +{tokens} tokens: \"{text}\"", "generated")
             }
-            EventKind::Prepared { sentence, ready_at } => write!(
-                f,
-                "{:<14} \"{sentence}\" (audio ready at {:.3} s)",
-                "to TTS",
-                ready_at.as_secs_f64()
-            ),
+            EventKind::SpeakAhead { sentence } => {
+                write!(f, "{:<14} \"{sentence}\"", "guessed")
+            }
             EventKind::FirstSentence { text } => write!(f, "{:<14} \"{text}\"", "first sentence"),
-            EventKind::Sentence { text, ready_at, .. } => write!(
-                f,
-                "{:<14} \"{text}\" (audio ready at {:.3} s)",
-                "next sentence",
-                ready_at.as_secs_f64()
-            ),
-            EventKind::AudioStarts { prepared, .. } => write!(
-                f,
-                "{:<14} {}",
-                "audio starts",
-                if *prepared {
-                    "(synthesized ahead of time)"
-                } else {
-                    "(synthesized after the sentence)"
-                }
-            ),
+            EventKind::NextSentence { text } => write!(f, "{:<14} \"{text}\"", "sentence"),
+            EventKind::Speech(speech) => write!(f, "{speech}"),
             EventKind::Interrupted => {
                 write!(f, "{:<14} the step in flight (final partial)", "abandoned")
             }
@@ -145,7 +120,7 @@ impl fmt::Display for Event {
     }
 }
 
-/// One turn's answer, latencies and timeline.
+/// One turn's answer, the model's latencies and timeline (its speech: [`SpokenTurn`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Turn {
     /// The final prompt text.
@@ -163,8 +138,6 @@ pub struct Turn {
     /// NFETFS: target forward passes after the end of input until the first sentence is
     /// complete (1: accepted at the final verification).
     pub forwards_to_first_sentence: usize,
-    /// From the end of input until the first audio plays.
-    pub audio_latency: Duration,
     /// From the end of input until the whole answer is generated.
     pub answer_latency: Duration,
     /// Tokens generated while input was still arriving.
@@ -177,10 +150,6 @@ pub struct Turn {
     /// Guessed tokens offered to, and kept by, the final verification.
     pub guessed_at_end: usize,
     pub kept_at_end: usize,
-    /// The first sentence's audio was synthesized ahead of time.
-    pub prepared_audio_used: bool,
-    /// The answer's audio, sentence by sentence.
-    pub audio: Vec<Synthesis>,
     pub timeline: Vec<Event>,
 }
 
@@ -405,17 +374,19 @@ impl<'m> PredGen<'m> {
     }
 
     /// Does the next piece of work of the turn: verify the guess against the newest partial,
-    /// or extend the guess by up to `tokens_per_step` tokens and hand its first sentence to
-    /// `tts`; after the final partial, verify the guess against the whole question, then speak
-    /// the answer sentence by sentence. Returns what happened, and whether there is more to do
-    /// now ([`Status::Working`]), nothing until the next partial ([`Status::Idle`]), or the
-    /// answer is complete ([`Status::Done`]; the turn joins the history).
-    pub fn step(&mut self, tts: &mut dyn SentenceSynthesizer) -> Result<Progress> {
+    /// or extend the guess by up to `tokens_per_step` tokens and report its first sentence for
+    /// synthesis ahead of time ([`EventKind::SpeakAhead`]); after the final partial, verify the
+    /// guess against the whole question, then report the answer sentence by sentence
+    /// ([`EventKind::FirstSentence`], [`EventKind::NextSentence`]) for the caller to speak.
+    /// Returns what happened, and whether there is more to do now ([`Status::Working`]),
+    /// nothing until the next partial ([`Status::Idle`]), or the answer is complete
+    /// ([`Status::Done`]; the turn joins the history).
+    pub fn step(&mut self) -> Result<Progress> {
         let mut turn = self
             .turn
             .take()
             .ok_or_else(|| Error::Input("no turn in progress: begin one before stepping".into()))?;
-        let status = self.advance(&mut turn, tts);
+        let status = self.advance(&mut turn);
         let events = turn.timeline[turn.reported..].to_vec();
         turn.reported = turn.timeline.len();
         match status {
@@ -434,10 +405,14 @@ impl<'m> PredGen<'m> {
         }
     }
 
-    /// One turn with input-time speculation, replayed on a simulated clock: `inputs` are the
-    /// user's partial prompts in order of arrival, the last one final. Returns the answer with
-    /// its latencies; the turn joins the history.
-    pub fn turn(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
+    /// One turn with input-time speculation, replayed on a simulated clock and spoken with
+    /// `tts`: `inputs` are the user's partial prompts in order of arrival, the last one final.
+    /// Returns the answer with its latencies; the turn joins the history.
+    pub fn turn(
+        &mut self,
+        inputs: &[Partial],
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<SpokenTurn> {
         check_inputs(inputs)?;
         self.begin_turn(&Clock::simulated())?;
         self.replay(inputs, tts)
@@ -449,7 +424,7 @@ impl<'m> PredGen<'m> {
         &mut self,
         inputs: &[Partial],
         tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Turn> {
+    ) -> Result<SpokenTurn> {
         check_inputs(inputs)?;
         self.begin_cascade_turn(&Clock::simulated())?;
         self.replay(inputs, tts)
@@ -467,11 +442,12 @@ impl<'m> PredGen<'m> {
         partials: &PartialReceiver,
         tts: &mut dyn SentenceSynthesizer,
         on_event: &mut dyn FnMut(&Event),
-    ) -> Result<Turn> {
+    ) -> Result<SpokenTurn> {
         self.begin_turn(&Clock::wall())?;
         if let Some(turn) = &mut self.turn {
             turn.final_arrival = FinalArrival::Signalled(partials.final_signal());
         }
+        let mut voice = TurnVoice::new();
         let closed = || Error::Input("the partials ended without a final one".into());
         loop {
             loop {
@@ -487,10 +463,14 @@ impl<'m> PredGen<'m> {
                     }
                 }
             }
-            let progress = self.step(tts)?;
+            let progress = self.step()?;
             progress.events.iter().for_each(&mut *on_event);
+            voice
+                .speak(&progress.events, tts)?
+                .iter()
+                .for_each(&mut *on_event);
             match progress.status {
-                Status::Done(turn) => return Ok(*turn),
+                Status::Done(turn) => return Ok(voice.finish(*turn)),
                 Status::Working => {}
                 Status::Idle => match partials.recv() {
                     Ok(partial) => self.hear_now(partial)?,
@@ -511,7 +491,11 @@ impl<'m> PredGen<'m> {
 
     /// Drives a turn begun on the simulated clock: each partial is heard once its time has
     /// come, and time jumps to the next one when the model is idle.
-    fn replay(&mut self, inputs: &[Partial], tts: &mut dyn SentenceSynthesizer) -> Result<Turn> {
+    fn replay(
+        &mut self,
+        inputs: &[Partial],
+        tts: &mut dyn SentenceSynthesizer,
+    ) -> Result<SpokenTurn> {
         let Some(turn) = &mut self.turn else {
             return Err(Error::Input("no turn in progress to replay".into()));
         };
@@ -519,14 +503,17 @@ impl<'m> PredGen<'m> {
             turn.final_arrival = FinalArrival::At(last.at);
         }
         let clock = turn.clock.clone();
+        let mut voice = TurnVoice::new();
         let mut next = 0;
         loop {
             while inputs.get(next).is_some_and(|p| p.at <= clock.now()) {
                 self.hear(inputs[next].clone())?;
                 next += 1;
             }
-            match self.step(tts)?.status {
-                Status::Done(turn) => return Ok(*turn),
+            let progress = self.step()?;
+            voice.speak(&progress.events, tts)?;
+            match progress.status {
+                Status::Done(turn) => return Ok(voice.finish(*turn)),
                 Status::Working => {}
                 Status::Idle => match inputs.get(next) {
                     Some(partial) => clock.wait_until(partial.at),
@@ -541,13 +528,9 @@ impl<'m> PredGen<'m> {
     }
 
     /// The work of one step, by phase.
-    fn advance(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Status> {
+    fn advance(&mut self, turn: &mut TurnState) -> Result<Status> {
         match turn.phase {
-            Phase::Listening => self.listen(turn, tts),
+            Phase::Listening => self.listen(turn),
             Phase::FirstSentence => {
                 if self.complete_first_sentence(turn)? {
                     turn.phase = Phase::Speaking;
@@ -555,11 +538,11 @@ impl<'m> PredGen<'m> {
                 Ok(Status::Working)
             }
             Phase::Speaking => {
-                self.speak_first_sentence(turn, tts)?;
+                self.speak_first_sentence(turn)?;
                 turn.phase = Phase::Rest;
                 Ok(Status::Working)
             }
-            Phase::Rest => self.answer_on(turn, tts),
+            Phase::Rest => self.answer_on(turn),
         }
     }
 
@@ -567,11 +550,7 @@ impl<'m> PredGen<'m> {
     /// the step part-way through a forward once the final partial arrives, when the turn can
     /// tell ([`FinalArrival`]): the answer then starts within a layer's time of the last word
     /// instead of after what is left of the step (up to a forward and more).
-    fn listen(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Status> {
+    fn listen(&mut self, turn: &mut TurnState) -> Result<Status> {
         if let Some(final_input) = turn.final_input.clone() {
             self.hear_final(turn, &final_input)?;
             turn.phase = Phase::FirstSentence;
@@ -583,7 +562,7 @@ impl<'m> PredGen<'m> {
         let started = Instant::now();
         let clock_before = turn.clock.now();
         self.set_interrupt(turn.final_arrival.interrupt(started, clock_before));
-        let worked = self.work_ahead(turn, tts);
+        let worked = self.work_ahead(turn);
         self.set_interrupt(None);
         match worked {
             Err(Error::Core(spec_core::Error::Interrupted)) => {
@@ -612,13 +591,9 @@ impl<'m> PredGen<'m> {
     /// Abandoned part-way (an interrupt), it leaves the guess and the caches consistent: each
     /// part changes them only once its forwards are done, and the final verification checks
     /// whatever is left unsettled.
-    fn work_ahead(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Status> {
+    fn work_ahead(&mut self, turn: &mut TurnState) -> Result<Status> {
         if self.config.complete_questions && self.config.question_candidates > 1 {
-            return Ok(match self.listen_with_candidates(turn, tts)? {
+            return Ok(match self.listen_with_candidates(turn)? {
                 true => Status::Working,
                 false => Status::Idle,
             });
@@ -649,7 +624,7 @@ impl<'m> PredGen<'m> {
         } else {
             return Ok(Status::Idle);
         }
-        self.prepare_first_sentence(turn, tts)?;
+        self.prepare_first_sentence(turn)?;
         Ok(Status::Working)
     }
 }

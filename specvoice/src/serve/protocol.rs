@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::caption::{CaptionEvent, CaptionEventKind};
 use crate::chat::{ChatEvent, ChatEventKind, VoiceTurn};
 use engine_llm::predgen::EventKind;
+use spec_voice::SpeechEvent;
 
 /// Longest accepted target language name of a caption session, in characters.
 pub const MAX_LANGUAGE_CHARS: usize = 40;
@@ -330,21 +331,24 @@ fn answer_messages(at_ms: Millis, kind: EventKind) -> Vec<Outgoing> {
         EventKind::FirstSentence { text } => {
             vec![ServerMessage::FirstSentence { at_ms, text }.into()]
         }
-        EventKind::Sentence { text, audio, .. } => {
+        EventKind::Speech(SpeechEvent::Sentence { text, audio, .. }) => {
             let mut out = vec![ServerMessage::Sentence { at_ms, text }.into()];
             out.extend(audio_messages(&audio));
             out
         }
-        EventKind::AudioStarts { audio, .. } => audio_messages(&audio),
+        EventKind::Speech(SpeechEvent::AudioStarts { audio, .. }) => audio_messages(&audio),
         EventKind::AnswerDone { tokens } => {
             vec![ServerMessage::AnswerDone { at_ms, tokens }.into()]
         }
-        // PredGen's own work (guesses, verifications) stays inside the server.
+        // PredGen's own work (guesses, verifications, audio prepared ahead) stays inside the
+        // server; a later sentence goes out with its audio.
         EventKind::Completed { .. }
         | EventKind::Heard { .. }
         | EventKind::Verified { .. }
         | EventKind::Generated { .. }
-        | EventKind::Prepared { .. }
+        | EventKind::SpeakAhead { .. }
+        | EventKind::NextSentence { .. }
+        | EventKind::Speech(SpeechEvent::Prepared { .. })
         | EventKind::Interrupted => Vec::new(),
     }
 }
@@ -383,7 +387,7 @@ fn turn_done(turn: &VoiceTurn) -> ServerMessage {
             llm_ms: ms(parts.llm),
             tts_ms: ms(parts.tts),
         },
-        prepared_audio_used: turn.turn.prepared_audio_used,
+        prepared_audio_used: turn.speech.prepared_audio_used,
     }
 }
 

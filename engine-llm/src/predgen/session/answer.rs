@@ -6,11 +6,11 @@ use std::time::Instant;
 use spec_core::decoder::common_prefix_len;
 use spec_core::Decoder;
 
-use spec_voice::{first_streamed_sentence, split_sentences, Partial, SentenceSynthesizer};
+use spec_voice::{first_streamed_sentence, split_sentences, Partial};
 
 use super::{
-    heard_event, verified_event, Answer, Drafting, Event, EventKind, PredGen, Status, Turn,
-    TurnKind, TurnState,
+    heard_event, verified_event, Answer, Drafting, EventKind, PredGen, Status, Turn, TurnKind,
+    TurnState,
 };
 use crate::chat::Message;
 use crate::predgen::Continuation;
@@ -116,15 +116,10 @@ impl PredGen<'_> {
         Ok(true)
     }
 
-    /// The first sentence is complete: its audio plays, prepared ahead of time if the guess
-    /// got it right, synthesized now otherwise.
-    pub(super) fn speak_first_sentence(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<()> {
-        let first_at = turn.clock.now();
-        turn.first_sentence_at = first_at;
+    /// The first sentence is complete: it is reported for speech (whose audio the pipeline
+    /// plays, prepared ahead of time if a guess got it right).
+    pub(super) fn speak_first_sentence(&mut self, turn: &mut TurnState) -> Result<()> {
+        turn.first_sentence_at = turn.clock.now();
         // An answer cut off before its first sentence ends is spoken whole.
         let first_sentence = match self.settled_first_sentence(&turn.guess)? {
             Some(sentence) => sentence,
@@ -133,42 +128,14 @@ impl PredGen<'_> {
         turn.timeline.push(turn.event(EventKind::FirstSentence {
             text: first_sentence.clone(),
         }));
-        let prepared = turn
-            .prepared
-            .iter()
-            .position(|p| !first_sentence.is_empty() && p.matches(&first_sentence))
-            .map(|i| turn.prepared.swap_remove(i));
-        turn.prepared_audio_used = prepared.is_some();
-        let (audio_at, audio) = match prepared {
-            Some(p) => (p.ready_at.max(first_at), Some(p.synthesis)),
-            None if first_sentence.is_empty() => (first_at, None),
-            None => {
-                let synthesis = tts.synthesize(&first_sentence)?;
-                (first_at + synthesis.first_audio_after, Some(synthesis))
-            }
-        };
-        turn.audio_at = audio_at;
         turn.first_sentence = first_sentence;
         turn.spoken = 1;
-        if let Some(audio) = audio {
-            turn.audio.push(audio.clone());
-            turn.timeline.push(Event {
-                at: audio_at,
-                kind: EventKind::AudioStarts {
-                    prepared: turn.prepared_audio_used,
-                    audio,
-                },
-            });
-        }
         Ok(())
     }
 
-    /// The rest of the answer, sentence by sentence, each to TTS as soon as it is complete.
-    pub(super) fn answer_on(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<Status> {
+    /// The rest of the answer, sentence by sentence, each reported for speech as soon as it is
+    /// complete.
+    pub(super) fn answer_on(&mut self, turn: &mut TurnState) -> Result<Status> {
         let max = self.config.max_answer_tokens;
         if turn.guess.unsettled() {
             let (prompt, text) = (turn.prompt.clone(), turn.question.clone());
@@ -203,13 +170,8 @@ impl PredGen<'_> {
             !turn.guess.unsettled() && (turn.guess.done || turn.guess.tokens.len() >= max);
         let (sentences, _) = split_sentences(&text, complete);
         for sentence in sentences.iter().skip(turn.spoken) {
-            let audio = tts.synthesize(sentence)?;
-            let ready_at = turn.clock.now() + audio.first_audio_after;
-            turn.audio.push(audio.clone());
-            turn.timeline.push(turn.event(EventKind::Sentence {
+            turn.timeline.push(turn.event(EventKind::NextSentence {
                 text: sentence.clone(),
-                ready_at,
-                audio,
             }));
         }
         turn.spoken = turn.spoken.max(sentences.len());
@@ -234,15 +196,12 @@ impl PredGen<'_> {
             final_partial_wait: turn.final_partial_wait,
             time_to_first_sentence: turn.first_sentence_at - turn.input_end,
             forwards_to_first_sentence: turn.forwards_to_first_sentence,
-            audio_latency: turn.audio_at - turn.input_end,
             answer_latency: turn.clock.now() - turn.input_end,
             tokens_during_input: turn.tokens_during_input,
             forwards_during_input: turn.forwards_during_input,
             guessed_question: turn.completed.clone(),
             guessed_at_end: turn.guessed_at_end,
             kept_at_end: turn.kept_at_end,
-            prepared_audio_used: turn.prepared_audio_used,
-            audio: std::mem::take(&mut turn.audio),
             timeline,
         })
     }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use spec_core::decoder::{forward_tokens, rewind_to_prefix};
 use spec_core::sampling::{argmax, log_probabilities, top_k_tokens};
 use spec_core::{Branches, Decoder, LogitRows};
-use spec_voice::{keeps_words, Partial, SentenceSynthesizer};
+use spec_voice::{keeps_words, Partial};
 
 use super::{Answer, EventKind, PredGen, TurnState, MAX_COMPLETION_TOKENS};
 use crate::Result;
@@ -72,11 +72,7 @@ impl Candidates {
 impl PredGen<'_> {
     /// Before the final partial, with candidate questions: takes up the newest partial, then
     /// advances the candidates by one forward; whether there was work.
-    pub(super) fn listen_with_candidates(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<bool> {
+    pub(super) fn listen_with_candidates(&mut self, turn: &mut TurnState) -> Result<bool> {
         let started = Instant::now();
         if let Some(partial) = turn.pending.take() {
             turn.timeline.push(turn.event(super::heard_event(&partial)));
@@ -85,7 +81,7 @@ impl PredGen<'_> {
         let worked = self.advance_candidates(turn)?;
         turn.clock.charge(started.elapsed());
         if worked {
-            self.prepare_candidate_sentences(turn, tts)?;
+            self.prepare_candidate_sentences(turn)?;
         }
         Ok(worked)
     }
@@ -370,12 +366,8 @@ impl PredGen<'_> {
         Ok(())
     }
 
-    /// Hands every live candidate's complete first sentence to TTS, once each.
-    fn prepare_candidate_sentences(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<()> {
+    /// Reports every live candidate's complete first sentence for synthesis, once each.
+    fn prepare_candidate_sentences(&mut self, turn: &mut TurnState) -> Result<()> {
         let Some(set) = &turn.candidates else {
             return Ok(());
         };
@@ -386,7 +378,7 @@ impl PredGen<'_> {
             }
         }
         for sentence in sentences {
-            self.prepare_sentence(turn, sentence, tts)?;
+            turn.speak_ahead(sentence);
         }
         Ok(())
     }

@@ -1,11 +1,11 @@
 //! Guessing while the user speaks: each partial verifies the guess, the guess grows, and its
-//! first sentence goes to speech synthesis as soon as it is complete.
+//! first sentence is reported for speech synthesis as soon as it is complete.
 
 use std::time::Instant;
 
-use spec_voice::{Partial, PreparedAudio, SentenceSynthesizer};
+use spec_voice::Partial;
 
-use super::{heard_event, verified_event, Answer, Drafting, EventKind, PredGen, TurnState};
+use super::{heard_event, verified_event, Answer, Drafting, PredGen, TurnState};
 use crate::Result;
 
 impl PredGen<'_> {
@@ -82,36 +82,12 @@ impl PredGen<'_> {
         Ok(())
     }
 
-    /// Hands the guessed first sentence to TTS as soon as it is complete.
-    pub(super) fn prepare_first_sentence(
-        &mut self,
-        turn: &mut TurnState,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<()> {
-        match self.first_sentence(&turn.guess)? {
-            Some(sentence) => self.prepare_sentence(turn, sentence, tts),
-            None => Ok(()),
+    /// Reports the guessed first sentence for synthesis ahead of time as soon as it is
+    /// complete.
+    pub(super) fn prepare_first_sentence(&mut self, turn: &mut TurnState) -> Result<()> {
+        if let Some(sentence) = self.first_sentence(&turn.guess)? {
+            turn.speak_ahead(sentence);
         }
-    }
-
-    /// Synthesizes `sentence` ahead of time, unless it was already.
-    pub(super) fn prepare_sentence(
-        &mut self,
-        turn: &mut TurnState,
-        sentence: String,
-        tts: &mut dyn SentenceSynthesizer,
-    ) -> Result<()> {
-        if turn.prepared.iter().any(|p| p.matches(&sentence)) {
-            return Ok(());
-        }
-        let synthesis = tts.synthesize(&sentence)?;
-        let ready_at = turn.clock.now() + synthesis.first_audio_after;
-        turn.timeline
-            .push(turn.event(EventKind::Prepared { sentence, ready_at }));
-        turn.prepared.push(PreparedAudio {
-            synthesis,
-            ready_at,
-        });
         Ok(())
     }
 }

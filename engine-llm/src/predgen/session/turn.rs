@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use spec_core::Interrupt;
 
-use spec_voice::{keeps_words, Clock, FinalSignal, Partial, PreparedAudio, Synthesis};
+use spec_voice::{keeps_words, Clock, FinalSignal, Partial};
 
 use super::{Answer, Candidates, Completing, Event, EventKind, Turn, RECYCLED_GUESSES};
 use crate::predgen::{Continuation, PredGenConfig};
@@ -13,8 +13,8 @@ use crate::{Error, Result};
 /// What a [`PredGen::step`](super::PredGen::step) did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Progress {
-    /// What happened, in order (audio to play is in [`EventKind::AudioStarts`] and
-    /// [`EventKind::Sentence`]).
+    /// What happened, in order (the sentences ready for speech are
+    /// [`EventKind::SpeakAhead`], [`EventKind::FirstSentence`] and [`EventKind::NextSentence`]).
     pub events: Vec<Event>,
     pub status: Status,
 }
@@ -109,8 +109,8 @@ pub(super) struct TurnState {
     /// its drafts, since a guess made for an earlier partial often says what the answer to
     /// the whole question says a few words later.
     pub(super) recycled: Vec<Vec<u32>>,
-    /// First sentences synthesized ahead of time.
-    pub(super) prepared: Vec<PreparedAudio>,
+    /// Guessed first sentences reported for synthesis ahead of time.
+    pub(super) spoken_ahead: Vec<String>,
     /// Candidate questions answered ahead, with `question_candidates` above 1.
     pub(super) candidates: Option<Candidates>,
     pub(super) timeline: Vec<Event>,
@@ -127,11 +127,8 @@ pub(super) struct TurnState {
     pub(super) forwards_to_first_sentence: usize,
     pub(super) first_sentence: String,
     pub(super) first_sentence_at: Duration,
-    pub(super) audio_at: Duration,
-    pub(super) prepared_audio_used: bool,
-    /// Sentences spoken so far.
+    /// Sentences reported so far.
     pub(super) spoken: usize,
-    pub(super) audio: Vec<Synthesis>,
 }
 
 impl TurnState {
@@ -163,7 +160,7 @@ impl TurnState {
             guess: Answer::default(),
             rejected_tail: Vec::new(),
             recycled: Vec::new(),
-            prepared: Vec::new(),
+            spoken_ahead: Vec::new(),
             candidates: None,
             timeline: Vec::new(),
             reported: 0,
@@ -178,10 +175,20 @@ impl TurnState {
             forwards_to_first_sentence: 0,
             first_sentence: String::new(),
             first_sentence_at: Duration::ZERO,
-            audio_at: Duration::ZERO,
-            prepared_audio_used: false,
             spoken: 0,
-            audio: Vec::new(),
+        }
+    }
+
+    /// Reports a guessed first sentence for synthesis ahead of time, once.
+    pub(super) fn speak_ahead(&mut self, sentence: String) {
+        if !self
+            .spoken_ahead
+            .iter()
+            .any(|s| s.trim() == sentence.trim())
+        {
+            self.spoken_ahead.push(sentence.clone());
+            self.timeline
+                .push(self.event(EventKind::SpeakAhead { sentence }));
         }
     }
 
