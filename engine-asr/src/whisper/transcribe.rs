@@ -12,22 +12,23 @@ use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
 use spec_core::draft::TreeDrafter;
 use spec_core::heads::{HeadsDrafter, HiddenStates};
-use spec_core::{
-    AcceptanceRule, DecodeStats, Decoder, ForwardCosts, LogitRows, SpecAsrConfig, SpecAsrCounts,
-    SpecAsrDrafter, TokenTree,
-};
+use spec_core::{AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig};
 use spec_nn::heads::MultiTokenHeads;
 
 use crate::mel::{LogMel, MelFilters, WhisperInput};
 use crate::whisper::decode::{
     beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
-    Candidate, DraftRequest, WindowOutput,
+    Candidate, WindowOutput,
 };
 use crate::whisper::load::LoadOptions;
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
 use crate::whisper::tokenizer::WhisperTokenizer;
 use crate::{Error, Result};
+
+mod drafts;
+
+use drafts::{TextDrafter, WhisperDraft};
 
 /// Mel frames per second.
 const FRAMES_PER_SECOND: f32 = 100.0;
@@ -221,134 +222,6 @@ pub struct Transcriber {
     draft: Option<WhisperDraft>,
 }
 
-/// A draft with another vocabulary drafting text for one window (see
-/// [`Transcriber::set_text_draft`]).
-struct TextDrafter<'a> {
-    tokenizer: &'a WhisperTokenizer,
-    target_tokenizer: &'a WhisperTokenizer,
-    /// The draft's own prompt: start of transcript, language and task if multilingual, no
-    /// timestamps.
-    prompt: Vec<u32>,
-}
-
-impl<'a> TextDrafter<'a> {
-    /// Prepares `drafter` (its prompt's rules) for text drafts in `language`.
-    fn new(
-        drafter: &mut SpecAsrDrafter<Whisper>,
-        tokenizer: &'a WhisperTokenizer,
-        suppression: &Suppression,
-        target_tokenizer: &'a WhisperTokenizer,
-        language: Option<&str>,
-    ) -> Result<Self> {
-        let mut prompt = vec![tokenizer.start_of_transcript];
-        if drafter.model().config().is_multilingual() {
-            prompt.push(tokenizer.language(language.unwrap_or("en"))?);
-            prompt.push(tokenizer.transcribe);
-        }
-        prompt.push(tokenizer.no_timestamps);
-        let rules = LogitRules::new(
-            tokenizer,
-            &suppression.suppress_ids,
-            &suppression.suppress_ids_begin,
-            false,
-            None,
-        );
-        let prompt_len = prompt.len();
-        drafter.set_adjust(Some(Box::new(move |sequence, row| {
-            rules.apply(row, &sequence[prompt_len..])
-        })));
-        Ok(Self {
-            tokenizer,
-            target_tokenizer,
-            prompt,
-        })
-    }
-
-    /// The committed text tokenized for the draft, continued by the draft, and the new words
-    /// tokenized for the target as a chain after the last committed token.
-    fn draft(
-        &self,
-        drafter: &mut SpecAsrDrafter<Whisper>,
-        request: DraftRequest<'_>,
-    ) -> Result<(TokenTree, usize)> {
-        let root = *request.committed.last().expect("a root token");
-        let target = self.target_tokenizer;
-        let sampled = &request.committed[request.prompt_len..];
-        let text = target.decode(sampled)?;
-        let mut sequence = self.prompt.clone();
-        sequence.extend(self.tokenizer.encode(&text)?);
-        let draft = drafter.draft_tree(&sequence, request.max_depth)?;
-        let mut drafted: Vec<u32> = draft.tree.tokens()[1..].to_vec();
-        let ended = drafted.last() == Some(&self.tokenizer.end_of_text);
-        if ended {
-            drafted.pop();
-        }
-        let mut own: Vec<u32> = sequence[self.prompt.len()..].to_vec();
-        own.extend_from_slice(&drafted);
-        let whole = self.tokenizer.decode(&own)?;
-        let Some(new_text) = whole.strip_prefix(text.as_str()) else {
-            return Ok((TokenTree::new(root), draft.forwards));
-        };
-        let committed_text: Vec<u32> = sampled
-            .iter()
-            .copied()
-            .filter(|&t| t < target.end_of_text)
-            .collect();
-        let mut proposal = target.encode(&format!("{text}{new_text}"))?;
-        proposal = if proposal.starts_with(&committed_text) {
-            proposal.split_off(committed_text.len())
-        } else {
-            target.encode(new_text)?
-        };
-        if ended {
-            proposal.push(target.end_of_text);
-        }
-        proposal.truncate(request.max_depth);
-        Ok((TokenTree::linear(root, &proposal), draft.forwards))
-    }
-}
-
-/// Whether SpecASR pays on this machine, for [`SpecAsrConfig::cost_aware`]: the target's
-/// one-token step, measured once on the first drafted window, against the drafted windows'
-/// time per token (drafting, verifying and the draft's encoder), decayed over windows.
-#[derive(Debug, Default)]
-struct DraftEconomics {
-    greedy_step: Option<f64>,
-    seconds: f64,
-    tokens: f64,
-}
-
-impl DraftEconomics {
-    /// Weight of the previous windows against the newest.
-    const DECAY: f64 = 0.8;
-
-    /// True until a drafted window has been seen, then while drafting costs less per token
-    /// than greedy decoding's one forward per token.
-    fn pays(&self) -> bool {
-        match self.greedy_step {
-            Some(step) if self.tokens > 0.0 => self.seconds / self.tokens < step,
-            _ => true,
-        }
-    }
-
-    fn observe(&mut self, window: &DecodeStats, draft_encoder_time: Duration) {
-        let tokens: usize = window.steps.iter().map(|s| s.accepted + 1).sum();
-        let seconds = (window.draft_time + window.target_time + draft_encoder_time).as_secs_f64();
-        self.seconds = self.seconds * Self::DECAY + seconds;
-        self.tokens = self.tokens * Self::DECAY + tokens as f64;
-    }
-}
-
-/// A smaller Whisper drafting for SpecASR, with its own mel filters.
-#[derive(Debug)]
-struct WhisperDraft {
-    drafter: SpecAsrDrafter<Whisper>,
-    filters: MelFilters,
-    /// `Some` when the draft has another vocabulary: its tokenizer and suppression lists.
-    text: Option<(WhisperTokenizer, Suppression)>,
-    economics: DraftEconomics,
-}
-
 impl Transcriber {
     /// Loads `folder` (`model.bin` or `model.safetensors` + `config.json`, with
     /// `tokenizer.json`).
@@ -402,78 +275,6 @@ impl Transcriber {
             heads: None,
             draft: None,
         })
-    }
-
-    /// Multi-token prediction heads for [`TranscribeOptions::heads`], drafting as `drafter`
-    /// says (its tree shape, and how sure a head must be to draft); fails when they read hidden
-    /// states or vocabularies of another size.
-    pub fn set_heads(&mut self, drafter: HeadsDrafter<MultiTokenHeads>) -> Result<()> {
-        drafter.heads().info().check_fits(&self.model)?;
-        self.heads = Some(drafter);
-        Ok(())
-    }
-
-    /// A smaller Whisper with the same vocabulary (tiny.en for small.en or medium.en) as the
-    /// draft model of [`TranscribeOptions::draft`]; refused when its vocabulary or special
-    /// tokens differ from this model's.
-    pub fn set_draft(&mut self, draft: Transcriber) -> Result<()> {
-        if !self.tokenizer.same_vocabulary(&draft.tokenizer)
-            || draft.model.config().vocab_size != self.model.config().vocab_size
-        {
-            return Err(Error::Config(format!(
-                "the draft's vocabulary ({} tokens, {}) differs from the model's ({} tokens, {}): \
-                 a draft with another tokenizer drafts text (Transcriber::set_text_draft)",
-                draft.model.config().vocab_size,
-                draft.tokenizer.path.display(),
-                self.model.config().vocab_size,
-                self.tokenizer.path.display(),
-            )));
-        }
-        let drafter = SpecAsrDrafter::new(draft.model, SpecAsrConfig::default())?
-            .with_end_token(self.tokenizer.end_of_text);
-        self.draft = Some(WhisperDraft {
-            drafter,
-            filters: draft.filters,
-            text: None,
-            economics: DraftEconomics::default(),
-        });
-        Ok(())
-    }
-
-    /// A smaller Whisper with another vocabulary (tiny.en for base) as the draft model of
-    /// [`TranscribeOptions::draft`], drafting text (beyond the paper): each step the committed
-    /// text is tokenized for the draft, the draft continues it in its own vocabulary, and its
-    /// words are tokenized for this model and verified, so the transcript is still exactly
-    /// this model's greedy one. Drafts are single sequences (the sparse tree's branches are
-    /// not translated) and carry no timestamps.
-    pub fn set_text_draft(&mut self, draft: Transcriber) -> Result<()> {
-        if draft.model.config().is_multilingual() && !self.model.config().is_multilingual() {
-            return Err(Error::Config(
-                "a multilingual draft for an English-only model: use an English-only draft".into(),
-            ));
-        }
-        let drafter = SpecAsrDrafter::new(draft.model, SpecAsrConfig::default())?
-            .with_end_token(draft.tokenizer.end_of_text);
-        self.draft = Some(WhisperDraft {
-            drafter,
-            filters: draft.filters,
-            text: Some((draft.tokenizer, draft.suppression)),
-            economics: DraftEconomics::default(),
-        });
-        Ok(())
-    }
-
-    /// Forgets what the cost-aware policy has measured and seen (a new machine load, a new
-    /// kind of audio).
-    pub fn reset_draft_policy(&mut self) {
-        if let Some(draft) = self.draft.as_mut() {
-            draft.economics = DraftEconomics::default();
-        }
-    }
-
-    /// What the SpecASR drafter has done so far (tokens drafted, recycled, branch nodes).
-    pub fn draft_counts(&self) -> Option<SpecAsrCounts> {
-        self.draft.as_ref().map(|d| d.drafter.counts())
     }
 
     pub fn model(&mut self) -> &mut Whisper {
@@ -535,47 +336,6 @@ impl Transcriber {
         let start = Instant::now();
         self.model.encode(mel)?;
         Ok(start.elapsed())
-    }
-
-    /// Encodes a window with the draft model and returns the time it took: `mel` (the
-    /// target's input) when the draft has as many mel bins, else the same span of
-    /// `own_input` (the recording through the draft's filters).
-    fn encode_draft(
-        &mut self,
-        mel: &LogMel,
-        own_input: Option<&WhisperInput>,
-        seek: usize,
-        audio_frames: usize,
-        length: EncoderLength,
-    ) -> Result<Duration> {
-        let start = Instant::now();
-        let own_mel = match own_input {
-            Some(input) => Some(self.encoder_input(input.window(seek)?, audio_frames, length)),
-            None => None,
-        };
-        let draft = self.draft.as_mut().ok_or_else(|| {
-            Error::Config(
-                "a draft model was asked for, but none was set (Transcriber::set_draft)".into(),
-            )
-        })?;
-        draft
-            .drafter
-            .model_mut()
-            .encode(own_mel.as_ref().unwrap_or(mel))?;
-        Ok(start.elapsed())
-    }
-
-    /// Measures the target's one-token step on the encoded window once per draft, for the
-    /// cost-aware policy (a few forwards, leaving the cache empty).
-    fn measure_greedy_step(&mut self) -> Result<()> {
-        let Some(draft) = self.draft.as_mut() else {
-            return Ok(());
-        };
-        if draft.economics.greedy_step.is_none() {
-            let costs = ForwardCosts::measure(&mut self.model, 1, 3)?;
-            draft.economics.greedy_step = Some(costs.cost(1));
-        }
-        Ok(())
     }
 
     /// The most likely language of the encoded window.
@@ -1086,51 +846,5 @@ impl Transcriber {
             let last_timestamp = tokens[last - 1];
             Ok((t.timestamp_seconds(last_timestamp) * FRAMES_PER_SECOND).round() as usize)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use spec_core::StepRecord;
-
-    use super::*;
-
-    /// A drafted window: `rounds` verifications of `accepted` tokens each, in `millis`.
-    fn window(rounds: usize, accepted: usize, millis: u64) -> DecodeStats {
-        DecodeStats {
-            steps: vec![
-                StepRecord {
-                    drafted: accepted + 1,
-                    accepted
-                };
-                rounds
-            ],
-            draft_time: Duration::from_millis(millis / 2),
-            target_time: Duration::from_millis(millis - millis / 2),
-            ..DecodeStats::default()
-        }
-    }
-
-    #[test]
-    fn drafting_stops_where_it_costs_more_per_token_than_a_greedy_step() {
-        let mut economics = DraftEconomics::default();
-        assert!(economics.pays(), "nothing measured: try drafting");
-        economics.greedy_step = Some(0.0015);
-        assert!(economics.pays(), "no drafted window seen yet");
-        // 10 rounds of 4 tokens in 40 ms: 1 ms per token, cheaper than a 1.5 ms step.
-        economics.observe(&window(10, 3, 40), Duration::ZERO);
-        assert!(economics.pays());
-        // The draft's encoder counts: 40 more ms make it 2 ms per token.
-        let mut with_encoder = DraftEconomics {
-            greedy_step: Some(0.0015),
-            ..DraftEconomics::default()
-        };
-        with_encoder.observe(&window(10, 3, 40), Duration::from_millis(40));
-        assert!(!with_encoder.pays());
-        // Slow windows outweigh an old fast one as they keep coming.
-        for _ in 0..5 {
-            economics.observe(&window(10, 1, 60), Duration::ZERO);
-        }
-        assert!(!economics.pays());
     }
 }
