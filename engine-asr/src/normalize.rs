@@ -339,7 +339,7 @@ fn replace_bounded(
     s: &str,
     word_start: bool,
     word_end: bool,
-    replacement: impl Fn(&Captures) -> String,
+    replacement: impl Fn(&Captures<'_>) -> String,
 ) -> String {
     let mut out = String::with_capacity(s.len());
     let mut last = 0;

@@ -115,7 +115,7 @@ fn a_token_tree_forward_gives_each_branch_its_linear_logits() {
              0.0, 0.0, 0.0, 0.0, ninf,
              0.0, 0.0, ninf, ninf, 0.0],
         (1, 1, 3, 5),
-        &candle_core::Device::Cpu,
+        &Device::Cpu,
     )
     .unwrap();
     let step = Forward::tokens(&tree_tokens, &positions).with_mask(&mask);
@@ -411,7 +411,7 @@ fn ctranslate2_weights_export_under_hugging_face_names() {
     let ct2 = tempfile::tempdir().unwrap();
     write_ct2(ct2.path(), 4, DType::F32).unwrap();
     let (config, exported) =
-        engine_asr::whisper::hugging_face_tensors(ct2.path(), &candle_core::Device::Cpu).unwrap();
+        engine_asr::whisper::hugging_face_tensors(ct2.path(), &Device::Cpu).unwrap();
     assert_eq!(config.vocab_size, VOCAB);
     let original = hf_weights(4).unwrap();
     let mut names: Vec<&String> = exported.keys().collect();
@@ -829,7 +829,7 @@ fn guesses_in_the_output_pass_are_the_heads_own(
             let sampled = &request.committed[request.prompt_len..];
             let root = *request.committed.last().unwrap();
             let tree = drafter.draft(request.hidden, root, request.max_depth, &mut |_, row| {
-                rules.apply(row, sampled)
+                rules.apply(row, sampled);
             })?;
             Ok((tree, 1))
         };

@@ -66,7 +66,7 @@ const LLAMA_CPP_FORWARD_MS: [(&str, [Option<f64>; 6]); 2] = [
 
 /// llama.cpp on the same GGUF, measured in this run by a `llama-bench` binary.
 struct LlamaCpp {
-    binary: std::path::PathBuf,
+    binary: PathBuf,
 }
 
 impl LlamaCpp {
@@ -429,8 +429,8 @@ fn main() -> Result<()> {
     ];
     // Each prompt runs plain decoding and every configuration back to back, so that the
     // machine's drift (±15 % here) affects them alike.
-    let mut plain = spec_core::DecodeStats::default();
-    let mut runs: Vec<(spec_core::DecodeStats, usize, Vec<f64>)> =
+    let mut plain = DecodeStats::default();
+    let mut runs: Vec<(DecodeStats, usize, Vec<f64>)> =
         vec![(Default::default(), 0, Vec::new()); configs.len()];
     for (reference, prompt) in &target_reference {
         target.model.reset();

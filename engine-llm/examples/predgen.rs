@@ -196,7 +196,7 @@ fn main() -> Result<()> {
             );
             let turn = if args.live {
                 session.live_turn(&speak(inputs.clone()), &mut tts, &mut |event| {
-                    println!("{event}")
+                    println!("{event}");
                 })?
             } else {
                 let turn = session.turn(inputs, &mut tts)?;

@@ -150,7 +150,7 @@ fn main() -> Result<()> {
     init_logging();
     let args = Args::parse();
     let mut model = args.model.open()?;
-    let questions: Vec<String> = engine_llm::spec_voice::read_conversations(&args.voice_questions)?
+    let questions: Vec<String> = spec_voice::read_conversations(&args.voice_questions)?
         .into_iter()
         .filter_map(|conversation| conversation.into_iter().next())
         .collect();

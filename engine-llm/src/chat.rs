@@ -83,7 +83,7 @@ impl LanguageModel {
 
     /// [`LanguageModel::open`] with a given models folder and registry.
     pub fn open_in(
-        store: &spec_models::Store,
+        store: &spec_models::Store<'_>,
         name_or_path: &str,
         options: &LoadOptions,
     ) -> Result<Self> {

@@ -142,6 +142,6 @@ pub fn tiny_heads(model: &mut LanguageModel, dir: &Path) -> Result<MultiTokenHea
         dir,
         &model.model,
         FINGERPRINT,
-        spec_core::Decoder::device(&model.model),
+        Decoder::device(&model.model),
     )?)
 }

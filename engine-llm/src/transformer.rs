@@ -415,7 +415,7 @@ impl Transformer {
 impl Transformer {
     /// Logits for the last `rows` of `tokens`, forwarded causally after the cache (convenience
     /// over [`Decoder::forward`]).
-    pub fn forward_tokens(&mut self, tokens: &[u32], rows: LogitRows) -> Result<spec_core::Logits> {
+    pub fn forward_tokens(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Logits> {
         Ok(spec_core::decoder::forward_tokens(self, tokens, rows)?)
     }
 }

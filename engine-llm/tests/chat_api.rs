@@ -190,7 +190,7 @@ fn self_distilled_data_holds_the_greedy_answers_in_any_lockstep() {
         let mut batches = Vec::new();
         let data = model
             .self_distilled(&prompts, 12, lockstep, &mut |done, positions| {
-                batches.push((done, positions))
+                batches.push((done, positions));
             })
             .unwrap();
         assert_eq!(data.positions(), answered, "lockstep {lockstep}");

@@ -316,7 +316,7 @@ fn live_turns_on_the_wall_clock_answer_as_the_simulated_ones() {
         let mut seen = Vec::new();
         let turn = live
             .live_turn(&speak_live(inputs.clone()), &mut tts, &mut |e| {
-                seen.push(e.clone())
+                seen.push(e.clone());
             })
             .unwrap();
         assert_eq!(turn.turn.answer, expected.turn.answer);
@@ -397,7 +397,7 @@ fn live_api_misuse_is_a_clear_error() {
     session.begin_turn(&clock).unwrap();
     // Nothing heard yet: nothing to do.
     let idle = session.step().unwrap();
-    assert_eq!(idle.status, engine_llm::predgen::Status::Idle);
+    assert_eq!(idle.status, Status::Idle);
     assert!(idle.events.is_empty());
     session.hear(partial(100, "hi", false)).unwrap();
     assert!(matches!(

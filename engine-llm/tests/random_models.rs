@@ -393,7 +393,7 @@ fn embeddings_input_matches_token_input() {
     let mut by_id =
         Transformer::from_safetensors(&config, std::slice::from_ref(&shard), &options).unwrap();
     let expected = rows(&by_id.forward_tokens(&tokens, LogitRows::All).unwrap());
-    let ids = candle_core::Tensor::new(&tokens, &candle_core::Device::Cpu).unwrap();
+    let ids = candle_core::Tensor::new(&tokens, &Device::Cpu).unwrap();
     let embeddings = table.index_select(&ids, 0).unwrap().unsqueeze(0).unwrap();
     let mut by_vector = Transformer::from_safetensors(&config, &[shard], &options).unwrap();
     let positions = [0, 1, 2];

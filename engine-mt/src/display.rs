@@ -23,7 +23,7 @@ pub struct UpdateView<'a> {
 pub trait DisplayStage {
     /// How many leading tokens of `update`'s output to show (at most its length); called once
     /// per update, in order, so a stage may remember earlier updates of the sentence.
-    fn shown(&mut self, update: &UpdateView) -> usize;
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize;
 
     /// Forgets earlier updates: a new sentence starts.
     fn reset(&mut self);
@@ -34,7 +34,7 @@ pub trait DisplayStage {
 pub struct Full;
 
 impl DisplayStage for Full {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         update.tokens.len()
     }
 
@@ -49,7 +49,7 @@ pub struct MaskK {
 }
 
 impl DisplayStage for MaskK {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         if update.is_final {
             update.tokens.len()
         } else {
@@ -79,7 +79,7 @@ impl LocalAgreement {
 }
 
 impl DisplayStage for LocalAgreement {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         let tokens = update.tokens;
         let agreed = if update.is_final {
             tokens.len()
@@ -113,7 +113,7 @@ pub struct StabilityThreshold {
 }
 
 impl DisplayStage for StabilityThreshold {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         if update.is_final {
             return update.tokens.len();
         }
@@ -140,7 +140,7 @@ pub struct OpenEnd;
 const CLOSING: [char; 7] = ['.', '!', '?', '…', '。', '！', '？'];
 
 impl DisplayStage for OpenEnd {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         let n = update.tokens.len().min(update.pieces.len());
         if update.is_final {
             return update.tokens.len();
@@ -181,7 +181,7 @@ pub struct Sequence {
 }
 
 impl DisplayStage for Sequence {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         self.stages
             .iter_mut()
             .map(|stage| stage.shown(update))
@@ -203,7 +203,7 @@ pub struct Hold {
 }
 
 impl DisplayStage for Hold {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         let mut shown = self.inner.shown(update).min(update.tokens.len());
         if update.tokens.starts_with(&self.shown) {
             shown = shown.max(self.shown.len());
@@ -323,7 +323,7 @@ impl DisplayPolicy {
 }
 
 impl DisplayStage for DisplayPolicy {
-    fn shown(&mut self, update: &UpdateView) -> usize {
+    fn shown(&mut self, update: &UpdateView<'_>) -> usize {
         self.stage().shown(update).min(update.tokens.len())
     }
 

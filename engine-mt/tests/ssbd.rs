@@ -42,7 +42,7 @@ fn ssbd(
 
 fn ssbd_with(
     model: &mut MockDecoder,
-    continuation: Continuation,
+    continuation: Continuation<'_>,
     prompt: &[u32],
     draft: &[u32],
     beta: f32,

@@ -54,7 +54,7 @@ fn acceptance(c: &mut Criterion) {
                     .verify(black_box(&check), &mut StdRng::seed_from_u64(0))
                     .unwrap(),
             )
-        })
+        });
     });
     let sampled = SamplingConfig::with_temperature(0.8);
     let draft_rows = random_rows(4, 2);
@@ -73,23 +73,23 @@ fn acceptance(c: &mut Criterion) {
                 sampling: &sampled,
             };
             black_box(spec.verify(&check, &mut rng).unwrap())
-        })
+        });
     });
     let flat: Vec<f32> = random_rows(9, 1).concat();
     let logits = Tensor::from_vec(flat, (9, VOCAB), &Device::Cpu).unwrap();
     c.bench_function("logits tensor to rows, 9 × Qwen vocab", |b| {
-        b.iter(|| black_box(Logits::from_tensor(&logits, 9, VOCAB).unwrap()))
+        b.iter(|| black_box(Logits::from_tensor(&logits, 9, VOCAB).unwrap()));
     });
 }
 
 fn trees(c: &mut Criterion) {
     let tree = sparse_tree();
     c.bench_function("tree attention bias, 33 nodes after 1024 cached", |b| {
-        b.iter(|| black_box(tree.attention_bias(1024, DType::F32, &Device::Cpu).unwrap()))
+        b.iter(|| black_box(tree.attention_bias(1024, DType::F32, &Device::Cpu).unwrap()));
     });
     let predictions: Vec<u32> = (0..tree.len() as u32).map(|i| i % 8).collect();
     c.bench_function("longest accepted path, 33 nodes", |b| {
-        b.iter(|| black_box(tree.longest_accepted_path(black_box(&predictions)).unwrap()))
+        b.iter(|| black_box(tree.longest_accepted_path(black_box(&predictions)).unwrap()));
     });
 }
 
@@ -114,14 +114,14 @@ fn kv_cache(c: &mut Criterion) {
                 cache.truncate(1025).unwrap();
             },
             BatchSize::LargeInput,
-        )
+        );
     });
     c.bench_function("KV keep_positions of a 4-node path, 30 layers", |b| {
         b.iter_batched_ref(
             filled,
             |cache| cache.keep_positions(&[1000, 1003, 1009, 1020]).unwrap(),
             BatchSize::LargeInput,
-        )
+        );
     });
 }
 
@@ -152,7 +152,7 @@ fn whole_loop(c: &mut Criterion) {
                 )
                 .unwrap(),
             )
-        })
+        });
     });
 }
 

@@ -186,7 +186,7 @@ impl<D: Decoder + ?Sized> Decoder for &mut D {
         (**self).keep_positions(positions)
     }
     fn reset(&mut self) {
-        (**self).reset()
+        (**self).reset();
     }
 }
 

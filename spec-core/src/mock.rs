@@ -536,8 +536,8 @@ mod tests {
         let mut agree = 0;
         for pos in 0..200u32 {
             let ctx = [pos % 7, pos % 5, pos % 3];
-            let t = crate::sampling::argmax(&target.logits_for(&ctx, pos as usize));
-            let d = crate::sampling::argmax(&draft.logits_for(&ctx, pos as usize));
+            let t = argmax(&target.logits_for(&ctx, pos as usize));
+            let d = argmax(&draft.logits_for(&ctx, pos as usize));
             agree += usize::from(t == d);
         }
         assert!((60..190).contains(&agree), "agreement {agree}/200");

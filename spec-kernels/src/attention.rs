@@ -118,7 +118,7 @@ fn prefetch(values: &[f32]) {
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
                 values.as_ptr().add(line).cast(),
-            )
+            );
         };
     }
 }
@@ -225,9 +225,9 @@ fn rows_product<'m, const ROWS: usize>(
         // SAFETY: AVX-512F was just detected.
         unsafe {
             if ROWS <= PLAIN_ROWS {
-                avx512::columns_in_groups::<ROWS, 4>(coefficients, matrix_row, width, out)
+                avx512::columns_in_groups::<ROWS, 4>(coefficients, matrix_row, width, out);
             } else {
-                avx512::columns_in_groups::<ROWS, 2>(coefficients, matrix_row, width, out)
+                avx512::columns_in_groups::<ROWS, 2>(coefficients, matrix_row, width, out);
             }
         }
         return;

@@ -293,14 +293,14 @@ impl QMatrix {
 
     /// Row `rows.start + i` · token t into `out`'s row i of token t, for the tokens of `acts`
     /// (`rows.start` a multiple of 16).
-    fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &TaskOut) {
+    fn rows_dot(&self, isa: Isa, rows: Range<usize>, acts: &QuantizedTokens, out: &TaskOut<'_>) {
         let panel_bytes = self.panel_bytes();
         let panels = rows.start / panels::PANEL_ROWS..rows.end.div_ceil(panels::PANEL_ROWS);
         let data = &self.data.as_slice()[panels.start * panel_bytes..panels.end * panel_bytes];
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni | Isa::Avx2 => {
-                x86::panels_dot(isa, self.format, data, rows.len(), acts, out)
+                x86::panels_dot(isa, self.format, data, rows.len(), acts, out);
             }
             _ => {
                 for (p, panel) in data.chunks_exact(panel_bytes).enumerate() {

@@ -298,7 +298,7 @@ pub(crate) fn panel_dot(
     panel: &[u8],
     rows: usize,
     acts: &QuantizedTokens,
-    out: &TaskOut,
+    out: &TaskOut<'_>,
     first_row: usize,
 ) {
     let (bytes, len) = (panel_block_bytes(format), format.block_len());

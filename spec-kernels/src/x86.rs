@@ -86,7 +86,7 @@ pub(crate) fn panels_dot(
     panels: &[u8],
     rows: usize,
     acts: &QuantizedTokens,
-    out: &TaskOut,
+    out: &TaskOut<'_>,
 ) {
     debug_assert!(isa.available());
     // Each kernel is compiled once per prefetch level, as a function of its own (inlined into
@@ -96,10 +96,10 @@ pub(crate) fn panels_dot(
     unsafe {
         match (isa, prefetch_into()) {
             (Isa::Avx512Vnni, PrefetchInto::L1) => {
-                panels_vnni::<IntoL1>(format, panels, rows, acts, out)
+                panels_vnni::<IntoL1>(format, panels, rows, acts, out);
             }
             (Isa::Avx512Vnni, PrefetchInto::L2) => {
-                panels_vnni::<IntoL2>(format, panels, rows, acts, out)
+                panels_vnni::<IntoL2>(format, panels, rows, acts, out);
             }
             (_, PrefetchInto::L1) => panels_avx2::<IntoL1>(format, panels, rows, acts, out),
             (_, PrefetchInto::L2) => panels_avx2::<IntoL2>(format, panels, rows, acts, out),
@@ -119,7 +119,7 @@ compiled_with! {
         panels: &[u8],
         rows: usize,
         acts: &QuantizedTokens,
-        out: &TaskOut,
+        out: &TaskOut<'_>,
     ) {
         let tiling = Tiling::of(format, Isa::Avx512Vnni);
         let tiles = Tiles::new(format, rows, acts, out.tokens(), tiling);
@@ -137,7 +137,7 @@ compiled_with! {
         panels: &[u8],
         rows: usize,
         acts: &QuantizedTokens,
-        out: &TaskOut,
+        out: &TaskOut<'_>,
     ) {
         let tiles = Tiles::new(format, rows, acts, out.tokens(), Tiling::of(format, Isa::Avx2));
         // Both halves of a panel one after the other, while it is in the cache: the weights
@@ -271,7 +271,7 @@ impl Tiles {
 
     /// Panel `p`'s rows that `R` covers against every token.
     #[inline(always)]
-    unsafe fn panel<R: Rows, P: Prefetch>(&self, panel: &[u8], p: usize, out: &TaskOut) {
+    unsafe fn panel<R: Rows, P: Prefetch>(&self, panel: &[u8], p: usize, out: &TaskOut<'_>) {
         let (format, blocks) = (self.format, self.blocks);
         let first_row = p * PANEL_ROWS + R::FIRST_ROW;
         let here = self.rows.saturating_sub(first_row).min(R::LANES);
@@ -350,7 +350,7 @@ unsafe fn sum_words_avx2<P: Prefetch>(words: &[u64]) -> u64 {
 #[inline(always)]
 unsafe fn write<R: Rows, const TILE: usize>(
     results: [R::F; TILE],
-    out: &TaskOut,
+    out: &TaskOut<'_>,
     rows: Range<usize>,
     first: usize,
 ) {

@@ -127,7 +127,7 @@ impl Downloader {
     /// verified, resuming partial ones) and returns the model's files.
     pub fn download(
         &self,
-        store: &Store,
+        store: &Store<'_>,
         entry: &ModelEntry,
         progress: &mut dyn Progress,
     ) -> Result<ModelFiles> {

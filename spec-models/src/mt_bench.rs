@@ -19,12 +19,12 @@ pub struct Question {
 }
 
 /// Every question of the store's copy, in file order.
-pub fn questions(store: &Store) -> Result<Vec<Question>> {
+pub fn questions(store: &Store<'_>) -> Result<Vec<Question>> {
     read_questions(&store.data_file(QUESTIONS_FILE)?)
 }
 
 /// The first turns of the store's first `count` questions.
-pub fn first_turns(store: &Store, count: usize) -> Result<Vec<String>> {
+pub fn first_turns(store: &Store<'_>, count: usize) -> Result<Vec<String>> {
     Ok(questions(store)?
         .into_iter()
         .take(count)

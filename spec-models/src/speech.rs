@@ -20,7 +20,7 @@ pub struct SpeechClip {
 
 /// Every clip of the store's `data/speech`, by set and list in name order; an error when there
 /// is none (run `../shared/models/fetch`) or a list line is malformed.
-pub fn clips(store: &Store) -> Result<Vec<SpeechClip>> {
+pub fn clips(store: &Store<'_>) -> Result<Vec<SpeechClip>> {
     let root = store.root().join("data/speech");
     let mut clips = Vec::new();
     for folder in sorted_entries(&root)?.into_iter().filter(|p| p.is_dir()) {

@@ -101,7 +101,7 @@ fn with_head_rows<T>(
     keys: &Tensor,
     key_row: usize,
     values: &Tensor,
-    f: impl FnOnce(&HeadRows, &HeadRows, &HeadRows) -> T,
+    f: impl FnOnce(&HeadRows<'_>, &HeadRows<'_>, &HeadRows<'_>) -> T,
 ) -> Result<T> {
     let dim = queries.dim(3)?;
     let queries = queries.contiguous()?;
@@ -120,7 +120,8 @@ fn with_head_rows<T>(
 }
 
 /// A block of query rows' attention: `(q, k, v, head, first_row, out)` writes the rows' output.
-type BlockFn<'a> = dyn Fn(&HeadRows, &HeadRows, &HeadRows, usize, usize, &mut [f32]) + Sync + 'a;
+type BlockFn<'a> =
+    dyn Fn(&HeadRows<'_>, &HeadRows<'_>, &HeadRows<'_>, usize, usize, &mut [f32]) + Sync + 'a;
 
 /// Runs `attend_block` for every block of up to `block_rows` consecutive stacked query rows of
 /// each key/value head (`(q, k, v, head, first_row, out)`, `out` holding the block's rows) on the
@@ -144,8 +145,8 @@ fn attend_row_blocks(
         spec_kernels::parallel_chunks_mut(&mut out, block_rows * dim, &|index, out_block| {
             let (head, first) = (index / blocks, (index % blocks) * block_rows);
             let rows = block_rows.min(stacked - first);
-            attend_block(q, k, v, head, first, &mut out_block[..rows * dim])
-        })
+            attend_block(q, k, v, head, first, &mut out_block[..rows * dim]);
+        });
     })?;
     let out = Tensor::from_vec(out, (1, kv_heads, padded, dim), &Device::Cpu)?;
     Ok(if padded == stacked {
@@ -186,7 +187,7 @@ fn row_attention(
         values,
         block_rows,
         &|q, k, v, head, first, out| {
-            self_attention_block(q, k, v, head, first, total, n, mask, out)
+            self_attention_block(q, k, v, head, first, total, n, mask, out);
         },
     )
 }
@@ -195,9 +196,9 @@ fn row_attention(
 /// its `total` keys, written to `out`.
 #[allow(clippy::too_many_arguments)]
 fn self_attention_block(
-    q: &HeadRows,
-    k: &HeadRows,
-    v: &HeadRows,
+    q: &HeadRows<'_>,
+    k: &HeadRows<'_>,
+    v: &HeadRows<'_>,
     head: usize,
     first: usize,
     total: usize,
@@ -293,7 +294,7 @@ fn sparse_row_attention(
                     out,
                 );
             }
-        })
+        });
     })?;
     let mut out = vec![0f32; by_token.len()];
     for head in 0..kv_heads {
@@ -376,7 +377,7 @@ fn cross_row_attention(queries: &Tensor, keys_t: &Tensor, values: &Tensor) -> Re
 
 /// `out` (one row of `dim` per row of `weights`) = each row of `weights` times the values of
 /// `head`, every output column summed over the keys in key order ([`rows_times_matrix`]).
-fn weighted_values(weights: &[&[f32]], v: &HeadRows, head: usize, dim: usize, out: &mut [f32]) {
+fn weighted_values(weights: &[&[f32]], v: &HeadRows<'_>, head: usize, dim: usize, out: &mut [f32]) {
     rows_times_matrix(weights, |key| v.row(head, key), dim, out);
 }
 

@@ -208,7 +208,7 @@ mod tests {
     fn rms_norm_gives_unit_root_mean_square() {
         let device = Device::Cpu;
         let x = Tensor::randn(0f32, 3.0, (3, 64), &device).unwrap();
-        let ones = Tensor::ones(64, candle_core::DType::F32, &device).unwrap();
+        let ones = Tensor::ones(64, DType::F32, &device).unwrap();
         let y = Norm::rms(ones, 1e-6).forward(&x).unwrap();
         let ms: Vec<f32> = y.sqr().unwrap().mean(D::Minus1).unwrap().to_vec1().unwrap();
         assert!(ms.iter().all(|m| (m - 1.0).abs() < 1e-4), "{ms:?}");

@@ -299,7 +299,7 @@ fn with_lead_in(samples: Vec<f32>) -> Vec<f32> {
 }
 
 /// The real clips ([`spec_models::speech::clips`]): LibriVox sentences, then the cards set.
-fn clips(store: &Store) -> Result<Vec<Recording>> {
+fn clips(store: &Store<'_>) -> Result<Vec<Recording>> {
     let all = spec_models::speech::clips(store)?;
     let mut clips = Vec::new();
     for (folder, set) in [

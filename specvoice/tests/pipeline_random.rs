@@ -50,7 +50,7 @@ fn converse(
     let mut events = Vec::new();
     let turns = chat
         .play(audio, Duration::from_secs(1), &mut |e| {
-            events.push(e.clone())
+            events.push(e.clone());
         })
         .unwrap();
     let (listener, _) = chat.into_parts();

@@ -76,7 +76,7 @@ fn converse(
             Duration::from_millis(800),
             &mut |event| match &event.kind {
                 ChatEventKind::Partial { .. } if speech_end.is_none() => {
-                    partials_while_speaking += 1
+                    partials_while_speaking += 1;
                 }
                 ChatEventKind::SpeechEnded { .. } => speech_end = Some(event.at),
                 _ => {}

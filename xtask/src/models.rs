@@ -48,7 +48,7 @@ pub fn list(verify: bool) -> Result<()> {
 fn describe(
     entry: &ModelEntry,
     states: &[(spec_models::FileEntry, FileState)],
-    store: &Store,
+    store: &Store<'_>,
 ) -> String {
     if states.iter().all(|(_, s)| *s == FileState::Missing) {
         return "-".into();

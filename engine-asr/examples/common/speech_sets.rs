@@ -18,7 +18,7 @@ pub struct Clip {
 }
 
 /// Every clip of `data/speech` ([`spec_models::speech::clips`]) with its audio at 16 kHz.
-pub fn clips(store: &Store) -> Result<Vec<Clip>> {
+pub fn clips(store: &Store<'_>) -> Result<Vec<Clip>> {
     spec_models::speech::clips(store)?
         .into_iter()
         .map(|clip| {
@@ -35,7 +35,7 @@ pub fn clips(store: &Store) -> Result<Vec<Clip>> {
 
 /// The first sentence (at most 25 words) of the first MT-Bench questions, spoken by
 /// `espeak-ng` (US English, 160 words per minute) into `dir`. `None` without `espeak-ng`.
-pub fn spoken_set(store: &Store, count: usize, dir: &Path) -> Result<Option<Vec<Clip>>> {
+pub fn spoken_set(store: &Store<'_>, count: usize, dir: &Path) -> Result<Option<Vec<Clip>>> {
     if count == 0
         || std::process::Command::new("espeak-ng")
             .arg("--version")

@@ -564,7 +564,7 @@ impl NumberWriter {
                     None => self.value = Some(Value::Int(Nat::small(1).shifted_up(power))),
                     Some(v @ Value::Text(_)) => self.multiply_fraction(v, power),
                     Some(Value::Int(n)) if n.is_zero() => {
-                        self.multiply_fraction(Value::Int(n), power)
+                        self.multiply_fraction(Value::Int(n), power);
                     }
                     Some(Value::Int(n)) => {
                         self.value = Some(Value::Int(n.scale_last_thousand(power)));

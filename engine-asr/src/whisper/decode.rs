@@ -302,7 +302,7 @@ pub fn speculative_window(
                 .map(|&n| tree.token(n))
                 .collect();
             let sampled: Vec<u32> = sampled.iter().chain(&path).copied().collect();
-            rules.apply(row, &sampled)
+            rules.apply(row, &sampled);
         };
         let (verdict, rows, state) = match output {
             WindowOutput::OnDemand => {

@@ -496,7 +496,7 @@ impl Transcriber {
                         let prompt_len = prompt.len();
                         let draft_rules = rules.clone();
                         drafter.set_adjust(Some(Box::new(move |sequence, row| {
-                            draft_rules.apply(row, &sequence[prompt_len..])
+                            draft_rules.apply(row, &sequence[prompt_len..]);
                         })));
                         None
                     }

@@ -697,8 +697,7 @@ fn main() -> Result<()> {
         sets.push(("mt-bench", title, questions));
     }
     if options.set != Sets::MtBench {
-        let mut conversations =
-            engine_llm::spec_voice::read_conversations(&options.voice_questions)?;
+        let mut conversations = spec_voice::read_conversations(&options.voice_questions)?;
         conversations.truncate(options.conversations.unwrap_or(usize::MAX));
         let turns: usize = conversations.iter().map(Vec::len).sum();
         let title = format!(

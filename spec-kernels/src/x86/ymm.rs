@@ -171,7 +171,7 @@ impl<const HALF: usize> Rows for Ymm<HALF> {
     #[inline(always)]
     unsafe fn store(x: __m256, out: &mut [f32]) {
         assert_eq!(out.len(), Self::LANES);
-        _mm256_storeu_ps(out.as_mut_ptr(), x)
+        _mm256_storeu_ps(out.as_mut_ptr(), x);
     }
 }
 

@@ -149,6 +149,6 @@ impl Rows for Zmm {
     #[inline(always)]
     unsafe fn store(x: __m512, out: &mut [f32]) {
         assert_eq!(out.len(), Self::LANES);
-        _mm512_storeu_ps(out.as_mut_ptr(), x)
+        _mm512_storeu_ps(out.as_mut_ptr(), x);
     }
 }

@@ -53,7 +53,7 @@ impl<'a> TextDrafter<'a> {
         );
         let prompt_len = prompt.len();
         drafter.set_adjust(Some(Box::new(move |sequence, row| {
-            rules.apply(row, &sequence[prompt_len..])
+            rules.apply(row, &sequence[prompt_len..]);
         })));
         Ok(Self {
             tokenizer,

@@ -212,7 +212,7 @@ impl PredGen<'_> {
                 match set.candidates[i].question.is_some() {
                     true => {
                         let token = argmax(&out.logits);
-                        self.answer_token(turn, &mut set.candidates[i], &mut branches, token)?
+                        self.answer_token(turn, &mut set.candidates[i], &mut branches, token)?;
                     }
                     false => self.grow(turn, set, &context, &mut branches, Some(i), &out.logits)?,
                 }
