@@ -15,6 +15,7 @@ pub mod drive;
 pub mod endpoint;
 mod error;
 pub mod listener;
+#[cfg(feature = "server")]
 pub mod serve;
 
 pub use caption::{CaptionEvent, CaptionEventKind, LiveCaptions};

@@ -6,6 +6,7 @@
 //! specvoice serve --addr 127.0.0.1:8080                     # both over WebSockets (PROTOCOL.md)
 //! ```
 
+#[cfg(feature = "server")]
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_core::report::latency_speedup;
 use spec_models::{Registry, Store};
 use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
+#[cfg(feature = "server")]
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, SynthesizerFactory};
 use specvoice::{
     play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
@@ -44,6 +46,7 @@ enum Command {
     Caption(CaptionArgs),
     /// Serve voice chat and live captions over WebSockets (`/ws`, the protocol in
     /// PROTOCOL.md), the models loaded once.
+    #[cfg(feature = "server")]
     Serve(ServeArgs),
 }
 
@@ -199,6 +202,7 @@ struct CaptionArgs {
     compare: bool,
 }
 
+#[cfg(feature = "server")]
 #[derive(Args)]
 struct ServeArgs {
     /// Address to listen on (the page at /, the WebSocket at /ws)
@@ -258,6 +262,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Chat(args) => chat(args),
         Command::Caption(args) => caption(args),
+        #[cfg(feature = "server")]
         Command::Serve(args) => serve(args),
     }
 }
@@ -271,6 +276,7 @@ fn synthesizer(name: &str) -> Result<Box<dyn SentenceSynthesizer>> {
 }
 
 /// A synthesizer per session: espeak-ng (checked once here) or the fixed-latency one.
+#[cfg(feature = "server")]
 fn synthesizer_factory(name: &str) -> Result<SynthesizerFactory> {
     Ok(match name {
         "espeak" => copies_of(EspeakSynthesizer::new(EspeakSettings::default())?),
@@ -279,6 +285,7 @@ fn synthesizer_factory(name: &str) -> Result<SynthesizerFactory> {
     })
 }
 
+#[cfg(feature = "server")]
 fn serve(args: ServeArgs) -> Result<()> {
     args.model.apply_threads()?;
     let engines = load_engines_from(args.recognizer.whisper_dir()?, args.model.model.clone());
@@ -325,6 +332,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 /// Waits for Ctrl-C or, on Unix, SIGTERM.
+#[cfg(feature = "server")]
 async fn shutdown_signal() -> Result<()> {
     #[cfg(unix)]
     {

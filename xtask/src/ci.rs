@@ -47,6 +47,21 @@ pub fn run(require_models: bool) -> Result<()> {
         &[],
         None,
     )?;
+    // The voice pipeline without its server (specvoice's `server` feature off) still builds.
+    step(
+        &[
+            "clippy",
+            "-p",
+            "specvoice",
+            "--all-targets",
+            "--no-default-features",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+        None,
+    )?;
     // The API docs users read on docs.rs: a broken or private intra-doc link fails here.
     step(
         &["doc", "--workspace", "--no-deps"],
