@@ -10,10 +10,9 @@
 //! `spec-kernels` on the CPU. The blocks (attention, norms, SwiGLU, rotary) are `spec-nn`'s.
 
 use candle_core::{DType, Device, Tensor, D};
-use spec_core::decoder::{check_token_range, input_tokens};
-use spec_core::kv_cache::keep_positions_of;
+use spec_core::decoder::check_token_range;
 use spec_core::{
-    Decoder, DecoderInput, Forward, HiddenStates, Interrupt, KvCache, LogitRows, Logits,
+    Decoder, DecoderCache, DecoderInput, Forward, HiddenStates, Interrupt, LogitRows, Logits,
 };
 use spec_nn::elementwise::add;
 use spec_nn::{
@@ -57,9 +56,7 @@ pub struct Transformer {
     config: TransformerConfig,
     weights: Weights,
     rotary: Rotary,
-    cache: KvCache,
-    /// Token id of every cached position.
-    tokens: Vec<u32>,
+    cache: DecoderCache,
     max_len: usize,
     /// The last forward's final hidden states, one per new position (for prediction heads).
     hidden: Option<Tensor>,
@@ -97,7 +94,7 @@ impl Transformer {
             config.rope_layout,
             device,
         )?;
-        let cache = KvCache::new(
+        let cache = DecoderCache::new(
             config.num_layers,
             INITIAL_CACHE_CAPACITY.min(max_len),
             max_len,
@@ -117,7 +114,6 @@ impl Transformer {
             weights,
             rotary,
             cache,
-            tokens: Vec::new(),
             max_len,
             hidden: None,
             layer_path,
@@ -202,17 +198,12 @@ impl Transformer {
 
     /// Runs the model; on failure (an interrupt included) the cache is left as it was.
     pub fn forward_step(&mut self, step: &Forward<'_>) -> Result<Tensor> {
-        let start = self.cache.len();
-        match self.forward_inner(step) {
-            Ok(logits) => {
-                self.tokens.extend(input_tokens(&step.input)?);
-                Ok(logits)
-            }
-            Err(e) => {
-                self.cache.truncate(start)?;
-                Err(e)
-            }
-        }
+        DecoderCache::forward(
+            self,
+            |model| &mut model.cache,
+            &step.input,
+            |model| model.forward_inner(step),
+        )
     }
 
     fn forward_inner(&mut self, step: &Forward<'_>) -> Result<Tensor> {
@@ -322,7 +313,7 @@ impl Decoder for Transformer {
     }
 
     fn cached_tokens(&self) -> &[u32] {
-        &self.tokens
+        self.cache.tokens()
     }
 
     fn forward(&mut self, step: &Forward<'_>) -> spec_core::Result<Tensor> {
@@ -330,19 +321,15 @@ impl Decoder for Transformer {
     }
 
     fn truncate(&mut self, len: usize) -> spec_core::Result<()> {
-        self.cache.truncate(len)?;
-        self.tokens.truncate(len);
-        Ok(())
+        self.cache.truncate(len)
     }
 
     fn keep_positions(&mut self, positions: &[usize]) -> spec_core::Result<()> {
-        self.cache.keep_positions(positions)?;
-        keep_positions_of(&mut self.tokens, positions)
+        self.cache.keep_positions(positions)
     }
 
     fn reset(&mut self) {
         self.cache.reset();
-        self.tokens.clear();
     }
 }
 
@@ -375,20 +362,18 @@ impl HiddenStates for Transformer {
 /// recomputing either.
 #[derive(Debug)]
 pub struct CacheState {
-    cache: KvCache,
-    tokens: Vec<u32>,
+    cache: DecoderCache,
 }
 
 impl Transformer {
     /// An empty cache shaped for this model, to use with [`Transformer::swap_cache`].
     pub fn new_cache(&self) -> CacheState {
         CacheState {
-            cache: KvCache::new(
+            cache: DecoderCache::new(
                 self.config.num_layers,
                 INITIAL_CACHE_CAPACITY.min(self.max_len),
                 self.max_len,
             ),
-            tokens: Vec::new(),
         }
     }
 
@@ -407,7 +392,6 @@ impl Transformer {
             )));
         }
         std::mem::swap(&mut self.cache, &mut other.cache);
-        std::mem::swap(&mut self.tokens, &mut other.tokens);
         Ok(())
     }
 }

@@ -8,6 +8,7 @@
 
 use candle_core::Tensor;
 
+use crate::decoder::{input_tokens, DecoderInput};
 use crate::{Error, Result};
 
 /// The sequence axis of `[batch, kv_heads, seq, head_dim]`.
@@ -252,6 +253,108 @@ impl KvCache {
     }
 }
 
+/// A decoder's cache: every layer's keys and values and the token at each cached position, kept
+/// in step. The bookkeeping of a [`Decoder`](crate::Decoder) with a KV cache, written once: a
+/// model runs its layers on [`DecoderCache::layer_mut`] inside [`DecoderCache::forward`], and
+/// its `truncate`, `keep_positions`, `reset` and `cached_tokens` are this cache's.
+#[derive(Clone, Debug)]
+pub struct DecoderCache {
+    kv: KvCache,
+    tokens: Vec<u32>,
+}
+
+impl DecoderCache {
+    /// An empty cache of `num_layers` layers; see [`LayerKvCache::new`].
+    pub fn new(num_layers: usize, initial_capacity: usize, max_len: usize) -> Self {
+        Self {
+            kv: KvCache::new(num_layers, initial_capacity, max_len),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// The cache of layer `i`.
+    pub fn layer_mut(&mut self, i: usize) -> &mut LayerKvCache {
+        self.kv.layer_mut(i)
+    }
+
+    /// The layers' keys and values.
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// The token at every cached position ([`EMBEDDING_INPUT`](crate::decoder::EMBEDDING_INPUT)
+    /// where an embedding was fed).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Cached positions.
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_empty()
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        self.kv.num_layers()
+    }
+
+    /// The largest number of positions the cache accepts.
+    pub fn max_len(&self) -> usize {
+        self.kv.max_len()
+    }
+
+    /// Fails with [`Error::ContextOverflow`] unless `extra` more positions fit.
+    pub fn check_room(&self, extra: usize) -> Result<()> {
+        self.kv.check_room(extra)
+    }
+
+    /// Runs `run`, a forward of `input` through `model`'s layers (appending to the cache that
+    /// `cache` finds in it): on success the input's tokens are recorded beside their positions,
+    /// on failure (an interrupt included) the layers are rolled back, so the cache is as it was.
+    pub fn forward<M, T, E: From<Error>>(
+        model: &mut M,
+        cache: impl Fn(&mut M) -> &mut DecoderCache,
+        input: &DecoderInput<'_>,
+        run: impl FnOnce(&mut M) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let start = cache(model).len();
+        match run(model) {
+            Ok(out) => {
+                cache(model).tokens.extend(input_tokens(input)?);
+                Ok(out)
+            }
+            Err(e) => {
+                cache(model).kv.truncate(start)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Keeps the first `len` positions.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        self.kv.truncate(len)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+
+    /// Compacts the cache to `positions` (see [`LayerKvCache::keep_positions`]).
+    pub fn keep_positions(&mut self, positions: &[usize]) -> Result<()> {
+        self.kv.keep_positions(positions)?;
+        keep_positions_of(&mut self.tokens, positions)
+    }
+
+    /// Forgets every position.
+    pub fn reset(&mut self) {
+        self.kv.reset();
+        self.tokens.clear();
+    }
+}
+
 /// Checks a `keep_positions` list against `len` and returns the length after compaction.
 pub fn validate_positions(positions: &[usize], len: usize) -> Result<usize> {
     let (&first, &last) = match (positions.first(), positions.last()) {
@@ -447,5 +550,48 @@ mod tests {
         assert_eq!(cache.len(), 1);
         cache.reset();
         assert!(cache.is_empty());
+    }
+
+    /// A forward of `tokens` through a two-layer model that appends to every layer, then fails
+    /// when told to.
+    fn forward(cache: &mut DecoderCache, tokens: &[u32], fail: bool) -> Result<usize> {
+        let start = cache.len();
+        DecoderCache::forward(
+            cache,
+            |c| c,
+            &DecoderInput::Tokens(tokens),
+            |c: &mut DecoderCache| {
+                for layer in 0..c.num_layers() {
+                    append_range(c.layer_mut(layer), start..start + tokens.len());
+                }
+                match fail {
+                    true => Err(Error::Interrupted),
+                    false => Ok(c.len()),
+                }
+            },
+        )
+    }
+
+    #[test]
+    fn a_decoder_cache_keeps_its_tokens_in_step_with_its_layers() {
+        let mut cache = DecoderCache::new(2, 4, 64);
+        assert_eq!(forward(&mut cache, &[7, 8, 9], false).unwrap(), 3);
+        assert_eq!(cache.tokens(), [7, 8, 9]);
+        // A failed forward (an interrupt) leaves the cache as it was, in every layer.
+        assert!(matches!(
+            forward(&mut cache, &[1, 2], true),
+            Err(Error::Interrupted)
+        ));
+        assert_eq!(cache.tokens(), [7, 8, 9]);
+        assert!(cache.kv().layers().iter().all(|l| l.len() == 3));
+        forward(&mut cache, &[10, 11, 12], false).unwrap();
+        cache.keep_positions(&[1, 3, 5]).unwrap();
+        assert_eq!(cache.tokens(), [7, 8, 10, 12]);
+        assert!(cache.kv().layers().iter().all(|l| l.len() == 4));
+        cache.truncate(2).unwrap();
+        assert_eq!((cache.tokens(), cache.len()), (&[7, 8][..], 2));
+        assert!(cache.keep_positions(&[5]).is_err());
+        cache.reset();
+        assert!(cache.is_empty() && cache.tokens().is_empty());
     }
 }

@@ -65,7 +65,7 @@ pub use heads::{
 };
 pub use interrupt::Interrupt;
 pub use jacobi::jacobi_generate;
-pub use kv_cache::{KvCache, LayerKvCache};
+pub use kv_cache::{DecoderCache, KvCache, LayerKvCache};
 pub use logits::Logits;
 pub use lookup::{LookupConfig, LookupDrafter};
 pub use sampling::SamplingConfig;

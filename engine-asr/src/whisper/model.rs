@@ -12,9 +12,8 @@
 //! `audio_ctx` does. Every block is `spec-nn`'s.
 
 use candle_core::{Device, Tensor};
-use spec_core::decoder::{check_token_range, input_tokens};
-use spec_core::kv_cache::keep_positions_of;
-use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, KvCache, Logits};
+use spec_core::decoder::check_token_range;
+use spec_core::{Decoder, DecoderCache, DecoderInput, Forward, HiddenStates, Logits};
 use spec_nn::elementwise::add;
 use spec_nn::SelfAttention;
 use spec_nn::{
@@ -112,8 +111,7 @@ pub struct Whisper {
     config: WhisperConfig,
     encoder: Encoder,
     decoder: TextDecoder,
-    cache: KvCache,
-    tokens: Vec<u32>,
+    cache: DecoderCache,
     /// Cross-attention keys/values of the last encoded window, one per decoder layer.
     cross: Option<Vec<CrossKv>>,
     /// The last forward's final hidden states, one per new position (for prediction heads).
@@ -128,7 +126,7 @@ impl Whisper {
         decoder: TextDecoder,
         device: &Device,
     ) -> Self {
-        let cache = KvCache::new(
+        let cache = DecoderCache::new(
             config.decoder_layers,
             INITIAL_CACHE_CAPACITY,
             TREE_ROOM * config.max_target_positions,
@@ -138,7 +136,6 @@ impl Whisper {
             encoder,
             decoder,
             cache,
-            tokens: Vec::new(),
             cross: None,
             hidden: None,
             device: device.clone(),
@@ -200,17 +197,12 @@ impl Whisper {
 
     /// Runs the decoder; on failure the cache is left as it was.
     pub fn forward_step(&mut self, step: &Forward<'_>) -> Result<Tensor> {
-        let start = self.cache.len();
-        match self.forward_inner(step) {
-            Ok(logits) => {
-                self.tokens.extend(input_tokens(&step.input)?);
-                Ok(logits)
-            }
-            Err(e) => {
-                self.cache.truncate(start)?;
-                Err(e)
-            }
-        }
+        DecoderCache::forward(
+            self,
+            |model| &mut model.cache,
+            &step.input,
+            |model| model.forward_inner(step),
+        )
     }
 
     fn forward_inner(&mut self, step: &Forward<'_>) -> Result<Tensor> {
@@ -293,7 +285,7 @@ impl Decoder for Whisper {
     }
 
     fn cached_tokens(&self) -> &[u32] {
-        &self.tokens
+        self.cache.tokens()
     }
 
     fn forward(&mut self, step: &Forward<'_>) -> spec_core::Result<Tensor> {
@@ -301,19 +293,15 @@ impl Decoder for Whisper {
     }
 
     fn truncate(&mut self, len: usize) -> spec_core::Result<()> {
-        self.cache.truncate(len)?;
-        self.tokens.truncate(len);
-        Ok(())
+        self.cache.truncate(len)
     }
 
     fn keep_positions(&mut self, positions: &[usize]) -> spec_core::Result<()> {
-        self.cache.keep_positions(positions)?;
-        keep_positions_of(&mut self.tokens, positions)
+        self.cache.keep_positions(positions)
     }
 
     /// Forgets the decoded tokens; the encoded window stays.
     fn reset(&mut self) {
         self.cache.reset();
-        self.tokens.clear();
     }
 }
