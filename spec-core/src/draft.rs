@@ -2,6 +2,8 @@
 //! tokens, and drafting token trees.
 
 use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, LogitRows};
+use crate::generate::TreeVerdict;
+use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, top_k_tokens};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -31,10 +33,20 @@ pub struct TreeDraft {
 }
 
 /// Anything that proposes token trees: a draft model, extra prediction heads, a cache of
-/// earlier outputs.
+/// earlier outputs, the model's own previous guesses (Jacobi iteration). A speculation method
+/// is a drafter: [`tree_speculative_generate`](crate::tree_speculative_generate) is the loop
+/// that verifies its trees.
 pub trait TreeDrafter {
     /// Proposes a tree rooted at `committed.last()` no deeper than `max_depth`.
     fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft>;
+
+    /// Sees what the target made of the tree just drafted: the verdict, and the target's logits
+    /// after every node (`rows.row(node)`), for drafters that learn from the verification.
+    /// Nothing by default.
+    fn observe(&mut self, tree: &TokenTree, verdict: &TreeVerdict, rows: &Logits) -> Result<()> {
+        let _ = (tree, verdict, rows);
+        Ok(())
+    }
 
     /// Called when generation ends with the final committed tokens, to drop draft state that
     /// is not a prefix of them.

@@ -534,7 +534,26 @@ pub fn verify_tree<T: Decoder + ?Sized>(
     tree: &TokenTree,
     rule: &dyn Acceptance,
 ) -> Result<TreeVerdict> {
-    verify_tree_adjusted(target, tree, rule, &mut |_, _| {}).map(|(verdict, _)| verdict)
+    verify_tree_rows(target, tree, rule).map(|(verdict, _)| verdict)
+}
+
+/// [`verify_tree`], also returning the target's logits after every node of the tree.
+pub fn verify_tree_rows<T: Decoder + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+) -> Result<(TreeVerdict, Logits)> {
+    let prefix = target.cached_len();
+    let logits = tree_forward(target, tree, rule, LogitRows::All)?;
+    let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
+    let (verdict, _) = judge_tree(
+        tree,
+        rule,
+        &mut |node| Ok(rows.row(node).to_vec()),
+        &mut |_, _| {},
+    )?;
+    keep_path(target, prefix, &verdict.path)?;
+    Ok((verdict, rows))
 }
 
 /// [`verify_tree`] for decoders whose logits are adjusted before a token is chosen (Whisper's
@@ -693,8 +712,9 @@ pub fn tree_speculative_generate<T: Decoder + ?Sized>(
         }
 
         let t_verify = Instant::now();
-        let verdict = verify_tree(target, &tree, rule)?;
+        let (verdict, rows) = verify_tree_rows(target, &tree, rule)?;
         stats.target_time += t_verify.elapsed();
+        drafter.observe(&tree, &verdict, &rows)?;
         out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
     }
     drafter.finish(&committed)?;

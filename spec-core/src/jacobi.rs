@@ -7,18 +7,87 @@
 //! output is exactly that of greedy autoregressive decoding; what changes is how many forwards
 //! produce it.
 
-use std::time::Instant;
-
-use crate::acceptance::{Acceptance, AcceptanceRule};
-use crate::decoder::{forward_tokens, Decoder, LogitRows};
-use crate::generate::{Generation, Output, StepLimits, StopConditions};
+use crate::acceptance::AcceptanceRule;
+use crate::decoder::Decoder;
+use crate::draft::{TreeDraft, TreeDrafter};
+use crate::generate::{tree_speculative_generate, Generation, StopConditions, TreeVerdict};
+use crate::logits::Logits;
 use crate::sampling::argmax;
-use crate::stats::{DecodeStats, StepRecord};
+use crate::tree::TokenTree;
 use crate::{Error, Result};
 
+/// Jacobi iteration as a drafter: each step drafts the guess for the next `window` positions
+/// as a chain; after the verification the guess becomes the target's argmax at every position
+/// past the accepted prefix (the fixed-point update), followed by the guesses the pass did not
+/// reach. Costs no forward of its own.
+#[derive(Clone, Debug)]
+pub struct JacobiDrafter {
+    /// Guessed tokens for the positions after the last committed one; the first `window` are
+    /// checked each pass, the rest wait their turn.
+    guess: Vec<u32>,
+    window: usize,
+    /// How many guessed tokens the last tree carried.
+    drafted: usize,
+}
+
+impl JacobiDrafter {
+    /// A window of `window` guessed tokens starting from `initial_guess` (e.g. the rest of a
+    /// previous answer; padded by repeating its last token when shorter than the window).
+    pub fn new(initial_guess: &[u32], window: usize) -> Result<Self> {
+        if window == 0 {
+            return Err(Error::InvalidConfig(
+                "the Jacobi window must be at least 1".into(),
+            ));
+        }
+        Ok(Self {
+            guess: initial_guess.to_vec(),
+            window,
+            drafted: 0,
+        })
+    }
+}
+
+impl TreeDrafter for JacobiDrafter {
+    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
+        let root = *committed
+            .last()
+            .ok_or(Error::EmptyInput("a tree needs a committed root token"))?;
+        let width = self.window.min(max_depth);
+        let pad = self
+            .guess
+            .iter()
+            .take(width)
+            .next_back()
+            .copied()
+            .unwrap_or(root);
+        let mut draft: Vec<u32> = self.guess.iter().copied().take(width).collect();
+        draft.resize(width, pad);
+        self.drafted = width;
+        Ok(TreeDraft {
+            tree: TokenTree::linear(root, &draft),
+            forwards: 0,
+        })
+    }
+
+    fn observe(&mut self, tree: &TokenTree, verdict: &TreeVerdict, rows: &Logits) -> Result<()> {
+        // The row after node j predicts the token at node j + 1's position: past the accepted
+        // prefix, the Jacobi update of the guess.
+        let accepted = verdict.path.len() - 1;
+        let mut next: Vec<u32> = (accepted + 1..tree.len())
+            .map(|node| argmax(rows.row(node)))
+            .collect();
+        next.extend(self.guess.iter().skip(self.drafted + 1).copied());
+        self.guess = next;
+        Ok(())
+    }
+
+    fn finish(&mut self, _committed: &[u32]) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// Greedy generation by Jacobi iteration over a window of `window` guessed tokens, starting
-/// from `initial_guess` (e.g. the rest of a previous answer, for the positions after the first
-/// produced token; padded by repeating its last token when shorter than the window).
+/// from `initial_guess`: [`tree_speculative_generate`] with a [`JacobiDrafter`].
 pub fn jacobi_generate<D: Decoder + ?Sized>(
     model: &mut D,
     context: &[u32],
@@ -27,63 +96,7 @@ pub fn jacobi_generate<D: Decoder + ?Sized>(
     stop: &StopConditions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<Generation> {
-    if window == 0 {
-        return Err(Error::InvalidConfig(
-            "the Jacobi window must be at least 1".into(),
-        ));
-    }
-    let started = Instant::now();
-    let mut stats = DecodeStats::default();
-    let mut out = Output::new(stop, on_token);
-    let mut committed = context.to_vec();
+    let mut drafter = JacobiDrafter::new(initial_guess, window)?;
     let greedy = AcceptanceRule::greedy();
-    // Guessed tokens for the positions after the last committed one; the first `window` are
-    // checked each pass, the rest wait their turn.
-    let mut guess: Vec<u32> = initial_guess.to_vec();
-    out.first_token(model, context, &mut stats, &mut committed, |logits, _| {
-        argmax(logits)
-    })?;
-    while let Some(StepLimits {
-        cached,
-        room,
-        remaining,
-    }) = out.next_step(model)
-    {
-        let width = window.min(remaining - 1).min(room - 1);
-        let pending = *committed.last().expect("at least one token was produced");
-        let pad = guess
-            .iter()
-            .take(width)
-            .next_back()
-            .copied()
-            .unwrap_or(pending);
-        let mut draft: Vec<u32> = guess.iter().copied().take(width).collect();
-        draft.resize(width, pad);
-
-        let t0 = Instant::now();
-        let input: Vec<u32> = std::iter::once(pending)
-            .chain(draft.iter().copied())
-            .collect();
-        let rows = forward_tokens(model, &input, LogitRows::All)?;
-        stats.target_forwards += 1;
-        let verdict = greedy.verify_by_judging(&draft, &rows)?;
-        model.truncate(cached + 1 + verdict.accepted)?;
-        stats.target_time += t0.elapsed();
-        stats.steps.push(StepRecord {
-            drafted: draft.len(),
-            accepted: verdict.accepted,
-        });
-        // Row j predicts the token at the position of draft[j]: the Jacobi update of the guess
-        // after the committed prefix, followed by the guesses this pass did not reach.
-        let mut next_guess: Vec<u32> = rows.rows().skip(verdict.accepted + 1).map(argmax).collect();
-        next_guess.extend(guess.iter().skip(width + 1).copied());
-        let new_tokens: Vec<u32> = draft[..verdict.accepted]
-            .iter()
-            .copied()
-            .chain([verdict.next_token])
-            .collect();
-        out.commit_step(model, &mut committed, cached, &new_tokens)?;
-        guess = next_guess;
-    }
-    Ok(out.into_generation(stats, started))
+    tree_speculative_generate(model, &mut drafter, context, &greedy, stop, on_token)
 }

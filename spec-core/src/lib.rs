@@ -57,14 +57,15 @@ pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
 pub use error::{Error, Result};
 pub use generate::{
     generate, speculative_generate, tree_speculative_generate, verify_tree, verify_tree_adjusted,
-    DraftLength, FinishReason, Generation, SpeculativeConfig, StopConditions, TreeVerdict,
+    verify_tree_rows, DraftLength, FinishReason, Generation, SpeculativeConfig, StopConditions,
+    TreeVerdict,
 };
 pub use heads::{
     heads_generate, verify_tree_guessing, verify_tree_hidden, HeadsDrafter, HeadsTree,
     HiddenStates, OutputRows, TokenHeads,
 };
 pub use interrupt::Interrupt;
-pub use jacobi::jacobi_generate;
+pub use jacobi::{jacobi_generate, JacobiDrafter};
 pub use kv_cache::{DecoderCache, KvCache, LayerKvCache};
 pub use logits::Logits;
 pub use lookup::{LookupConfig, LookupDrafter};
