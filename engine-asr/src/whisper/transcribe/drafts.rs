@@ -148,7 +148,7 @@ pub(super) struct WhisperDraft {
 }
 
 impl Transcriber {
-    /// Multi-token prediction heads for [`TranscribeOptions::heads`], drafting as `drafter`
+    /// Multi-token prediction heads for [`TranscribeOptions::heads`](super::TranscribeOptions::heads), drafting as `drafter`
     /// says (its tree shape, and how sure a head must be to draft); fails when they read hidden
     /// states or vocabularies of another size.
     pub fn set_heads(&mut self, drafter: HeadsDrafter<MultiTokenHeads>) -> Result<()> {
@@ -158,7 +158,7 @@ impl Transcriber {
     }
 
     /// A smaller Whisper with the same vocabulary (tiny.en for small.en or medium.en) as the
-    /// draft model of [`TranscribeOptions::draft`]; refused when its vocabulary or special
+    /// draft model of [`TranscribeOptions::draft`](super::TranscribeOptions::draft); refused when its vocabulary or special
     /// tokens differ from this model's.
     pub fn set_draft(&mut self, draft: Transcriber) -> Result<()> {
         if !self.tokenizer.same_vocabulary(&draft.tokenizer)
@@ -185,7 +185,7 @@ impl Transcriber {
     }
 
     /// A smaller Whisper with another vocabulary (tiny.en for base) as the draft model of
-    /// [`TranscribeOptions::draft`], drafting text (beyond the paper): each step the committed
+    /// [`TranscribeOptions::draft`](super::TranscribeOptions::draft), drafting text (beyond the paper): each step the committed
     /// text is tokenized for the draft, the draft continues it in its own vocabulary, and its
     /// words are tokenized for this model and verified, so the transcript is still exactly
     /// this model's greedy one. Drafts are single sequences (the sparse tree's branches are
