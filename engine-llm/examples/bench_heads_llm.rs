@@ -17,10 +17,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use engine_llm::cli::open_heads;
 use engine_llm::{heads_lookup, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_cli::open_heads;
 use spec_core::report::{speedup, Report, Table};
 use spec_core::{
     generate, heads_generate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,

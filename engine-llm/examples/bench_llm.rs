@@ -25,10 +25,10 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model};
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_cli::{init_logging, open_model};
 use spec_core::report::{ratio, speedup, Report, Table};
 use spec_core::sampling::argmax;
 use spec_core::{

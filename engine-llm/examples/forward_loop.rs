@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use engine_llm::cli::{init_logging, ModelArgs};
+use spec_cli::{init_logging, ModelArgs};
 use spec_core::{Decoder, ForwardCosts, LogitRows};
 
 /// Runs forwards of a fixed number of tokens in a loop, for profilers.

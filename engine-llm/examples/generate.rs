@@ -17,10 +17,10 @@ use std::io::Write;
 
 use anyhow::Result;
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_heads, open_model, GenerationArgs, ModelArgs};
 use engine_llm::{
     forward_costs, CancelToken, DraftLength, Flow, LoadOptions, Message, Speculation,
 };
+use spec_cli::{init_logging, open_heads, open_model, GenerationArgs, ModelArgs};
 use spec_core::{CostAwarePolicy, HeadsDrafter, HeadsTree};
 
 /// Chat with a model, streaming its answer, optionally with a draft model for speculative

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use engine_llm::predgen::{
     partial_channel, spoken_at_rate, FixedLatencySynthesizer, Partial, PartialReceiver,
 };
@@ -33,6 +32,7 @@ use engine_llm::spec_voice::{read_partials, DEFAULT_CHARS_PER_MINUTE};
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, Message, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
+use spec_cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use spec_core::report::latency_speedup;
 use spec_core::{Decoder, LogitRows};
 

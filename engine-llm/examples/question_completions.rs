@@ -14,9 +14,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
-use engine_llm::cli::{init_logging, ModelArgs};
 use engine_llm::predgen::{MAX_COMPLETION_TOKENS, PARTIAL_INPUT_SYSTEM_PROMPT};
 use engine_llm::{LanguageModel, Message};
+use spec_cli::{init_logging, ModelArgs};
 use spec_core::decoder::common_suffix_len;
 use spec_core::sampling::{argmax, log_probabilities, top_k_tokens};
 use spec_core::{Decoder, LogitRows};

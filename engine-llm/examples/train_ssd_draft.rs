@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{open_model, progress_bar, read_text_lines, SsdTrainArgs};
 use engine_llm::ssd::train::{Backbone, DistilledSequence};
 use engine_llm::ssd::{draft_dir, SsdDraftWeights};
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_cli::{open_model, progress_bar, read_text_lines, SsdTrainArgs};
 use spec_core::{generate, SamplingConfig, StopConditions};
 use spec_models::Store;
 use spec_nn::heads::weights_fingerprint;
@@ -61,7 +61,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    engine_llm::cli::init_logging();
+    spec_cli::init_logging();
     let args = Args::parse();
     let store = Store::from_env()?;
     let mut lm = open_model(&args.model, &LoadOptions::default())

@@ -2,8 +2,6 @@
 
 pub mod answer;
 pub mod chat;
-#[cfg(feature = "cli")]
-pub mod cli;
 pub mod config;
 mod error;
 pub mod load;

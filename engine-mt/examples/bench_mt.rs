@@ -21,13 +21,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use engine_llm::cli::{init_logging, open_model, progress_bar, ModelArgs};
 use engine_llm::{LanguageModel, LoadOptions};
 use engine_mt::metrics::chrf;
 use engine_mt::{
     lag_k, replay_display, Caption, Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking,
     Partial, StreamSummary,
 };
+use spec_cli::{init_logging, open_model, progress_bar, ModelArgs};
 use spec_core::report::{speedup, Report, Table};
 
 /// One way of decoding the updates (what the model computes).

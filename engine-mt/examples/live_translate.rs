@@ -14,12 +14,12 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model, ModelArgs};
 use engine_llm::LoadOptions;
 use engine_mt::{
     lag_k, read_partials, BiasInputs, Decoding, DisplayPolicy, LiveConfig, LiveTranslator, Masking,
     StreamSummary,
 };
+use spec_cli::{init_logging, open_model, ModelArgs};
 
 /// A live caption as the source grows: each update's display, with what SSBD kept.
 #[derive(Parser)]

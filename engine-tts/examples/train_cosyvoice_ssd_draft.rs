@@ -18,7 +18,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{init_logging, progress_bar, read_text_lines, SsdTrainArgs};
 use engine_llm::ssd::draft_dir;
 use engine_llm::ssd::train::DistilledSequence;
 use engine_llm::LoadOptions;
@@ -27,6 +26,7 @@ use engine_tts::cosyvoice::pipeline::load_tokenizer;
 use engine_tts::cosyvoice::SpeakerPrompt;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_cli::{init_logging, progress_bar, read_text_lines, SsdTrainArgs};
 use spec_models::Store;
 use spec_nn::heads::weights_fingerprint;
 

@@ -24,10 +24,10 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, Transcriber};
-use engine_llm::cli::{init_logging, open_model, progress_bar};
 use engine_llm::{LoadOptions, PredGen, PredGenConfig};
 use engine_mt::{Caption, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use spec_cli::{init_logging, open_model, progress_bar};
 use spec_core::report::{latency_speedup, speedup, Report, Table, NO_WAIT_SECONDS};
 use spec_models::{Registry, Store};
 use spec_voice::SentenceSynthesizer;
@@ -54,7 +54,7 @@ struct Args {
     asr: String,
 
     /// Chat and translation model
-    #[arg(long, default_value = engine_llm::cli::DEFAULT_MODEL)]
+    #[arg(long, default_value = spec_cli::DEFAULT_MODEL)]
     model: String,
 
     /// Most tokens per answer

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::cli::{init_logging, open_model, progress_bar, HeadsArgs, ModelArgs};
 use engine_llm::predgen::spoken_at_rate;
 use engine_llm::predgen::FixedLatencySynthesizer;
 use engine_llm::predgen::{answer_similarity, EventKind};
@@ -34,6 +33,7 @@ use engine_llm::spec_voice::DEFAULT_CHARS_PER_MINUTE;
 use engine_llm::{
     Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
+use spec_cli::{init_logging, open_model, progress_bar, HeadsArgs, ModelArgs};
 use spec_core::report::{latency_speedup, Report, Table};
 use spec_core::HeadsDrafter;
 use spec_models::mt_bench;

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Parser;
-use engine_llm::cli::{init_logging, progress_bar};
 use engine_llm::{LoadOptions, TransformerConfig};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig, SsdStats};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use spec_cli::{init_logging, progress_bar};
 use spec_core::report::{speedup, Report, Table};
 
 /// CosyVoice 2's speech-token rate (`token_frame_rate`, reference/cosyvoice2-reference.md).

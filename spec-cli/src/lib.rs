@@ -1,6 +1,7 @@
-//! What the command-line programs built on this engine share (feature `cli`): one set of model
-//! options and one of generation options for `clap`, logging through `tracing` (`RUST_LOG`),
-//! and spinners and bars for long work that draw only on a terminal.
+//! What SpecVoice's command-line programs (the `specvoice` command, the engines' examples and
+//! benchmarks) share: one set of model options and one of generation options for `clap`, the
+//! kernels' thread count, logging through `tracing` (`RUST_LOG`), and spinners and bars for long
+//! work that draw only on a terminal. The inference crates do not depend on it.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -13,7 +14,7 @@ use spec_core::{HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
 use spec_nn::heads::{training_command, MultiTokenHeads};
 use tracing_subscriber::EnvFilter;
 
-use crate::{Error, GenerateOptions, LanguageModel, LoadOptions, Result};
+use engine_llm::{Error, GenerateOptions, LanguageModel, LoadOptions, Result};
 
 /// The chat model `../shared/models/fetch` provides and the examples use by default.
 pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
@@ -168,12 +169,11 @@ impl GenerationArgs {
 
     /// The options of [`LanguageModel::chat`]: sampling, `--max-tokens` and `--seed`.
     pub fn options(&self) -> GenerateOptions {
-        GenerateOptions {
-            sampling: self.sampling(),
-            ..GenerateOptions::default()
-        }
-        .max_tokens(self.max_tokens)
-        .seed(self.seed)
+        let mut options = GenerateOptions::default()
+            .max_tokens(self.max_tokens)
+            .seed(self.seed);
+        options.sampling = self.sampling();
+        options
     }
 }
 
@@ -199,8 +199,8 @@ pub struct SsdTrainArgs {
 }
 
 impl SsdTrainArgs {
-    pub fn config(&self) -> crate::ssd::train::SsdTrainConfig {
-        crate::ssd::train::SsdTrainConfig {
+    pub fn config(&self) -> engine_llm::ssd::train::SsdTrainConfig {
+        engine_llm::ssd::train::SsdTrainConfig {
             lower_layers: self.lower,
             upper_layers: self.upper,
             epochs: self.epochs,
@@ -223,17 +223,14 @@ impl SsdTrainArgs {
     /// validation figures printed as they come.
     pub fn train(
         &self,
-        backbone: &crate::ssd::train::Backbone<'_>,
-        data: &[crate::ssd::train::DistilledSequence],
-    ) -> Result<crate::ssd::train::TrainedDraft> {
-        use crate::ssd::train::SsdProgress;
+        backbone: &engine_llm::ssd::train::Backbone<'_>,
+        data: &[engine_llm::ssd::train::DistilledSequence],
+    ) -> Result<engine_llm::ssd::train::TrainedDraft> {
+        use engine_llm::ssd::train::SsdProgress;
         let bar = progress_bar(0, "training");
         let trained =
-            crate::ssd::train::train(
-                backbone,
-                data,
-                &self.config(),
-                &mut |progress| match progress {
+            engine_llm::ssd::train::train(backbone, data, &self.config(), &mut |progress| {
+                match progress {
                     SsdProgress::Step {
                         epoch,
                         step,
@@ -248,8 +245,8 @@ impl SsdTrainArgs {
                         }
                     }
                     SsdProgress::Validation(report) => bar.suspend(|| println!("{report}")),
-                },
-            );
+                }
+            });
         bar.finish_and_clear();
         trained
     }
