@@ -543,17 +543,8 @@ pub fn verify_tree_rows<T: Decoder + ?Sized>(
     tree: &TokenTree,
     rule: &dyn Acceptance,
 ) -> Result<(TreeVerdict, Logits)> {
-    let prefix = target.cached_len();
-    let logits = tree_forward(target, tree, rule, LogitRows::All)?;
-    let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
-    let (verdict, _) = judge_tree(
-        tree,
-        rule,
-        &mut |node| Ok(rows.row(node).to_vec()),
-        &mut |_, _| {},
-    )?;
-    keep_path(target, prefix, &verdict.path)?;
-    Ok((verdict, rows))
+    verify_tree_judging(target, tree, rule, &mut |_, _| {})
+        .map(|(verdict, _, rows)| (verdict, rows))
 }
 
 /// [`verify_tree`] for decoders whose logits are adjusted before a token is chosen (Whisper's
@@ -566,12 +557,25 @@ pub fn verify_tree_adjusted<T: Decoder + ?Sized>(
     rule: &dyn Acceptance,
     adjust: &mut dyn FnMut(usize, &mut [f32]),
 ) -> Result<(TreeVerdict, TreeRows)> {
+    verify_tree_judging(target, tree, rule, adjust).map(|(verdict, judged, _)| (verdict, judged))
+}
+
+/// The verification every `verify_tree*` shares: one forward of the tree, the judging of its
+/// rows (each adjusted once), the target's cache compacted to the accepted path. Returns the
+/// verdict, the judged (adjusted) rows and the target's logits after every node.
+fn verify_tree_judging<T: Decoder + ?Sized>(
+    target: &mut T,
+    tree: &TokenTree,
+    rule: &dyn Acceptance,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+) -> Result<(TreeVerdict, TreeRows, Logits)> {
     let prefix = target.cached_len();
     let logits = tree_forward(target, tree, rule, LogitRows::All)?;
     let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
-    let judged = judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
-    keep_path(target, prefix, &judged.0.path)?;
-    Ok(judged)
+    let (verdict, judged) =
+        judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
+    keep_path(target, prefix, &verdict.path)?;
+    Ok((verdict, judged, rows))
 }
 
 /// Forwards `tree` after the target's cache (which must not hold its root yet) through its

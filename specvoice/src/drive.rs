@@ -231,16 +231,15 @@ pub fn play_recording<P: Pipeline>(
     trailing_silence: Duration,
     on_event: &mut dyn FnMut(P::Event),
 ) -> Result<()> {
-    if audio.is_empty() {
-        return Err(Error::Input("the recording has no samples".into()));
-    }
+    let mut recording = Recording::new(audio, trailing_silence, Duration::ZERO)?;
     let packet = samples_in(PACKET);
     let gap =
         samples_in(pipeline.clock().now().saturating_sub(pipeline.audio_time())) / packet * packet;
     if gap > 0 {
         pipeline.hear_audio(&vec![0.0; gap])?;
     }
-    let mut recording = Recording::new(audio, trailing_silence, pipeline.audio_time())?;
+    // The recording starts where the silence ended.
+    recording.start = pipeline.audio_time();
     drive(pipeline, &mut recording, &mut |event| {
         on_event(event);
         true
