@@ -6,8 +6,7 @@ use candle_core::Device;
 use candle_core::{DType, Tensor};
 use engine_asr::testing::*;
 use engine_asr::whisper::decode::{
-    beam_window, heads_window, run_prompt, sample_window, speculative_window, DraftRequest,
-    WindowOutput,
+    beam_window, heads_window, run_prompt, sample_window, speculative_window,
 };
 use engine_asr::whisper::model_fingerprint;
 use engine_asr::whisper::{LogitRules, WhisperTokenizer};
@@ -19,9 +18,24 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
 use spec_core::{
-    AcceptanceRule, Decoder, Forward, HeadsDrafter, HeadsTree, HiddenStates, LogitRows, Logits,
-    TokenHeads,
+    AcceptanceRule, Decoder, DraftInput, Forward, HeadsDrafter, HeadsTree, HiddenStates, LogitRows,
+    Logits, TokenHeads, TreeDraft, TreeDrafter, Verification,
 };
+
+/// A drafter that reads the hidden state, from a closure that looks at each request.
+struct Looking<F>(F);
+
+impl<F: FnMut(DraftInput<'_>) -> spec_core::Result<TreeDraft>> TreeDrafter for Looking<F> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> spec_core::Result<TreeDraft> {
+        (self.0)(input)
+    }
+    fn reads_hidden(&self) -> bool {
+        true
+    }
+    fn finish(&mut self, _: &[u32]) -> spec_core::Result<()> {
+        Ok(())
+    }
+}
 use spec_nn::heads::{train, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet};
 
 fn load(dir: &std::path::Path) -> Whisper {
@@ -793,24 +807,25 @@ fn guesses_in_the_output_pass_are_the_heads_own(
         .unwrap();
         // Each step's rows from the output pass are the heads' own for the state drafted from.
         run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
-        let mut checking = |request: DraftRequest<'_>| {
-            let sampled = &request.committed[request.prompt_len..];
-            let root = *request.committed.last().unwrap();
+        let mut checking = Looking(|request: DraftInput<'_>| {
+            let sampled = request.produced();
+            let root = request.root()?;
+            let hidden = request.hidden.unwrap();
             let adjust = &mut |_, row: &mut [f32]| rules.apply(row, sampled);
-            let tree = match request.predicted {
+            let tree = match request.guessed {
                 Some(rows) => {
-                    let own = heads.predict(request.hidden, 0..1).unwrap();
+                    let own = heads.predict(hidden, 0..1).unwrap();
                     let bits =
                         |l: &Logits| l.row(0).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&rows), bits(&own), "window {seed}");
                     checked += 1;
                     drafter.draft_predicted(rows, root, request.max_depth, adjust)?
                 }
-                None => drafter.draft(request.hidden, root, request.max_depth, adjust)?,
+                None => drafter.draft(hidden, root, request.max_depth, adjust)?,
             };
-            Ok((tree, 1))
-        };
-        let guesses = WindowOutput::WithGuesses { heads, guesses: 1 };
+            Ok(TreeDraft { tree, forwards: 1 })
+        });
+        let guesses = Verification::WithGuesses { heads, guesses: 1 };
         let (checked_run, _) = speculative_window(
             model,
             &rules,
@@ -824,21 +839,22 @@ fn guesses_in_the_output_pass_are_the_heads_own(
         .unwrap();
         assert_eq!(checked_run, guessing, "window {seed}");
         run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
-        let mut own_pass = |request: DraftRequest<'_>| {
-            assert!(request.predicted.is_none());
-            let sampled = &request.committed[request.prompt_len..];
-            let root = *request.committed.last().unwrap();
-            let tree = drafter.draft(request.hidden, root, request.max_depth, &mut |_, row| {
+        let mut own_pass = Looking(|request: DraftInput<'_>| {
+            assert!(request.guessed.is_none());
+            let sampled = request.produced();
+            let root = request.root()?;
+            let hidden = request.hidden.unwrap();
+            let tree = drafter.draft(hidden, root, request.max_depth, &mut |_, row| {
                 rules.apply(row, sampled);
             })?;
-            Ok((tree, 1))
-        };
+            Ok(TreeDraft { tree, forwards: 1 })
+        });
         let (own, own_steps) = speculative_window(
             model,
             &rules,
             &mut own_pass,
             &greedy,
-            WindowOutput::OnDemand,
+            Verification::OnDemand,
             next,
             END_OF_TEXT,
             24,

@@ -23,8 +23,8 @@ use rand::SeedableRng;
 use spec_cli::open_heads;
 use spec_core::report::{speedup, Report, Table};
 use spec_core::{
-    generate, heads_generate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,
-    OutputRows, SamplingConfig, StopConditions, TreeDrafter,
+    generate, speculate, AcceptanceRule, DecodeStats, Decoder, HeadsDrafter, HeadsTree,
+    MergedDrafter, SamplingConfig, Speculation, StopConditions, Verification,
 };
 use spec_models::{mt_bench, Store};
 
@@ -111,9 +111,9 @@ fn main() -> Result<()> {
     let stop = StopConditions::new(args.tokens).with_eos(lm.tokenizer.end_tokens().iter().copied());
 
     let output_rows = if args.rows_on_demand {
-        OutputRows::OnDemand
+        Verification::OnDemand
     } else {
-        OutputRows::Batched
+        Verification::Batched
     };
     let mut drafters = Vec::new();
     for &depth in &chains {
@@ -182,14 +182,16 @@ fn main() -> Result<()> {
             drafters.iter().zip(results.iter_mut()).enumerate()
         {
             lm.model.reset();
-            let mut copies = lookup.map(heads_lookup).transpose()?;
-            let out = heads_generate(
+            let mut drafting = MergedDrafter {
+                first: drafter,
+                second: lookup.map(heads_lookup).transpose()?,
+            };
+            let rule = AcceptanceRule::greedy();
+            let out = speculate(
                 &mut lm.model,
-                drafter,
-                copies.as_mut().map(|c| c as &mut dyn TreeDrafter),
+                &mut drafting,
                 prompt,
-                &AcceptanceRule::greedy(),
-                output_rows,
+                Speculation::new(&rule).verified(output_rows),
                 &stop,
                 &mut |_| {},
             )?;

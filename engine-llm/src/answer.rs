@@ -9,9 +9,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::heads::check_heads;
 use spec_core::{
-    generate, heads_generate, speculative_generate, AcceptanceRule, DecodeStats, DraftLength,
-    HeadsDrafter, LookupConfig, LookupDrafter, OutputRows, SamplingConfig, SpeculativeConfig,
-    StopConditions, TreeDrafter,
+    generate, speculate, speculative_generate, AcceptanceRule, DecodeStats, DraftLength,
+    HeadsDrafter, LookupConfig, LookupDrafter, MergedDrafter, SamplingConfig, SpeculativeConfig,
+    StopConditions,
 };
 use spec_nn::heads::MultiTokenHeads;
 
@@ -335,17 +335,19 @@ impl LanguageModel {
                             .into(),
                     ));
                 }
-                let mut copies = match lookup {
-                    0 => None,
-                    &most => Some(heads_lookup(most)?),
+                let greedy = AcceptanceRule::greedy();
+                let mut drafter = MergedDrafter {
+                    first: heads,
+                    second: match lookup {
+                        0 => None,
+                        &most => Some(heads_lookup(most)?),
+                    },
                 };
-                heads_generate(
+                speculate(
                     &mut self.model,
-                    heads,
-                    copies.as_mut().map(|c| c as &mut dyn TreeDrafter),
+                    &mut drafter,
                     prompt,
-                    &AcceptanceRule::greedy(),
-                    OutputRows::Batched,
+                    spec_core::Speculation::new(&greedy),
                     &stop,
                     &mut on_token,
                 )?

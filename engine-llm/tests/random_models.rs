@@ -10,13 +10,13 @@ use engine_llm::{Error, LoadOptions, Requantize, Transformer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, greedy_in_lockstep, speculative_generate, tree_speculative_generate, AcceptanceRule,
-    Branches, Decoder, DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig,
-    SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
+    generate, greedy_in_lockstep, speculative_generate, AcceptanceRule, Branches, Decoder,
+    DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig, SparseTreeConfig,
+    SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
 };
 use spec_core::{
-    heads_generate, HeadsDrafter, HeadsTree, HiddenStates, LookupConfig, LookupDrafter, OutputRows,
-    TokenHeads, TreeDrafter,
+    speculate, HeadsDrafter, HeadsTree, HiddenStates, LookupConfig, LookupDrafter, MergedDrafter,
+    Speculation, TokenHeads, Verification,
 };
 use spec_nn::heads::{
     train, weights_fingerprint, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet,
@@ -311,11 +311,11 @@ fn speculative_greedy_equals_autoregressive_greedy() {
                 branch_width: 2,
             };
             let mut drafter = SparseTreeDrafter::new(drafter_model, tree_config).unwrap();
-            let tree = tree_speculative_generate(
+            let tree = speculate(
                 &mut target,
                 &mut drafter,
                 &prompt,
-                &AcceptanceRule::greedy(),
+                Speculation::new(&AcceptanceRule::greedy()),
                 &stop,
                 &mut |_| {},
             )
@@ -793,20 +793,23 @@ fn decoding_with_trained_heads_equals_greedy_decoding() {
             for drafter in drafters {
                 // The last run also merges lookup chains copied from the prompt and answer.
                 for (rows, lookup) in [
-                    (OutputRows::Batched, false),
-                    (OutputRows::OnDemand, false),
-                    (OutputRows::Batched, true),
+                    (Verification::Batched, false),
+                    (Verification::OnDemand, false),
+                    (Verification::Batched, true),
                 ] {
                     for (prompt, expected) in prompts.iter().zip(&greedy) {
                         model.reset();
-                        let mut copies = LookupDrafter::new(LookupConfig::default()).unwrap();
-                        let out = heads_generate(
+                        let copies = LookupDrafter::new(LookupConfig::default()).unwrap();
+                        let mut drafting = MergedDrafter {
+                            first: &drafter,
+                            second: lookup.then_some(copies),
+                        };
+                        let rule = AcceptanceRule::greedy();
+                        let out = speculate(
                             &mut model,
-                            &drafter,
-                            lookup.then_some(&mut copies as &mut dyn TreeDrafter),
+                            &mut drafting,
                             prompt,
-                            &AcceptanceRule::greedy(),
-                            rows,
+                            Speculation::new(&rule).verified(rows),
                             &stop,
                             &mut |_| {},
                         )

@@ -8,8 +8,8 @@ use engine_llm::{
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, speculative_generate, tree_speculative_generate, AcceptanceRule, Decoder,
-    DraftLength, SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpeculativeConfig,
+    generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength,
+    SamplingConfig, SparseTreeConfig, SparseTreeDrafter, Speculation, SpeculativeConfig,
     StopConditions,
 };
 use spec_models::Store;
@@ -190,11 +190,11 @@ fn speculative_greedy_reproduces_the_targets_greedy_output() {
             branch_width: 2,
         };
         let mut drafter = SparseTreeDrafter::new(&mut tree_draft.model, config).unwrap();
-        let tree = tree_speculative_generate(
+        let tree = speculate(
             &mut target.model,
             &mut drafter,
             &prompt,
-            &AcceptanceRule::greedy(),
+            Speculation::new(&AcceptanceRule::greedy()),
             &stop,
             &mut |_| {},
         )

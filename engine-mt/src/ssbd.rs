@@ -15,8 +15,8 @@ use spec_core::decoder::rewind_to_prefix;
 use spec_core::draft::{advance, catch_up};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, Acceptance, AcceptanceRule, Decoder, LogitRows, Logits, LookupDrafter,
-    TreeDrafter,
+    forward_continuation, Acceptance, AcceptanceRule, Decoder, DraftInput, LogitRows, Logits,
+    LookupDrafter, TreeDrafter,
 };
 
 use crate::error::{Error, Result};
@@ -207,7 +207,11 @@ fn continue_decoding<T: Decoder + ?Sized>(
                     true => drafter.offer_probe(*context.last().expect("a prompt is never empty")),
                     false => drafter.offer_guess(std::mem::take(&mut guess)),
                 }
-                drafter.draft_tree(&out.tokens, limit)?.tree.tokens()[1..].to_vec()
+                drafter
+                    .draft_tree(DraftInput::new(&out.tokens, limit))?
+                    .tree
+                    .tokens()[1..]
+                    .to_vec()
             }
             Continuation::Lookup(_) => Vec::new(),
             Continuation::Assistant { model, gamma } if limit > 0 => {

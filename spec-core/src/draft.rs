@@ -1,11 +1,13 @@
 //! The draft side of speculation: keeping a draft model's cache in step with the committed
 //! tokens, and drafting token trees.
 
+use candle_core::Tensor;
+
 use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, LogitRows};
-use crate::generate::TreeVerdict;
 use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, top_k_tokens};
 use crate::tree::TokenTree;
+use crate::verify::Verified;
 use crate::{Error, Result};
 
 /// Brings a draft model's cache in line with `committed`: rolls back what is not a prefix of
@@ -32,25 +34,167 @@ pub struct TreeDraft {
     pub forwards: usize,
 }
 
+/// What a drafter is given each step.
+#[derive(Debug)]
+pub struct DraftInput<'a> {
+    /// The context and every token produced after it; the last is the tree's root (the
+    /// target's next input, not in its cache yet).
+    pub committed: &'a [u32],
+    /// How many tokens of `committed` are the context (the produced ones follow).
+    pub context_len: usize,
+    /// Deepest node the tree may have.
+    pub max_depth: usize,
+    /// The target's final hidden state that predicted the root, `[1, hidden]`, for drafters
+    /// that read it ([`TreeDrafter::reads_hidden`]).
+    pub hidden: Option<&'a Tensor>,
+    /// The heads' rows for that state, when the last verification computed them
+    /// ([`Verification::WithGuesses`](crate::Verification::WithGuesses)).
+    pub guessed: Option<Logits>,
+}
+
+impl<'a> DraftInput<'a> {
+    /// A request for a tree after `committed` (all of it context) no deeper than `max_depth`,
+    /// with no hidden state.
+    pub fn new(committed: &'a [u32], max_depth: usize) -> Self {
+        Self {
+            committed,
+            context_len: committed.len(),
+            max_depth,
+            hidden: None,
+            guessed: None,
+        }
+    }
+
+    /// The tree's root: the last committed token.
+    pub fn root(&self) -> Result<u32> {
+        self.committed
+            .last()
+            .copied()
+            .ok_or(Error::EmptyInput("a tree needs a committed root token"))
+    }
+
+    /// The tokens produced after the context.
+    pub fn produced(&self) -> &'a [u32] {
+        &self.committed[self.context_len.min(self.committed.len())..]
+    }
+}
+
 /// Anything that proposes token trees: a draft model, extra prediction heads, a cache of
 /// earlier outputs, the model's own previous guesses (Jacobi iteration). A speculation method
-/// is a drafter: [`tree_speculative_generate`](crate::tree_speculative_generate) is the loop
-/// that verifies its trees.
+/// is a drafter: [`speculate`](crate::speculate()) is the loop that verifies its trees.
 pub trait TreeDrafter {
-    /// Proposes a tree rooted at `committed.last()` no deeper than `max_depth`.
-    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft>;
+    /// Proposes a tree rooted at `input.committed`'s last token no deeper than
+    /// `input.max_depth`.
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft>;
 
-    /// Sees what the target made of the tree just drafted: the verdict, and the target's logits
-    /// after every node (`rows.row(node)`), for drafters that learn from the verification.
-    /// Nothing by default.
-    fn observe(&mut self, tree: &TokenTree, verdict: &TreeVerdict, rows: &Logits) -> Result<()> {
-        let _ = (tree, verdict, rows);
+    /// True when the drafter reads the target's hidden state ([`DraftInput::hidden`]).
+    fn reads_hidden(&self) -> bool {
+        false
+    }
+
+    /// Sees what the target made of the tree just drafted, for drafters that learn from the
+    /// verification. Nothing by default.
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
+        let _ = (tree, verified);
         Ok(())
     }
 
     /// Called when generation ends with the final committed tokens, to drop draft state that
     /// is not a prefix of them.
     fn finish(&mut self, committed: &[u32]) -> Result<()>;
+}
+
+impl<D: TreeDrafter + ?Sized> TreeDrafter for &mut D {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        (**self).draft_tree(input)
+    }
+    fn reads_hidden(&self) -> bool {
+        (**self).reads_hidden()
+    }
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
+        (**self).observe(tree, verified)
+    }
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        (**self).finish(committed)
+    }
+}
+
+/// No drafter drafts nothing (a tree of its root alone): an optional companion of a
+/// [`MergedDrafter`].
+impl<D: TreeDrafter> TreeDrafter for Option<D> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        match self {
+            Some(drafter) => drafter.draft_tree(input),
+            None => Ok(TreeDraft {
+                tree: TokenTree::new(input.root()?),
+                forwards: 0,
+            }),
+        }
+    }
+    fn reads_hidden(&self) -> bool {
+        self.as_ref().is_some_and(D::reads_hidden)
+    }
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
+        match self {
+            Some(drafter) => drafter.observe(tree, verified),
+            None => Ok(()),
+        }
+    }
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        match self {
+            Some(drafter) => drafter.finish(committed),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Two drafters' trees merged into one and verified in one forward (e.g. heads' guesses and a
+/// chain copied by a [`LookupDrafter`](crate::LookupDrafter): right at different places). The
+/// heads' guesses of a verification go to the first.
+#[derive(Debug)]
+pub struct MergedDrafter<A, B> {
+    pub first: A,
+    pub second: B,
+}
+
+impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let DraftInput {
+            committed,
+            context_len,
+            max_depth,
+            hidden,
+            guessed,
+        } = input;
+        let mut draft = self.first.draft_tree(DraftInput {
+            committed,
+            context_len,
+            max_depth,
+            hidden,
+            guessed,
+        })?;
+        let other = self.second.draft_tree(DraftInput {
+            committed,
+            context_len,
+            max_depth,
+            hidden,
+            guessed: None,
+        })?;
+        draft.tree.merge(&other.tree)?;
+        draft.forwards += other.forwards;
+        Ok(draft)
+    }
+    fn reads_hidden(&self) -> bool {
+        self.first.reads_hidden() || self.second.reads_hidden()
+    }
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
+        self.first.observe(tree, verified)?;
+        self.second.observe(tree, verified)
+    }
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        self.first.finish(committed)?;
+        self.second.finish(committed)
+    }
 }
 
 /// Settings of a [`SparseTreeDrafter`].
@@ -101,11 +245,9 @@ impl<D: Decoder> SparseTreeDrafter<D> {
 }
 
 impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
-    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
-        let root = *committed
-            .last()
-            .ok_or(Error::EmptyInput("a tree needs a committed root token"))?;
-        let depth = self.config.depth.min(max_depth);
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let (root, committed) = (input.root()?, input.committed);
+        let depth = self.config.depth.min(input.max_depth);
         if depth == 0 {
             return Ok(TreeDraft {
                 tree: TokenTree::new(root),
@@ -174,7 +316,7 @@ mod tests {
             branch_width: 3,
         };
         let mut d = SparseTreeDrafter::new(MockDecoder::new(target.clone()), sure).unwrap();
-        let chain = d.draft_tree(&[1, 2], 10).unwrap();
+        let chain = d.draft_tree(DraftInput::new(&[1, 2], 10)).unwrap();
         assert_eq!(chain.tree.len(), 5, "never unsure: a plain chain");
         assert_eq!(chain.forwards, 4);
         let unsure = SparseTreeConfig {
@@ -183,7 +325,7 @@ mod tests {
             branch_width: 3,
         };
         let mut d = SparseTreeDrafter::new(MockDecoder::new(target), unsure).unwrap();
-        let tree = d.draft_tree(&[1, 2], 2).unwrap().tree;
+        let tree = d.draft_tree(DraftInput::new(&[1, 2], 2)).unwrap().tree;
         assert_eq!(
             tree.len(),
             1 + 2 * 3,

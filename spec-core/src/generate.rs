@@ -10,19 +10,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{DType, Tensor};
 use rand::RngCore;
 
 use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
 use crate::cost::CostAwarePolicy;
-use crate::decoder::{
-    common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows,
-};
-use crate::draft::{advance, catch_up, TreeDrafter};
-use crate::logits::Logits;
+use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
+use crate::draft::{advance, catch_up};
 use crate::sampling::{argmax, max_probability, sample, SamplingConfig};
 use crate::stats::{DecodeStats, StepRecord};
-use crate::tree::TokenTree;
 use crate::{Error, Result};
 
 /// Why generation ended.
@@ -246,44 +241,21 @@ impl<'a> Output<'a> {
 
     /// Emits a verified step's tokens (the target's cache holds `cached` positions before the
     /// step's input, and the step's accepted ones after it). When a stop condition fires
-    /// mid-step, the cache is rolled back to the last emitted token.
+    /// mid-step, the cache is rolled back to the last emitted token. Returns how many were
+    /// emitted.
     pub(crate) fn commit_step<T: Decoder + ?Sized>(
         &mut self,
         target: &mut T,
         committed: &mut Vec<u32>,
         cached: usize,
         new_tokens: &[u32],
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let emitted = self.emit(new_tokens.iter().copied());
         committed.extend_from_slice(&new_tokens[..emitted]);
         if emitted < new_tokens.len() {
             target.truncate(cached + emitted)?;
         }
-        Ok(())
-    }
-
-    /// Records a verified tree step (one target forward) and emits its accepted tokens and the
-    /// target's token after them, as [`Output::commit_step`] does.
-    pub(crate) fn commit_tree_step<T: Decoder + ?Sized>(
-        &mut self,
-        target: &mut T,
-        committed: &mut Vec<u32>,
-        cached: usize,
-        tree: &TokenTree,
-        verdict: &TreeVerdict,
-        stats: &mut DecodeStats,
-    ) -> Result<()> {
-        stats.target_forwards += 1;
-        stats.steps.push(StepRecord {
-            drafted: tree.len() - 1,
-            accepted: verdict.path.len() - 1,
-        });
-        let new_tokens: Vec<u32> = verdict.path[1..]
-            .iter()
-            .map(|&node| tree.token(node))
-            .chain([verdict.next_token])
-            .collect();
-        self.commit_step(target, committed, cached, &new_tokens)
+        Ok(emitted)
     }
 
     /// The result, with the run's statistics completed.
@@ -514,213 +486,5 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
         out.commit_step(target, &mut committed, cached, &new_tokens)?;
     }
     rewind_to_prefix(draft, &committed)?;
-    Ok(out.into_generation(stats, started))
-}
-
-/// The outcome of verifying a token tree.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TreeVerdict {
-    /// Accepted nodes from the root (node 0) down.
-    pub path: Vec<usize>,
-    /// The target's token after the last accepted node.
-    pub next_token: u32,
-}
-
-/// Verifies `tree` (rooted at the last committed token, which the target has not cached) in
-/// one forward pass, keeps the longest path the rule accepts and compacts the target's cache
-/// to it: afterwards the cache holds the root and the accepted nodes.
-pub fn verify_tree<T: Decoder + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-) -> Result<TreeVerdict> {
-    verify_tree_rows(target, tree, rule).map(|(verdict, _)| verdict)
-}
-
-/// [`verify_tree`], also returning the target's logits after every node of the tree.
-pub fn verify_tree_rows<T: Decoder + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-) -> Result<(TreeVerdict, Logits)> {
-    verify_tree_judging(target, tree, rule, &mut |_, _| {})
-        .map(|(verdict, _, rows)| (verdict, rows))
-}
-
-/// [`verify_tree`] for decoders whose logits are adjusted before a token is chosen (Whisper's
-/// suppression and timestamp rules, a repetition penalty): `adjust(node, row)` is applied to
-/// the target's row after `node` before it is judged, so the kept path is the one the adjusted
-/// greedy decoding would take. Also returns the rows that were judged (adjusted).
-pub fn verify_tree_adjusted<T: Decoder + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-    adjust: &mut dyn FnMut(usize, &mut [f32]),
-) -> Result<(TreeVerdict, TreeRows)> {
-    verify_tree_judging(target, tree, rule, adjust).map(|(verdict, judged, _)| (verdict, judged))
-}
-
-/// The verification every `verify_tree*` shares: one forward of the tree, the judging of its
-/// rows (each adjusted once), the target's cache compacted to the accepted path. Returns the
-/// verdict, the judged (adjusted) rows and the target's logits after every node.
-fn verify_tree_judging<T: Decoder + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-    adjust: &mut dyn FnMut(usize, &mut [f32]),
-) -> Result<(TreeVerdict, TreeRows, Logits)> {
-    let prefix = target.cached_len();
-    let logits = tree_forward(target, tree, rule, LogitRows::All)?;
-    let rows = Logits::from_tensor(&logits, tree.len(), target.vocab_size())?;
-    let (verdict, judged) =
-        judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
-    keep_path(target, prefix, &verdict.path)?;
-    Ok((verdict, judged, rows))
-}
-
-/// Forwards `tree` after the target's cache (which must not hold its root yet) through its
-/// tree mask, returning the logit rows asked for.
-pub(crate) fn tree_forward<T: Decoder + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-    logits: LogitRows,
-) -> Result<Tensor> {
-    rule.validate()?;
-    if rule.is_stochastic() {
-        return Err(Error::Unsupported(
-            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
-        ));
-    }
-    let prefix = target.cached_len();
-    let bias = tree.attention_bias(prefix, DType::F32, target.device())?;
-    let positions = tree.position_ids(prefix);
-    let step = Forward {
-        logits,
-        ..Forward::tokens(tree.tokens(), &positions).with_mask(&bias)
-    };
-    target.forward(&step)
-}
-
-/// Compacts the target's cache (`prefix` positions before the tree) to the accepted path.
-pub(crate) fn keep_path<T: Decoder + ?Sized>(
-    target: &mut T,
-    prefix: usize,
-    path: &[usize],
-) -> Result<()> {
-    let kept: Vec<usize> = path.iter().map(|&node| prefix + node).collect();
-    target.keep_positions(&kept)
-}
-
-/// The target's rows after a tree's nodes that a verification looked at, adjusted.
-#[derive(Clone, Debug, Default)]
-pub struct TreeRows {
-    rows: Vec<Option<Vec<f32>>>,
-}
-
-impl TreeRows {
-    /// The row after `node`, if it was judged (every node of the accepted path but the last
-    /// is, and the last is too: it gives the next token).
-    pub fn row(&self, node: usize) -> Option<&[f32]> {
-        self.rows.get(node)?.as_deref()
-    }
-}
-
-/// Judges `tree` with rows fetched on demand (`fetch(node)`: the target's logits after
-/// `node`), each adjusted once before use; returns the longest accepted path, the token after
-/// it and the rows used.
-pub(crate) fn judge_tree(
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-    fetch: &mut dyn FnMut(usize) -> Result<Vec<f32>>,
-    adjust: &mut dyn FnMut(usize, &mut [f32]),
-) -> Result<(TreeVerdict, TreeRows)> {
-    let mut rows = TreeRows {
-        rows: vec![None; tree.len()],
-    };
-    let mut failure = None;
-    let mut ensure = |rows: &mut TreeRows, node: usize| -> bool {
-        if rows.rows[node].is_none() {
-            match fetch(node) {
-                Ok(mut row) => {
-                    adjust(node, &mut row);
-                    rows.rows[node] = Some(row);
-                }
-                Err(e) => {
-                    failure.get_or_insert(e);
-                    return false;
-                }
-            }
-        }
-        true
-    };
-    let path = tree.longest_path_where(|parent, child| {
-        ensure(&mut rows, parent)
-            && rule.judge(tree.token(child), rows.row(parent).expect("fetched")) == Some(true)
-    });
-    let last = *path.last().expect("the path holds the root");
-    ensure(&mut rows, last);
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    let next_token = rule.correction(rows.row(last).expect("fetched"));
-    Ok((TreeVerdict { path, next_token }, rows))
-}
-
-/// Token-tree speculative decoding: each step a [`TreeDrafter`] proposes a tree, the target
-/// verifies it in one pass ([`verify_tree`]) and keeps the longest accepted path. With
-/// [`AcceptanceRule::Greedy`] the output is exactly that of greedy [`generate`].
-pub fn tree_speculative_generate<T: Decoder + ?Sized>(
-    target: &mut T,
-    drafter: &mut dyn TreeDrafter,
-    context: &[u32],
-    rule: &AcceptanceRule,
-    stop: &StopConditions,
-    on_token: &mut dyn FnMut(u32),
-) -> Result<Generation> {
-    rule.validate()?;
-    if rule.is_stochastic() {
-        return Err(Error::Unsupported(
-            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
-        ));
-    }
-    let started = Instant::now();
-    let mut stats = DecodeStats::default();
-    let mut out = Output::new(stop, on_token);
-    let mut committed = context.to_vec();
-    out.first_token(target, context, &mut stats, &mut committed, |logits, _| {
-        rule.correction(logits)
-    })?;
-    while let Some(StepLimits {
-        cached,
-        room,
-        remaining,
-    }) = out.next_step(target)
-    {
-        let max_depth = remaining.saturating_sub(1).min(room - 1);
-        let t_draft = Instant::now();
-        let draft = drafter.draft_tree(&committed, max_depth)?;
-        stats.draft_time += t_draft.elapsed();
-        stats.draft_forwards += draft.forwards;
-        let tree = draft.tree;
-        if tree.token(0) != *committed.last().expect("a token was produced") {
-            return Err(Error::InvalidTree(
-                "the drafted tree's root is not the last committed token".into(),
-            ));
-        }
-        if tree.len() > room {
-            return Err(Error::ContextOverflow {
-                requested: cached + tree.len(),
-                max: target.max_len(),
-            });
-        }
-
-        let t_verify = Instant::now();
-        let (verdict, rows) = verify_tree_rows(target, &tree, rule)?;
-        stats.target_time += t_verify.elapsed();
-        drafter.observe(&tree, &verdict, &rows)?;
-        out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
-    }
-    drafter.finish(&committed)?;
     Ok(out.into_generation(stats, started))
 }

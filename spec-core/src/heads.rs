@@ -12,25 +12,20 @@
 //!
 //! A model exposes its hidden states through [`HiddenStates`]; heads implement [`TokenHeads`]
 //! (the networks and their training live in `spec-nn`); [`HeadsDrafter`] turns their logits into
-//! trees and [`heads_generate`] is the generic loop.
+//! trees, a drafter for [`speculate`](crate::speculate()).
 
 use std::ops::Range;
-use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::acceptance::{Acceptance, AcceptanceRule};
-use crate::decoder::{Decoder, LogitRows};
-use crate::draft::TreeDrafter;
-use crate::generate::{
-    judge_tree, keep_path, tree_forward, verify_tree_adjusted, Generation, Output, StepLimits,
-    TreeRows, TreeVerdict,
-};
+use crate::decoder::Decoder;
+use crate::draft::{DraftInput, TreeDraft, TreeDrafter};
 use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, top_k_tokens};
-use crate::stats::DecodeStats;
 use crate::tree::TokenTree;
-use crate::{Error, Result, StopConditions};
+#[cfg(doc)]
+use crate::verify::Verification;
+use crate::{Error, Result};
 
 /// A decoder that also returns the hidden states its output layer reads.
 pub trait HiddenStates: Decoder {
@@ -86,7 +81,7 @@ pub trait TokenHeads {
     /// own (the paper's latent-space expansion, which shares the unembedding among the heads):
     /// [`TokenHeads::output_states`] gives those states, so a verification can compute the
     /// next step's guesses in the pass that computes its own output rows
-    /// ([`verify_tree_guessing`]).
+    /// ([`Verification::WithGuesses`]).
     fn shares_output_layer(&self) -> bool {
         false
     }
@@ -299,7 +294,7 @@ impl<H: TokenHeads> HeadsDrafter<H> {
     }
 
     /// [`HeadsDrafter::draft`] from the heads' rows for the hidden state, computed before
-    /// (`predicted`: a row per head from the first, as [`verify_tree_guessing`] returns them).
+    /// (`predicted`: a row per head from the first, as [`Verification::WithGuesses`] gives them).
     /// For heads that do not read guesses.
     pub fn draft_predicted(
         &self,
@@ -324,6 +319,36 @@ impl<H: TokenHeads> HeadsDrafter<H> {
             return Ok(TokenTree::new(root));
         }
         self.tree_from(HeadRows::Given(predicted), root, depth, adjust)
+    }
+
+    /// The tree for a step of [`speculate`](crate::speculate()): from the heads' rows when the
+    /// last verification computed them ([`DraftInput::guessed`]), else from the hidden state.
+    /// `adjust(depth, row)` as for [`HeadsDrafter::draft`].
+    pub fn draft_input(
+        &self,
+        input: DraftInput<'_>,
+        adjust: &mut dyn FnMut(usize, &mut [f32]),
+    ) -> Result<TreeDraft> {
+        let (root, max_depth) = (input.root()?, input.max_depth);
+        let tree = match (input.guessed, input.hidden) {
+            (Some(rows), _) => self.draft_predicted(rows, root, max_depth, adjust)?,
+            (None, Some(hidden)) => {
+                if hidden.dim(1)? != self.heads.hidden_size() {
+                    return Err(Error::InvalidConfig(format!(
+                        "the heads read hidden states of width {}, the model's are {} wide",
+                        self.heads.hidden_size(),
+                        hidden.dim(1)?
+                    )));
+                }
+                self.draft(hidden, root, max_depth, adjust)?
+            }
+            (None, None) => {
+                return Err(Error::InvalidConfig(
+                    "heads draft from the target's hidden state, and none was given".into(),
+                ))
+            }
+        };
+        Ok(TreeDraft { tree, forwards: 1 })
     }
 
     /// The tree `depth` (≥ 1) deep after `root` from the heads' rows.
@@ -399,132 +424,6 @@ fn check_rows(logits: &Logits, rows: usize) -> Result<()> {
     Ok(())
 }
 
-/// Where a verifying forward's output-layer rows are computed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OutputRows {
-    /// Every tree node's row in the forward: right when the output layer is memory-bound (a
-    /// large vocabulary read from memory once serves every row almost for free).
-    #[default]
-    Batched,
-    /// Only the rows the judging reaches, unembedded from the hidden states one by one: a
-    /// rejected draft then costs its pass through the layers but not its output row. Right
-    /// when the output layer is compute-bound (it fits in the cache, as Whisper's does).
-    OnDemand,
-    /// Every node's row and, in the same pass, the heads' guesses for the next step
-    /// ([`verify_tree_guessing`]; heads that share the model's output layer only): right for a
-    /// small tree where the output layer is memory-bound, as for Whisper's chain of one.
-    WithGuesses,
-}
-
-/// Verifies `tree` (rooted at the last committed token, not yet in the target's cache) in one
-/// forward, as [`verify_tree_adjusted`] does, with the output rows
-/// computed as `output_rows` says. Compacts the cache to the accepted path and returns the
-/// verdict, the judged rows and the hidden state after the path's last node (`[1, hidden]`),
-/// which the heads read next.
-pub fn verify_tree_hidden<T: HiddenStates + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-    output_rows: OutputRows,
-    adjust: &mut dyn FnMut(usize, &mut [f32]),
-) -> Result<(TreeVerdict, TreeRows, Tensor)> {
-    let (verdict, judged) = match output_rows {
-        OutputRows::WithGuesses => {
-            return Err(Error::Unsupported(
-                "output rows with the heads' guesses are verified with the heads: \
-                 verify_tree_guessing",
-            ))
-        }
-        OutputRows::Batched => verify_tree_adjusted(target, tree, rule, adjust)?,
-        OutputRows::OnDemand => {
-            let prefix = target.cached_len();
-            tree_forward(target, tree, rule, LogitRows::None)?;
-            let hidden = target.last_hidden()?;
-            let model = &*target;
-            let mut fetch = |node: usize| -> Result<Vec<f32>> {
-                Ok(model.unembed(&hidden.narrow(0, node, 1)?)?.into_last_row())
-            };
-            let judged = judge_tree(tree, rule, &mut fetch, adjust)?;
-            keep_path(target, prefix, &judged.0.path)?;
-            judged
-        }
-    };
-    // The hidden states are the tree forward's, one per node (compaction does not change them).
-    let last = *verdict.path.last().expect("the path holds the root");
-    Ok((verdict, judged, target.last_hidden()?.narrow(0, last, 1)?))
-}
-
-/// [`verify_tree_hidden`] for heads that share the model's output layer
-/// ([`TokenHeads::shares_output_layer`]), which also returns the next step's guesses: the one
-/// output pass that gives the tree's rows also gives heads `0..guesses`' rows for every node's
-/// state (the target's rows first, then each node's heads), and those of the last accepted node
-/// come back, tokens outside the heads' shortlist at −∞, for [`HeadsDrafter::draft_predicted`].
-/// Where the output layer is memory-bound (a large vocabulary, a few rows) its extra rows cost
-/// almost nothing, and the heads' own pass over their output rows is saved. Every output row is
-/// computed, as with [`OutputRows::Batched`].
-pub fn verify_tree_guessing<T: HiddenStates + ?Sized, H: TokenHeads + ?Sized>(
-    target: &mut T,
-    tree: &TokenTree,
-    rule: &dyn Acceptance,
-    heads: &H,
-    guesses: usize,
-    adjust: &mut dyn FnMut(usize, &mut [f32]),
-) -> Result<(TreeVerdict, TreeRows, Tensor, Logits)> {
-    if !heads.shares_output_layer() {
-        return Err(Error::Unsupported(
-            "guesses in the verification's output pass need heads that share the model's output layer",
-        ));
-    }
-    check_head_range(&(0..guesses), heads.count())?;
-    let prefix = target.cached_len();
-    tree_forward(target, tree, rule, LogitRows::None)?;
-    let hidden = target.last_hidden()?;
-    let states = heads.output_states(&hidden, 0..guesses)?;
-    let nodes = tree.len();
-    let rows = target.unembed(&Tensor::cat(&[&hidden, &states], 0)?)?;
-    let (vocab_size, expected) = (target.vocab_size(), nodes * (1 + guesses));
-    if rows.len() != expected || rows.vocab_size() != vocab_size {
-        return Err(Error::LogitsShape {
-            got: vec![rows.len(), rows.vocab_size()],
-            expected: format!("[{expected}, {vocab_size}]"),
-        });
-    }
-    let (verdict, judged) =
-        judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
-    keep_path(target, prefix, &verdict.path)?;
-    let last = *verdict.path.last().expect("the path holds the root");
-    let first_guess = nodes + last * guesses;
-    let mut predicted = Vec::with_capacity(guesses * vocab_size);
-    for r in first_guess..first_guess + guesses {
-        extend_on_shortlist(&mut predicted, rows.row(r), heads.shortlist());
-    }
-    Ok((
-        verdict,
-        judged,
-        hidden.narrow(0, last, 1)?,
-        Logits::from_flat(predicted, vocab_size)?,
-    ))
-}
-
-/// Appends `row` to `rows`, with every token outside `shortlist` (when there is one) at −∞
-/// (tokens past the row's end are ignored).
-pub(crate) fn extend_on_shortlist(rows: &mut Vec<f32>, row: &[f32], shortlist: Option<&[u32]>) {
-    let Some(shortlist) = shortlist else {
-        rows.extend_from_slice(row);
-        return;
-    };
-    let start = rows.len();
-    rows.resize(start + row.len(), f32::NEG_INFINITY);
-    let masked = &mut rows[start..];
-    for &token in shortlist {
-        if let (Some(slot), Some(&logit)) =
-            (masked.get_mut(token as usize), row.get(token as usize))
-        {
-            *slot = logit;
-        }
-    }
-}
-
 /// Fails unless `heads` is a non-empty range within `0..count` (what [`TokenHeads::predict`]
 /// accepts).
 pub fn check_head_range(heads: &Range<usize>, count: usize) -> Result<()> {
@@ -551,92 +450,20 @@ pub fn check_heads<H: TokenHeads + ?Sized, D: HiddenStates + ?Sized>(
     Ok(())
 }
 
-/// Decoding with prediction heads: each step the heads' tree after the target's next token is
-/// verified in one target forward, which also gives the hidden state for the next step's heads.
-/// A `companion` drafter's tree (e.g. a [`LookupDrafter`](crate::LookupDrafter) chain copied
-/// from where the last tokens occurred before) is merged into the heads' tree each step, so one
-/// forward verifies both (beyond the paper; the heads' one guess and a copied run are right at
-/// different places). With [`AcceptanceRule::Greedy`] the output is exactly that of greedy
-/// [`generate`](crate::generate()); top-k and threshold acceptance (§III-A, eqs. 9–10) trade
-/// exactness for longer accepted runs.
-#[allow(clippy::too_many_arguments)]
-pub fn heads_generate<T: HiddenStates, H: TokenHeads>(
-    target: &mut T,
-    drafter: &HeadsDrafter<H>,
-    mut companion: Option<&mut dyn TreeDrafter>,
-    context: &[u32],
-    rule: &AcceptanceRule,
-    output_rows: OutputRows,
-    stop: &StopConditions,
-    on_token: &mut dyn FnMut(u32),
-) -> Result<Generation> {
-    rule.validate()?;
-    check_heads(&drafter.heads, target)?;
-    let started = Instant::now();
-    let mut stats = DecodeStats::default();
-    let mut out = Output::new(stop, on_token);
-    let mut committed = context.to_vec();
-    let mut hidden = None;
-    // The heads' rows for `hidden`, when the last verification computed them.
-    let mut predicted = None;
-    out.first_token(target, context, &mut stats, &mut committed, |logits, _| {
-        rule.correction(logits)
-    })?;
-    if out.finish.is_none() {
-        let state = target.last_hidden()?;
-        hidden = Some(state.narrow(0, state.dim(0)? - 1, 1)?);
+/// The heads' tree after the root from the target's hidden state, or from the heads' rows when
+/// the last verification computed them ([`Verification::WithGuesses`]): a drafter that costs
+/// no target forward, since every verifying forward also gives the hidden state the heads read
+/// next. Counted as one draft pass a step. Heads draft from a shared reference: `&mut &heads`.
+impl<H: TokenHeads> TreeDrafter for &HeadsDrafter<H> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        self.draft_input(input, &mut |_, _| {})
     }
-    while let Some(StepLimits {
-        cached,
-        room,
-        remaining,
-    }) = out.next_step(target)
-    {
-        let state = hidden.take().expect("every step leaves a hidden state");
-        let max_depth = remaining.saturating_sub(1).min(room - 1);
-        let root = *committed.last().expect("a token was produced");
-        let t_draft = Instant::now();
-        let mut tree = match predicted.take() {
-            Some(rows) => drafter.draft_predicted(rows, root, max_depth, &mut |_, _| {})?,
-            None => drafter.draft(&state, root, max_depth, &mut |_, _| {})?,
-        };
-        stats.draft_forwards += 1;
-        if let Some(companion) = companion.as_deref_mut() {
-            let draft = companion.draft_tree(&committed, max_depth)?;
-            tree.merge(&draft.tree)?;
-            stats.draft_forwards += draft.forwards;
-        }
-        stats.draft_time += t_draft.elapsed();
-
-        let t_verify = Instant::now();
-        let (verdict, state) = match output_rows {
-            OutputRows::WithGuesses => {
-                let guesses = drafter.tree.depth().max(1);
-                let (verdict, _, state, rows) = verify_tree_guessing(
-                    target,
-                    &tree,
-                    rule,
-                    &drafter.heads,
-                    guesses,
-                    &mut |_, _| {},
-                )?;
-                predicted = Some(rows);
-                (verdict, state)
-            }
-            rows => {
-                let (verdict, _, state) =
-                    verify_tree_hidden(target, &tree, rule, rows, &mut |_, _| {})?;
-                (verdict, state)
-            }
-        };
-        hidden = Some(state);
-        stats.target_time += t_verify.elapsed();
-        out.commit_tree_step(target, &mut committed, cached, &tree, &verdict, &mut stats)?;
+    fn reads_hidden(&self) -> bool {
+        true
     }
-    if let Some(companion) = companion {
-        companion.finish(&committed)?;
+    fn finish(&mut self, _committed: &[u32]) -> Result<()> {
+        Ok(())
     }
-    Ok(out.into_generation(stats, started))
 }
 
 #[cfg(test)]

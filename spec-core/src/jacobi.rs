@@ -7,19 +7,19 @@
 //! output is exactly that of greedy autoregressive decoding; what changes is how many forwards
 //! produce it.
 
-use crate::acceptance::AcceptanceRule;
-use crate::decoder::Decoder;
-use crate::draft::{TreeDraft, TreeDrafter};
-use crate::generate::{tree_speculative_generate, Generation, StopConditions, TreeVerdict};
-use crate::logits::Logits;
+use crate::draft::{DraftInput, TreeDraft, TreeDrafter};
 use crate::sampling::argmax;
 use crate::tree::TokenTree;
+use crate::verify::Verified;
 use crate::{Error, Result};
 
 /// Jacobi iteration as a drafter: each step drafts the guess for the next `window` positions
 /// as a chain; after the verification the guess becomes the target's argmax at every position
 /// past the accepted prefix (the fixed-point update), followed by the guesses the pass did not
-/// reach. Costs no forward of its own.
+/// reach. Costs no forward of its own; it reads every row of the verification, so it is
+/// verified with [`Verification::Batched`](crate::Verification::Batched). Greedy decoding by
+/// Jacobi iteration is [`speculate`](crate::speculate()) with this drafter and greedy
+/// acceptance.
 #[derive(Clone, Debug)]
 pub struct JacobiDrafter {
     /// Guessed tokens for the positions after the last committed one; the first `window` are
@@ -48,11 +48,9 @@ impl JacobiDrafter {
 }
 
 impl TreeDrafter for JacobiDrafter {
-    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
-        let root = *committed
-            .last()
-            .ok_or(Error::EmptyInput("a tree needs a committed root token"))?;
-        let width = self.window.min(max_depth);
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let root = input.root()?;
+        let width = self.window.min(input.max_depth);
         let pad = self
             .guess
             .iter()
@@ -69,10 +67,13 @@ impl TreeDrafter for JacobiDrafter {
         })
     }
 
-    fn observe(&mut self, tree: &TokenTree, verdict: &TreeVerdict, rows: &Logits) -> Result<()> {
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
+        let rows = verified.rows.as_ref().ok_or(Error::Unsupported(
+            "Jacobi iteration reads every row of the verification: verify with Batched",
+        ))?;
         // The row after node j predicts the token at node j + 1's position: past the accepted
         // prefix, the Jacobi update of the guess.
-        let accepted = verdict.path.len() - 1;
+        let accepted = verified.verdict.path.len() - 1;
         let mut next: Vec<u32> = (accepted + 1..tree.len())
             .map(|node| argmax(rows.row(node)))
             .collect();
@@ -84,19 +85,4 @@ impl TreeDrafter for JacobiDrafter {
     fn finish(&mut self, _committed: &[u32]) -> Result<()> {
         Ok(())
     }
-}
-
-/// Greedy generation by Jacobi iteration over a window of `window` guessed tokens, starting
-/// from `initial_guess`: [`tree_speculative_generate`] with a [`JacobiDrafter`].
-pub fn jacobi_generate<D: Decoder + ?Sized>(
-    model: &mut D,
-    context: &[u32],
-    initial_guess: &[u32],
-    window: usize,
-    stop: &StopConditions,
-    on_token: &mut dyn FnMut(u32),
-) -> Result<Generation> {
-    let mut drafter = JacobiDrafter::new(initial_guess, window)?;
-    let greedy = AcceptanceRule::greedy();
-    tree_speculative_generate(model, &mut drafter, context, &greedy, stop, on_token)
 }

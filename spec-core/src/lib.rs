@@ -13,14 +13,15 @@
 //! - acceptance rules ([`AcceptanceRule`]): greedy, top-k, threshold, speculative sampling with a
 //!   tolerance factor, biased verification;
 //! - the [`Decoder`] trait that model engines implement, and [`mock::MockDecoder`] for tests;
-//! - generic loops ([`generate()`], [`speculative_generate`], [`tree_speculative_generate`],
-//!   [`jacobi_generate`]) and their [`DecodeStats`];
+//! - [`speculate()`]: the one speculation loop, where every method is a [`TreeDrafter`] and a
+//!   [`Verification`] says how the target's rows are computed; plain [`generate()`] and
+//!   draft-model [`speculative_generate`] with sampled acceptance; their [`DecodeStats`];
 //! - [`verify_continuation`]: one forward that prefills a changed prompt and verifies a previous
 //!   output after it (live re-translation, input-time speculation);
 //! - [`specasr`]: SpecASR's drafting for speech recognition (adaptive length, draft recycling,
 //!   two-pass sparse trees) as a [`TreeDrafter`];
 //! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
-//!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`], [`heads_generate`]);
+//!   [`TokenHeads`]) as a drafter ([`HeadsDrafter`]);
 //! - [`lookup`]: drafts copied from tokens already seen (prompt lookup over the context and
 //!   reference sequences such as a rejected guess), cut to the length that pays;
 //! - [`Interrupt`]: a check a model asks between its layers, to abandon a forward part-way
@@ -45,31 +46,33 @@ pub mod mock;
 pub mod report;
 pub mod sampling;
 pub mod specasr;
+pub mod speculate;
 pub mod stats;
 pub mod tree;
+pub mod verify;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
 pub use branches::{greedy_in_lockstep, BranchLogits, Branches, LockstepAnswer};
 pub use continuation::{forward_continuation, verify_continuation};
 pub use cost::{AcceptanceRate, CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
-pub use draft::{SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter};
+pub use draft::{
+    DraftInput, MergedDrafter, SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter,
+};
 pub use error::{Error, Result};
 pub use generate::{
-    generate, speculative_generate, tree_speculative_generate, verify_tree, verify_tree_adjusted,
-    verify_tree_rows, DraftLength, FinishReason, Generation, SpeculativeConfig, StopConditions,
-    TreeVerdict,
+    generate, speculative_generate, DraftLength, FinishReason, Generation, SpeculativeConfig,
+    StopConditions,
 };
-pub use heads::{
-    heads_generate, verify_tree_guessing, verify_tree_hidden, HeadsDrafter, HeadsTree,
-    HiddenStates, OutputRows, TokenHeads,
-};
+pub use heads::{HeadsDrafter, HeadsTree, HiddenStates, TokenHeads};
 pub use interrupt::Interrupt;
-pub use jacobi::{jacobi_generate, JacobiDrafter};
+pub use jacobi::JacobiDrafter;
 pub use kv_cache::{DecoderCache, KvCache, LayerKvCache};
 pub use logits::Logits;
 pub use lookup::{LookupConfig, LookupDrafter};
 pub use sampling::SamplingConfig;
 pub use specasr::{SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter};
+pub use speculate::{speculate, AdjustLogits, OnRow, Speculation};
 pub use stats::{DecodeStats, StepRecord};
 pub use tree::TokenTree;
+pub use verify::{TreeRows, TreeVerdict, Verification, Verified};

@@ -72,6 +72,11 @@ impl Logits {
         &self.data[i * self.vocab_size..(i + 1) * self.vocab_size]
     }
 
+    /// Keeps the first `rows` rows.
+    pub fn truncate(&mut self, rows: usize) {
+        self.data.truncate(rows * self.vocab_size);
+    }
+
     /// Row `i`, mutably.
     pub fn row_mut(&mut self, i: usize) -> &mut [f32] {
         &mut self.data[i * self.vocab_size..(i + 1) * self.vocab_size]

@@ -5,7 +5,7 @@
 //! target step, it pays whenever verifying it costs less than the tokens it is expected to add.
 
 use crate::cost::{expected_tokens, AcceptanceRate, ForwardCosts};
-use crate::draft::{TreeDraft, TreeDrafter};
+use crate::draft::{DraftInput, TreeDraft, TreeDrafter};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
@@ -234,12 +234,10 @@ fn continuation_after<'a>(tokens: &'a [u32], suffix: &[u32], end: usize) -> Opti
 }
 
 impl TreeDrafter for LookupDrafter {
-    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
-        let root = *committed.last().ok_or(Error::EmptyInput(
-            "a lookup draft needs at least one committed token",
-        ))?;
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let (root, committed) = (input.root()?, input.committed);
         self.observe(committed);
-        let most = max_depth.min(self.config.max_draft);
+        let most = input.max_depth.min(self.config.max_draft);
         let found = self.lookup(committed, most);
         let offered = self.offered.take();
         let (draft, source) = match &offered {
@@ -313,7 +311,7 @@ mod tests {
         let costs = ForwardCosts::from_points(&[(1, 1.0), (16, 16.0)]).unwrap();
         let mut d = drafter().with_costs(costs);
         d.add_reference(vec![1, 2, 3, 4, 5]);
-        let tree = d.draft_tree(&[1], 8).unwrap().tree;
+        let tree = d.draft_tree(DraftInput::new(&[1], 8)).unwrap().tree;
         assert_eq!(
             tree.len(),
             1,
@@ -324,9 +322,9 @@ mod tests {
         let costs = ForwardCosts::from_points(&[(1, 1.0), (16, 1.0)]).unwrap();
         let mut d = drafter().with_costs(costs);
         d.add_reference(vec![1, 2, 3, 4, 5]);
-        let tree = d.draft_tree(&[1], 8).unwrap().tree;
+        let tree = d.draft_tree(DraftInput::new(&[1], 8)).unwrap().tree;
         assert_eq!(tree.len(), 5);
-        d.draft_tree(&[1, 2, 3, 9], 8).unwrap();
+        d.draft_tree(DraftInput::new(&[1, 2, 3, 9], 8)).unwrap();
         assert_eq!(d.counts(), (4, 2));
         assert!(LookupDrafter::new(LookupConfig {
             min_ngram: 0,
@@ -341,12 +339,27 @@ mod tests {
         d.add_reference(vec![1, 2, 3]);
         // A match wins over the guess, and the guess is gone after the call.
         d.offer_guess(vec![9]);
-        assert_eq!(d.draft_tree(&[1], 8).unwrap().tree.tokens(), [1, 2, 3]);
-        assert_eq!(d.draft_tree(&[1, 2, 3, 7], 8).unwrap().tree.tokens(), [7]);
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[1], 8))
+                .unwrap()
+                .tree
+                .tokens(),
+            [1, 2, 3]
+        );
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[1, 2, 3, 7], 8))
+                .unwrap()
+                .tree
+                .tokens(),
+            [7]
+        );
         // No match: the guess is the draft, cut to the depth asked for.
         d.offer_guess(vec![5, 6]);
         assert_eq!(
-            d.draft_tree(&[1, 2, 3, 7, 8], 1).unwrap().tree.tokens(),
+            d.draft_tree(DraftInput::new(&[1, 2, 3, 7, 8], 1))
+                .unwrap()
+                .tree
+                .tokens(),
             [8, 5]
         );
         let (lookups, guesses) = (d.acceptance().rate(), d.guess_acceptance().rate());
@@ -358,16 +371,31 @@ mod tests {
         let costs = ForwardCosts::from_points(&[(1, 1.0), (16, 16.0)]).unwrap();
         let mut d = drafter().with_costs(costs);
         d.offer_guess(vec![5]);
-        assert_eq!(d.draft_tree(&[4], 8).unwrap().tree.len(), 1);
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[4], 8)).unwrap().tree.len(),
+            1
+        );
         // Where it costs 3 % more, a guess kept one time in ten does.
         let costs = ForwardCosts::from_points(&[(1, 1.0), (2, 1.03), (16, 3.0)]).unwrap();
         let mut d = drafter().with_costs(costs);
         d.offer_guess(vec![5]);
-        assert_eq!(d.draft_tree(&[4], 8).unwrap().tree.tokens(), [4, 5]);
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[4], 8))
+                .unwrap()
+                .tree
+                .tokens(),
+            [4, 5]
+        );
         // A probe is drafted where no guess is at hand, and its miss is not counted.
         let guesses = d.guess_acceptance();
         d.offer_probe(6);
-        assert_eq!(d.draft_tree(&[4, 7], 8).unwrap().tree.tokens(), [7, 6]);
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[4, 7], 8))
+                .unwrap()
+                .tree
+                .tokens(),
+            [7, 6]
+        );
         d.finish(&[4, 7, 8]).unwrap();
         assert!(
             d.guess_acceptance().rate() < guesses.rate(),
@@ -375,7 +403,7 @@ mod tests {
         );
         let guesses = d.guess_acceptance();
         d.offer_probe(9);
-        d.draft_tree(&[4, 7, 8], 8).unwrap();
+        d.draft_tree(DraftInput::new(&[4, 7, 8], 8)).unwrap();
         d.finish(&[4, 7, 8, 1]).unwrap();
         assert_eq!(d.guess_acceptance(), guesses);
     }
@@ -392,13 +420,19 @@ mod tests {
         let mut d = LookupDrafter::continuing(8, Some(&cheap), Some(poor)).unwrap();
         assert_eq!(d.acceptance(), poor);
         d.add_reference(vec![1, 2, 3, 4, 5]);
-        assert_eq!(d.draft_tree(&[1], 8).unwrap().tree.len(), 1);
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[1], 8)).unwrap().tree.len(),
+            1
+        );
         // Without an earlier acceptance it starts fresh and drafts the whole match, at most
         // `max_draft` tokens.
         let mut d = LookupDrafter::continuing(3, Some(&cheap), None).unwrap();
         assert_eq!(d.acceptance(), drafter().acceptance());
         d.add_reference(vec![1, 2, 3, 4, 5]);
-        assert_eq!(d.draft_tree(&[1], 8).unwrap().tree.len(), 4);
+        assert_eq!(
+            d.draft_tree(DraftInput::new(&[1], 8)).unwrap().tree.len(),
+            4
+        );
         assert!(LookupDrafter::continuing(0, None, None).is_err());
     }
 }

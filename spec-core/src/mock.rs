@@ -12,10 +12,11 @@ use std::ops::Range;
 use candle_core::{Device, Tensor};
 
 use crate::decoder::{check_token_range, Decoder, DecoderInput, Forward, LogitRows};
-use crate::heads::{check_head_range, extend_on_shortlist, HiddenStates, TokenHeads};
+use crate::heads::{check_head_range, HiddenStates, TokenHeads};
 use crate::kv_cache::keep_positions_of;
 use crate::logits::Logits;
 use crate::sampling::argmax;
+use crate::verify::extend_on_shortlist;
 use crate::{Error, Result};
 
 /// Parameters of a [`MockDecoder`].

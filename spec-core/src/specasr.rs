@@ -18,14 +18,14 @@
 //!   carries the trunk's remainder, so a one-token substitution does not end the round. The
 //!   target verifies the whole tree in one forward.
 //!
-//! [`SpecAsrDrafter`] is a [`TreeDrafter`]: [`tree_speculative_generate`](crate::tree_speculative_generate)
-//! or an engine's own loop (Whisper's logit rules) verifies its trees; with greedy acceptance
-//! the output is the target's greedy output.
+//! [`SpecAsrDrafter`] is a [`TreeDrafter`]: [`speculate`](crate::speculate()) verifies its
+//! trees (for Whisper, with its logit rules as the rows' adjustment); with greedy acceptance the
+//! output is the target's greedy output.
 
 use candle_core::Tensor;
 
 use crate::decoder::{rewind_to_prefix, Decoder, Forward, LogitRows};
-use crate::draft::{TreeDraft, TreeDrafter};
+use crate::draft::{DraftInput, TreeDraft, TreeDrafter};
 use crate::logits::Logits;
 use crate::sampling::top_two_confidence;
 use crate::tree::TokenTree;
@@ -396,10 +396,8 @@ impl<D: Decoder> SpecAsrDrafter<D> {
 }
 
 impl<D: Decoder> TreeDrafter for SpecAsrDrafter<D> {
-    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
-        let root = *committed
-            .last()
-            .ok_or(Error::EmptyInput("a draft needs a committed root token"))?;
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let (root, committed, max_depth) = (input.root()?, input.committed, input.max_depth);
         let room = self.model.max_len().saturating_sub(committed.len() + 1);
         let depth = self.config.max_len.min(max_depth).min(room);
         if depth == 0 {
@@ -478,7 +476,7 @@ mod tests {
             ..SpecAsrConfig::adaptive()
         };
         let (model, mut d) = drafter(never_sure);
-        let draft = d.draft_tree(&PROMPT, 30).unwrap();
+        let draft = d.draft_tree(DraftInput::new(&PROMPT, 30)).unwrap();
         assert_eq!(
             draft.tree.len(),
             2,
@@ -491,11 +489,11 @@ mod tests {
             ..SpecAsrConfig::adaptive()
         };
         d.set_config(always_sure).unwrap();
-        let draft = d.draft_tree(&PROMPT, 30).unwrap();
+        let draft = d.draft_tree(DraftInput::new(&PROMPT, 30)).unwrap();
         assert_eq!(trunk_of(&draft.tree), greedy(&model, &PROMPT, 24));
         assert_eq!(draft.forwards, 24);
         // The target's room caps the draft.
-        let draft = d.draft_tree(&PROMPT, 5).unwrap();
+        let draft = d.draft_tree(DraftInput::new(&PROMPT, 5)).unwrap();
         assert_eq!(draft.tree.len(), 6);
     }
 
@@ -515,7 +513,7 @@ mod tests {
         d.previous = Some((PROMPT.len(), previous));
         let committed: Vec<u32> = PROMPT.iter().chain(&g[..2]).copied().collect();
         let before = d.model().forward_count();
-        let draft = d.draft_tree(&committed, 30).unwrap();
+        let draft = d.draft_tree(DraftInput::new(&committed, 30)).unwrap();
         assert_eq!(trunk_of(&draft.tree), g[2..11].to_vec());
         assert_eq!(d.counts().recycled, 7, "g2 … g8 came from the old draft");
         assert_eq!(
@@ -536,7 +534,7 @@ mod tests {
             *t = (*t + 3) % 32;
         }
         fresh.previous = Some((PROMPT.len(), wrong));
-        let draft = fresh.draft_tree(&committed, 30).unwrap();
+        let draft = fresh.draft_tree(DraftInput::new(&committed, 30)).unwrap();
         assert_eq!(trunk_of(&draft.tree), g[2..11].to_vec());
         assert_eq!(fresh.counts().recycled, 0);
         assert_eq!(draft.forwards, 9);
@@ -553,7 +551,7 @@ mod tests {
             cost_aware: false,
         };
         let (model, mut d) = drafter(config);
-        let draft = d.draft_tree(&PROMPT, 30).unwrap();
+        let draft = d.draft_tree(DraftInput::new(&PROMPT, 30)).unwrap();
         let trunk = greedy(&model, &PROMPT, 6);
         assert_eq!(trunk_of(&draft.tree), trunk);
         assert_eq!(

@@ -6,7 +6,7 @@ use rand::SeedableRng;
 use spec_core::acceptance::SpeculativeSampling;
 use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::{
-    verify_tree, Acceptance, AcceptanceRule, Decoder, Error, ForwardCosts, Logits, TokenTree,
+    Acceptance, AcceptanceRule, Decoder, Error, ForwardCosts, Logits, TokenTree, Verification,
 };
 
 #[test]
@@ -46,12 +46,22 @@ fn tree_verification_refuses_rules_out_of_range() {
         AcceptanceRule::threshold(-1.0),
         AcceptanceRule::top_k(0),
     ] {
-        let err = verify_tree(&mut model, &tree, &rule).unwrap_err();
+        let err = Verification::Batched
+            .verify(&mut model, &tree, &rule, &mut |_, _| {}, false)
+            .unwrap_err();
         assert!(matches!(err, Error::InvalidConfig(_)), "{rule:?}: {err}");
         assert_eq!(model.cached_len(), 0, "{rule:?} left the cache untouched");
         assert!(rule.validate().is_err() && Acceptance::validate(&rule).is_err());
     }
-    assert!(verify_tree(&mut model, &tree, &AcceptanceRule::biased(0.5)).is_ok());
+    assert!(Verification::Batched
+        .verify(
+            &mut model,
+            &tree,
+            &AcceptanceRule::biased(0.5),
+            &mut |_, _| {},
+            false
+        )
+        .is_ok());
 }
 
 #[test]

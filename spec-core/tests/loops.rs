@@ -10,11 +10,32 @@ use rand::SeedableRng;
 use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{in_top_k, softmax};
 use spec_core::{
-    generate, jacobi_generate, speculative_generate, tree_speculative_generate, AcceptanceRule,
-    Decoder, DraftLength, Error, FinishReason, Generation, LookupConfig, LookupDrafter,
-    SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter,
+    generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength, Error,
+    FinishReason, Generation, JacobiDrafter, LookupConfig, LookupDrafter, SamplingConfig,
+    SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter, Speculation,
     SpeculativeConfig, StopConditions,
 };
+
+/// Greedy decoding by Jacobi iteration: [`speculate`] with a [`JacobiDrafter`].
+fn jacobi_generate(
+    model: &mut MockDecoder,
+    context: &[u32],
+    initial_guess: &[u32],
+    window: usize,
+    stop: &StopConditions,
+    on_token: &mut dyn FnMut(u32),
+) -> spec_core::Result<Generation> {
+    let mut drafter = JacobiDrafter::new(initial_guess, window)?;
+    let greedy = AcceptanceRule::greedy();
+    speculate(
+        model,
+        &mut drafter,
+        context,
+        Speculation::new(&greedy),
+        stop,
+        on_token,
+    )
+}
 
 fn rng() -> StdRng {
     StdRng::seed_from_u64(0)
@@ -152,7 +173,7 @@ proptest! {
         let config = SparseTreeConfig { depth, branch_below, branch_width };
         let mut drafter = SparseTreeDrafter::new(MockDecoder::new(draft), config).unwrap();
         let mut t = MockDecoder::new(target);
-        let tree = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+        let tree = speculate(&mut t, &mut drafter, &prompt, Speculation::new(&AcceptanceRule::greedy()), &stop, &mut |_| {}).unwrap();
         prop_assert_eq!(&tree.tokens, &reference.tokens);
         prop_assert_eq!(tree.finish, reference.finish);
         assert_cache_holds_output(&t, &prompt, &tree.tokens);
@@ -182,7 +203,7 @@ proptest! {
         let mut drafter = LookupDrafter::new(config).unwrap();
         drafter.add_reference(prompt.iter().chain(&near).copied().collect());
         let mut t = MockDecoder::new(target);
-        let spec = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+        let spec = speculate(&mut t, &mut drafter, &prompt, Speculation::new(&AcceptanceRule::greedy()), &stop, &mut |_| {}).unwrap();
         prop_assert_eq!(&spec.tokens, &reference.tokens);
         prop_assert_eq!(spec.finish, reference.finish);
         prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
@@ -216,7 +237,7 @@ proptest! {
             drafter = drafter.with_end_token(eos);
         }
         let mut t = MockDecoder::new(target);
-        let spec = tree_speculative_generate(&mut t, &mut drafter, &prompt, &AcceptanceRule::greedy(), &stop, &mut |_| {}).unwrap();
+        let spec = speculate(&mut t, &mut drafter, &prompt, Speculation::new(&AcceptanceRule::greedy()), &stop, &mut |_| {}).unwrap();
         prop_assert_eq!(&spec.tokens, &reference.tokens);
         prop_assert_eq!(spec.finish, reference.finish);
         prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
@@ -469,7 +490,14 @@ fn bad_inputs_are_clear_errors() {
     let mut drafter = SparseTreeDrafter::new(d, SparseTreeConfig::default()).unwrap();
     let sampled = AcceptanceRule::speculative_sampling(0.0);
     assert!(matches!(
-        tree_speculative_generate(&mut t, &mut drafter, &[1], &sampled, &stop, &mut |_| {}),
+        speculate(
+            &mut t,
+            &mut drafter,
+            &[1],
+            Speculation::new(&sampled),
+            &stop,
+            &mut |_| {}
+        ),
         Err(Error::Unsupported(_))
     ));
     let zero = generate(

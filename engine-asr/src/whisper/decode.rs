@@ -12,18 +12,16 @@ use std::io::Write;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 use spec_core::decoder::forward_tokens;
-use spec_core::heads::{
-    verify_tree_guessing, verify_tree_hidden, HeadsDrafter, HiddenStates, OutputRows, TokenHeads,
-};
+use spec_core::heads::{HeadsDrafter, TokenHeads};
 use spec_core::sampling::{argmax, log_probability, sample, softmax, top_k_tokens};
 use spec_core::{
-    Acceptance, AcceptanceRule, DecodeStats, Decoder, Forward, LogitRows, Logits, StepRecord,
-    TokenTree,
+    speculate, AcceptanceRule, DecodeStats, Decoder, DraftInput, FinishReason, Forward, LogitRows,
+    Logits, Speculation, StopConditions, TreeDraft, TreeDrafter, Verification,
 };
 
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
-use crate::{Error, Result};
+use crate::Result;
 
 /// What one decoding of a window produced.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,52 +140,41 @@ pub fn extend_window(
     Ok(candidate)
 }
 
-/// What a drafter of [`speculative_window`] is given each step.
-pub struct DraftRequest<'a> {
-    /// The decoder's final hidden state after the last committed token's predecessor (the
-    /// state that predicted `committed.last()`), for heads.
-    pub hidden: &'a Tensor,
-    /// The prompt and every token committed after it; the last is the tree's root.
-    pub committed: &'a [u32],
-    /// Length of the prompt in `committed`.
-    pub prompt_len: usize,
-    /// Deepest node the tree may have.
-    pub max_depth: usize,
-    /// The heads' rows for `hidden`, when the last verification computed them
-    /// ([`WindowOutput::WithGuesses`]).
-    pub predicted: Option<Logits>,
-}
-
-/// How the verifications of a [`speculative_window`] compute their output rows.
-#[derive(Clone, Copy)]
-pub enum WindowOutput<'a> {
-    /// Only the rows the judging reaches ([`OutputRows::OnDemand`]).
-    OnDemand,
-    /// Every node's row and, in the same pass over the output layer, the rows of the first
-    /// `guesses` heads for each node's state ([`verify_tree_guessing`]): the next draft then
-    /// needs no pass of the heads' own (heads that share the model's output layer).
-    WithGuesses {
-        heads: &'a dyn TokenHeads,
-        guesses: usize,
-    },
-}
-
 /// Most output rows (a tree's nodes and their heads' rows) a verification computes with the
 /// heads' guesses: the kernels take a Q8_0 output layer four tokens at a time, so up to four
 /// rows cost about one pass over it, where on demand every judged row and the heads' own
 /// shortlist cost one each (Whisper's chain of one: two nodes and their first heads).
 const MAX_GUESSING_ROWS: usize = 4;
 
-/// Proposes a tree for a [`DraftRequest`], returning it with the draft forwards it cost.
-pub type WindowDrafter<'a> = dyn FnMut(DraftRequest<'_>) -> Result<(TokenTree, usize)> + 'a;
+/// Heads drafting for Whisper: each head's row adjusted by Whisper's rules for the tokens
+/// sampled so far, as the decoder's own rows are.
+struct RuledHeads<'a, H> {
+    drafter: &'a HeadsDrafter<H>,
+    rules: &'a LogitRules,
+}
+
+impl<H: TokenHeads> TreeDrafter for RuledHeads<'_, H> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> spec_core::Result<TreeDraft> {
+        let (rules, sampled) = (self.rules, input.produced());
+        let adjust = &mut |_, row: &mut [f32]| rules.apply(row, sampled);
+        self.drafter.draft_input(input, adjust)
+    }
+    fn reads_hidden(&self) -> bool {
+        true
+    }
+    fn finish(&mut self, _committed: &[u32]) -> spec_core::Result<()> {
+        Ok(())
+    }
+}
 
 /// Greedy decoding with multi-token prediction heads after the prompt (whose logits are
 /// `next`; the model's last hidden state is the prompt's): [`speculative_window`] with the
-/// heads' trees, each row of a path adjusted by Whisper's rules for that path. With greedy
-/// acceptance the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s
-/// at temperature 0. Heads that share the model's output layer guess in the verifying pass
-/// ([`WindowOutput::WithGuesses`]) where a tree needs at most four output rows (the chain of
-/// one). Returns the candidate and the steps' statistics (heads time as draft time).
+/// heads' trees, each head's row adjusted by Whisper's rules for the tokens before it. With
+/// greedy acceptance the tokens, log-probabilities and stopping point are exactly
+/// [`sample_window`]'s at temperature 0. Heads that share the model's output layer guess in
+/// the verifying pass ([`Verification::WithGuesses`]) where a tree needs at most four output
+/// rows (the chain of one). Returns the candidate and the steps' statistics (heads time as
+/// draft time).
 pub fn heads_window<H: TokenHeads>(
     model: &mut Whisper,
     rules: &LogitRules,
@@ -197,42 +184,32 @@ pub fn heads_window<H: TokenHeads>(
     end_of_text: u32,
     max_tokens: usize,
 ) -> Result<(Candidate, DecodeStats)> {
-    let mut draft = |request: DraftRequest<'_>| {
-        let sampled = &request.committed[request.prompt_len..];
-        let root = *request.committed.last().expect("a root token");
-        let adjust = &mut |_, row: &mut [f32]| rules.apply(row, sampled);
-        let tree = match request.predicted {
-            Some(rows) => drafter.draft_predicted(rows, root, request.max_depth, adjust)?,
-            None => drafter.draft(request.hidden, root, request.max_depth, adjust)?,
-        };
-        Ok((tree, 1))
-    };
     let guesses = drafter.tree().depth();
     let rows = (drafter.tree().nodes() + 1) * (1 + guesses);
-    let output =
+    let verification =
         match drafter.heads().shares_output_layer() && guesses > 0 && rows <= MAX_GUESSING_ROWS {
-            true => WindowOutput::WithGuesses {
+            true => Verification::WithGuesses {
                 heads: drafter.heads(),
                 guesses,
             },
-            false => WindowOutput::OnDemand,
+            false => Verification::OnDemand,
         };
     speculative_window(
         model,
         rules,
-        &mut draft,
+        &mut RuledHeads { drafter, rules },
         rule,
-        output,
+        verification,
         next,
         end_of_text,
         max_tokens,
     )
 }
 
-/// Greedy decoding after the prompt (whose logits are `next`) where each step `draft` proposes
-/// a token tree after the committed tokens and the target verifies it in one forward, keeping
-/// the longest path `rule` accepts, each node judged on its logits after Whisper's rules for
-/// its own path (output rows computed only where the judging reaches). With greedy acceptance
+/// Greedy decoding after the prompt (whose logits are `next`, the prompt in the model's cache)
+/// where each step `drafter` proposes a token tree after the committed tokens and the target
+/// verifies it in one forward ([`speculate`](spec_core::speculate())), keeping the longest path `rule` accepts, each
+/// node judged on its logits after Whisper's rules for its own path. With greedy acceptance
 /// the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s at
 /// temperature 0. Returns the candidate and the steps' statistics (drafting time as draft
 /// time, verification as target time).
@@ -240,114 +217,38 @@ pub fn heads_window<H: TokenHeads>(
 pub fn speculative_window(
     model: &mut Whisper,
     rules: &LogitRules,
-    draft: &mut WindowDrafter<'_>,
+    drafter: &mut dyn TreeDrafter,
     rule: &AcceptanceRule,
-    output: WindowOutput<'_>,
-    mut next: Vec<f32>,
+    verification: Verification<'_>,
+    next: Vec<f32>,
     end_of_text: u32,
     max_tokens: usize,
 ) -> Result<(Candidate, DecodeStats)> {
-    let mut stats = DecodeStats::default();
-    let mut candidate = Candidate {
-        tokens: Vec::new(),
-        sum_logprob: 0.0,
-        finished: false,
-        forwards: 1,
+    let prompt = model.cached_tokens().to_vec();
+    let mut sum_logprob = 0f32;
+    let adjust = &mut |tokens: &[u32], row: &mut [f32]| rules.apply(row, &tokens[prompt.len()..]);
+    let score = &mut |token, row: &[f32]| sum_logprob += log_probability(row, token);
+    let speculation = Speculation {
+        rule,
+        verification,
+        adjust: Some(adjust),
+        on_row: Some(score),
+        prefilled: Some(next),
     };
-    let mut committed = model.cached_tokens().to_vec();
-    let prompt_len = committed.len();
-    let prompt_states = model.last_hidden()?;
-    let mut hidden = prompt_states.narrow(0, prompt_states.dim(0)? - 1, 1)?;
-    let mut predicted = None;
-    // Greedy decoding stops once the cache is full: after token n it holds the prompt and
-    // n − 1 tokens.
-    let limit = max_tokens.min(model.max_len() + 1 - model.cached_len().min(model.max_len()));
-    rules.apply(&mut next, &candidate.tokens);
-    let mut token = rule.correction(&next);
-    candidate.sum_logprob += log_probability(&next, token);
-    loop {
-        if token == end_of_text {
-            candidate.finished = true;
-            break;
-        }
-        candidate.tokens.push(token);
-        committed.push(token);
-        if candidate.tokens.len() >= limit {
-            break;
-        }
-        // Drafts may reach the limit, and the deepest sits at a decoder position.
-        let max_depth =
-            (limit - candidate.tokens.len()).min(model.max_len() - 1 - model.cached_len());
-        let t_draft = std::time::Instant::now();
-        let (tree, forwards) = draft(DraftRequest {
-            hidden: &hidden,
-            committed: &committed,
-            prompt_len,
-            max_depth,
-            predicted: predicted.take(),
-        })?;
-        stats.draft_time += t_draft.elapsed();
-        stats.draft_forwards += forwards;
-        if tree.token(0) != token || tree.max_depth() > max_depth {
-            return Err(Error::Config(
-                "a draft tree must start at the last token and fit the window".into(),
-            ));
-        }
-
-        let t_verify = std::time::Instant::now();
-        let sampled = &candidate.tokens;
-        let adjust = &mut |node, row: &mut [f32]| {
-            let path: Vec<u32> = tree.path_to(node)[1..]
-                .iter()
-                .map(|&n| tree.token(n))
-                .collect();
-            let sampled: Vec<u32> = sampled.iter().chain(&path).copied().collect();
-            rules.apply(row, &sampled);
-        };
-        let (verdict, rows, state) = match output {
-            WindowOutput::OnDemand => {
-                verify_tree_hidden(model, &tree, rule, OutputRows::OnDemand, adjust)?
-            }
-            WindowOutput::WithGuesses { heads, guesses } => {
-                let (verdict, rows, state, guessed) =
-                    verify_tree_guessing(model, &tree, rule, heads, guesses, adjust)?;
-                predicted = Some(guessed);
-                (verdict, rows, state)
-            }
-        };
-        stats.target_time += t_verify.elapsed();
-        stats.target_forwards += 1;
-        candidate.forwards += 1;
-        stats.steps.push(StepRecord {
-            drafted: tree.len() - 1,
-            accepted: verdict.path.len() - 1,
-        });
-        let mut stopped = false;
-        for pair in verdict.path.windows(2) {
-            let drafted = tree.token(pair[1]);
-            let row = rows.row(pair[0]).expect("a judged row");
-            candidate.sum_logprob += log_probability(row, drafted);
-            if drafted == end_of_text {
-                candidate.finished = true;
-                stopped = true;
-                break;
-            }
-            candidate.tokens.push(drafted);
-            committed.push(drafted);
-            if candidate.tokens.len() >= limit {
-                stopped = true;
-                break;
-            }
-        }
-        if stopped {
-            break;
-        }
-        let last = *verdict.path.last().expect("the path holds the root");
-        hidden = state;
-        token = verdict.next_token;
-        candidate.sum_logprob += log_probability(rows.row(last).expect("a judged row"), token);
+    let stop = StopConditions::new(max_tokens).with_eos([end_of_text]);
+    let generation = speculate(model, drafter, &prompt, speculation, &stop, &mut |_| {})?;
+    let mut tokens = generation.tokens;
+    let finished = generation.finish == FinishReason::Eos;
+    if finished {
+        tokens.pop();
     }
-    Ok((candidate, stats))
+    let candidate = Candidate {
+        tokens,
+        sum_logprob,
+        finished,
+        forwards: 1 + generation.stats.target_forwards,
+    };
+    Ok((candidate, generation.stats))
 }
 
 /// A beam: its tokens and where its newest token sits in the cache.

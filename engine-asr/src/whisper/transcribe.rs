@@ -10,15 +10,15 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
-use spec_core::draft::TreeDrafter;
 use spec_core::heads::{HeadsDrafter, HiddenStates};
+use spec_core::Verification;
 use spec_core::{AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig};
 use spec_nn::heads::MultiTokenHeads;
 
 use crate::mel::{LogMel, MelFilters, WhisperInput};
 use crate::whisper::decode::{
     beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
-    Candidate, WindowOutput,
+    Candidate,
 };
 use crate::whisper::load::LoadOptions;
 use crate::whisper::model::Whisper;
@@ -484,39 +484,45 @@ impl Transcriber {
                     drafter.set_config(config)?;
                 }
                 drafter.forget();
-                let text = match &draft.text {
-                    Some((draft_tokenizer, suppression)) => Some(TextDrafter::new(
-                        drafter,
-                        draft_tokenizer,
-                        suppression,
-                        &self.tokenizer,
-                        options.language.as_deref(),
-                    )?),
+                let greedy = AcceptanceRule::greedy();
+                let (candidate, steps) = match &draft.text {
+                    Some((draft_tokenizer, suppression)) => {
+                        let mut text = TextDrafter::new(
+                            drafter,
+                            draft_tokenizer,
+                            suppression,
+                            &self.tokenizer,
+                            options.language.as_deref(),
+                        )?;
+                        speculative_window(
+                            &mut self.model,
+                            &rules,
+                            &mut text,
+                            &greedy,
+                            Verification::OnDemand,
+                            next,
+                            end,
+                            max_tokens,
+                        )?
+                    }
                     None => {
                         let prompt_len = prompt.len();
                         let draft_rules = rules.clone();
                         drafter.set_adjust(Some(Box::new(move |sequence, row| {
                             draft_rules.apply(row, &sequence[prompt_len..]);
                         })));
-                        None
+                        speculative_window(
+                            &mut self.model,
+                            &rules,
+                            drafter,
+                            &greedy,
+                            Verification::OnDemand,
+                            next,
+                            end,
+                            max_tokens,
+                        )?
                     }
                 };
-                let (candidate, steps) = speculative_window(
-                    &mut self.model,
-                    &rules,
-                    &mut |request| match &text {
-                        Some(text) => text.draft(drafter, request),
-                        None => {
-                            let d = drafter.draft_tree(request.committed, request.max_depth)?;
-                            Ok((d.tree, d.forwards))
-                        }
-                    },
-                    &AcceptanceRule::greedy(),
-                    WindowOutput::OnDemand,
-                    next,
-                    end,
-                    max_tokens,
-                )?;
                 draft.drafter.set_adjust(None);
                 draft_stats.merge(&steps);
                 candidate

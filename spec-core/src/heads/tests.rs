@@ -3,10 +3,13 @@ use rand::{rngs::StdRng, SeedableRng};
 
 use super::*;
 use crate::decoder::{forward_tokens, LogitRows};
-use crate::draft::TreeDraft;
-use crate::generate::generate;
+use crate::draft::MergedDrafter;
+use crate::generate::{generate, StopConditions};
 use crate::lookup::{LookupConfig, LookupDrafter};
 use crate::mock::{MockConfig, MockDecoder, MockHeads};
+use crate::speculate::{speculate, Speculation};
+use crate::verify::Verification;
+use crate::AcceptanceRule;
 use crate::SamplingConfig;
 
 #[test]
@@ -36,13 +39,12 @@ fn perfect_heads_accept_every_guess() {
     let drafter = HeadsDrafter::new(&heads, HeadsTree::chain(3)).unwrap();
     let mut target = MockDecoder::new(config);
     let stop = StopConditions::new(40);
-    let out = heads_generate(
+    let greedy = AcceptanceRule::greedy();
+    let out = speculate(
         &mut target,
-        &drafter,
-        None,
+        &mut &drafter,
         &[1, 2, 3],
-        &AcceptanceRule::greedy(),
-        OutputRows::OnDemand,
+        Speculation::new(&greedy).verified(Verification::OnDemand),
         &stop,
         &mut |_| {},
     )
@@ -77,15 +79,17 @@ fn guesses_from_the_output_pass_are_the_heads_own() {
         let root = argmax(prompt.row(0));
         let state = target.last_hidden().unwrap().narrow(0, 3, 1).unwrap();
         let tree = drafter.draft(&state, root, 8, &mut |_, _| {}).unwrap();
-        let (verdict, _, hidden, guessed) = verify_tree_guessing(
-            &mut target,
-            &tree,
-            &AcceptanceRule::greedy(),
-            heads,
-            3,
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let verified = Verification::WithGuesses { heads, guesses: 3 }
+            .verify(
+                &mut target,
+                &tree,
+                &AcceptanceRule::greedy(),
+                &mut |_, _| {},
+                true,
+            )
+            .unwrap();
+        let (verdict, hidden) = (verified.verdict, verified.hidden.unwrap());
+        let guessed = verified.guessed.unwrap();
         assert_eq!(*perfect, verdict.path.len() == 3, "{:?}", verdict.path);
         let own = heads.predict(&hidden, 0..3).unwrap();
         assert_eq!(guessed.len(), 3);
@@ -111,13 +115,16 @@ fn guesses_from_the_output_pass_are_the_heads_own() {
     let own_output = MockHeads::new(config.draft(1.0, 3), 3);
     let mut target = MockDecoder::new(config);
     forward_tokens(&mut target, &[1, 2, 3, 4], LogitRows::Last(1)).unwrap();
-    let refused = verify_tree_guessing(
+    let refused = Verification::WithGuesses {
+        heads: &own_output,
+        guesses: 1,
+    }
+    .verify(
         &mut target,
         &TokenTree::linear(5, &[6]),
         &AcceptanceRule::greedy(),
-        &own_output,
-        1,
         &mut |_, _| {},
+        true,
     );
     assert!(matches!(refused, Err(Error::Unsupported(_))));
     assert_eq!(target.cached_len(), 4, "nothing was forwarded");
@@ -127,9 +134,10 @@ fn guesses_from_the_output_pass_are_the_heads_own() {
 struct Knows(Vec<u32>);
 
 impl TreeDrafter for Knows {
-    fn draft_tree(&mut self, committed: &[u32], max_depth: usize) -> Result<TreeDraft> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let committed = input.committed;
         let next = self.0.get(committed.len()..).unwrap_or_default();
-        let draft = &next[..next.len().min(max_depth).min(3)];
+        let draft = &next[..next.len().min(input.max_depth).min(3)];
         Ok(TreeDraft {
             tree: TokenTree::linear(*committed.last().unwrap(), draft),
             forwards: 0,
@@ -162,22 +170,24 @@ fn a_companion_drafts_beside_the_heads_in_the_same_forward() {
     let drafter = HeadsDrafter::new(&heads, HeadsTree::chain(1)).unwrap();
     let mut answer = context.to_vec();
     answer.extend(&greedy.tokens);
-    let decode = |companion: Option<&mut dyn TreeDrafter>| {
+    let greedy_rule = AcceptanceRule::greedy();
+    let decode = |drafter: &mut dyn TreeDrafter| {
         let mut target = MockDecoder::new(config.clone());
-        heads_generate(
+        speculate(
             &mut target,
-            &drafter,
-            companion,
+            drafter,
             &context,
-            &AcceptanceRule::greedy(),
-            OutputRows::Batched,
+            Speculation::new(&greedy_rule),
             &stop,
             &mut |_| {},
         )
         .unwrap()
     };
-    let alone = decode(None);
-    let together = decode(Some(&mut Knows(answer)));
+    let alone = decode(&mut &drafter);
+    let together = decode(&mut MergedDrafter {
+        first: &drafter,
+        second: Knows(answer),
+    });
     assert_eq!(alone.tokens, greedy.tokens);
     assert_eq!(together.tokens, greedy.tokens);
     // The prefill, then the companion's three tokens and the target's own per forward.
@@ -300,13 +310,12 @@ fn heads_of_another_width_are_refused() {
     );
     let drafter = HeadsDrafter::new(&heads, HeadsTree::chain(2)).unwrap();
     let mut target = MockDecoder::new(MockConfig::target(32, 1));
-    let err = heads_generate(
+    let greedy = AcceptanceRule::greedy();
+    let err = speculate(
         &mut target,
-        &drafter,
-        None,
+        &mut &drafter,
         &[1],
-        &AcceptanceRule::greedy(),
-        OutputRows::Batched,
+        Speculation::new(&greedy),
         &StopConditions::new(4),
         &mut |_| {},
     )
@@ -335,9 +344,8 @@ proptest! {
         lookup: bool,
     ) {
         let config = MockConfig::target(40, seed);
-        let rows = [OutputRows::OnDemand, OutputRows::Batched, OutputRows::WithGuesses][output];
-        let guesses = match (rows, chained) {
-            (OutputRows::WithGuesses, _) => {
+        let guesses = match (output, chained) {
+            (2, _) => {
                 MockHeads::sharing_output(config.clone(), config.draft(noise, seed + 1), heads)
                     .with_shortlist((0..40).filter(|t| t % 3 != seed as u32 % 3).collect())
             }
@@ -355,11 +363,19 @@ proptest! {
         // A lookup companion that copies from the context (and, with n-grams of one token,
         // often drafts a chain the heads disagree with).
         let mut copies = LookupDrafter::new(LookupConfig { max_ngram: 2, min_ngram: 1, max_draft: 3 }).unwrap();
-        let companion: Option<&mut dyn TreeDrafter> = match lookup {
-            true => Some(&mut copies),
-            false => None,
+        let verification = match output {
+            0 => Verification::OnDemand,
+            1 => Verification::Batched,
+            _ => Verification::WithGuesses { heads: &guesses, guesses: depth },
         };
-        let fast = heads_generate(&mut target, &drafter, companion, &context, &AcceptanceRule::greedy(), rows, &stop, &mut |_| {}).unwrap();
+        let mut heads_only = &drafter;
+        let mut with_copies = MergedDrafter { first: &drafter, second: &mut copies };
+        let drafting: &mut dyn TreeDrafter = match lookup {
+            true => &mut with_copies,
+            false => &mut heads_only,
+        };
+        let greedy = AcceptanceRule::greedy();
+        let fast = speculate(&mut target, drafting, &context, Speculation::new(&greedy).verified(verification), &stop, &mut |_| {}).unwrap();
         let mut plain = MockDecoder::new(config);
         let mut rng = StdRng::seed_from_u64(0);
         let slow = generate(&mut plain, &context, &SamplingConfig::greedy(), &stop, &mut rng, &mut |_| {}).unwrap();

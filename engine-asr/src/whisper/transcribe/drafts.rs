@@ -4,16 +4,15 @@
 
 use std::time::{Duration, Instant};
 
-use spec_core::draft::TreeDrafter;
 use spec_core::heads::HeadsDrafter;
 use spec_core::{
-    DecodeStats, ForwardCosts, SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter, TokenTree,
+    DecodeStats, DraftInput, ForwardCosts, SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter, TokenTree,
+    TreeDraft, TreeDrafter,
 };
 use spec_nn::heads::MultiTokenHeads;
 
 use super::{EncoderLength, Suppression, Transcriber};
 use crate::mel::{LogMel, MelFilters, WhisperInput};
-use crate::whisper::decode::DraftRequest;
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
 use crate::whisper::tokenizer::WhisperTokenizer;
@@ -22,6 +21,7 @@ use crate::{Error, Result};
 /// A draft with another vocabulary drafting text for one window (see
 /// [`Transcriber::set_text_draft`]).
 pub(super) struct TextDrafter<'a> {
+    drafter: &'a mut SpecAsrDrafter<Whisper>,
     tokenizer: &'a WhisperTokenizer,
     target_tokenizer: &'a WhisperTokenizer,
     /// The draft's own prompt: start of transcript, language and task if multilingual, no
@@ -32,7 +32,7 @@ pub(super) struct TextDrafter<'a> {
 impl<'a> TextDrafter<'a> {
     /// Prepares `drafter` (its prompt's rules) for text drafts in `language`.
     pub(super) fn new(
-        drafter: &mut SpecAsrDrafter<Whisper>,
+        drafter: &'a mut SpecAsrDrafter<Whisper>,
         tokenizer: &'a WhisperTokenizer,
         suppression: &Suppression,
         target_tokenizer: &'a WhisperTokenizer,
@@ -56,6 +56,7 @@ impl<'a> TextDrafter<'a> {
             rules.apply(row, &sequence[prompt_len..]);
         })));
         Ok(Self {
+            drafter,
             tokenizer,
             target_tokenizer,
             prompt,
@@ -64,18 +65,16 @@ impl<'a> TextDrafter<'a> {
 
     /// The committed text tokenized for the draft, continued by the draft, and the new words
     /// tokenized for the target as a chain after the last committed token.
-    pub(super) fn draft(
-        &self,
-        drafter: &mut SpecAsrDrafter<Whisper>,
-        request: DraftRequest<'_>,
-    ) -> Result<(TokenTree, usize)> {
-        let root = *request.committed.last().expect("a root token");
+    fn draft_text(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let root = input.root()?;
         let target = self.target_tokenizer;
-        let sampled = &request.committed[request.prompt_len..];
+        let sampled = input.produced();
         let text = target.decode(sampled)?;
         let mut sequence = self.prompt.clone();
         sequence.extend(self.tokenizer.encode(&text)?);
-        let draft = drafter.draft_tree(&sequence, request.max_depth)?;
+        let draft = self
+            .drafter
+            .draft_tree(DraftInput::new(&sequence, input.max_depth))?;
         let mut drafted: Vec<u32> = draft.tree.tokens()[1..].to_vec();
         let ended = drafted.last() == Some(&self.tokenizer.end_of_text);
         if ended {
@@ -85,7 +84,10 @@ impl<'a> TextDrafter<'a> {
         own.extend_from_slice(&drafted);
         let whole = self.tokenizer.decode(&own)?;
         let Some(new_text) = whole.strip_prefix(text.as_str()) else {
-            return Ok((TokenTree::new(root), draft.forwards));
+            return Ok(TreeDraft {
+                tree: TokenTree::new(root),
+                forwards: draft.forwards,
+            });
         };
         let committed_text: Vec<u32> = sampled
             .iter()
@@ -101,8 +103,21 @@ impl<'a> TextDrafter<'a> {
         if ended {
             proposal.push(target.end_of_text);
         }
-        proposal.truncate(request.max_depth);
-        Ok((TokenTree::linear(root, &proposal), draft.forwards))
+        proposal.truncate(input.max_depth);
+        Ok(TreeDraft {
+            tree: TokenTree::linear(root, &proposal),
+            forwards: draft.forwards,
+        })
+    }
+}
+
+impl TreeDrafter for TextDrafter<'_> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> spec_core::Result<TreeDraft> {
+        Ok(self.draft_text(input)?)
+    }
+    /// The draft's cache holds its own tokens: the next window starts it over.
+    fn finish(&mut self, _committed: &[u32]) -> spec_core::Result<()> {
+        Ok(())
     }
 }
 

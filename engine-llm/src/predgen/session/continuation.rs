@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, heads_generate, jacobi_generate, speculative_generate, tree_speculative_generate,
-    AcceptanceRate, AcceptanceRule, DraftLength, FinishReason, ForwardCosts, Generation,
-    LookupDrafter, OutputRows, SamplingConfig, SpeculativeConfig, StopConditions,
+    generate, speculate, speculative_generate, AcceptanceRate, AcceptanceRule, DraftLength,
+    FinishReason, ForwardCosts, Generation, JacobiDrafter, LookupDrafter, MergedDrafter,
+    SamplingConfig, Speculation, SpeculativeConfig, StopConditions,
 };
 
 use spec_voice::SentenceStream;
@@ -127,8 +127,17 @@ impl PredGen<'_> {
                 &mut |_| {},
             )?,
             Continuation::Jacobi { window } => {
-                let gen =
-                    jacobi_generate(target, &context, drafting.tail, window, &stop, &mut |_| {})?;
+                let mut drafter = JacobiDrafter::new(drafting.tail, window)?;
+                let greedy = AcceptanceRule::greedy();
+                let speculation = Speculation::new(&greedy);
+                let gen = speculate(
+                    target,
+                    &mut drafter,
+                    &context,
+                    speculation,
+                    &stop,
+                    &mut |_| {},
+                )?;
                 let (tokens, forwards) = self.jacobi_rate;
                 self.jacobi_rate = (
                     JACOBI_DECAY * tokens + gen.tokens.len() as f64,
@@ -171,11 +180,13 @@ impl PredGen<'_> {
                     self.lookup_acceptance,
                     drafting.guesses,
                 )?;
-                let gen = tree_speculative_generate(
+                let greedy = AcceptanceRule::greedy();
+                let speculation = Speculation::new(&greedy);
+                let gen = speculate(
                     target,
                     &mut drafter,
                     &context,
-                    &AcceptanceRule::greedy(),
+                    speculation,
                     &stop,
                     &mut |_| {},
                 )?;
@@ -189,23 +200,27 @@ impl PredGen<'_> {
                     .ok_or_else(|| Error::Config("the heads continuation needs heads".into()))?;
                 // Beside the heads' guesses, runs copied from the turn's discarded guesses, as
                 // the lookup continuation drafts them.
-                let mut copies = guess_lookup(
+                let copies = guess_lookup(
                     HEADS_LOOKUP_DRAFT,
                     self.costs.as_ref(),
                     self.lookup_acceptance,
                     drafting.guesses,
                 )?;
-                let gen = heads_generate(
+                let mut merged = MergedDrafter {
+                    first: drafter,
+                    second: copies,
+                };
+                let greedy = AcceptanceRule::greedy();
+                let speculation = Speculation::new(&greedy);
+                let gen = speculate(
                     target,
-                    drafter,
-                    Some(&mut copies),
+                    &mut merged,
                     &context,
-                    &AcceptanceRule::greedy(),
-                    OutputRows::Batched,
+                    speculation,
                     &stop,
                     &mut |_| {},
                 )?;
-                self.lookup_acceptance = Some(copies.acceptance());
+                self.lookup_acceptance = Some(merged.second.acceptance());
                 gen
             }
         };
