@@ -14,14 +14,12 @@
 
 use std::time::{Duration, Instant};
 
-use spec_core::decoder::forward_tokens;
-use spec_core::sampling::{argmax, log_probability};
-use spec_core::{forward_continuation, Decoder, LogitRows};
+use spec_core::{AcceptanceRule, Decoder, PreviousOutput, Verification};
 use spec_nn::ROW_ATTENTION_MAX_ROWS;
 
 use crate::audio::check_finite;
 use crate::mel::{WhisperInput, HOP};
-use crate::whisper::decode::{extend_window, Candidate};
+use crate::whisper::decode::{speculative_window, Candidate};
 use crate::whisper::{TranscribeOptions, Transcriber};
 use crate::{Error, Result, SAMPLE_RATE};
 
@@ -213,8 +211,10 @@ impl StreamingTranscriber {
         }))
     }
 
-    /// Greedy decoding of the encoded window after `prompt`, verifying `draft` first. Returns
-    /// the decoded candidate and how many draft tokens it kept.
+    /// Greedy decoding of the encoded window after `prompt`, verifying `draft` first: the
+    /// previous partial is verified in the prompt's forward, and in forwards of at most
+    /// [`ROW_ATTENTION_MAX_ROWS`] rows, so each row is bit-identical to decoding its token
+    /// alone. Returns the decoded candidate and how many draft tokens it kept.
     fn decode_with_draft(&mut self, prompt: &[u32], draft: &[u32]) -> Result<(Candidate, usize)> {
         let rules = self.transcriber.rules(&self.options);
         let end = self.transcriber.tokenizer().end_of_text;
@@ -227,80 +227,21 @@ impl StreamingTranscriber {
             max_tokens = max_tokens.min(rate_limit);
         }
         let draft = &draft[..draft.len().min(max_tokens)];
-        let greedy = |rules: &crate::whisper::LogitRules, raw: &[f32], sampled: &[u32]| {
-            let mut row = raw.to_vec();
-            rules.apply(&mut row, sampled);
-            let choice = argmax(&row);
-            (choice, log_probability(&row, choice))
-        };
+        let mut previous =
+            PreviousOutput::new(draft.to_vec()).with_max_rows(ROW_ATTENTION_MAX_ROWS)?;
         model.reset();
-        let mut sampled: Vec<u32> = Vec::new();
-        let mut sum_logprob = 0f32;
-        // Every forward has at most ROW_ATTENTION_MAX_ROWS rows, so each row is bit-identical
-        // to decoding its token alone: first the prompt and the draft's beginning, then the
-        // draft's next pieces while it holds.
-        let first = draft
-            .len()
-            .min(ROW_ATTENTION_MAX_ROWS.saturating_sub(prompt.len()));
-        let mut piece = &draft[..first];
-        let mut offered = first;
-        let mut rows: Vec<Vec<f32>> = forward_continuation(model, prompt, piece)?
-            .rows()
-            .map(<[f32]>::to_vec)
-            .collect();
-        let mut forwards = 1;
-        // rows[k] are the logits after the sampled tokens and piece[..k].
-        let next = loop {
-            let mut held = 0;
-            while held < piece.len() {
-                let (choice, logprob) = greedy(&rules, &rows[held], &sampled);
-                if choice != piece[held] {
-                    break;
-                }
-                sum_logprob += logprob;
-                sampled.push(choice);
-                held += 1;
-            }
-            if held < piece.len() {
-                // Roll the rejected rest of the piece back.
-                let keep = model.cached_len() - (piece.len() - held);
-                model.truncate(keep)?;
-                break rows.swap_remove(held);
-            }
-            let after = rows.pop().expect("one row after the piece");
-            if offered == draft.len() || greedy(&rules, &after, &sampled).0 != draft[offered] {
-                break after;
-            }
-            let end_of_piece = (offered + ROW_ATTENTION_MAX_ROWS).min(draft.len());
-            piece = &draft[offered..end_of_piece];
-            offered = end_of_piece;
-            rows = std::iter::once(after)
-                .chain(
-                    forward_tokens(model, piece, LogitRows::Last(piece.len()))?
-                        .rows()
-                        .map(<[f32]>::to_vec),
-                )
-                .collect();
-            forwards += 1;
-        };
-        let accepted = sampled.len();
-        let verified = Candidate {
-            tokens: sampled,
-            sum_logprob,
-            finished: false,
-            forwards,
-        };
-        let mut unused_rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
-        let candidate = extend_window(
+        let (candidate, _) = speculative_window(
             model,
             &rules,
-            next,
-            verified,
+            &mut previous,
+            &AcceptanceRule::greedy(),
+            Verification::OnDemand,
+            prompt,
+            None,
             end,
             max_tokens,
-            0.0,
-            &mut unused_rng,
         )?;
+        let accepted = previous.kept(&candidate.tokens);
         Ok((candidate, accepted))
     }
 }

@@ -832,7 +832,8 @@ fn guesses_in_the_output_pass_are_the_heads_own(
             &mut checking,
             &greedy,
             guesses,
-            next.clone(),
+            &prompt,
+            Some(next.clone()),
             END_OF_TEXT,
             24,
         )
@@ -855,7 +856,8 @@ fn guesses_in_the_output_pass_are_the_heads_own(
             &mut own_pass,
             &greedy,
             Verification::OnDemand,
-            next,
+            &prompt,
+            Some(next),
             END_OF_TEXT,
             24,
         )

@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, LogitRows};
+use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
 use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, top_k_tokens};
 use crate::tree::TokenTree;
@@ -44,6 +44,11 @@ pub struct DraftInput<'a> {
     pub context_len: usize,
     /// Deepest node the tree may have.
     pub max_depth: usize,
+    /// Tokens the verifying forward carries before the tree's root: on the first step of a
+    /// drafter that drafts with the prefill ([`TreeDrafter::drafts_with_prefill`]), the
+    /// context's uncached tokens; 0 otherwise. The forward has `forwarded_before + tree.len()`
+    /// rows.
+    pub forwarded_before: usize,
     /// The target's final hidden state that predicted the root, `[1, hidden]`, for drafters
     /// that read it ([`TreeDrafter::reads_hidden`]).
     pub hidden: Option<&'a Tensor>,
@@ -60,6 +65,7 @@ impl<'a> DraftInput<'a> {
             committed,
             context_len: committed.len(),
             max_depth,
+            forwarded_before: 0,
             hidden: None,
             guessed: None,
         }
@@ -92,6 +98,14 @@ pub trait TreeDrafter {
         false
     }
 
+    /// True when the drafter proposes a chain after the context itself, verified in the
+    /// prefill's forward (a previous output: the prefill of a changed prompt is at once the
+    /// verification of what followed it). Otherwise the first draft comes after the target's
+    /// first token.
+    fn drafts_with_prefill(&self) -> bool {
+        false
+    }
+
     /// Sees what the target made of the tree just drafted, for drafters that learn from the
     /// verification. Nothing by default.
     fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
@@ -110,6 +124,9 @@ impl<D: TreeDrafter + ?Sized> TreeDrafter for &mut D {
     }
     fn reads_hidden(&self) -> bool {
         (**self).reads_hidden()
+    }
+    fn drafts_with_prefill(&self) -> bool {
+        (**self).drafts_with_prefill()
     }
     fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
         (**self).observe(tree, verified)
@@ -133,6 +150,9 @@ impl<D: TreeDrafter> TreeDrafter for Option<D> {
     }
     fn reads_hidden(&self) -> bool {
         self.as_ref().is_some_and(D::reads_hidden)
+    }
+    fn drafts_with_prefill(&self) -> bool {
+        self.as_ref().is_some_and(D::drafts_with_prefill)
     }
     fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
         match self {
@@ -163,6 +183,7 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
             committed,
             context_len,
             max_depth,
+            forwarded_before,
             hidden,
             guessed,
         } = input;
@@ -170,6 +191,7 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
             committed,
             context_len,
             max_depth,
+            forwarded_before,
             hidden,
             guessed,
         })?;
@@ -177,6 +199,7 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
             committed,
             context_len,
             max_depth,
+            forwarded_before,
             hidden,
             guessed: None,
         })?;
@@ -187,6 +210,11 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
     fn reads_hidden(&self) -> bool {
         self.first.reads_hidden() || self.second.reads_hidden()
     }
+    /// Only when both do: the first step's merged tree must be a chain verified without a
+    /// hidden state.
+    fn drafts_with_prefill(&self) -> bool {
+        self.first.drafts_with_prefill() && self.second.drafts_with_prefill()
+    }
     fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
         self.first.observe(tree, verified)?;
         self.second.observe(tree, verified)
@@ -194,6 +222,66 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
     fn finish(&mut self, committed: &[u32]) -> Result<()> {
         self.first.finish(committed)?;
         self.second.finish(committed)
+    }
+}
+
+/// A previous output as the draft (the last decoding of a growing audio window, the last
+/// translation of a growing source): while the tokens produced are a prefix of it, its rest as
+/// a chain, verified from the prefill on ([`TreeDrafter::drafts_with_prefill`]); nothing once
+/// the output has left it. Costs no forward.
+#[derive(Clone, Debug)]
+pub struct PreviousOutput {
+    tokens: Vec<u32>,
+    max_rows: usize,
+}
+
+impl PreviousOutput {
+    /// Drafts `tokens`.
+    pub fn new(tokens: Vec<u32>) -> Self {
+        Self {
+            tokens,
+            max_rows: usize::MAX,
+        }
+    }
+
+    /// Caps the rows of a verifying forward (the context's uncached tokens, the root and the
+    /// drafted ones) at `rows`, for a model whose rows are exactly its one-token rows only up to
+    /// a batch size (Whisper's row attention); at least 2, so that a token can be drafted.
+    pub fn with_max_rows(mut self, rows: usize) -> Result<Self> {
+        if rows < 2 {
+            return Err(Error::InvalidConfig(format!(
+                "a verifying forward needs at least 2 rows to check a draft, got {rows}"
+            )));
+        }
+        self.max_rows = rows;
+        Ok(self)
+    }
+
+    /// How many of the previous tokens `produced` kept.
+    pub fn kept(&self, produced: &[u32]) -> usize {
+        common_prefix_len(&self.tokens, produced)
+    }
+}
+
+impl TreeDrafter for PreviousOutput {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let produced = input.produced();
+        let rest = match self.tokens.starts_with(produced) {
+            true => &self.tokens[produced.len()..],
+            false => &[],
+        };
+        let rows = self.max_rows.saturating_sub(input.forwarded_before + 1);
+        let n = rest.len().min(input.max_depth).min(rows);
+        Ok(TreeDraft {
+            tree: TokenTree::linear(input.root()?, &rest[..n]),
+            forwards: 0,
+        })
+    }
+    fn drafts_with_prefill(&self) -> bool {
+        true
+    }
+    fn finish(&mut self, _committed: &[u32]) -> Result<()> {
+        Ok(())
     }
 }
 

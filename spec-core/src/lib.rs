@@ -57,7 +57,8 @@ pub use continuation::{forward_continuation, verify_continuation};
 pub use cost::{AcceptanceRate, CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
 pub use draft::{
-    DraftInput, MergedDrafter, SparseTreeConfig, SparseTreeDrafter, TreeDraft, TreeDrafter,
+    DraftInput, MergedDrafter, PreviousOutput, SparseTreeConfig, SparseTreeDrafter, TreeDraft,
+    TreeDrafter,
 };
 pub use error::{Error, Result};
 pub use generate::{

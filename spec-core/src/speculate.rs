@@ -7,11 +7,13 @@
 use std::time::Instant;
 
 use crate::acceptance::{Acceptance, AcceptanceRule};
+use crate::decoder::common_prefix_len;
 use crate::draft::{DraftInput, TreeDrafter};
-use crate::generate::{prefill, Generation, Output, StepLimits, StopConditions};
+use crate::generate::{Generation, Output, StepLimits, StopConditions};
 use crate::heads::HiddenStates;
 use crate::stats::{DecodeStats, StepRecord};
-use crate::verify::Verification;
+use crate::tree::TokenTree;
+use crate::verify::{verify_with_prefill, Verification, Verified};
 use crate::{Error, Result};
 
 /// Adjusts the target's logits after `tokens` (the context and the tokens before the row)
@@ -92,30 +94,87 @@ pub fn speculate<T: HiddenStates + ?Sized>(
     let mut hidden = None;
     let mut guessed = None;
     if out.finish.is_none() {
-        let mut row = match prefilled {
-            Some(row) if target.cached_tokens() == context && row.len() == target.vocab_size() => {
-                row
+        match prefilled {
+            Some(mut row) => {
+                if target.cached_tokens() != context || row.len() != target.vocab_size() {
+                    return Err(Error::InvalidConfig(
+                        "prefilled logits need the context, and only it, in the target's cache"
+                            .into(),
+                    ));
+                }
+                if let Some(adjust) = adjust.as_mut() {
+                    adjust(&committed, &mut row);
+                }
+                let token = rule.correction(&row);
+                committed.push(token);
+                if out.emit([token]) == 1 {
+                    if let Some(on_row) = on_row.as_mut() {
+                        on_row(token, &row);
+                    }
+                }
+                if reads_hidden {
+                    let states = target.last_hidden()?;
+                    hidden = Some(states.narrow(0, states.dim(0)? - 1, 1)?);
+                }
             }
-            Some(_) => {
-                return Err(Error::InvalidConfig(
-                    "prefilled logits need the context, and only it, in the target's cache".into(),
-                ))
+            None => {
+                // The prefill, with the drafter's chain after the context when it drafts one.
+                let root = *context.last().ok_or(Error::EmptyInput(
+                    "the context must hold at least one token",
+                ))?;
+                let chain = match drafter.drafts_with_prefill() {
+                    true => {
+                        let keep = common_prefix_len(target.cached_tokens(), context)
+                            .min(context.len() - 1);
+                        let room = target.max_len().saturating_sub(context.len());
+                        let max_depth = (stop.max_new_tokens - 1).min(room);
+                        let t_draft = Instant::now();
+                        let draft = drafter.draft_tree(DraftInput {
+                            committed: &committed,
+                            context_len: context.len(),
+                            max_depth,
+                            forwarded_before: context.len() - 1 - keep,
+                            hidden: None,
+                            guessed: None,
+                        })?;
+                        stats.draft_time += t_draft.elapsed();
+                        stats.draft_forwards += draft.forwards;
+                        check_draft(&draft.tree, root, max_depth)?;
+                        draft.tree
+                    }
+                    false => TokenTree::new(root),
+                };
+                let t_verify = Instant::now();
+                let (verified, forwarded) = verify_with_prefill(
+                    target,
+                    context,
+                    &chain,
+                    rule,
+                    &mut node_adjustment(&mut adjust, &committed, &chain),
+                    reads_hidden,
+                )?;
+                stats.target_time += t_verify.elapsed();
+                stats.target_forwards += 1;
+                stats.prompt_tokens += forwarded;
+                if chain.len() > 1 {
+                    stats.steps.push(StepRecord {
+                        drafted: chain.len() - 1,
+                        accepted: verified.verdict.path.len() - 1,
+                    });
+                    drafter.observe(&chain, &verified)?;
+                }
+                let cached = context.len() - 1;
+                commit(
+                    &mut out,
+                    target,
+                    &mut committed,
+                    cached,
+                    &chain,
+                    &verified,
+                    &mut on_row,
+                )?;
+                hidden = verified.hidden;
             }
-            None => prefill(target, context, &mut stats)?,
-        };
-        if let Some(adjust) = adjust.as_mut() {
-            adjust(&committed, &mut row);
-        }
-        let token = rule.correction(&row);
-        committed.push(token);
-        if out.emit([token]) == 1 {
-            if let Some(on_row) = on_row.as_mut() {
-                on_row(token, &row);
-            }
-        }
-        if reads_hidden {
-            let states = target.last_hidden()?;
-            hidden = Some(states.narrow(0, states.dim(0)? - 1, 1)?);
         }
     }
     while let Some(StepLimits {
@@ -130,42 +189,27 @@ pub fn speculate<T: HiddenStates + ?Sized>(
             committed: &committed,
             context_len: context.len(),
             max_depth,
+            forwarded_before: 0,
             hidden: hidden.as_ref(),
             guessed: guessed.take(),
         })?;
         stats.draft_time += t_draft.elapsed();
         stats.draft_forwards += draft.forwards;
         let tree = draft.tree;
-        if tree.token(0) != *committed.last().expect("a token was produced") {
-            return Err(Error::InvalidTree(
-                "the drafted tree's root is not the last committed token".into(),
-            ));
-        }
-        if tree.max_depth() > max_depth {
-            return Err(Error::InvalidTree(format!(
-                "the drafted tree is {} deep, the step allows {max_depth}",
-                tree.max_depth()
-            )));
-        }
+        check_draft(
+            &tree,
+            *committed.last().expect("a token was produced"),
+            max_depth,
+        )?;
 
         let t_verify = Instant::now();
-        let mut no_adjust = |_: usize, _: &mut [f32]| {};
-        let mut adjust_node;
-        let adjust_row: &mut dyn FnMut(usize, &mut [f32]) = match adjust.as_mut() {
-            Some(adjust) => {
-                adjust_node = |node: usize, row: &mut [f32]| {
-                    let before: Vec<u32> = committed
-                        .iter()
-                        .copied()
-                        .chain(tree.path_to(node)[1..].iter().map(|&n| tree.token(n)))
-                        .collect();
-                    adjust(&before, row);
-                };
-                &mut adjust_node
-            }
-            None => &mut no_adjust,
-        };
-        let verified = verification.verify(target, &tree, rule, adjust_row, reads_hidden)?;
+        let verified = verification.verify(
+            target,
+            &tree,
+            rule,
+            &mut node_adjustment(&mut adjust, &committed, &tree),
+            reads_hidden,
+        )?;
         stats.target_time += t_verify.elapsed();
         stats.target_forwards += 1;
         stats.steps.push(StepRecord {
@@ -173,17 +217,75 @@ pub fn speculate<T: HiddenStates + ?Sized>(
             accepted: verified.verdict.path.len() - 1,
         });
         drafter.observe(&tree, &verified)?;
-        let new_tokens = verified.verdict.new_tokens(&tree);
-        let emitted = out.commit_step(target, &mut committed, cached, &new_tokens)?;
-        if let Some(on_row) = on_row.as_mut() {
-            // Each produced token was chosen from the row after the node before it.
-            for (&token, &node) in new_tokens[..emitted].iter().zip(&verified.verdict.path) {
-                on_row(token, verified.judged.row(node).expect("a judged row"));
-            }
-        }
+        commit(
+            &mut out,
+            target,
+            &mut committed,
+            cached,
+            &tree,
+            &verified,
+            &mut on_row,
+        )?;
         hidden = verified.hidden;
         guessed = verified.guessed;
     }
     drafter.finish(&committed)?;
     Ok(out.into_generation(stats, started))
+}
+
+/// `adjust` applied to the row after a node of `tree` (rooted after `committed`), given the
+/// tokens before that row; nothing without an adjustment.
+fn node_adjustment<'a, 'b>(
+    adjust: &'a mut Option<AdjustLogits<'b>>,
+    committed: &'a [u32],
+    tree: &'a TokenTree,
+) -> impl FnMut(usize, &mut [f32]) + use<'a, 'b> {
+    move |node, row| {
+        if let Some(adjust) = adjust.as_mut() {
+            let before: Vec<u32> = committed
+                .iter()
+                .copied()
+                .chain(tree.path_to(node)[1..].iter().map(|&n| tree.token(n)))
+                .collect();
+            adjust(&before, row);
+        }
+    }
+}
+
+/// Emits a verified step's tokens (the target's cache held `cached` positions before the
+/// tree's root) and hands each emitted token to `on_row` with the row it was chosen from.
+fn commit<T: HiddenStates + ?Sized>(
+    out: &mut Output<'_>,
+    target: &mut T,
+    committed: &mut Vec<u32>,
+    cached: usize,
+    tree: &TokenTree,
+    verified: &Verified,
+    on_row: &mut Option<OnRow<'_>>,
+) -> Result<()> {
+    let new_tokens = verified.verdict.new_tokens(tree);
+    let emitted = out.commit_step(target, committed, cached, &new_tokens)?;
+    if let Some(on_row) = on_row.as_mut() {
+        // Each produced token was chosen from the row after the node before it.
+        for (&token, &node) in new_tokens[..emitted].iter().zip(&verified.verdict.path) {
+            on_row(token, verified.judged.row(node).expect("a judged row"));
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless `tree` is rooted at `root` and no deeper than `max_depth`.
+fn check_draft(tree: &TokenTree, root: u32, max_depth: usize) -> Result<()> {
+    if tree.token(0) != root {
+        return Err(Error::InvalidTree(
+            "the drafted tree's root is not the last committed token".into(),
+        ));
+    }
+    if tree.max_depth() > max_depth {
+        return Err(Error::InvalidTree(format!(
+            "the drafted tree is {} deep, the step allows {max_depth}",
+            tree.max_depth()
+        )));
+    }
+    Ok(())
 }

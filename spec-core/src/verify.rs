@@ -8,7 +8,7 @@ use std::fmt;
 use candle_core::{DType, Tensor};
 
 use crate::acceptance::Acceptance;
-use crate::decoder::{Decoder, Forward, LogitRows};
+use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
 use crate::heads::{check_head_range, HiddenStates, TokenHeads};
 use crate::logits::Logits;
 use crate::tree::TokenTree;
@@ -204,6 +204,61 @@ impl Verification<'_> {
             guessed,
         })
     }
+}
+
+/// The first step of [`speculate`](crate::speculate()): forwards the part of `context` the
+/// target has not cached (its last token always) followed by `chain`'s drafted tokens in one
+/// causal pass, which is at once the prefill and the verification of a chain drafted after the
+/// context (a previous output); judges the chain as [`Verification::verify`] does and rolls the
+/// cache back to the context and the accepted tokens. A root-only chain is a plain prefill.
+/// Returns the verification and the statistics' prompt tokens (those forwarded).
+pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
+    target: &mut T,
+    context: &[u32],
+    chain: &TokenTree,
+    rule: &dyn Acceptance,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+    hidden: bool,
+) -> Result<(Verified, usize)> {
+    if chain.max_depth() + 1 != chain.len() {
+        return Err(Error::InvalidTree(
+            "a draft verified with the prefill must be a chain".into(),
+        ));
+    }
+    let drafted = &chain.tokens()[1..];
+    if context.is_empty() {
+        return Err(Error::EmptyInput(
+            "the context must hold at least one token",
+        ));
+    }
+    if context.len() + drafted.len() > target.max_len() {
+        return Err(Error::ContextOverflow {
+            requested: context.len() + drafted.len(),
+            max: target.max_len(),
+        });
+    }
+    let keep = rewind_to_prefix(target, context)?;
+    let input: Vec<u32> = context[keep..].iter().chain(drafted).copied().collect();
+    let rows = forward_tokens(target, &input, LogitRows::Last(chain.len()))?;
+    let (verdict, judged) =
+        judge_tree(chain, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
+    target.truncate(context.len() + verdict.path.len() - 1)?;
+    let hidden = match hidden {
+        true => {
+            let before = input.len() - chain.len();
+            let last = *verdict.path.last().expect("the path holds the root");
+            Some(target.last_hidden()?.narrow(0, before + last, 1)?)
+        }
+        false => None,
+    };
+    let verified = Verified {
+        verdict,
+        judged,
+        rows: Some(rows),
+        hidden,
+        guessed: None,
+    };
+    Ok((verified, context.len() - keep))
 }
 
 /// Appends `row` to `rows`, with every token outside `shortlist` (when there is one) at −∞

@@ -7,13 +7,14 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_core::decoder::common_prefix_len;
 use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{in_top_k, softmax};
 use spec_core::{
     generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength, Error,
-    FinishReason, Generation, JacobiDrafter, LookupConfig, LookupDrafter, SamplingConfig,
-    SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter, Speculation,
-    SpeculativeConfig, StopConditions,
+    FinishReason, Generation, JacobiDrafter, LookupConfig, LookupDrafter, PreviousOutput,
+    SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter,
+    Speculation, SpeculativeConfig, StopConditions,
 };
 
 /// Greedy decoding by Jacobi iteration: [`speculate`] with a [`JacobiDrafter`].
@@ -35,6 +36,47 @@ fn jacobi_generate(
         stop,
         on_token,
     )
+}
+
+#[test]
+fn the_previous_answer_is_verified_in_the_prefill() {
+    let (target, _) = models(5, 32, 0.0);
+    let prompt = [3, 1, 4, 1];
+    let stop = StopConditions::new(20);
+    let reference = greedy_reference(&target, &prompt, &stop);
+    let mut model = MockDecoder::new(target);
+    let mut drafter = PreviousOutput::new(reference.tokens.clone());
+    let greedy = AcceptanceRule::greedy();
+    let spec = speculate(
+        &mut model,
+        &mut drafter,
+        &prompt,
+        Speculation::new(&greedy),
+        &stop,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(spec.tokens, reference.tokens);
+    // The prompt and 19 of the answer's tokens in one forward, which also gives the 20th.
+    assert_eq!(spec.stats.target_forwards, 1);
+    assert_eq!(spec.stats.prompt_tokens, prompt.len());
+    // Capped at 8 rows a forward: the prompt and 4 tokens, then the root and 7 at a time.
+    let mut model = MockDecoder::new(models(5, 32, 0.0).0);
+    let mut capped = PreviousOutput::new(reference.tokens.clone())
+        .with_max_rows(8)
+        .unwrap();
+    let spec = speculate(
+        &mut model,
+        &mut capped,
+        &prompt,
+        Speculation::new(&greedy),
+        &stop,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(spec.tokens, reference.tokens);
+    assert_eq!(spec.stats.target_forwards, 3);
+    assert!(PreviousOutput::new(vec![1]).with_max_rows(1).is_err());
 }
 
 fn rng() -> StdRng {
@@ -242,6 +284,44 @@ proptest! {
         prop_assert_eq!(spec.finish, reference.finish);
         prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
         assert_cache_holds_output(&t, &prompt, &spec.tokens);
+    }
+
+    /// A previous output verified from the prefill on reproduces greedy decoding whatever it
+    /// holds (the answer, a part of it, a changed one, noise), with any cap on the rows of a
+    /// forward and any cache left before.
+    #[test]
+    fn previous_output_decoding_is_lossless(
+        seed in 0u64..1_000_000,
+        vocab in 3usize..48,
+        prompt in prop::collection::vec(0u32..1000, 1..10),
+        kept in 0usize..20,
+        noise in prop::collection::vec(0u32..1000, 0..8),
+        max_rows in prop::option::of(2usize..12),
+        max_new in 1usize..40,
+        eos in prop::option::of(0u32..1000),
+        stale in prop::collection::vec(0u32..1000, 0..6),
+    ) {
+        let (target, _) = models(seed, vocab, 0.0);
+        let in_vocab = |v: &[u32]| v.iter().map(|t| t % vocab as u32).collect::<Vec<u32>>();
+        let (prompt, noise, stale) = (in_vocab(&prompt), in_vocab(&noise), in_vocab(&stale));
+        let stop = stop_for(max_new, eos.map(|e| e % vocab as u32));
+        let reference = greedy_reference(&target, &prompt, &stop);
+        let mut previous: Vec<u32> = reference.tokens.iter().copied().take(kept).collect();
+        previous.extend(&noise);
+        let mut drafter = PreviousOutput::new(previous.clone());
+        if let Some(rows) = max_rows {
+            drafter = drafter.with_max_rows(rows).unwrap();
+        }
+        let mut model = MockDecoder::new(target);
+        if !stale.is_empty() {
+            model.forward(&spec_core::Forward::tokens(&stale, &(0..stale.len()).collect::<Vec<_>>())).unwrap();
+        }
+        let spec = speculate(&mut model, &mut drafter, &prompt, Speculation::new(&AcceptanceRule::greedy()), &stop, &mut |_| {}).unwrap();
+        prop_assert_eq!(&spec.tokens, &reference.tokens);
+        prop_assert_eq!(spec.finish, reference.finish);
+        prop_assert!(spec.stats.target_forwards <= reference.stats.target_forwards);
+        prop_assert_eq!(drafter.kept(&spec.tokens), common_prefix_len(&previous, &reference.tokens));
+        assert_cache_holds_output(&model, &prompt, &spec.tokens);
     }
 
     #[test]

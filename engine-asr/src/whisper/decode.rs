@@ -194,25 +194,30 @@ pub fn heads_window<H: TokenHeads>(
             },
             false => Verification::OnDemand,
         };
+    let prompt = model.cached_tokens().to_vec();
     speculative_window(
         model,
         rules,
         &mut RuledHeads { drafter, rules },
         rule,
         verification,
-        next,
+        &prompt,
+        Some(next),
         end_of_text,
         max_tokens,
     )
 }
 
-/// Greedy decoding after the prompt (whose logits are `next`, the prompt in the model's cache)
-/// where each step `drafter` proposes a token tree after the committed tokens and the target
-/// verifies it in one forward ([`speculate`](spec_core::speculate())), keeping the longest path `rule` accepts, each
-/// node judged on its logits after Whisper's rules for its own path. With greedy acceptance
-/// the tokens, log-probabilities and stopping point are exactly [`sample_window`]'s at
-/// temperature 0. Returns the candidate and the steps' statistics (drafting time as draft
-/// time, verification as target time).
+/// Greedy decoding after `prompt` where each step `drafter` proposes a token tree after the
+/// committed tokens and the target verifies it in one forward
+/// ([`speculate`](spec_core::speculate())), keeping the longest path `rule` accepts, each node
+/// judged on its logits after Whisper's rules for its own path. `prefilled`: the prompt's
+/// logits, when the model's cache holds it already (its forward counts in the candidate's
+/// forwards); otherwise the prompt is forwarded first, with the drafter's chain when it drafts
+/// one with the prefill (a previous partial). With greedy acceptance the tokens,
+/// log-probabilities and stopping point are exactly [`sample_window`]'s at temperature 0.
+/// Returns the candidate and the steps' statistics (drafting time as draft time, verification
+/// as target time).
 #[allow(clippy::too_many_arguments)]
 pub fn speculative_window(
     model: &mut Whisper,
@@ -220,11 +225,12 @@ pub fn speculative_window(
     drafter: &mut dyn TreeDrafter,
     rule: &AcceptanceRule,
     verification: Verification<'_>,
-    next: Vec<f32>,
+    prompt: &[u32],
+    prefilled: Option<Vec<f32>>,
     end_of_text: u32,
     max_tokens: usize,
 ) -> Result<(Candidate, DecodeStats)> {
-    let prompt = model.cached_tokens().to_vec();
+    let before = usize::from(prefilled.is_some());
     let mut sum_logprob = 0f32;
     let adjust = &mut |tokens: &[u32], row: &mut [f32]| rules.apply(row, &tokens[prompt.len()..]);
     let score = &mut |token, row: &[f32]| sum_logprob += log_probability(row, token);
@@ -233,10 +239,10 @@ pub fn speculative_window(
         verification,
         adjust: Some(adjust),
         on_row: Some(score),
-        prefilled: Some(next),
+        prefilled,
     };
     let stop = StopConditions::new(max_tokens).with_eos([end_of_text]);
-    let generation = speculate(model, drafter, &prompt, speculation, &stop, &mut |_| {})?;
+    let generation = speculate(model, drafter, prompt, speculation, &stop, &mut |_| {})?;
     let mut tokens = generation.tokens;
     let finished = generation.finish == FinishReason::Eos;
     if finished {
@@ -246,7 +252,7 @@ pub fn speculative_window(
         tokens,
         sum_logprob,
         finished,
-        forwards: 1 + generation.stats.target_forwards,
+        forwards: before + generation.stats.target_forwards,
     };
     Ok((candidate, generation.stats))
 }

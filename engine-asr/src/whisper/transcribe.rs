@@ -500,7 +500,8 @@ impl Transcriber {
                             &mut text,
                             &greedy,
                             Verification::OnDemand,
-                            next,
+                            prompt,
+                            Some(next),
                             end,
                             max_tokens,
                         )?
@@ -517,7 +518,8 @@ impl Transcriber {
                             drafter,
                             &greedy,
                             Verification::OnDemand,
-                            next,
+                            prompt,
+                            Some(next),
                             end,
                             max_tokens,
                         )?
