@@ -823,7 +823,7 @@ fn guesses_in_the_output_pass_are_the_heads_own(
                 }
                 None => drafter.draft(hidden, root, request.max_depth, adjust)?,
             };
-            Ok(TreeDraft { tree, forwards: 1 })
+            Ok(TreeDraft::new(tree, 1))
         });
         let guesses = Verification::WithGuesses { heads, guesses: 1 };
         let (checked_run, _) = speculative_window(
@@ -848,7 +848,7 @@ fn guesses_in_the_output_pass_are_the_heads_own(
             let tree = drafter.draft(hidden, root, request.max_depth, &mut |_, row| {
                 rules.apply(row, sampled);
             })?;
-            Ok(TreeDraft { tree, forwards: 1 })
+            Ok(TreeDraft::new(tree, 1))
         });
         let (own, own_steps) = speculative_window(
             model,

@@ -1,7 +1,10 @@
 //! The draft side of speculation: keeping a draft model's cache in step with the committed
 //! tokens, and drafting token trees.
 
+use std::fmt;
+
 use candle_core::Tensor;
+use rand::RngCore;
 
 use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
 use crate::logits::Logits;
@@ -32,10 +35,23 @@ pub fn advance<D: Decoder + ?Sized>(model: &mut D, token: u32) -> Result<Vec<f32
 pub struct TreeDraft {
     pub tree: TokenTree,
     pub forwards: usize,
+    /// For speculative sampling: the distribution each drafted token of a chain was drawn
+    /// from, one per drafted token; empty for drafts judged by deterministic rules.
+    pub distributions: Vec<Vec<f32>>,
+}
+
+impl TreeDraft {
+    /// A draft judged by deterministic rules.
+    pub fn new(tree: TokenTree, forwards: usize) -> Self {
+        Self {
+            tree,
+            forwards,
+            distributions: Vec::new(),
+        }
+    }
 }
 
 /// What a drafter is given each step.
-#[derive(Debug)]
 pub struct DraftInput<'a> {
     /// The context and every token produced after it; the last is the tree's root (the
     /// target's next input, not in its cache yet).
@@ -55,6 +71,22 @@ pub struct DraftInput<'a> {
     /// The heads' rows for that state, when the last verification computed them
     /// ([`Verification::WithGuesses`](crate::Verification::WithGuesses)).
     pub guessed: Option<Logits>,
+    /// The loop's randomness, when it has one (a drafter that samples its tokens or explores
+    /// its draft length draws from it, so that a seed fixes the whole run).
+    pub rng: Option<&'a mut dyn RngCore>,
+}
+
+impl fmt::Debug for DraftInput<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DraftInput")
+            .field("committed", &self.committed)
+            .field("context_len", &self.context_len)
+            .field("max_depth", &self.max_depth)
+            .field("forwarded_before", &self.forwarded_before)
+            .field("hidden", &self.hidden.map(Tensor::shape))
+            .field("guessed", &self.guessed.as_ref().map(Logits::len))
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> DraftInput<'a> {
@@ -68,6 +100,7 @@ impl<'a> DraftInput<'a> {
             forwarded_before: 0,
             hidden: None,
             guessed: None,
+            rng: None,
         }
     }
 
@@ -142,10 +175,7 @@ impl<D: TreeDrafter> TreeDrafter for Option<D> {
     fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
         match self {
             Some(drafter) => drafter.draft_tree(input),
-            None => Ok(TreeDraft {
-                tree: TokenTree::new(input.root()?),
-                forwards: 0,
-            }),
+            None => Ok(TreeDraft::new(TokenTree::new(input.root()?), 0)),
         }
     }
     fn reads_hidden(&self) -> bool {
@@ -186,6 +216,7 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
             forwarded_before,
             hidden,
             guessed,
+            mut rng,
         } = input;
         let mut draft = self.first.draft_tree(DraftInput {
             committed,
@@ -194,6 +225,7 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
             forwarded_before,
             hidden,
             guessed,
+            rng: reborrow(&mut rng),
         })?;
         let other = self.second.draft_tree(DraftInput {
             committed,
@@ -202,6 +234,7 @@ impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
             forwarded_before,
             hidden,
             guessed: None,
+            rng,
         })?;
         draft.tree.merge(&other.tree)?;
         draft.forwards += other.forwards;
@@ -272,16 +305,24 @@ impl TreeDrafter for PreviousOutput {
         };
         let rows = self.max_rows.saturating_sub(input.forwarded_before + 1);
         let n = rest.len().min(input.max_depth).min(rows);
-        Ok(TreeDraft {
-            tree: TokenTree::linear(input.root()?, &rest[..n]),
-            forwards: 0,
-        })
+        Ok(TreeDraft::new(
+            TokenTree::linear(input.root()?, &rest[..n]),
+            0,
+        ))
     }
     fn drafts_with_prefill(&self) -> bool {
         true
     }
     fn finish(&mut self, _committed: &[u32]) -> Result<()> {
         Ok(())
+    }
+}
+
+/// The loop's randomness lent for one call.
+pub(crate) fn reborrow<'b>(rng: &'b mut Option<&mut dyn RngCore>) -> Option<&'b mut dyn RngCore> {
+    match rng {
+        Some(rng) => Some(&mut **rng),
+        None => None,
     }
 }
 
@@ -337,10 +378,7 @@ impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
         let (root, committed) = (input.root()?, input.committed);
         let depth = self.config.depth.min(input.max_depth);
         if depth == 0 {
-            return Ok(TreeDraft {
-                tree: TokenTree::new(root),
-                forwards: 0,
-            });
+            return Ok(TreeDraft::new(TokenTree::new(root), 0));
         }
         let mut row = catch_up(&mut self.model, committed)?;
         let mut forwards = 1;
@@ -357,10 +395,10 @@ impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
                 forwards += 1;
             }
         }
-        Ok(TreeDraft {
-            tree: TokenTree::from_candidates(root, &candidates)?,
+        Ok(TreeDraft::new(
+            TokenTree::from_candidates(root, &candidates)?,
             forwards,
-        })
+        ))
     }
 
     fn finish(&mut self, committed: &[u32]) -> Result<()> {

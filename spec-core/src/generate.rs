@@ -12,12 +12,16 @@ use std::time::Instant;
 
 use rand::RngCore;
 
-use crate::acceptance::{Acceptance, AcceptanceRule, DraftCheck};
+use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::cost::CostAwarePolicy;
 use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
-use crate::draft::{advance, catch_up};
+use crate::draft::{advance, catch_up, DraftInput, TreeDraft, TreeDrafter};
+use crate::heads::HiddenStates;
 use crate::sampling::{argmax, max_probability, sample, SamplingConfig};
-use crate::stats::{DecodeStats, StepRecord};
+use crate::speculate::{speculate, AdjustLogits, Speculation};
+use crate::stats::DecodeStats;
+use crate::tree::TokenTree;
+use crate::verify::Verified;
 use crate::{Error, Result};
 
 /// Why generation ended.
@@ -207,25 +211,6 @@ impl<'a> Output<'a> {
         Some(room)
     }
 
-    /// Unless a stop condition already holds: forwards `context` into `target` and emits the
-    /// first token, `pick(last logits, committed tokens)`, appending it to `committed`.
-    pub(crate) fn first_token<D: Decoder + ?Sized>(
-        &mut self,
-        target: &mut D,
-        context: &[u32],
-        stats: &mut DecodeStats,
-        committed: &mut Vec<u32>,
-        pick: impl FnOnce(&[f32], &[u32]) -> u32,
-    ) -> Result<()> {
-        if self.finish.is_none() {
-            let logits = prefill(target, context, stats)?;
-            let token = pick(&logits, committed);
-            committed.push(token);
-            self.emit([token]);
-        }
-        Ok(())
-    }
-
     /// The limits of the next step of a draft/verify loop, or `None` once a stop condition
     /// holds or `target`'s cache is full (which sets the finish reason).
     pub(crate) fn next_step<T: Decoder + ?Sized>(&mut self, target: &T) -> Option<StepLimits> {
@@ -351,25 +336,120 @@ pub fn generate<D: Decoder + ?Sized>(
     Ok(out.into_generation(stats, started))
 }
 
-/// Chooses the first token after the prefill the way the rule's corrections are chosen.
-fn first_token(
-    rule: &AcceptanceRule,
-    sampling: &SamplingConfig,
-    logits: &[f32],
-    context: &[u32],
-    rng: &mut dyn RngCore,
-) -> u32 {
-    let logits = sampling.penalize(logits, context);
-    if rule.is_stochastic() {
-        sample(&sampling.probabilities(&logits), rng)
-    } else {
-        rule.correction(&logits)
+/// A draft model proposing a chain each step: its greedy tokens, or, for speculative sampling,
+/// tokens drawn from its own distribution (which the verification then needs), as long as
+/// [`DraftLength`] says. The draft's cache is kept in step with the committed tokens.
+#[derive(Debug)]
+pub struct DraftModelDrafter<D> {
+    model: D,
+    length: DraftLength,
+    policy: Option<CostAwarePolicy>,
+    sampling: SamplingConfig,
+    sampled: bool,
+}
+
+impl<D: Decoder> DraftModelDrafter<D> {
+    /// Drafts with `model`, `length` tokens a step; `sampling`'s repetition penalty applies to
+    /// the draft's rows, and with `sampled` its tokens are drawn from its distribution under
+    /// `sampling` (otherwise its argmax).
+    pub fn new(
+        model: D,
+        length: DraftLength,
+        sampling: SamplingConfig,
+        sampled: bool,
+    ) -> Result<Self> {
+        length.validate()?;
+        sampling.validate()?;
+        let policy = match &length {
+            DraftLength::CostAware(policy) => Some(policy.clone()),
+            _ => None,
+        };
+        Ok(Self {
+            model,
+            length,
+            policy,
+            sampling,
+            sampled,
+        })
     }
 }
 
-/// Draft-model speculative decoding with a linear draft. With [`AcceptanceRule::Greedy`] the
-/// output is exactly that of greedy [`generate`] on the target.
-pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
+impl<D: Decoder> TreeDrafter for DraftModelDrafter<D> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
+        let (root, committed) = (input.root()?, input.committed);
+        let mut rng = input.rng;
+        // Never draft beyond what fits in the draft's cache.
+        let draft_room = self.model.max_len().saturating_sub(committed.len());
+        let limit = input.max_depth.min(draft_room);
+        let budget = match (&mut self.policy, rng.as_mut()) {
+            (Some(policy), Some(rng)) => {
+                let seen = common_prefix_len(self.model.cached_tokens(), committed);
+                policy.choose(limit, committed.len() - seen, *rng)
+            }
+            (Some(_), None) => {
+                return Err(Error::InvalidConfig(
+                    "a cost-aware draft length explores with the run's randomness".into(),
+                ))
+            }
+            (None, _) => self.length.max().min(limit),
+        };
+        let mut drafted = Vec::with_capacity(budget);
+        let mut distributions = Vec::new();
+        let mut forwards = 0;
+        if budget > 0 {
+            let mut row = catch_up(&mut self.model, committed)?;
+            forwards += 1;
+            for i in 0..budget {
+                let context_i: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
+                let row_p = self.sampling.penalize(&row, &context_i);
+                let token = match (self.sampled, rng.as_mut()) {
+                    (true, Some(rng)) => {
+                        let probs = self.sampling.probabilities(&row_p);
+                        let token = sample(&probs, *rng);
+                        distributions.push(probs);
+                        token
+                    }
+                    (true, None) => {
+                        return Err(Error::InvalidConfig(
+                            "a sampled draft draws from the run's randomness".into(),
+                        ))
+                    }
+                    (false, _) => argmax(&row_p),
+                };
+                drafted.push(token);
+                let unsure = matches!(self.length,
+                    DraftLength::Adaptive { min_confidence, .. } if max_probability(&row_p) < min_confidence);
+                if unsure || i + 1 == budget {
+                    break;
+                }
+                row = advance(&mut self.model, token)?;
+                forwards += 1;
+            }
+        }
+        Ok(TreeDraft {
+            tree: TokenTree::linear(root, &drafted),
+            forwards,
+            distributions,
+        })
+    }
+
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
+        if let Some(policy) = &mut self.policy {
+            policy.observe(tree.len() - 1, verified.verdict.path.len() - 1);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        rewind_to_prefix(&mut self.model, committed).map(|_| ())
+    }
+}
+
+/// Draft-model speculative decoding with a linear draft: [`speculate`] with a
+/// [`DraftModelDrafter`]. With [`AcceptanceRule::Greedy`] the output is exactly that of greedy
+/// [`generate`] on the target; with speculative sampling it follows the target's sampling
+/// distribution.
+pub fn speculative_generate<T: HiddenStates + ?Sized, D: Decoder + ?Sized>(
     target: &mut T,
     draft: &mut D,
     context: &[u32],
@@ -378,113 +458,28 @@ pub fn speculative_generate<T: Decoder + ?Sized, D: Decoder + ?Sized>(
     rng: &mut dyn RngCore,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<Generation> {
-    config.draft_length.validate()?;
     config.rule.validate()?;
-    config.sampling.validate()?;
     if draft.vocab_size() != target.vocab_size() {
         return Err(Error::VocabMismatch {
             draft: draft.vocab_size(),
             target: target.vocab_size(),
         });
     }
-    let started = Instant::now();
-    let mut stats = DecodeStats::default();
-    let mut out = Output::new(stop, on_token);
-    let mut committed = context.to_vec();
-    let stochastic = config.rule.is_stochastic();
     let sampling = &config.sampling;
-    let mut policy = match &config.draft_length {
-        DraftLength::CostAware(policy) => Some(policy.clone()),
-        _ => None,
-    };
-
-    out.first_token(
-        target,
-        context,
-        &mut stats,
-        &mut committed,
-        |logits, committed| first_token(&config.rule, sampling, logits, committed, rng),
+    let mut drafter = DraftModelDrafter::new(
+        draft,
+        config.draft_length.clone(),
+        sampling.clone(),
+        config.rule.is_stochastic(),
     )?;
-    while let Some(StepLimits {
-        cached,
-        room,
-        remaining,
-    }) = out.next_step(target)
-    {
-        // Never draft beyond what may still be produced or what fits in either cache.
-        let draft_room = draft.max_len().saturating_sub(committed.len());
-        let limit = remaining.saturating_sub(1).min(room - 1).min(draft_room);
-        let budget = match &mut policy {
-            Some(policy) => {
-                let seen = common_prefix_len(draft.cached_tokens(), &committed);
-                policy.choose(limit, committed.len() - seen, rng)
-            }
-            None => config.draft_length.max().min(limit),
-        };
-
-        let t_draft = Instant::now();
-        let mut drafted = Vec::with_capacity(budget);
-        let mut draft_probs = Vec::new();
-        if budget > 0 {
-            let mut row = catch_up(draft, &committed)?;
-            stats.draft_forwards += 1;
-            for i in 0..budget {
-                let context_i: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
-                let row_p = sampling.penalize(&row, &context_i);
-                let token = if stochastic {
-                    let probs = sampling.probabilities(&row_p);
-                    let token = sample(&probs, rng);
-                    draft_probs.push(probs);
-                    token
-                } else {
-                    argmax(&row_p)
-                };
-                drafted.push(token);
-                let unsure = matches!(config.draft_length,
-                    DraftLength::Adaptive { min_confidence, .. } if max_probability(&row_p) < min_confidence);
-                if unsure || i + 1 == budget {
-                    break;
-                }
-                row = advance(draft, token)?;
-                stats.draft_forwards += 1;
-            }
-        }
-        stats.draft_time += t_draft.elapsed();
-
-        let t_verify = Instant::now();
-        let pending = *committed.last().expect("at least one token was produced");
-        let input: Vec<u32> = std::iter::once(pending)
-            .chain(drafted.iter().copied())
-            .collect();
-        let mut rows = forward_tokens(target, &input, LogitRows::All)?;
-        stats.target_forwards += 1;
-        if sampling.repetition_penalty != 1.0 {
-            for i in 0..rows.len() {
-                let context_i: Vec<u32> = committed.iter().chain(&drafted[..i]).copied().collect();
-                sampling.apply_penalty(rows.row_mut(i), &context_i);
-            }
-        }
-        let check = DraftCheck {
-            draft: &drafted,
-            target_logits: &rows,
-            draft_probs: &draft_probs,
-            sampling,
-        };
-        let verdict = config.rule.verify(&check, rng)?;
-        target.truncate(cached + 1 + verdict.accepted)?;
-        stats.target_time += t_verify.elapsed();
-        stats.steps.push(StepRecord {
-            drafted: drafted.len(),
-            accepted: verdict.accepted,
-        });
-        if let Some(policy) = &mut policy {
-            policy.observe(drafted.len(), verdict.accepted);
-        }
-
-        let accepted = drafted[..verdict.accepted].iter().copied();
-        let new_tokens: Vec<u32> = accepted.chain([verdict.next_token]).collect();
-        out.commit_step(target, &mut committed, cached, &new_tokens)?;
-    }
-    rewind_to_prefix(draft, &committed)?;
-    Ok(out.into_generation(stats, started))
+    let penalize = &mut |tokens: &[u32], row: &mut [f32]| sampling.apply_penalty(row, tokens);
+    let speculation = Speculation {
+        adjust: sampling
+            .has_penalty()
+            .then_some(penalize as AdjustLogits<'_>),
+        sampling: Some(sampling),
+        rng: Some(rng),
+        ..Speculation::new(&config.rule)
+    };
+    speculate(target, &mut drafter, context, speculation, stop, on_token)
 }

@@ -348,7 +348,7 @@ impl<H: TokenHeads> HeadsDrafter<H> {
                 ))
             }
         };
-        Ok(TreeDraft { tree, forwards: 1 })
+        Ok(TreeDraft::new(tree, 1))
     }
 
     /// The tree `depth` (≥ 1) deep after `root` from the heads' rows.

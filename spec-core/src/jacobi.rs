@@ -61,10 +61,7 @@ impl TreeDrafter for JacobiDrafter {
         let mut draft: Vec<u32> = self.guess.iter().copied().take(width).collect();
         draft.resize(width, pad);
         self.drafted = width;
-        Ok(TreeDraft {
-            tree: TokenTree::linear(root, &draft),
-            forwards: 0,
-        })
+        Ok(TreeDraft::new(TokenTree::linear(root, &draft), 0))
     }
 
     fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {

@@ -62,8 +62,8 @@ pub use draft::{
 };
 pub use error::{Error, Result};
 pub use generate::{
-    generate, speculative_generate, DraftLength, FinishReason, Generation, SpeculativeConfig,
-    StopConditions,
+    generate, speculative_generate, DraftLength, DraftModelDrafter, FinishReason, Generation,
+    SpeculativeConfig, StopConditions,
 };
 pub use heads::{HeadsDrafter, HeadsTree, HiddenStates, TokenHeads};
 pub use interrupt::Interrupt;

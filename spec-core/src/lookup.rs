@@ -260,10 +260,7 @@ impl TreeDrafter for LookupDrafter {
                 source,
             });
         }
-        Ok(TreeDraft {
-            tree: TokenTree::linear(root, draft),
-            forwards: 0,
-        })
+        Ok(TreeDraft::new(TokenTree::linear(root, draft), 0))
     }
 
     fn finish(&mut self, committed: &[u32]) -> Result<()> {

@@ -401,10 +401,7 @@ impl<D: Decoder> TreeDrafter for SpecAsrDrafter<D> {
         let room = self.model.max_len().saturating_sub(committed.len() + 1);
         let depth = self.config.max_len.min(max_depth).min(room);
         if depth == 0 {
-            return Ok(TreeDraft {
-                tree: TokenTree::new(root),
-                forwards: 0,
-            });
+            return Ok(TreeDraft::new(TokenTree::new(root), 0));
         }
         let (trunk, mut forwards) = self.draft_trunk(committed, depth)?;
         self.counts.drafted += trunk.len();
@@ -414,7 +411,7 @@ impl<D: Decoder> TreeDrafter for SpecAsrDrafter<D> {
             forwards += self.add_branches(committed, &trunk, depth, &mut tree)?;
         }
         self.previous = Some((committed.len(), tokens));
-        Ok(TreeDraft { tree, forwards })
+        Ok(TreeDraft::new(tree, forwards))
     }
 
     fn finish(&mut self, committed: &[u32]) -> Result<()> {

@@ -1,19 +1,24 @@
 //! The one speculation loop: each step a [`TreeDrafter`] proposes a token tree after the
 //! committed tokens, the target verifies it in one forward ([`Verification`]) and keeps the
 //! longest path the acceptance rule allows, then its own next token. Every method is a drafter
-//! (a draft model, prediction heads, lookup, Jacobi iteration, SpecASR's trees); the loop is
-//! the same for the chat model and Whisper.
+//! (a draft model, prediction heads, lookup, Jacobi iteration, SpecASR's trees, a previous
+//! output); the loop is the same for the chat model and Whisper, greedy or sampled.
 
 use std::time::Instant;
 
+use rand::RngCore;
+
 use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::decoder::common_prefix_len;
-use crate::draft::{DraftInput, TreeDrafter};
+#[cfg(doc)]
+use crate::draft::TreeDraft;
+use crate::draft::{reborrow, DraftInput, TreeDrafter};
 use crate::generate::{Generation, Output, StepLimits, StopConditions};
 use crate::heads::HiddenStates;
+use crate::sampling::{sample, SamplingConfig};
 use crate::stats::{DecodeStats, StepRecord};
 use crate::tree::TokenTree;
-use crate::verify::{verify_with_prefill, Verification, Verified};
+use crate::verify::{verify_sampled_chain, verify_with_prefill, Verification, Verified};
 use crate::{Error, Result};
 
 /// Adjusts the target's logits after `tokens` (the context and the tokens before the row)
@@ -39,6 +44,12 @@ pub struct Speculation<'a> {
     /// The target's logits after the context, when its cache already holds exactly the
     /// context (an encoder–decoder's prompt forwarded beforehand): no prefill is run.
     pub prefilled: Option<Vec<f32>>,
+    /// How tokens are drawn, for a stochastic rule (speculative sampling): the first token is
+    /// drawn from the target's distribution, and each drafted chain is verified against the
+    /// distributions its tokens were drawn from ([`TreeDraft::distributions`]).
+    pub sampling: Option<&'a SamplingConfig>,
+    /// The run's randomness: for a stochastic rule, and for drafters that draw from it.
+    pub rng: Option<&'a mut dyn RngCore>,
 }
 
 impl<'a> Speculation<'a> {
@@ -50,6 +61,8 @@ impl<'a> Speculation<'a> {
             adjust: None,
             on_row: None,
             prefilled: None,
+            sampling: None,
+            rng: None,
         }
     }
 
@@ -63,7 +76,8 @@ impl<'a> Speculation<'a> {
 /// Token-tree speculative decoding with any drafter: each step the drafter proposes a tree
 /// after the committed tokens, the target verifies it in one forward and keeps the longest
 /// path the rule accepts, then its own next token. With [`AcceptanceRule::Greedy`] the output
-/// is exactly that of greedy [`generate`](crate::generate()) (with the same `adjust`).
+/// is exactly that of greedy [`generate`](crate::generate()) (with the same `adjust`); with
+/// speculative sampling (chains only) it follows the target's sampling distribution.
 pub fn speculate<T: HiddenStates + ?Sized>(
     target: &mut T,
     drafter: &mut dyn TreeDrafter,
@@ -78,13 +92,26 @@ pub fn speculate<T: HiddenStates + ?Sized>(
         mut adjust,
         mut on_row,
         prefilled,
+        sampling,
+        mut rng,
     } = speculation;
     rule.validate()?;
-    if rule.is_stochastic() {
-        return Err(Error::Unsupported(
-            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
-        ));
-    }
+    let sampled = match (rule.is_stochastic(), sampling) {
+        (false, _) => None,
+        (true, Some(sampling))
+            if rng.is_some() && matches!(verification, Verification::Batched) =>
+        {
+            sampling.validate()?;
+            Some(sampling)
+        }
+        (true, _) => {
+            return Err(Error::Unsupported(
+                "token trees are verified with deterministic rules (greedy, top-k, threshold, \
+                 biased); speculative sampling verifies chains, with a sampling configuration, \
+                 randomness and every row in the forward",
+            ))
+        }
+    };
     verification.check(target)?;
     let reads_hidden = drafter.reads_hidden();
     let started = Instant::now();
@@ -105,7 +132,10 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                 if let Some(adjust) = adjust.as_mut() {
                     adjust(&committed, &mut row);
                 }
-                let token = rule.correction(&row);
+                let token = match (sampled, rng.as_mut()) {
+                    (Some(sampling), Some(rng)) => sample(&sampling.probabilities(&row), *rng),
+                    _ => rule.correction(&row),
+                };
                 committed.push(token);
                 if out.emit([token]) == 1 {
                     if let Some(on_row) = on_row.as_mut() {
@@ -136,6 +166,7 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                             forwarded_before: context.len() - 1 - keep,
                             hidden: None,
                             guessed: None,
+                            rng: reborrow(&mut rng),
                         })?;
                         stats.draft_time += t_draft.elapsed();
                         stats.draft_forwards += draft.forwards;
@@ -145,7 +176,12 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                     false => TokenTree::new(root),
                 };
                 let t_verify = Instant::now();
-                let (verified, forwarded) = verify_with_prefill(
+                if sampled.is_some() && chain.len() > 1 {
+                    return Err(Error::Unsupported(
+                        "a sampled draft is verified after the first token, not with the prefill",
+                    ));
+                }
+                let (mut verified, forwarded) = verify_with_prefill(
                     target,
                     context,
                     &chain,
@@ -153,6 +189,11 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                     &mut node_adjustment(&mut adjust, &committed, &chain),
                     reads_hidden,
                 )?;
+                if let (Some(sampling), Some(rng)) = (sampled, rng.as_mut()) {
+                    // The first token is drawn from the target's (adjusted) distribution.
+                    let row = verified.judged.row(0).expect("the root's row was judged");
+                    verified.verdict.next_token = sample(&sampling.probabilities(row), *rng);
+                }
                 stats.target_time += t_verify.elapsed();
                 stats.target_forwards += 1;
                 stats.prompt_tokens += forwarded;
@@ -192,6 +233,7 @@ pub fn speculate<T: HiddenStates + ?Sized>(
             forwarded_before: 0,
             hidden: hidden.as_ref(),
             guessed: guessed.take(),
+            rng: reborrow(&mut rng),
         })?;
         stats.draft_time += t_draft.elapsed();
         stats.draft_forwards += draft.forwards;
@@ -203,13 +245,21 @@ pub fn speculate<T: HiddenStates + ?Sized>(
         )?;
 
         let t_verify = Instant::now();
-        let verified = verification.verify(
-            target,
-            &tree,
-            rule,
-            &mut node_adjustment(&mut adjust, &committed, &tree),
-            reads_hidden,
-        )?;
+        let mut adjust_node = node_adjustment(&mut adjust, &committed, &tree);
+        let verified = match (sampled, rng.as_mut()) {
+            (Some(sampling), Some(rng)) => verify_sampled_chain(
+                target,
+                &tree,
+                &draft.distributions,
+                rule,
+                sampling,
+                *rng,
+                &mut adjust_node,
+                reads_hidden,
+            )?,
+            _ => verification.verify(target, &tree, rule, &mut adjust_node, reads_hidden)?,
+        };
+        drop(adjust_node);
         stats.target_time += t_verify.elapsed();
         stats.target_forwards += 1;
         stats.steps.push(StepRecord {

@@ -6,11 +6,13 @@
 use std::fmt;
 
 use candle_core::{DType, Tensor};
+use rand::RngCore;
 
-use crate::acceptance::Acceptance;
+use crate::acceptance::{Acceptance, DraftCheck, Verdict};
 use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
 use crate::heads::{check_head_range, HiddenStates, TokenHeads};
 use crate::logits::Logits;
+use crate::sampling::SamplingConfig;
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
@@ -91,8 +93,9 @@ pub struct Verified {
     pub verdict: TreeVerdict,
     /// The rows that were judged, adjusted.
     pub judged: TreeRows,
-    /// The target's logits after every node, unadjusted, when the forward computed them all
-    /// ([`Verification::Batched`] and [`Verification::WithGuesses`]).
+    /// The target's logits after every node when the forward computed them all
+    /// ([`Verification::Batched`] and [`Verification::WithGuesses`]: unadjusted; a sampled
+    /// chain's: adjusted).
     pub rows: Option<Logits>,
     /// The target's final hidden state after the last accepted node, `[1, hidden]` (the state
     /// that predicted [`TreeVerdict::next_token`]), when it was asked for.
@@ -139,18 +142,19 @@ impl Verification<'_> {
         hidden: bool,
     ) -> Result<Verified> {
         self.check(target)?;
+        check_deterministic(rule)?;
         let prefix = target.cached_len();
         let nodes = tree.len();
         let (verdict, judged, rows, guessed) = match *self {
             Self::Batched => {
-                let logits = tree_forward(target, tree, rule, LogitRows::All)?;
+                let logits = tree_forward(target, tree, LogitRows::All)?;
                 let rows = Logits::from_tensor(&logits, nodes, target.vocab_size())?;
                 let (verdict, judged) =
                     judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
                 (verdict, judged, Some(rows), None)
             }
             Self::OnDemand => {
-                tree_forward(target, tree, rule, LogitRows::None)?;
+                tree_forward(target, tree, LogitRows::None)?;
                 let states = target.last_hidden()?;
                 let model = &*target;
                 let mut fetch = |node: usize| -> Result<Vec<f32>> {
@@ -161,7 +165,7 @@ impl Verification<'_> {
             }
             Self::WithGuesses { heads, guesses } => {
                 // One output pass: the tree's rows first, then each node's heads.
-                tree_forward(target, tree, rule, LogitRows::None)?;
+                tree_forward(target, tree, LogitRows::None)?;
                 let states = target.last_hidden()?;
                 let head_states = heads.output_states(&states, 0..guesses)?;
                 let all = target.unembed(&Tensor::cat(&[&states, &head_states], 0)?)?;
@@ -225,6 +229,12 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
             "a draft verified with the prefill must be a chain".into(),
         ));
     }
+    // A root alone is a plain prefill, whatever the rule (a stochastic one draws the first
+    // token from the row itself).
+    match chain.len() {
+        1 => rule.validate()?,
+        _ => check_deterministic(rule)?,
+    }
     let drafted = &chain.tokens()[1..];
     if context.is_empty() {
         return Err(Error::EmptyInput(
@@ -261,6 +271,79 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
     Ok((verified, context.len() - keep))
 }
 
+/// Speculative sampling's verification of a drafted `chain` (rooted at the last committed
+/// token, which the target has not cached) whose tokens were drawn from `distributions`: one
+/// forward, every row adjusted, the rule's draws against the target's distributions under
+/// `sampling`, and the cache rolled back to the root and the accepted tokens.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn verify_sampled_chain<T: HiddenStates + ?Sized>(
+    target: &mut T,
+    chain: &TokenTree,
+    distributions: &[Vec<f32>],
+    rule: &dyn Acceptance,
+    sampling: &SamplingConfig,
+    rng: &mut dyn RngCore,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+    hidden: bool,
+) -> Result<Verified> {
+    let nodes = chain.len();
+    if chain.max_depth() + 1 != nodes || distributions.len() != nodes - 1 {
+        return Err(Error::InvalidTree(format!(
+            "speculative sampling verifies a chain with one distribution per drafted token; got \
+             {nodes} nodes {} deep and {} distributions",
+            chain.max_depth(),
+            distributions.len()
+        )));
+    }
+    let prefix = target.cached_len();
+    let logits = tree_forward(target, chain, LogitRows::All)?;
+    let mut rows = Logits::from_tensor(&logits, nodes, target.vocab_size())?;
+    for node in 0..nodes {
+        adjust(node, rows.row_mut(node));
+    }
+    let check = DraftCheck {
+        draft: &chain.tokens()[1..],
+        target_logits: &rows,
+        draft_probs: distributions,
+        sampling,
+    };
+    let Verdict {
+        accepted,
+        next_token,
+    } = rule.verify(&check, rng)?;
+    target.truncate(prefix + 1 + accepted)?;
+    let hidden = match hidden {
+        true => Some(target.last_hidden()?.narrow(0, accepted, 1)?),
+        false => None,
+    };
+    let judged = TreeRows {
+        rows: (0..nodes)
+            .map(|node| (node <= accepted).then(|| rows.row(node).to_vec()))
+            .collect(),
+    };
+    Ok(Verified {
+        verdict: TreeVerdict {
+            path: (0..=accepted).collect(),
+            next_token,
+        },
+        judged,
+        rows: Some(rows),
+        hidden,
+        guessed: None,
+    })
+}
+
+/// Fails unless `rule` is valid and deterministic (trees are judged node by node).
+fn check_deterministic(rule: &dyn Acceptance) -> Result<()> {
+    rule.validate()?;
+    if rule.is_stochastic() {
+        return Err(Error::Unsupported(
+            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
+        ));
+    }
+    Ok(())
+}
+
 /// Appends `row` to `rows`, with every token outside `shortlist` (when there is one) at −∞
 /// (tokens past the row's end are ignored).
 pub(crate) fn extend_on_shortlist(rows: &mut Vec<f32>, row: &[f32], shortlist: Option<&[u32]>) {
@@ -285,15 +368,8 @@ pub(crate) fn extend_on_shortlist(rows: &mut Vec<f32>, row: &[f32], shortlist: O
 fn tree_forward<T: Decoder + ?Sized>(
     target: &mut T,
     tree: &TokenTree,
-    rule: &dyn Acceptance,
     logits: LogitRows,
 ) -> Result<Tensor> {
-    rule.validate()?;
-    if rule.is_stochastic() {
-        return Err(Error::Unsupported(
-            "token trees are verified with deterministic rules (greedy, top-k, threshold, biased)",
-        ));
-    }
     let prefix = target.cached_len();
     let bias = tree.attention_bias(prefix, DType::F32, target.device())?;
     let positions = tree.position_ids(prefix);

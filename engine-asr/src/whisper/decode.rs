@@ -235,11 +235,11 @@ pub fn speculative_window(
     let adjust = &mut |tokens: &[u32], row: &mut [f32]| rules.apply(row, &tokens[prompt.len()..]);
     let score = &mut |token, row: &[f32]| sum_logprob += log_probability(row, token);
     let speculation = Speculation {
-        rule,
         verification,
         adjust: Some(adjust),
         on_row: Some(score),
         prefilled,
+        ..Speculation::new(rule)
     };
     let stop = StopConditions::new(max_tokens).with_eos([end_of_text]);
     let generation = speculate(model, drafter, prompt, speculation, &stop, &mut |_| {})?;

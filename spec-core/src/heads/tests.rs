@@ -138,10 +138,10 @@ impl TreeDrafter for Knows {
         let committed = input.committed;
         let next = self.0.get(committed.len()..).unwrap_or_default();
         let draft = &next[..next.len().min(input.max_depth).min(3)];
-        Ok(TreeDraft {
-            tree: TokenTree::linear(*committed.last().unwrap(), draft),
-            forwards: 0,
-        })
+        Ok(TreeDraft::new(
+            TokenTree::linear(*committed.last().unwrap(), draft),
+            0,
+        ))
     }
 
     fn finish(&mut self, _: &[u32]) -> Result<()> {

@@ -84,10 +84,7 @@ impl<'a> TextDrafter<'a> {
         own.extend_from_slice(&drafted);
         let whole = self.tokenizer.decode(&own)?;
         let Some(new_text) = whole.strip_prefix(text.as_str()) else {
-            return Ok(TreeDraft {
-                tree: TokenTree::new(root),
-                forwards: draft.forwards,
-            });
+            return Ok(TreeDraft::new(TokenTree::new(root), draft.forwards));
         };
         let committed_text: Vec<u32> = sampled
             .iter()
@@ -104,10 +101,10 @@ impl<'a> TextDrafter<'a> {
             proposal.push(target.end_of_text);
         }
         proposal.truncate(input.max_depth);
-        Ok(TreeDraft {
-            tree: TokenTree::linear(root, &proposal),
-            forwards: draft.forwards,
-        })
+        Ok(TreeDraft::new(
+            TokenTree::linear(root, &proposal),
+            draft.forwards,
+        ))
     }
 }
 
