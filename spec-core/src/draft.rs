@@ -112,6 +112,20 @@ impl<'a> DraftInput<'a> {
             .ok_or(Error::EmptyInput("a tree needs a committed root token"))
     }
 
+    /// This request for another drafter of the same step: the same tokens, limits and hidden
+    /// state, the randomness lent, the heads' guesses taken (they serve one drafter).
+    pub fn lend(&mut self) -> DraftInput<'_> {
+        DraftInput {
+            committed: self.committed,
+            context_len: self.context_len,
+            max_depth: self.max_depth,
+            forwarded_before: self.forwarded_before,
+            hidden: self.hidden,
+            guessed: self.guessed.take(),
+            rng: reborrow(&mut self.rng),
+        }
+    }
+
     /// The tokens produced after the context.
     pub fn produced(&self) -> &'a [u32] {
         &self.committed[self.context_len.min(self.committed.len())..]
@@ -209,33 +223,9 @@ pub struct MergedDrafter<A, B> {
 
 impl<A: TreeDrafter, B: TreeDrafter> TreeDrafter for MergedDrafter<A, B> {
     fn draft_tree(&mut self, input: DraftInput<'_>) -> Result<TreeDraft> {
-        let DraftInput {
-            committed,
-            context_len,
-            max_depth,
-            forwarded_before,
-            hidden,
-            guessed,
-            mut rng,
-        } = input;
-        let mut draft = self.first.draft_tree(DraftInput {
-            committed,
-            context_len,
-            max_depth,
-            forwarded_before,
-            hidden,
-            guessed,
-            rng: reborrow(&mut rng),
-        })?;
-        let other = self.second.draft_tree(DraftInput {
-            committed,
-            context_len,
-            max_depth,
-            forwarded_before,
-            hidden,
-            guessed: None,
-            rng,
-        })?;
+        let mut input = input;
+        let mut draft = self.first.draft_tree(input.lend())?;
+        let other = self.second.draft_tree(input)?;
         draft.tree.merge(&other.tree)?;
         draft.forwards += other.forwards;
         Ok(draft)

@@ -333,13 +333,7 @@ impl<H: TokenHeads> HeadsDrafter<H> {
         let tree = match (input.guessed, input.hidden) {
             (Some(rows), _) => self.draft_predicted(rows, root, max_depth, adjust)?,
             (None, Some(hidden)) => {
-                if hidden.dim(1)? != self.heads.hidden_size() {
-                    return Err(Error::InvalidConfig(format!(
-                        "the heads read hidden states of width {}, the model's are {} wide",
-                        self.heads.hidden_size(),
-                        hidden.dim(1)?
-                    )));
-                }
+                check_width(self.heads.hidden_size(), hidden.dim(1)?)?;
                 self.draft(hidden, root, max_depth, adjust)?
             }
             (None, None) => {
@@ -440,11 +434,14 @@ pub fn check_heads<H: TokenHeads + ?Sized, D: HiddenStates + ?Sized>(
     heads: &H,
     model: &D,
 ) -> Result<()> {
-    if heads.hidden_size() != model.hidden_size() {
+    check_width(heads.hidden_size(), model.hidden_size())
+}
+
+/// Fails unless heads reading states `heads` wide fit a model's `model` wide ones.
+fn check_width(heads: usize, model: usize) -> Result<()> {
+    if heads != model {
         return Err(Error::InvalidConfig(format!(
-            "the heads read hidden states of width {}, the model's are {} wide",
-            heads.hidden_size(),
-            model.hidden_size()
+            "the heads read hidden states of width {heads}, the model's are {model} wide"
         )));
     }
     Ok(())

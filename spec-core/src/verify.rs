@@ -10,7 +10,7 @@ use rand::RngCore;
 
 use crate::acceptance::{Acceptance, DraftCheck, Verdict};
 use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
-use crate::heads::{check_head_range, HiddenStates, TokenHeads};
+use crate::heads::{check_head_range, check_heads, HiddenStates, TokenHeads};
 use crate::logits::Logits;
 use crate::sampling::SamplingConfig;
 use crate::tree::TokenTree;
@@ -115,13 +115,7 @@ impl Verification<'_> {
                 ));
             }
             check_head_range(&(0..guesses), heads.count())?;
-            if heads.hidden_size() != target.hidden_size() {
-                return Err(Error::InvalidConfig(format!(
-                    "the heads read hidden states of width {}, the model's are {} wide",
-                    heads.hidden_size(),
-                    target.hidden_size()
-                )));
-            }
+            check_heads(heads, target)?;
         }
         Ok(())
     }

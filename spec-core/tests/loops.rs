@@ -14,7 +14,7 @@ use spec_core::{
     generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength, Error,
     FinishReason, Generation, JacobiDrafter, LookupConfig, LookupDrafter, PreviousOutput,
     SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter,
-    Speculation, SpeculativeConfig, StopConditions,
+    Speculation, SpeculativeConfig, StopConditions, TreeDrafter,
 };
 
 /// Greedy decoding by Jacobi iteration: [`speculate`] with a [`JacobiDrafter`].
@@ -38,42 +38,36 @@ fn jacobi_generate(
     )
 }
 
+/// Greedy speculation with `drafter` on a fresh target.
+fn greedy_with(
+    target: &MockConfig,
+    drafter: &mut dyn TreeDrafter,
+    context: &[u32],
+    stop: &StopConditions,
+) -> Generation {
+    let mut model = MockDecoder::new(target.clone());
+    let greedy = AcceptanceRule::greedy();
+    let speculation = Speculation::new(&greedy);
+    speculate(&mut model, drafter, context, speculation, stop, &mut |_| {}).unwrap()
+}
+
 #[test]
 fn the_previous_answer_is_verified_in_the_prefill() {
     let (target, _) = models(5, 32, 0.0);
     let prompt = [3, 1, 4, 1];
     let stop = StopConditions::new(20);
     let reference = greedy_reference(&target, &prompt, &stop);
-    let mut model = MockDecoder::new(target);
     let mut drafter = PreviousOutput::new(reference.tokens.clone());
-    let greedy = AcceptanceRule::greedy();
-    let spec = speculate(
-        &mut model,
-        &mut drafter,
-        &prompt,
-        Speculation::new(&greedy),
-        &stop,
-        &mut |_| {},
-    )
-    .unwrap();
+    let spec = greedy_with(&target, &mut drafter, &prompt, &stop);
     assert_eq!(spec.tokens, reference.tokens);
     // The prompt and 19 of the answer's tokens in one forward, which also gives the 20th.
     assert_eq!(spec.stats.target_forwards, 1);
     assert_eq!(spec.stats.prompt_tokens, prompt.len());
     // Capped at 8 rows a forward: the prompt and 4 tokens, then the root and 7 at a time.
-    let mut model = MockDecoder::new(models(5, 32, 0.0).0);
     let mut capped = PreviousOutput::new(reference.tokens.clone())
         .with_max_rows(8)
         .unwrap();
-    let spec = speculate(
-        &mut model,
-        &mut capped,
-        &prompt,
-        Speculation::new(&greedy),
-        &stop,
-        &mut |_| {},
-    )
-    .unwrap();
+    let spec = greedy_with(&target, &mut capped, &prompt, &stop);
     assert_eq!(spec.tokens, reference.tokens);
     assert_eq!(spec.stats.target_forwards, 3);
     assert!(PreviousOutput::new(vec![1]).with_max_rows(1).is_err());

@@ -11,8 +11,8 @@ use rand::SeedableRng;
 use serde::Deserialize;
 use spec_core::decoder::forward_tokens;
 use spec_core::heads::{HeadsDrafter, HiddenStates};
-use spec_core::Verification;
 use spec_core::{AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig};
+use spec_core::{TreeDrafter, Verification};
 use spec_nn::heads::MultiTokenHeads;
 
 use crate::mel::{LogMel, MelFilters, WhisperInput};
@@ -484,27 +484,17 @@ impl Transcriber {
                     drafter.set_config(config)?;
                 }
                 drafter.forget();
-                let greedy = AcceptanceRule::greedy();
-                let (candidate, steps) = match &draft.text {
+                let mut text;
+                let drafting: &mut dyn TreeDrafter = match &draft.text {
                     Some((draft_tokenizer, suppression)) => {
-                        let mut text = TextDrafter::new(
+                        text = TextDrafter::new(
                             drafter,
                             draft_tokenizer,
                             suppression,
                             &self.tokenizer,
                             options.language.as_deref(),
                         )?;
-                        speculative_window(
-                            &mut self.model,
-                            &rules,
-                            &mut text,
-                            &greedy,
-                            Verification::OnDemand,
-                            prompt,
-                            Some(next),
-                            end,
-                            max_tokens,
-                        )?
+                        &mut text
                     }
                     None => {
                         let prompt_len = prompt.len();
@@ -512,19 +502,20 @@ impl Transcriber {
                         drafter.set_adjust(Some(Box::new(move |sequence, row| {
                             draft_rules.apply(row, &sequence[prompt_len..]);
                         })));
-                        speculative_window(
-                            &mut self.model,
-                            &rules,
-                            drafter,
-                            &greedy,
-                            Verification::OnDemand,
-                            prompt,
-                            Some(next),
-                            end,
-                            max_tokens,
-                        )?
+                        drafter
                     }
                 };
+                let (candidate, steps) = speculative_window(
+                    &mut self.model,
+                    &rules,
+                    drafting,
+                    &AcceptanceRule::greedy(),
+                    Verification::OnDemand,
+                    prompt,
+                    Some(next),
+                    end,
+                    max_tokens,
+                )?;
                 draft.drafter.set_adjust(None);
                 draft_stats.merge(&steps);
                 candidate

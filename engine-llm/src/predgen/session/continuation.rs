@@ -4,17 +4,18 @@
 use std::sync::Mutex;
 
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{RngCore, SeedableRng};
 use spec_core::{
-    generate, speculate, speculative_generate, AcceptanceRate, AcceptanceRule, DraftLength,
+    generate, speculate, AcceptanceRate, AcceptanceRule, DraftLength, DraftModelDrafter,
     FinishReason, ForwardCosts, Generation, JacobiDrafter, LookupDrafter, MergedDrafter,
-    SamplingConfig, Speculation, SpeculativeConfig, StopConditions,
+    SamplingConfig, Speculation, StopConditions, TreeDrafter,
 };
 
 use spec_voice::SentenceStream;
 
 use super::{Answer, EventKind, PredGen};
 use crate::predgen::Continuation;
+use crate::transformer::Transformer;
 use crate::{Error, Result};
 
 /// Most discarded guesses a turn keeps for the lookup continuation.
@@ -128,16 +129,7 @@ impl PredGen<'_> {
             )?,
             Continuation::Jacobi { window } => {
                 let mut drafter = JacobiDrafter::new(drafting.tail, window)?;
-                let greedy = AcceptanceRule::greedy();
-                let speculation = Speculation::new(&greedy);
-                let gen = speculate(
-                    target,
-                    &mut drafter,
-                    &context,
-                    speculation,
-                    &stop,
-                    &mut |_| {},
-                )?;
+                let gen = greedy_with(target, &mut drafter, &context, &stop, &mut rng)?;
                 let (tokens, forwards) = self.jacobi_rate;
                 self.jacobi_rate = (
                     JACOBI_DECAY * tokens + gen.tokens.len() as f64,
@@ -154,18 +146,13 @@ impl PredGen<'_> {
                 let draft = self.draft.as_deref_mut().ok_or_else(|| {
                     Error::Config("the draft-model continuation needs a draft model".into())
                 })?;
-                let gen = speculative_generate(
-                    target,
+                let mut drafter = DraftModelDrafter::new(
                     &mut draft.model,
-                    &context,
-                    &SpeculativeConfig {
-                        draft_length,
-                        ..Default::default()
-                    },
-                    &stop,
-                    &mut rng,
-                    &mut |_| {},
+                    draft_length,
+                    SamplingConfig::greedy(),
+                    false,
                 )?;
+                let gen = greedy_with(target, &mut drafter, &context, &stop, &mut rng)?;
                 if let Some(policy) = &mut self.draft_policy {
                     for step in &gen.stats.steps {
                         policy.observe(step.drafted, step.accepted);
@@ -180,16 +167,7 @@ impl PredGen<'_> {
                     self.lookup_acceptance,
                     drafting.guesses,
                 )?;
-                let greedy = AcceptanceRule::greedy();
-                let speculation = Speculation::new(&greedy);
-                let gen = speculate(
-                    target,
-                    &mut drafter,
-                    &context,
-                    speculation,
-                    &stop,
-                    &mut |_| {},
-                )?;
+                let gen = greedy_with(target, &mut drafter, &context, &stop, &mut rng)?;
                 self.lookup_acceptance = Some(drafter.acceptance());
                 gen
             }
@@ -210,16 +188,7 @@ impl PredGen<'_> {
                     first: drafter,
                     second: copies,
                 };
-                let greedy = AcceptanceRule::greedy();
-                let speculation = Speculation::new(&greedy);
-                let gen = speculate(
-                    target,
-                    &mut merged,
-                    &context,
-                    speculation,
-                    &stop,
-                    &mut |_| {},
-                )?;
+                let gen = greedy_with(target, &mut merged, &context, &stop, &mut rng)?;
                 self.lookup_acceptance = Some(merged.second.acceptance());
                 gen
             }
@@ -266,4 +235,28 @@ impl PredGen<'_> {
             text: self.model.tokenizer.decode_text(tokens)?,
         })
     }
+}
+
+/// Greedy speculation with `drafter` after `context`, lending it `rng` (a cost-aware draft
+/// length explores with it).
+fn greedy_with(
+    target: &mut Transformer,
+    drafter: &mut dyn TreeDrafter,
+    context: &[u32],
+    stop: &StopConditions,
+    rng: &mut dyn RngCore,
+) -> Result<Generation> {
+    let greedy = AcceptanceRule::greedy();
+    let speculation = Speculation {
+        rng: Some(rng),
+        ..Speculation::new(&greedy)
+    };
+    Ok(speculate(
+        target,
+        drafter,
+        context,
+        speculation,
+        stop,
+        &mut |_| {},
+    )?)
 }
