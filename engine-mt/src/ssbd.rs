@@ -7,16 +7,17 @@
 //! they differ is the target's own (already the correction), the cache is rolled back to the
 //! accepted prefix, and decoding goes on greedily ([`Continuation`]): one token per forward, or
 //! with drafts checked greedily, from the rest of the previous output or from a small model.
+//! It is one run of `spec_core::speculate`: the previous output is a drafter verified with the
+//! prefill, whose draft carries the biased rule, and the continuation's drafts follow it.
 
+use std::cmp::Ordering;
 use std::time::{Duration, Instant};
 
-use spec_core::decoder::forward_tokens;
-use spec_core::decoder::rewind_to_prefix;
-use spec_core::draft::{advance, catch_up};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
-    forward_continuation, Acceptance, AcceptanceRule, Decoder, DraftInput, LogitRows, Logits,
-    LookupDrafter, TreeDrafter,
+    speculate, AcceptanceRule, Decoder, DraftInput, DraftLength, DraftModelDrafter, FinishReason,
+    HiddenStates, LookupDrafter, PreviousOutput, SamplingConfig, Speculation, StopConditions,
+    TokenTree, TreeDraft, TreeDrafter, Verified,
 };
 
 use crate::error::{Error, Result};
@@ -82,11 +83,13 @@ pub struct UpdateDecode {
 }
 
 /// Decodes the output for `prompt`, using `draft` (the previous output, already trimmed) as
-/// described in the module documentation, and `continuation` after the divergence. With β = 0
-/// the result is exactly the target's greedy output, whatever the draft and continuation.
-pub fn decode_update<T: Decoder + ?Sized>(
+/// described in the module documentation, and `continuation` after the divergence: one
+/// [`speculate`] run whose drafter offers the previous output from the prefill on, judged with
+/// the bias, then the continuation's drafts, judged greedily. With β = 0 the result is exactly
+/// the target's greedy output, whatever the draft and continuation.
+pub fn decode_update<T: HiddenStates + ?Sized>(
     target: &mut T,
-    mut continuation: Continuation<'_>,
+    continuation: Continuation<'_>,
     prompt: &[u32],
     draft: &[u32],
     decoding: &Decoding,
@@ -97,179 +100,163 @@ pub fn decode_update<T: Decoder + ?Sized>(
         return Err(Error::Input("empty prompt".into()));
     }
     let started = Instant::now();
-    let is_end = |t: &u32| end_tokens.contains(t);
-    let mut out = UpdateDecode::default();
-    let mut guess = Vec::new();
-
-    // The verification pass: the prompt's new tokens and the draft, in one forward.
-    let finished = match decoding {
-        Decoding::Ssbd { beta } if !draft.is_empty() && max_tokens > 0 => {
-            let rule = AcceptanceRule::biased(*beta);
-            rule.validate()?;
-            let room = target.max_len().saturating_sub(prompt.len());
-            let draft = &draft[..draft.len().min(room).min(max_tokens)];
-            let logits = forward_continuation(target, prompt, draft)?;
-            let verdict = rule.verify_by_judging(draft, &logits)?;
-            out.target_forwards += 1;
-            out.drafted = draft.len();
-            // An end token inside the draft ends the output there.
-            let kept = draft[..verdict.accepted]
-                .iter()
-                .position(is_end)
-                .unwrap_or(verdict.accepted);
-            out.accepted = kept;
-            out.tokens = draft[..kept].to_vec();
-            for (i, &token) in out.tokens.iter().enumerate() {
-                let row = logits.row(i);
-                out.confidence
-                    .push((1.0 - beta) * softmax(row)[token as usize] + beta);
-                out.forced += usize::from(argmax(row) != token);
-            }
-            // The model's next token is added only while the budget has room: a draft kept
-            // whole may already fill it.
-            let finished = if kept < verdict.accepted
-                || out.tokens.len() >= max_tokens
-                || is_end(&verdict.next_token)
-            {
-                true
-            } else {
-                let p = softmax(logits.row(kept))[verdict.next_token as usize];
-                let own = if kept < draft.len() { 1.0 - beta } else { 1.0 };
-                out.tokens.push(verdict.next_token);
-                out.confidence.push(own * p);
-                out.tokens.len() >= max_tokens
-            };
-            // Roll back past an end token inside the draft (the next token is not cached yet).
-            target.truncate(prompt.len() + kept)?;
-            if kept == verdict.accepted {
-                guess = guess_past(&logits, kept + 1);
-            }
-            finished
+    let (previous, beta) = match decoding {
+        Decoding::Ssbd { beta } if !draft.is_empty() => {
+            let bias = AcceptanceRule::biased(*beta);
+            bias.validate()?;
+            (Some((PreviousOutput::new(draft.to_vec()), bias)), *beta)
         }
-        _ => max_tokens == 0,
+        _ => (None, 0.0),
     };
-
-    if !finished {
-        continue_decoding(
-            target,
-            &mut continuation,
-            prompt,
-            end_tokens,
-            max_tokens,
-            &mut out,
-            guess,
-        )?;
+    let mut drafter = UpdateDrafter {
+        previous,
+        next: match continuation {
+            Continuation::Greedy => After::Greedy,
+            Continuation::Lookup(lookup) => After::Lookup(lookup),
+            Continuation::Assistant { gamma: 0, .. } => After::Greedy,
+            Continuation::Assistant { model, gamma } => {
+                After::Assistant(Box::new(DraftModelDrafter::new(
+                    model,
+                    DraftLength::Fixed(gamma),
+                    SamplingConfig::greedy(),
+                    false,
+                )?))
+            }
+        },
+        first: true,
+        from_previous: false,
+        context_len: prompt.len(),
+        guess: Vec::new(),
+        counts: UpdateDecode::default(),
+    };
+    // Each output token's probability P under the target, and whether it was the argmax.
+    let mut chosen: Vec<(f32, bool)> = Vec::new();
+    let on_row = &mut |token: u32, row: &[f32]| {
+        chosen.push((softmax(row)[token as usize], argmax(row) == token));
+    };
+    let greedy = AcceptanceRule::greedy();
+    let speculation = Speculation {
+        on_row: Some(on_row),
+        ..Speculation::new(&greedy)
+    };
+    let stop = StopConditions::new(max_tokens).with_eos(end_tokens.iter().copied());
+    let generation = speculate(
+        target,
+        &mut drafter,
+        prompt,
+        speculation,
+        &stop,
+        &mut |_| {},
+    )?;
+    let mut out = drafter.counts;
+    out.tokens = generation.tokens;
+    if generation.finish == FinishReason::Eos {
+        out.tokens.pop();
     }
+    // An end token inside the kept draft ends the output there.
+    out.accepted = out.accepted.min(out.tokens.len());
+    for (i, &(p, own)) in chosen.iter().take(out.tokens.len()).enumerate() {
+        out.confidence.push(match i.cmp(&out.accepted) {
+            Ordering::Less => {
+                out.forced += usize::from(!own);
+                (1.0 - beta) * p + beta
+            }
+            // The target's token where the draft was rejected.
+            Ordering::Equal if out.accepted < out.drafted => (1.0 - beta) * p,
+            _ => p,
+        });
+    }
+    out.target_forwards = generation.stats.target_forwards;
+    out.draft_forwards = generation.stats.draft_forwards;
     out.time = started.elapsed();
     Ok(out)
 }
 
-/// Greedy decoding of `prompt + out.tokens` onward until an end token or `max_tokens`, each
-/// step one target forward over the uncached tokens and a draft from `continuation`, keeping
-/// the draft while it is the target's argmax. `guess` is the verification forward's guess for
-/// the token after the next one ([`guess_past`]). Stops early, as [`spec_core::generate`] does,
-/// when the cache is full.
-fn continue_decoding<T: Decoder + ?Sized>(
-    target: &mut T,
-    continuation: &mut Continuation<'_>,
-    prompt: &[u32],
-    end_tokens: &[u32],
-    max_tokens: usize,
-    out: &mut UpdateDecode,
-    mut guess: Vec<u32>,
-) -> Result<()> {
-    let mut context: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
-    let mut first = true;
-    while out.tokens.len() < max_tokens {
-        if context.len() > target.max_len() {
-            if first {
-                return Err(spec_core::Error::ContextOverflow {
-                    requested: context.len(),
-                    max: target.max_len(),
-                }
-                .into());
-            }
-            break;
+/// How the tokens after the previous output are drafted.
+enum After<'a> {
+    Greedy,
+    Lookup(&'a mut LookupDrafter),
+    Assistant(Box<DraftModelDrafter<&'a mut dyn Decoder>>),
+}
+
+/// The drafts of one update: the previous output with the prefill, judged with the bias, then
+/// the continuation's, judged greedily; it counts both.
+struct UpdateDrafter<'a> {
+    previous: Option<(PreviousOutput, AcceptanceRule)>,
+    next: After<'a>,
+    /// The next draft is the first (verified with the prefill).
+    first: bool,
+    /// The last draft was the previous output.
+    from_previous: bool,
+    context_len: usize,
+    /// The last verification's guess of the token after the next one (Jacobi iteration).
+    guess: Vec<u32>,
+    counts: UpdateDecode,
+}
+
+impl TreeDrafter for UpdateDrafter<'_> {
+    fn draft_tree(&mut self, input: DraftInput<'_>) -> spec_core::Result<TreeDraft> {
+        let first = std::mem::replace(&mut self.first, false);
+        self.context_len = input.context_len;
+        if let (true, Some((previous, bias))) = (first, self.previous.as_mut()) {
+            self.from_previous = true;
+            let draft = previous.draft_tree(input)?;
+            return Ok(TreeDraft {
+                rule: Some(*bias),
+                ..draft
+            });
         }
-        first = false;
-        let keep = rewind_to_prefix(target, &context)?;
-        // Draft tokens beyond the next one; the last of them is never followed by a bonus
-        // token past the budget or the cache.
-        let limit = (max_tokens - out.tokens.len() - 1).min(target.max_len() - context.len());
-        let draft = match continuation {
-            Continuation::Greedy => Vec::new(),
+        self.from_previous = false;
+        let root = input.root()?;
+        let produced = input.produced();
+        match &mut self.next {
+            After::Greedy => Ok(TreeDraft::new(TokenTree::new(root), 0)),
             // Looked up in the output only: a match in the prompt's template or source words
             // rarely continues into the translation.
-            Continuation::Lookup(drafter) if !out.tokens.is_empty() => {
+            After::Lookup(_) if produced.is_empty() => Ok(TreeDraft::new(TokenTree::new(root), 0)),
+            After::Lookup(lookup) => {
                 // With no guess from the last forward, the next token repeated starts the
                 // iteration (the row after it guesses the token after that).
-                match guess.is_empty() {
-                    true => drafter.offer_probe(*context.last().expect("a prompt is never empty")),
-                    false => drafter.offer_guess(std::mem::take(&mut guess)),
+                match self.guess.is_empty() {
+                    true => lookup.offer_probe(root),
+                    false => lookup.offer_guess(std::mem::take(&mut self.guess)),
                 }
-                drafter
-                    .draft_tree(DraftInput::new(&out.tokens, limit))?
-                    .tree
-                    .tokens()[1..]
-                    .to_vec()
+                lookup.draft_tree(DraftInput::new(produced, input.max_depth))
             }
-            Continuation::Lookup(_) => Vec::new(),
-            Continuation::Assistant { model, gamma } if limit > 0 => {
-                let draft = assistant_draft(&mut **model, &context, (*gamma).min(limit))?;
-                out.draft_forwards += draft.len();
-                draft
-            }
-            Continuation::Assistant { .. } => Vec::new(),
+            After::Assistant(assistant) => assistant.draft_tree(input),
+        }
+    }
+
+    /// SSBD's counters, and the target's own guess of the token after its next one: its argmax
+    /// at the row after the first rejected node.
+    fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> spec_core::Result<()> {
+        let (drafted, accepted) = (tree.len() - 1, verified.verdict.path.len() - 1);
+        if self.from_previous {
+            self.counts.drafted = drafted;
+            self.counts.accepted = accepted;
+        } else {
+            self.counts.continuation_drafted += drafted;
+            self.counts.continuation_accepted += accepted;
+        }
+        self.guess = match &verified.rows {
+            Some(rows) if accepted + 1 < tree.len() => vec![argmax(rows.row(accepted + 1))],
+            _ => Vec::new(),
         };
-        let input: Vec<u32> = context[keep..].iter().chain(&draft).copied().collect();
-        let logits = forward_tokens(target, &input, LogitRows::Last(draft.len() + 1))?;
-        out.target_forwards += 1;
-        out.continuation_drafted += draft.len();
-        let mut ended = false;
-        for (i, row) in logits.rows().enumerate() {
-            let token = argmax(row);
-            if end_tokens.contains(&token) {
-                ended = true;
-                break;
-            }
-            out.tokens.push(token);
-            out.confidence.push(softmax(row)[token as usize]);
-            context.push(token);
-            let matched = draft.get(i) == Some(&token);
-            out.continuation_accepted += usize::from(matched);
-            if !matched || out.tokens.len() >= max_tokens {
-                guess = guess_past(&logits, i + 1);
-                break;
-            }
+        if let After::Assistant(assistant) = &mut self.next {
+            assistant.observe(tree, verified)?;
         }
-        // The cache keeps the context but its last token (not forwarded yet).
-        target.truncate(context.len() - usize::from(!ended))?;
-        if ended {
-            break;
-        }
+        Ok(())
     }
-    if let Continuation::Lookup(drafter) = continuation {
-        drafter.finish(&out.tokens)?;
-    }
-    Ok(())
-}
 
-/// The target's argmax at row `row`, the one after a rejected draft token: a guess of the
-/// token after the one that replaces it (empty when the forward has no such row).
-fn guess_past(logits: &Logits, row: usize) -> Vec<u32> {
-    logits.rows().nth(row).map(argmax).into_iter().collect()
-}
+    fn drafts_with_prefill(&self) -> bool {
+        true
+    }
 
-/// `gamma` tokens greedily drafted by `model` after `context`.
-fn assistant_draft(model: &mut dyn Decoder, context: &[u32], gamma: usize) -> Result<Vec<u32>> {
-    let mut logits = catch_up(model, context)?;
-    let mut draft = Vec::with_capacity(gamma);
-    while draft.len() < gamma {
-        let token = argmax(&logits);
-        draft.push(token);
-        if draft.len() < gamma {
-            logits = advance(model, token)?;
+    fn finish(&mut self, committed: &[u32]) -> spec_core::Result<()> {
+        match &mut self.next {
+            After::Greedy => Ok(()),
+            After::Lookup(lookup) => lookup.finish(&committed[self.context_len..]),
+            After::Assistant(assistant) => assistant.finish(committed),
         }
     }
-    Ok(draft)
 }

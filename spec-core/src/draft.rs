@@ -6,6 +6,7 @@ use std::fmt;
 use candle_core::Tensor;
 use rand::RngCore;
 
+use crate::acceptance::AcceptanceRule;
 use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
 use crate::logits::Logits;
 use crate::sampling::{argmax, max_probability, top_k_tokens};
@@ -38,15 +39,19 @@ pub struct TreeDraft {
     /// For speculative sampling: the distribution each drafted token of a chain was drawn
     /// from, one per drafted token; empty for drafts judged by deterministic rules.
     pub distributions: Vec<Vec<f32>>,
+    /// The deterministic rule this draft is judged by, when not the run's (SSBD's bias trusts
+    /// a previous output more than a fresh guess).
+    pub rule: Option<AcceptanceRule>,
 }
 
 impl TreeDraft {
-    /// A draft judged by deterministic rules.
+    /// A draft judged by the run's deterministic rule.
     pub fn new(tree: TokenTree, forwards: usize) -> Self {
         Self {
             tree,
             forwards,
             distributions: Vec::new(),
+            rule: None,
         }
     }
 }

@@ -427,9 +427,8 @@ impl<D: Decoder> TreeDrafter for DraftModelDrafter<D> {
             }
         }
         Ok(TreeDraft {
-            tree: TokenTree::linear(root, &drafted),
-            forwards,
             distributions,
+            ..TreeDraft::new(TokenTree::linear(root, &drafted), forwards)
         })
     }
 

@@ -152,12 +152,14 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                 let root = *context.last().ok_or(Error::EmptyInput(
                     "the context must hold at least one token",
                 ))?;
-                let chain = match drafter.drafts_with_prefill() {
+                let (chain, chain_rule) = match drafter.drafts_with_prefill() {
                     true => {
                         let keep = common_prefix_len(target.cached_tokens(), context)
                             .min(context.len() - 1);
                         let room = target.max_len().saturating_sub(context.len());
-                        let max_depth = (stop.max_new_tokens - 1).min(room);
+                        // A previous output may fill the budget (its last row then goes
+                        // unused).
+                        let max_depth = stop.max_new_tokens.min(room);
                         let t_draft = Instant::now();
                         let draft = drafter.draft_tree(DraftInput {
                             committed: &committed,
@@ -171,9 +173,9 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                         stats.draft_time += t_draft.elapsed();
                         stats.draft_forwards += draft.forwards;
                         check_draft(&draft.tree, root, max_depth)?;
-                        draft.tree
+                        (draft.tree, draft.rule)
                     }
-                    false => TokenTree::new(root),
+                    false => (TokenTree::new(root), None),
                 };
                 let t_verify = Instant::now();
                 if sampled.is_some() && chain.len() > 1 {
@@ -185,7 +187,7 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                     target,
                     context,
                     &chain,
-                    rule,
+                    chain_rule.as_ref().unwrap_or(rule),
                     &mut node_adjustment(&mut adjust, &committed, &chain),
                     reads_hidden,
                 )?;
@@ -257,7 +259,10 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                 &mut adjust_node,
                 reads_hidden,
             )?,
-            _ => verification.verify(target, &tree, rule, &mut adjust_node, reads_hidden)?,
+            _ => {
+                let rule = draft.rule.as_ref().unwrap_or(rule);
+                verification.verify(target, &tree, rule, &mut adjust_node, reads_hidden)?
+            }
         };
         drop(adjust_node);
         stats.target_time += t_verify.elapsed();

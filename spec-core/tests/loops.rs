@@ -60,7 +60,7 @@ fn the_previous_answer_is_verified_in_the_prefill() {
     let mut drafter = PreviousOutput::new(reference.tokens.clone());
     let spec = greedy_with(&target, &mut drafter, &prompt, &stop);
     assert_eq!(spec.tokens, reference.tokens);
-    // The prompt and 19 of the answer's tokens in one forward, which also gives the 20th.
+    // The prompt and the whole answer in one forward.
     assert_eq!(spec.stats.target_forwards, 1);
     assert_eq!(spec.stats.prompt_tokens, prompt.len());
     // Capped at 8 rows a forward: the prompt and 4 tokens, then the root and 7 at a time.
