@@ -2,8 +2,12 @@
 //! `~/.cache/specvoice/models`). Ignored by plain `cargo test`; CI runs them with
 //! `cargo test --release -- --ignored` after fetching the models.
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
+use common::real::{load, QWEN_LARGE, QWEN_SMALL, SMOLLM};
 use engine_llm::{
-    ChatTemplate, Error, FinishReason, Flow, GenerateOptions, LanguageModel, LoadOptions, Message,
+    ChatTemplate, Error, FinishReason, Flow, GenerateOptions, LanguageModel, Message,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -13,15 +17,6 @@ use spec_core::{
     StopConditions,
 };
 use spec_models::Store;
-
-const SMOLLM: &str = "smollm2-135m-instruct";
-const QWEN_SMALL: &str = "qwen2.5-coder-0.5b-instruct";
-const QWEN_LARGE: &str = "qwen2.5-coder-1.5b-instruct";
-
-fn load(name: &str) -> LanguageModel {
-    LanguageModel::open(name, &LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e} (run ../shared/models/fetch)"))
-}
 
 /// The GGUF file of a registry model, found (and checked) by the resolver.
 fn load_path(name: &str) -> std::path::PathBuf {
@@ -488,6 +483,68 @@ fn chat_streams_the_greedy_answer() {
 
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
+fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
+    use engine_llm::TextTokenizer;
+
+    let gguf = engine_llm::GgufFile::open(&load_path(QWEN_SMALL)).unwrap();
+    let strings = |key: &str| -> Vec<String> {
+        gguf.value(key)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string().unwrap().clone())
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens");
+    let types: Vec<i32> = gguf
+        .value("tokenizer.ggml.token_type")
+        .unwrap()
+        .to_vec()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_i32().unwrap())
+        .collect();
+    // The files a Hugging Face checkpoint without tokenizer.json ships (CosyVoice-BlankEN).
+    let dir = tempfile::tempdir().unwrap();
+    let (mut vocab, mut added) = (serde_json::Map::new(), serde_json::Map::new());
+    for (id, (token, kind)) in tokens.iter().zip(&types).enumerate() {
+        if *kind == 3 {
+            added.insert(
+                id.to_string(),
+                serde_json::json!({"content": token, "special": true}),
+            );
+        } else {
+            vocab.insert(token.clone(), id.into());
+        }
+    }
+    let paths = ["vocab.json", "merges.txt", "tokenizer_config.json"].map(|f| dir.path().join(f));
+    std::fs::write(&paths[0], serde_json::Value::Object(vocab).to_string()).unwrap();
+    let merges = strings("tokenizer.ggml.merges").join("\n");
+    std::fs::write(&paths[1], format!("#version: 0.2\n{merges}\n")).unwrap();
+    let config = serde_json::json!({ "added_tokens_decoder": added });
+    std::fs::write(&paths[2], config.to_string()).unwrap();
+    let rebuilt =
+        TextTokenizer::from_vocab_and_merges(&paths[0], &paths[1], Some(&paths[2]), "qwen2")
+            .unwrap();
+    let original = TextTokenizer::from_gguf(&gguf).unwrap();
+    for text in [
+        "Hello, world! It's 2026-11-24 and the price is $1,234.56.",
+        "fn main() {\n    println!(\"héllo wörld\");\n}\n\n\t  trailing  ",
+        "日本語のテキストと emoji 🎉 mixed<|im_end|> text",
+        "<|im_start|>user\nWhat's up?<|im_end|>\n<|im_start|>assistant\n",
+    ] {
+        assert_eq!(
+            rebuilt.encode(text).unwrap(),
+            original.encode(text).unwrap(),
+            "{text:?}"
+        );
+    }
+    assert_eq!(rebuilt.end_tokens(), original.end_tokens());
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
 fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
     use engine_llm::ssd::train::{train, Backbone, DistilledSequence, SsdTrainConfig};
     use spec_nn::heads::weights_fingerprint;
@@ -579,124 +636,4 @@ fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
         accepted += speculative.stats.accepted_tokens();
     }
     assert!(accepted > 0);
-}
-
-#[test]
-#[ignore = "needs real models (../shared/models/fetch)"]
-fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
-    use engine_llm::TextTokenizer;
-
-    let gguf = engine_llm::GgufFile::open(&load_path(QWEN_SMALL)).unwrap();
-    let strings = |key: &str| -> Vec<String> {
-        gguf.value(key)
-            .unwrap()
-            .to_vec()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_string().unwrap().clone())
-            .collect()
-    };
-    let tokens = strings("tokenizer.ggml.tokens");
-    let types: Vec<i32> = gguf
-        .value("tokenizer.ggml.token_type")
-        .unwrap()
-        .to_vec()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_i32().unwrap())
-        .collect();
-    // The files a Hugging Face checkpoint without tokenizer.json ships (CosyVoice-BlankEN).
-    let dir = tempfile::tempdir().unwrap();
-    let (mut vocab, mut added) = (serde_json::Map::new(), serde_json::Map::new());
-    for (id, (token, kind)) in tokens.iter().zip(&types).enumerate() {
-        if *kind == 3 {
-            added.insert(
-                id.to_string(),
-                serde_json::json!({"content": token, "special": true}),
-            );
-        } else {
-            vocab.insert(token.clone(), id.into());
-        }
-    }
-    let paths = ["vocab.json", "merges.txt", "tokenizer_config.json"].map(|f| dir.path().join(f));
-    std::fs::write(&paths[0], serde_json::Value::Object(vocab).to_string()).unwrap();
-    let merges = strings("tokenizer.ggml.merges").join("\n");
-    std::fs::write(&paths[1], format!("#version: 0.2\n{merges}\n")).unwrap();
-    let config = serde_json::json!({ "added_tokens_decoder": added });
-    std::fs::write(&paths[2], config.to_string()).unwrap();
-    let rebuilt =
-        TextTokenizer::from_vocab_and_merges(&paths[0], &paths[1], Some(&paths[2]), "qwen2")
-            .unwrap();
-    let original = TextTokenizer::from_gguf(&gguf).unwrap();
-    for text in [
-        "Hello, world! It's 2026-11-24 and the price is $1,234.56.",
-        "fn main() {\n    println!(\"héllo wörld\");\n}\n\n\t  trailing  ",
-        "日本語のテキストと emoji 🎉 mixed<|im_end|> text",
-        "<|im_start|>user\nWhat's up?<|im_end|>\n<|im_start|>assistant\n",
-    ] {
-        assert_eq!(
-            rebuilt.encode(text).unwrap(),
-            original.encode(text).unwrap(),
-            "{text:?}"
-        );
-    }
-    assert_eq!(rebuilt.end_tokens(), original.end_tokens());
-}
-
-#[test]
-#[ignore = "needs real models (../shared/models/fetch)"]
-fn a_head_trained_briefly_on_the_real_model_decodes_losslessly_through_the_chat_api() {
-    use engine_llm::Speculation;
-    use spec_core::{HeadsDrafter, HeadsTree, HiddenStates};
-    use spec_nn::heads::{train, weights_fingerprint, HeadKind, TrainConfig};
-
-    let mut lm = load(SMOLLM);
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/heads_general_prompts.txt"),
-    )
-    .unwrap();
-    // A quick variant of `cargo xtask train-heads` (the full one runs outside CI): one chained
-    // head on the model's greedy answers to 24 prompts, 8 in lockstep.
-    let prompts: Vec<&str> = text.lines().take(24).collect();
-    let mut batches = Vec::new();
-    let data = lm
-        .self_distilled(&prompts, 48, 8, &mut |answered, _| batches.push(answered))
-        .unwrap();
-    assert_eq!(batches, [8, 16, 24]);
-    assert!(data.positions() > 24 * 8, "{} positions", data.positions());
-    let mut config = TrainConfig::new(HeadKind::Chained, 1);
-    config.epochs = 3;
-    let vocab: Vec<u32> = (0..lm.model.vocab_size() as u32).collect();
-    let unembedding = lm.model.unembedding_rows(&vocab).unwrap();
-    let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let fingerprint = weights_fingerprint(&lm.weights).unwrap();
-    trained
-        .save(dir.path(), SMOLLM, &fingerprint, "test")
-        .unwrap();
-    let heads = lm.load_heads(dir.path()).unwrap();
-    lm.set_heads(HeadsDrafter::new(heads, HeadsTree::chain(1)).unwrap())
-        .unwrap();
-
-    let plain = GenerateOptions::default().max_tokens(64);
-    let mut accepted = 0;
-    for question in [
-        "Name three uses of a hash map.",
-        "Why is the sky blue?",
-        "Give me a tip for learning to cook.",
-    ] {
-        let messages = [Message::user(question)];
-        lm.model.reset();
-        let expected = lm.chat(&messages, &plain).unwrap();
-        for lookup in [0, 3] {
-            lm.model.reset();
-            let options = plain.clone().speculation(Speculation::Heads { lookup });
-            let answer = lm.chat(&messages, &options).unwrap();
-            assert_eq!(answer.tokens, expected.tokens, "{question} lookup {lookup}");
-            assert_eq!(answer.text, expected.text);
-            assert!(answer.stats.target_forwards <= expected.stats.target_forwards);
-            accepted += answer.stats.accepted_tokens();
-        }
-    }
-    assert!(accepted > 0, "the head never guessed right");
 }

@@ -26,7 +26,8 @@
 //!   [`WeightSource`], checked against the shapes a configuration implies, with the
 //!   re-quantization policy that keeps every matrix on the batch-invariant kernels.
 //! - [`output`]: a decoder's final norm and output layer, keeping every position's hidden state.
-//! - [`heads`]: multi-token prediction heads (projection and latent), their files and training.
+//! - [`heads`]: multi-token prediction heads (projection, latent and chained) and their files
+//!   (their training is the `spec-train` crate's).
 //! - [`costs`]: forward costs measured once per model file and machine.
 //! - [`trainable`]: a Llama/Qwen2 decoder layer in float weights and differentiable
 //!   operations, for training drafts through frozen layers.

@@ -1,11 +1,13 @@
-//! The options every `train_heads` program takes, and its progress display.
+//! The command-line options of the training programs (`clap`), and their progress display:
+//! [`TrainArgs`], what every `train_heads` program takes.
 
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use spec_nn::heads::HeadKind;
+use spec_nn::Result;
 
-use super::{train, HeadKind, Progress, TrainConfig, TrainingSet};
-use crate::Result;
+use crate::heads::{train, Progress, TrainConfig, TrainingSet};
 
 /// The head architectures, as a command-line value.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
