@@ -1,8 +1,7 @@
 //! `cargo xtask train-heads MODEL …` and `cargo xtask train-ssd-draft MODEL …`: train what a
-//! speculative method needs for a model with the training program for its engine (heads:
-//! `spec-train`'s `train_heads` or `train_heads_llm` example; SSD drafts: the engine's
-//! `train_ssd_draft` or `train_cosyvoice_ssd_draft` example), into the models folder (`heads/`,
-//! `ssd/`).
+//! speculative method needs for a model with `spec-train`'s program for its engine (its
+//! `train_heads`, `train_heads_llm`, `train_ssd_draft` or `train_cosyvoice_ssd_draft` example),
+//! into the models folder (`heads/`, `ssd/`).
 
 use std::process::Command;
 
@@ -36,12 +35,13 @@ pub fn heads(args: &TrainArgs) -> Result<()> {
 }
 
 /// An SSD draft of a model's own layers (`--lower 2 --upper 6 --epochs N …`): CosyVoice 2's
-/// speech-token LM with engine-tts (cosyvoice…), a chat model with engine-llm.
+/// speech-token LM's (`train_cosyvoice_ssd_draft`, cosyvoice…), or a chat model's
+/// (`train_ssd_draft`).
 pub fn ssd_draft(args: &TrainArgs) -> Result<()> {
     if args.model.starts_with("cosyvoice") {
-        run("engine-tts", "train_cosyvoice_ssd_draft", args)
+        run("spec-train", "train_cosyvoice_ssd_draft", args)
     } else {
-        run("engine-llm", "train_ssd_draft", args)
+        run("spec-train", "train_ssd_draft", args)
     }
 }
 
