@@ -12,6 +12,7 @@ use serde_json::json;
 use spec_nn::ctranslate2::{write_model_bin, Ct2Variable};
 
 use crate::whisper::load::CT2_DIRECT_TENSORS;
+use crate::whisper::{LogitRules, WhisperTokenizer};
 use crate::{Error, LogMel, Result};
 
 /// Greedy decoding without the temperature fallback or its thresholds: what the speculative
@@ -233,6 +234,21 @@ pub fn hf_config() -> serde_json::Value {
         "max_source_positions": SOURCE_POSITIONS,
         "max_target_positions": TARGET_POSITIONS,
     })
+}
+
+/// The tokenizer of the tiny model written to `dir` ([`write_hf`], [`write_ct2`]) and the logit
+/// rules the decoding tests apply with it, with or without timestamps: ids 3 and 4 suppressed,
+/// 26 and the end of text blocked at the first step, the first timestamp at most 0.1 s.
+pub fn logit_rules(dir: &Path, timestamps: bool) -> Result<(WhisperTokenizer, LogitRules)> {
+    let tokenizer = WhisperTokenizer::from_file(&dir.join("tokenizer.json"))?;
+    let rules = LogitRules::new(
+        &tokenizer,
+        &[3, 4],
+        &[26, END_OF_TEXT],
+        timestamps,
+        Some(0.1),
+    );
+    Ok((tokenizer, rules))
 }
 
 /// A byte-level BPE tokenizer: letters and space as text tokens, then Whisper's specials.

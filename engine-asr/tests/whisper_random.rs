@@ -5,10 +5,7 @@
 use candle_core::Device;
 use candle_core::{DType, Tensor};
 use engine_asr::testing::*;
-use engine_asr::whisper::decode::{
-    beam_window, heads_window, run_prompt, sample_window, speculative_window,
-};
-use engine_asr::whisper::model_fingerprint;
+use engine_asr::whisper::decode::{beam_window, run_prompt, sample_window};
 use engine_asr::whisper::{LogitRules, WhisperTokenizer};
 use engine_asr::{
     EncoderLength, Error, LoadOptions, StreamingTranscriber, TranscribeOptions, Transcriber,
@@ -17,26 +14,7 @@ use engine_asr::{
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
-use spec_core::{
-    AcceptanceRule, Decoder, DraftInput, Forward, HeadsDrafter, HeadsTree, HiddenStates, LogitRows,
-    Logits, TokenHeads, TreeDraft, TreeDrafter, Verification,
-};
-
-/// A drafter that reads the hidden state, from a closure that looks at each request.
-struct Looking<F>(F);
-
-impl<F: FnMut(DraftInput<'_>) -> spec_core::Result<TreeDraft>> TreeDrafter for Looking<F> {
-    fn draft_tree(&mut self, input: DraftInput<'_>) -> spec_core::Result<TreeDraft> {
-        (self.0)(input)
-    }
-    fn reads_hidden(&self) -> bool {
-        true
-    }
-    fn finish(&mut self, _: &[u32]) -> spec_core::Result<()> {
-        Ok(())
-    }
-}
-use spec_nn::heads::{train, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet};
+use spec_core::{AcceptanceRule, Decoder, Forward, LogitRows, Logits};
 
 fn load(dir: &std::path::Path) -> Whisper {
     Whisper::load(dir, &LoadOptions::default()).unwrap()
@@ -241,23 +219,11 @@ fn a_tokenizer_whose_end_of_text_the_model_does_not_suppress_is_refused() {
     assert!(matches!(err, Error::Config(_)), "{err}");
 }
 
-fn rules(dir: &std::path::Path, timestamps: bool) -> (WhisperTokenizer, LogitRules) {
-    let tokenizer = WhisperTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
-    let rules = LogitRules::new(
-        &tokenizer,
-        &[3, 4],
-        &[26, END_OF_TEXT],
-        timestamps,
-        Some(0.1),
-    );
-    (tokenizer, rules)
-}
-
 #[test]
 fn the_logit_rules_follow_whispers_grammar() {
     let dir = tempfile::tempdir().unwrap();
     write_hf(dir.path(), 1).unwrap();
-    let (tokenizer, no_ts) = rules(dir.path(), false);
+    let (tokenizer, no_ts) = logit_rules(dir.path(), false).unwrap();
     assert_eq!(tokenizer.timestamp_begin, NO_TIMESTAMPS + 1);
     let ts0 = tokenizer.timestamp_begin;
     let blocked = |logits: &[f32]| -> Vec<u32> {
@@ -285,7 +251,7 @@ fn the_logit_rules_follow_whispers_grammar() {
     let b = blocked(&logits);
     assert!(!b.contains(&26) && !b.contains(&END_OF_TEXT) && b.contains(&3));
 
-    let (_, ts) = rules(dir.path(), true);
+    let (_, ts) = logit_rules(dir.path(), true).unwrap();
     // The first token is a timestamp no later than 0.1 s (5 steps).
     let mut logits = vec![0f32; VOCAB];
     ts.apply(&mut logits, &[]);
@@ -389,7 +355,7 @@ fn reference_beam(
 #[test]
 fn beam_search_in_one_token_tree_equals_beam_search_from_scratch() {
     let (dir, mut model) = hf_model(11);
-    let (_, rules) = rules(dir.path(), false);
+    let (_, rules) = logit_rules(dir.path(), false).unwrap();
     let prompt = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
     for seed in 0..3 {
         model.encode(&mel(160, seed).unwrap()).unwrap();
@@ -687,192 +653,6 @@ fn repetitive_text_compresses_well() {
         compression_ratio(&looped)
     );
     assert_eq!(compression_ratio(""), 0.0);
-}
-
-#[test]
-fn decoding_with_heads_equals_greedy_decoding() {
-    let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 31).unwrap();
-    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
-    let recordings: Vec<Vec<f32>> = [0.6, 0.9, 1.2, 1.5, 1.9]
-        .iter()
-        .map(|&s| tones(s, 220.0))
-        .collect();
-    // Heads trained on the model's own greedy outputs for these recordings.
-    let mut data = TrainingSet::new(HIDDEN);
-    for (i, samples) in recordings.iter().enumerate() {
-        let (hidden, next) = transcriber
-            .self_distill(samples, &greedy_options())
-            .unwrap()
-            .expect("the random model always says something");
-        data.push(hidden, next, i as u32).unwrap();
-    }
-    for kind in [HeadKind::latent(), HeadKind::Chained] {
-        let mut config = TrainConfig::new(kind, 3);
-        config.epochs = 40;
-        config.learning_rate = 0.01;
-        config.batch_size = 64;
-        let vocab: Vec<u32> = (0..VOCAB as u32).collect();
-        let unembedding = transcriber.model().unembedding_rows(&vocab).unwrap();
-        let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-        let heads_dir = tempfile::tempdir().unwrap();
-        let fingerprint = model_fingerprint(dir.path()).unwrap();
-        trained
-            .save(heads_dir.path(), "random", &fingerprint, "test")
-            .unwrap();
-        let heads = MultiTokenHeads::load(
-            heads_dir.path(),
-            transcriber.model(),
-            &fingerprint,
-            &Device::Cpu,
-        )
-        .unwrap();
-
-        let mut accepted = 0;
-        for timestamps in [false, true] {
-            let plain = TranscribeOptions {
-                timestamps,
-                ..greedy_options()
-            };
-            let with_heads = TranscribeOptions {
-                heads: Some(AcceptanceRule::greedy()),
-                ..plain.clone()
-            };
-            for (tree, min_probability) in [
-                (HeadsTree::chain(3), 0.0),
-                (HeadsTree::branching(3, 2), 0.0),
-                (HeadsTree::chain(3), 0.5),
-                // Latent heads' chain of one guesses in the verifying pass's output rows.
-                (HeadsTree::chain(1), 0.0),
-                (HeadsTree::chain(1), 0.5),
-            ] {
-                let drafter = HeadsDrafter::new(heads.clone(), tree)
-                    .unwrap()
-                    .with_min_probability(min_probability)
-                    .unwrap();
-                transcriber.set_heads(drafter).unwrap();
-                for (i, samples) in recordings.iter().enumerate() {
-                    let greedy = transcriber.transcribe(samples, &plain).unwrap();
-                    let fast = transcriber.transcribe(samples, &with_heads).unwrap();
-                    assert_eq!(fast.segments, greedy.segments, "{kind:?} recording {i}");
-                    assert!(fast.stats.forwards <= greedy.stats.forwards);
-                    accepted += fast.stats.heads.accepted_tokens();
-                }
-            }
-        }
-        assert!(accepted > 0, "{kind:?}: the heads never guessed right");
-        if kind == HeadKind::latent() {
-            guesses_in_the_output_pass_are_the_heads_own(dir.path(), &mut transcriber, &heads);
-        }
-    }
-}
-
-/// A chain of one of latent heads drafts from the rows the verification's output pass computed
-/// for the heads: the same trees, steps and candidates as the heads' own pass gives.
-fn guesses_in_the_output_pass_are_the_heads_own(
-    dir: &std::path::Path,
-    transcriber: &mut Transcriber,
-    heads: &MultiTokenHeads,
-) {
-    assert!(heads.shares_output_layer());
-    let (_, rules) = rules(dir, false);
-    let drafter = HeadsDrafter::new(heads, HeadsTree::chain(1)).unwrap();
-    let prompt = [START_OF_TRANSCRIPT, NO_TIMESTAMPS];
-    let greedy = AcceptanceRule::greedy();
-    let (mut accepted, mut checked, mut later_steps) = (0, 0, 0);
-    for seed in 0..4 {
-        let model = transcriber.model();
-        model.encode(&mel(160, seed).unwrap()).unwrap();
-        let (_, next) = run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
-        let plain = sample_window(
-            model,
-            &rules,
-            next.clone(),
-            END_OF_TEXT,
-            24,
-            0.0,
-            &mut StdRng::seed_from_u64(0),
-        )
-        .unwrap();
-        run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
-        let (guessing, guessing_steps) = heads_window(
-            model,
-            &rules,
-            &drafter,
-            &greedy,
-            next.clone(),
-            END_OF_TEXT,
-            24,
-        )
-        .unwrap();
-        // Each step's rows from the output pass are the heads' own for the state drafted from.
-        run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
-        let mut checking = Looking(|request: DraftInput<'_>| {
-            let sampled = request.produced();
-            let root = request.root()?;
-            let hidden = request.hidden.unwrap();
-            let adjust = &mut |_, row: &mut [f32]| rules.apply(row, sampled);
-            let tree = match request.guessed {
-                Some(rows) => {
-                    let own = heads.predict(hidden, 0..1).unwrap();
-                    let bits =
-                        |l: &Logits| l.row(0).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&rows), bits(&own), "window {seed}");
-                    checked += 1;
-                    drafter.draft_predicted(rows, root, request.max_depth, adjust)?
-                }
-                None => drafter.draft(hidden, root, request.max_depth, adjust)?,
-            };
-            Ok(TreeDraft::new(tree, 1))
-        });
-        let guesses = Verification::WithGuesses { heads, guesses: 1 };
-        let (checked_run, _) = speculative_window(
-            model,
-            &rules,
-            &mut checking,
-            &greedy,
-            guesses,
-            &prompt,
-            Some(next.clone()),
-            END_OF_TEXT,
-            24,
-        )
-        .unwrap();
-        assert_eq!(checked_run, guessing, "window {seed}");
-        run_prompt(model, &prompt, 0, NO_TIMESTAMPS - 1).unwrap();
-        let mut own_pass = Looking(|request: DraftInput<'_>| {
-            assert!(request.guessed.is_none());
-            let sampled = request.produced();
-            let root = request.root()?;
-            let hidden = request.hidden.unwrap();
-            let tree = drafter.draft(hidden, root, request.max_depth, &mut |_, row| {
-                rules.apply(row, sampled);
-            })?;
-            Ok(TreeDraft::new(tree, 1))
-        });
-        let (own, own_steps) = speculative_window(
-            model,
-            &rules,
-            &mut own_pass,
-            &greedy,
-            Verification::OnDemand,
-            &prompt,
-            Some(next),
-            END_OF_TEXT,
-            24,
-        )
-        .unwrap();
-        assert_eq!(guessing.tokens, plain.tokens, "window {seed}");
-        assert_eq!(guessing, own, "window {seed}");
-        assert_eq!(guessing_steps.steps, own_steps.steps, "window {seed}");
-        accepted += guessing_steps.accepted_tokens();
-        later_steps += guessing_steps.steps.len().saturating_sub(1);
-    }
-    assert!(accepted > 0, "the heads never guessed right");
-    assert_eq!(
-        checked, later_steps,
-        "every step after the first drafts from the output pass"
-    );
 }
 
 #[test]

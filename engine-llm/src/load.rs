@@ -90,16 +90,18 @@ impl TransformerConfig {
     }
 }
 
-/// The tensor naming of a checkpoint format.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Naming {
+/// The tensor naming of a checkpoint format. Public for the SSD drafts' training
+/// (`spec-train`), which names a layer's tensors as the loaders do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
     Gguf,
     HuggingFace,
 }
 
-/// The parts of a layer.
-#[derive(Clone, Copy)]
-pub(crate) enum Part {
+/// The parts of a layer (each a matrix, with a bias for some, or a norm's weight), as
+/// [`Naming::layer`] names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
     Query,
     Key,
     Value,
@@ -133,8 +135,8 @@ impl Naming {
         }
     }
 
-    /// `suffix`: "weight" or "bias".
-    pub(crate) fn layer(self, layer: usize, part: Part, suffix: &str) -> String {
+    /// The name of `part` of layer `layer`; `suffix`: "weight" or "bias".
+    pub fn layer(self, layer: usize, part: Part, suffix: &str) -> String {
         let (gguf, hf) = match part {
             Part::Query => ("attn_q", "self_attn.q_proj"),
             Part::Key => ("attn_k", "self_attn.k_proj"),
@@ -278,12 +280,9 @@ pub(crate) fn load_layer<S: WeightSource>(
 }
 
 /// Layer `layer`'s weights dequantized to f32 under Hugging Face names of layer `i`
-/// (`model.layers.{i}.self_attn.q_proj.weight`, ...): the same layer as plain tensors.
-pub(crate) fn layer_tensors(
-    layer: &Layer,
-    i: usize,
-    device: &Device,
-) -> Result<HashMap<String, Tensor>> {
+/// (`model.layers.{i}.self_attn.q_proj.weight`, ...): the same layer as plain tensors. Public for
+/// the SSD drafts' training (`spec-train`), which trains float copies of a model's layers.
+pub fn layer_tensors(layer: &Layer, i: usize, device: &Device) -> Result<HashMap<String, Tensor>> {
     let naming = Naming::HuggingFace;
     let mut tensors = HashMap::new();
     let attention = &layer.attention;

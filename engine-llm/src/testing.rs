@@ -1,17 +1,14 @@
 //! A tiny chat model with random weights, built in memory, for examples and tests: two Qwen2
 //! layers, a byte-level vocabulary of single characters (space, newline, printable ASCII up
 //! to `|`) and the ChatML control tokens, and the hand-written ChatML template. Its answers
-//! are random characters. [`tiny_heads`] trains prediction heads for any model in a moment.
+//! are random characters. (`spec_train::testing::tiny_heads` trains prediction heads for it.)
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-use spec_core::{generate, Decoder, HiddenStates, LogitRows, SamplingConfig, StopConditions};
-use spec_nn::heads::{train, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet};
 
 use crate::config::TransformerConfig;
 use crate::template::ChatTemplate;
@@ -104,44 +101,4 @@ fn tiny_transformer(vocab: usize, seed: u64) -> Result<Transformer> {
         }
     }
     Transformer::from_tensors(config, tensors, &LoadOptions::default())
-}
-
-/// Three latent heads for `model`, trained for a few epochs on its own greedy continuations
-/// of eight made-up prompts, saved in `dir` and loaded back (marked as trained for the model
-/// whatever its weights file: tests of the refusal of other models' heads live in `spec-nn`).
-pub fn tiny_heads(model: &mut LanguageModel, dir: &Path) -> Result<MultiTokenHeads> {
-    let vocab = model.model.vocab_size() as u32;
-    let mut data = TrainingSet::new(model.model.hidden_size());
-    for group in 0..8u32 {
-        let prompt: Vec<u32> = (0..5).map(|i| (group * 11 + i * 5 + 3) % vocab).collect();
-        model.model.reset();
-        let out = generate(
-            &mut model.model,
-            &prompt,
-            &SamplingConfig::greedy(),
-            &StopConditions::new(16),
-            &mut StdRng::seed_from_u64(0),
-            &mut |_| {},
-        )?;
-        model.model.reset();
-        let sequence: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
-        model.model.forward_tokens(&sequence, LogitRows::None)?;
-        let hidden = model.model.last_hidden()?;
-        let hidden = hidden.narrow(0, prompt.len() - 1, out.tokens.len())?;
-        data.push(hidden, out.tokens, group)?;
-    }
-    model.model.reset();
-    let mut config = TrainConfig::new(HeadKind::latent(), 3);
-    config.epochs = 10;
-    let all: Vec<u32> = (0..vocab).collect();
-    let unembedding = model.model.unembedding_rows(&all)?;
-    let trained = train(&data, &unembedding, &config, &mut |_| {})?;
-    const FINGERPRINT: &str = "tiny";
-    trained.save(dir, "tiny", FINGERPRINT, "engine_llm::testing::tiny_heads")?;
-    Ok(MultiTokenHeads::load(
-        dir,
-        &model.model,
-        FINGERPRINT,
-        Decoder::device(&model.model),
-    )?)
 }

@@ -27,9 +27,11 @@ use crate::{Error, Result};
 const INITIAL_CACHE_CAPACITY: usize = 256;
 
 /// One transformer layer: pre-norm attention and pre-norm SwiGLU, each added to the residual.
-/// Cloning shares the weights.
+/// Cloning shares the weights. Public (read through [`Transformer::layer`]) for the SSD drafts'
+/// training (`spec-train`), which copies a model's layers to float
+/// ([`crate::load::layer_tensors`]).
 #[derive(Clone, Debug)]
-pub(crate) struct Layer {
+pub struct Layer {
     pub attention_norm: Norm,
     pub attention: SelfAttention,
     pub ffn_norm: Norm,
@@ -170,12 +172,13 @@ impl Transformer {
         Transformer::new(config, weights, Some(self.max_len), &self.device)
     }
 
-    /// Layer `i` (the caller checks the index).
-    pub(crate) fn layer(&self, i: usize) -> &Layer {
+    /// Layer `i`; panics unless `i < config().num_layers`.
+    pub fn layer(&self, i: usize) -> &Layer {
         &self.weights.layers[i]
     }
 
-    pub(crate) fn final_norm(&self) -> &Norm {
+    /// The norm after the last layer.
+    pub fn final_norm(&self) -> &Norm {
         &self.weights.final_norm
     }
 

@@ -1,37 +1,18 @@
 //! The chat API on tiny random-weight models built in memory: streaming, stop strings,
 //! cancellation, seeds, speculation, safe prompts and errors.
 
-use engine_llm::testing::{tiny_chat_model, tiny_heads, tiny_tokenizer, CONTEXT};
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
+use common::chat::{question, streamed};
+use engine_llm::testing::{tiny_chat_model, tiny_tokenizer, CONTEXT};
 use engine_llm::{
-    Answer, CancelToken, ChatTemplate, DraftLength, Error, FinishReason, Flow, GenerateOptions,
-    JinjaTemplate, LanguageModel, Message, Speculation,
+    CancelToken, ChatTemplate, DraftLength, Error, FinishReason, Flow, GenerateOptions,
+    JinjaTemplate, Message, Speculation,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::{generate, Decoder, HeadsDrafter, HeadsTree, SamplingConfig, StopConditions};
-
-fn question() -> Vec<Message> {
-    vec![
-        Message::system("Be brief."),
-        Message::user("Tell me a story about a cat."),
-    ]
-}
-
-/// The answer and the deltas it was streamed in.
-fn streamed(
-    model: &mut LanguageModel,
-    messages: &[Message],
-    options: &GenerateOptions,
-) -> (Answer, Vec<String>) {
-    let mut deltas = Vec::new();
-    let answer = model
-        .chat_stream(messages, options, |d| {
-            deltas.push(d.to_string());
-            Flow::Continue
-        })
-        .unwrap();
-    (answer, deltas)
-}
+use spec_core::{generate, SamplingConfig, StopConditions};
 
 #[test]
 fn streamed_deltas_are_the_decoded_answer() {
@@ -126,81 +107,6 @@ fn draft_speculation_gives_the_greedy_tokens() {
     let same = model.chat(&question(), &draft_mode).unwrap();
     assert!(same.stats.target_forwards < plain.stats.target_forwards);
     assert!(model.take_draft().is_some());
-}
-
-#[test]
-fn heads_speculation_gives_the_greedy_tokens() {
-    let scratch = tempfile::tempdir().unwrap();
-    let mut model = tiny_chat_model(4).unwrap();
-    let plain = model
-        .chat(&question(), &GenerateOptions::default().max_tokens(40))
-        .unwrap();
-    let heads_mode = |lookup| {
-        GenerateOptions::default()
-            .max_tokens(40)
-            .speculation(Speculation::Heads { lookup })
-    };
-    assert!(matches!(
-        model.chat(&question(), &heads_mode(0)),
-        Err(Error::Config(_))
-    ));
-    let heads = tiny_heads(&mut model, scratch.path()).unwrap();
-    model
-        .set_heads(HeadsDrafter::new(heads, HeadsTree::chain(3)).unwrap())
-        .unwrap();
-    for lookup in [0, 2, 8] {
-        let (fast, deltas) = streamed(&mut model, &question(), &heads_mode(lookup));
-        assert_eq!(fast.tokens, plain.tokens, "lookup {lookup}");
-        assert_eq!(fast.text, plain.text);
-        assert_eq!(deltas.concat(), fast.text);
-        assert!(fast.stats.draft_forwards > 0);
-    }
-    // Heads decode greedily only, without a repetition penalty.
-    for refused in [
-        heads_mode(2).temperature(0.8),
-        heads_mode(2).repetition_penalty(1.3),
-    ] {
-        assert!(matches!(
-            model.chat(&question(), &refused),
-            Err(Error::Config(_))
-        ));
-    }
-    assert!(model.take_heads().is_some());
-    assert!(model.take_heads().is_none());
-}
-
-#[test]
-fn self_distilled_data_holds_the_greedy_answers_in_any_lockstep() {
-    let mut model = tiny_chat_model(3).unwrap();
-    let prompts = [
-        "Tell me a story about a cat.",
-        "Why?",
-        "Name a colour, please.",
-    ];
-    let options = GenerateOptions::default().max_tokens(12);
-    let answered: usize = prompts
-        .iter()
-        .map(|prompt| {
-            model.model.reset();
-            let answer = model.chat(&[Message::user(*prompt)], &options).unwrap();
-            answer.tokens.len()
-        })
-        .sum();
-    for lockstep in [1, 2, 3] {
-        let mut batches = Vec::new();
-        let data = model
-            .self_distilled(&prompts, 12, lockstep, &mut |done, positions| {
-                batches.push((done, positions));
-            })
-            .unwrap();
-        assert_eq!(data.positions(), answered, "lockstep {lockstep}");
-        assert_eq!(batches.len(), prompts.len().div_ceil(lockstep));
-        assert_eq!(batches.last(), Some(&(prompts.len(), answered)));
-    }
-    assert!(matches!(
-        model.self_distilled(&prompts, 12, 0, &mut |_, _| {}),
-        Err(Error::Config(_))
-    ));
 }
 
 #[test]

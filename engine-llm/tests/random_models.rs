@@ -1,28 +1,22 @@
 //! The transformer on tiny random-weight checkpoints of both families, loaded through the real
 //! GGUF and safetensors loaders.
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
-use common::{Family, Tiny};
+use common::{Family, Tiny, FAMILIES};
 use engine_llm::{Error, LoadOptions, Requantize, Transformer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_core::HiddenStates;
 use spec_core::{
     generate, greedy_in_lockstep, speculative_generate, AcceptanceRule, Branches, Decoder,
     DecoderInput, DraftLength, Forward, LogitRows, Logits, SamplingConfig, SparseTreeConfig,
     SparseTreeDrafter, SpeculativeConfig, StopConditions, TokenTree,
 };
-use spec_core::{
-    speculate, HeadsDrafter, HeadsTree, HiddenStates, LookupConfig, LookupDrafter, MergedDrafter,
-    Speculation, TokenHeads, Verification,
-};
-use spec_nn::heads::{
-    train, weights_fingerprint, HeadKind, MultiTokenHeads, TrainConfig, TrainingSet,
-};
-
-const FAMILIES: [Family; 2] = [Family::Qwen2, Family::Llama];
+use spec_core::{speculate, Speculation};
 
 fn gguf_model(family: Family, seed: u64, dtype: GgmlDType) -> Transformer {
     let scratch = tempfile::tempdir().unwrap();
@@ -706,126 +700,4 @@ files = [{{ remote = "model.gguf" }}]
     assert!(err.to_string().contains("is a whisper model"), "{err}");
     let err = LanguageModel::open_in(&store, "absent", &options).unwrap_err();
     assert!(err.to_string().contains("unknown model `absent`"), "{err}");
-}
-
-#[test]
-fn decoding_with_trained_heads_equals_greedy_decoding() {
-    let prompts: Vec<Vec<u32>> = (0..12u32)
-        .map(|p| (0..4).map(|i| (p * 13 + i * 7 + 1) % 96).collect())
-        .collect();
-    for family in FAMILIES {
-        let scratch = tempfile::tempdir().unwrap();
-        let path = Tiny::new(family).write_gguf(scratch.path(), 41, GgmlDType::Q8_0, &[]);
-        let mut model = Transformer::from_gguf(&path, &LoadOptions::default()).unwrap();
-        let stop = StopConditions::new(24);
-        let mut rng = StdRng::seed_from_u64(0);
-        // Self-distillation: the model's greedy continuations, teacher-forced once.
-        let mut data = TrainingSet::new(64);
-        let mut greedy = Vec::new();
-        for (group, prompt) in prompts.iter().enumerate() {
-            let out = generate(
-                &mut model,
-                prompt,
-                &SamplingConfig::greedy(),
-                &stop,
-                &mut rng,
-                &mut |_| {},
-            )
-            .unwrap();
-            model.reset();
-            let sequence: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
-            model.forward_tokens(&sequence, LogitRows::None).unwrap();
-            let last = prompt.len() - 1;
-            let hidden = model
-                .last_hidden()
-                .unwrap()
-                .narrow(0, last, out.tokens.len())
-                .unwrap();
-            data.push(hidden, out.tokens.clone(), group as u32).unwrap();
-            greedy.push(out.tokens);
-        }
-        for kind in [HeadKind::latent(), HeadKind::Chained] {
-            let mut config = TrainConfig::new(kind, 3);
-            config.epochs = 30;
-            config.learning_rate = 0.01;
-            config.batch_size = 64;
-            let vocab: Vec<u32> = (0..96).collect();
-            let trained = train(
-                &data,
-                &model.unembedding_rows(&vocab).unwrap(),
-                &config,
-                &mut |_| {},
-            )
-            .unwrap();
-            let heads_dir = tempfile::tempdir().unwrap();
-            let fingerprint = weights_fingerprint(&path).unwrap();
-            trained
-                .save(heads_dir.path(), "tiny", &fingerprint, "test")
-                .unwrap();
-            let heads = MultiTokenHeads::load(heads_dir.path(), &model, &fingerprint, &Device::Cpu)
-                .unwrap();
-            let state = model.last_hidden().unwrap().narrow(0, 0, 1).unwrap();
-            if heads.reads_guesses() {
-                // Chained heads are asked one at a time, after a token.
-                assert!(heads.predict(&state, 0..1).is_err());
-                let (first, next) = heads.predict_after(&state, 0, 5).unwrap();
-                assert_eq!((first.len(), first.vocab_size()), (1, 96));
-                assert_eq!(next.dims(), [1, 64]);
-                assert!(heads.predict_after(&next, 3, 5).is_err());
-            } else {
-                // One head at a time (as a gated drafter asks) gives the rows of all at once.
-                let together = heads.predict(&state, 0..3).unwrap();
-                for k in 0..3 {
-                    let alone = heads.predict(&state, k..k + 1).unwrap();
-                    assert_eq!(alone.row(0), together.row(k), "{family:?} head {k}");
-                }
-                assert!(heads.predict(&state, 2..4).is_err());
-            }
-            let mut accepted = 0;
-            let drafters = [
-                HeadsDrafter::new(&heads, HeadsTree::chain(3)).unwrap(),
-                HeadsDrafter::new(&heads, HeadsTree::branching(3, 2)).unwrap(),
-                HeadsDrafter::new(&heads, HeadsTree::chain(3))
-                    .unwrap()
-                    .with_min_probability(0.3)
-                    .unwrap(),
-            ];
-            for drafter in drafters {
-                // The last run also merges lookup chains copied from the prompt and answer.
-                for (rows, lookup) in [
-                    (Verification::Batched, false),
-                    (Verification::OnDemand, false),
-                    (Verification::Batched, true),
-                ] {
-                    for (prompt, expected) in prompts.iter().zip(&greedy) {
-                        model.reset();
-                        let copies = LookupDrafter::new(LookupConfig::default()).unwrap();
-                        let mut drafting = MergedDrafter {
-                            first: &drafter,
-                            second: lookup.then_some(copies),
-                        };
-                        let rule = AcceptanceRule::greedy();
-                        let out = speculate(
-                            &mut model,
-                            &mut drafting,
-                            prompt,
-                            Speculation::new(&rule).verified(rows),
-                            &stop,
-                            &mut |_| {},
-                        )
-                        .unwrap();
-                        assert_eq!(
-                            &out.tokens, expected,
-                            "{family:?} {kind:?} {rows:?} lookup {lookup}"
-                        );
-                        accepted += out.stats.accepted_tokens();
-                    }
-                }
-            }
-            assert!(
-                accepted > 0,
-                "{family:?} {kind:?}: the heads never guessed right"
-            );
-        }
-    }
 }

@@ -2,8 +2,12 @@
 //! `~/.cache/specvoice/models`). Ignored by plain `cargo test`; CI runs them with
 //! `cargo test --release -- --ignored` after fetching the models.
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
+use common::real::{load, QWEN_LARGE, QWEN_SMALL, SMOLLM};
 use engine_llm::{
-    ChatTemplate, Error, FinishReason, Flow, GenerateOptions, LanguageModel, LoadOptions, Message,
+    ChatTemplate, Error, FinishReason, Flow, GenerateOptions, LanguageModel, Message,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -13,15 +17,6 @@ use spec_core::{
     StopConditions,
 };
 use spec_models::Store;
-
-const SMOLLM: &str = "smollm2-135m-instruct";
-const QWEN_SMALL: &str = "qwen2.5-coder-0.5b-instruct";
-const QWEN_LARGE: &str = "qwen2.5-coder-1.5b-instruct";
-
-fn load(name: &str) -> LanguageModel {
-    LanguageModel::open(name, &LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e} (run ../shared/models/fetch)"))
-}
 
 /// The GGUF file of a registry model, found (and checked) by the resolver.
 fn load_path(name: &str) -> std::path::PathBuf {
@@ -488,101 +483,6 @@ fn chat_streams_the_greedy_answer() {
 
 #[test]
 #[ignore = "needs real models (../shared/models/fetch)"]
-fn an_ssd_draft_trained_briefly_on_the_real_model_fits_it_and_stays_lossless() {
-    use engine_llm::ssd::train::{train, Backbone, DistilledSequence, SsdTrainConfig};
-    use spec_nn::heads::weights_fingerprint;
-
-    let mut lm = load(QWEN_SMALL);
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/ssd_training_prompts.txt"),
-    )
-    .unwrap();
-    // A quick variant of `cargo xtask train-ssd-draft` (the full one runs outside CI).
-    let stop = StopConditions::new(32).with_eos(lm.tokenizer.end_tokens().iter().copied());
-    let mut rng = StdRng::seed_from_u64(0);
-    let data: Vec<DistilledSequence> = text
-        .lines()
-        .take(12)
-        .map(|prompt| {
-            let context = lm.chat_prompt(&[Message::user(prompt)]).unwrap();
-            let answer = generate(
-                &mut lm.model,
-                &context,
-                &SamplingConfig::with_temperature(0.8),
-                &stop,
-                &mut rng,
-                &mut |_| {},
-            )
-            .unwrap();
-            let tokens = context.iter().chain(&answer.tokens).copied().collect();
-            DistilledSequence::label(&mut lm.model, tokens, context.len() - 1, 8).unwrap()
-        })
-        .collect();
-    let config = SsdTrainConfig {
-        epochs: 3,
-        learning_rate: 5e-4,
-        validation_fraction: 0.25,
-        ..Default::default()
-    };
-    let trained = train(&Backbone::text(&lm.model), &data, &config, &mut |_| {}).unwrap();
-    let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
-    // After 27 steps, on held-out answers: the overlap with the model's distribution (a bound
-    // on β = 0 acceptance) at least doubles (measured: 5 % → 16 %, top-1 agreement 7 % → 19 %).
-    assert!(
-        after.loss < before.loss
-            && after.overlap > 2.0 * before.overlap
-            && after.agreement > before.agreement,
-        "{before} → {after}"
-    );
-    let fingerprint = weights_fingerprint(&lm.weights).unwrap();
-    let vocab = lm.model.config().vocab_size;
-    let weights = trained.into_weights(lm.model.config(), vocab, QWEN_SMALL, &fingerprint, "test");
-    let mut draft = lm.model.ssd_draft(&weights).unwrap();
-
-    // Lossless on every prompt; useful over all of them (one 40-token answer holds about 13
-    // drafts, and with ~19 % top-1 agreement a single answer can accept none by chance).
-    let stop = StopConditions::new(40);
-    let mut accepted = 0;
-    for question in [
-        "Name three uses of a hash map.",
-        "Why is the sky blue?",
-        "Give me a tip for learning to cook.",
-    ] {
-        let prompt = lm.chat_prompt(&[Message::user(question)]).unwrap();
-        lm.model.reset();
-        let greedy = generate(
-            &mut lm.model,
-            &prompt,
-            &SamplingConfig::greedy(),
-            &stop,
-            &mut rng,
-            &mut |_| {},
-        )
-        .unwrap();
-        lm.model.reset();
-        draft.reset();
-        let speculative = speculative_generate(
-            &mut lm.model,
-            &mut draft,
-            &prompt,
-            &SpeculativeConfig {
-                draft_length: DraftLength::Fixed(3),
-                rule: AcceptanceRule::greedy(),
-                sampling: SamplingConfig::greedy(),
-            },
-            &stop,
-            &mut rng,
-            &mut |_| {},
-        )
-        .unwrap();
-        assert_eq!(speculative.tokens, greedy.tokens, "{question}");
-        accepted += speculative.stats.accepted_tokens();
-    }
-    assert!(accepted > 0);
-}
-
-#[test]
-#[ignore = "needs real models (../shared/models/fetch)"]
 fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
     use engine_llm::TextTokenizer;
 
@@ -641,62 +541,4 @@ fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
         );
     }
     assert_eq!(rebuilt.end_tokens(), original.end_tokens());
-}
-
-#[test]
-#[ignore = "needs real models (../shared/models/fetch)"]
-fn a_head_trained_briefly_on_the_real_model_decodes_losslessly_through_the_chat_api() {
-    use engine_llm::Speculation;
-    use spec_core::{HeadsDrafter, HeadsTree, HiddenStates};
-    use spec_nn::heads::{train, weights_fingerprint, HeadKind, TrainConfig};
-
-    let mut lm = load(SMOLLM);
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/heads_general_prompts.txt"),
-    )
-    .unwrap();
-    // A quick variant of `cargo xtask train-heads` (the full one runs outside CI): one chained
-    // head on the model's greedy answers to 24 prompts, 8 in lockstep.
-    let prompts: Vec<&str> = text.lines().take(24).collect();
-    let mut batches = Vec::new();
-    let data = lm
-        .self_distilled(&prompts, 48, 8, &mut |answered, _| batches.push(answered))
-        .unwrap();
-    assert_eq!(batches, [8, 16, 24]);
-    assert!(data.positions() > 24 * 8, "{} positions", data.positions());
-    let mut config = TrainConfig::new(HeadKind::Chained, 1);
-    config.epochs = 3;
-    let vocab: Vec<u32> = (0..lm.model.vocab_size() as u32).collect();
-    let unembedding = lm.model.unembedding_rows(&vocab).unwrap();
-    let trained = train(&data, &unembedding, &config, &mut |_| {}).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let fingerprint = weights_fingerprint(&lm.weights).unwrap();
-    trained
-        .save(dir.path(), SMOLLM, &fingerprint, "test")
-        .unwrap();
-    let heads = lm.load_heads(dir.path()).unwrap();
-    lm.set_heads(HeadsDrafter::new(heads, HeadsTree::chain(1)).unwrap())
-        .unwrap();
-
-    let plain = GenerateOptions::default().max_tokens(64);
-    let mut accepted = 0;
-    for question in [
-        "Name three uses of a hash map.",
-        "Why is the sky blue?",
-        "Give me a tip for learning to cook.",
-    ] {
-        let messages = [Message::user(question)];
-        lm.model.reset();
-        let expected = lm.chat(&messages, &plain).unwrap();
-        for lookup in [0, 3] {
-            lm.model.reset();
-            let options = plain.clone().speculation(Speculation::Heads { lookup });
-            let answer = lm.chat(&messages, &options).unwrap();
-            assert_eq!(answer.tokens, expected.tokens, "{question} lookup {lookup}");
-            assert_eq!(answer.text, expected.text);
-            assert!(answer.stats.target_forwards <= expected.stats.target_forwards);
-            accepted += answer.stats.accepted_tokens();
-        }
-    }
-    assert!(accepted > 0, "the head never guessed right");
 }

@@ -55,8 +55,8 @@ struct Args {
     seed: u64,
 
     /// CosyVoice 2 draws its speech tokens by Speech Speculative Decoding with the SSD draft in
-    /// this folder (trained for its llm.pt with `engine_llm::ssd::train` on
-    /// `SpeechLm::ssd_backbone`); γ = 3
+    /// this folder (trained for its llm.pt with `spec_train::ssd::train` on
+    /// `SpeechLm::ssd_backbone`: `cargo xtask train-ssd-draft`); γ = 3
     #[arg(long, value_name = "DIR")]
     ssd_draft: Option<PathBuf>,
 

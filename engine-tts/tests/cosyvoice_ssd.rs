@@ -1,39 +1,17 @@
 //! Speech Speculative Decoding on CosyVoice 2's speech-token LM (the tiny reference fixture as
 //! the target; a perturbed copy, or the target's own first layer, as the draft): at β = 0 the tokens follow the target's own
 //! sampling distribution exactly (χ² tests on the first and second token), larger β accepts
-//! more of the draft, and a draft with other speech tokens is refused.
-
-use std::collections::HashMap;
+//! more of the draft, and a draft with other speech tokens is refused. A draft trained on the
+//! LM's own speech is tested with the training, in `spec-train`'s `tests/ssd_random.rs`.
 
 use candle_core::{Device, Tensor};
-use engine_llm::{LoadOptions, Requantize, TransformerConfig};
-use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig};
+use engine_tts::cosyvoice::lm::{SpeechLm, SsdConfig};
 use engine_tts::cosyvoice::sampling::ras_distribution;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 mod common;
-use common::Fixture;
-
-const SPEECH_TOKENS: usize = 48;
-
-fn fixture() -> (HashMap<String, Tensor>, TransformerConfig) {
-    let fixture = Fixture::read("llm_tiny.safetensors");
-    let backbone = TransformerConfig::from_hf_json(&fixture.config["qwen2"].to_string()).unwrap();
-    (fixture.with_prefix("w."), backbone)
-}
-
-fn model(weights: HashMap<String, Tensor>, backbone: TransformerConfig, speech: usize) -> SpeechLm {
-    let config = SpeechLmConfig {
-        speech_token_size: speech,
-        ..SpeechLmConfig::default()
-    };
-    let options = LoadOptions {
-        requantize: Requantize::Keep,
-        ..LoadOptions::default()
-    };
-    SpeechLm::from_tensors(weights, backbone, config, &options).unwrap()
-}
+use common::ssd::{fixture, model, PROMPT_SPEECH, PROMPT_TEXT, SPEECH_TOKENS, TEXT};
 
 /// The target and a draft whose output layer is perturbed: it agrees often, not always.
 fn target_and_draft() -> (SpeechLm, SpeechLm) {
@@ -47,10 +25,6 @@ fn target_and_draft() -> (SpeechLm, SpeechLm) {
         model(perturbed, backbone, SPEECH_TOKENS),
     )
 }
-
-const TEXT: [u32; 3] = [5, 17, 40];
-const PROMPT_TEXT: [u32; 2] = [3, 9];
-const PROMPT_SPEECH: [u32; 4] = [1, 30, 30, 7];
 
 /// Pearson's χ² of `counts` against probabilities `expected` (cells with an expected count
 /// below 5 pooled), and its degrees of freedom.
@@ -214,65 +188,4 @@ fn a_draft_with_other_speech_tokens_and_bad_settings_are_refused() {
     let (mut t, mut d) = target_and_draft();
     assert!(run(&mut t, &mut d, 0, 0.0, &mut rng).is_err());
     assert!(run(&mut t, &mut d, 3, 1.5, &mut rng).is_err());
-}
-
-#[test]
-fn a_trained_draft_of_the_lms_own_layers_fits_it_and_decodes() {
-    use engine_llm::ssd::train::{train, SsdTrainConfig};
-    let (weights, backbone) = fixture();
-    let mut target = model(weights, backbone, SPEECH_TOKENS);
-    let mut uniforms = StdRng::seed_from_u64(3);
-    let texts: Vec<Vec<u32>> = (0..12u32)
-        .map(|i| vec![5 + i, 17, 40 - i, 2 * i + 1])
-        .collect();
-    let data: Vec<_> = texts
-        .iter()
-        .map(|text| {
-            target
-                .distill(text, &PROMPT_TEXT, &PROMPT_SPEECH, 8, &mut uniforms)
-                .unwrap()
-        })
-        .collect();
-    let layers = target.ssd_backbone().model.config().num_layers;
-    // SSD's construction at this size: the lower layer retrained, the upper ones dropped.
-    let config = SsdTrainConfig {
-        lower_layers: 1,
-        upper_layers: 0,
-        epochs: 6,
-        learning_rate: 3e-3,
-        ..Default::default()
-    };
-    let trained = train(&target.ssd_backbone(), &data, &config, &mut |_| {}).unwrap();
-    let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
-    assert!(after.loss < before.loss, "{before} → {after}");
-    assert_eq!(
-        trained.shortlist,
-        (0..SPEECH_TOKENS as u32 + 3).collect::<Vec<_>>(),
-        "a speech LM's draft scores every speech token"
-    );
-    let backbone_config = target.ssd_backbone().model.config().clone();
-    let weights = trained.into_weights(&backbone_config, SPEECH_TOKENS + 3, "tiny", "fp", "test");
-    let mut draft = target.ssd_draft(&weights).unwrap();
-    assert!(layers > 1);
-    let mut rng = StdRng::seed_from_u64(0);
-    let (speech, stats) = target
-        .generate_speculative(
-            &mut draft,
-            &TEXT,
-            &PROMPT_TEXT,
-            &PROMPT_SPEECH,
-            &SsdConfig {
-                gamma: 3,
-                tolerance: 0.0,
-                max_tokens: Some(12),
-            },
-            &mut rng,
-        )
-        .unwrap();
-    assert!(!speech.is_empty() && stats.drafted > 0);
-
-    // A text model's draft (a shortlist head without a bias) does not fit a speech LM.
-    let mut text_like = weights.clone();
-    text_like.head_bias = None;
-    assert!(target.ssd_draft(&text_like).is_err());
 }

@@ -1,10 +1,10 @@
 //! What SpecVoice's command-line programs (the `specvoice` command, the engines' examples and
-//! benchmarks) share: one set of model options and one of generation options for `clap`, the
-//! kernels' thread count, logging through `tracing` (`RUST_LOG`), and spinners and bars for long
-//! work that draw only on a terminal. The inference crates do not depend on it.
+//! benchmarks, the training programs) share: one set of model options and one of generation
+//! options for `clap`, the kernels' thread count, logging through `tracing` (`RUST_LOG`), and
+//! spinners and bars for long work that draw only on a terminal. The inference crates do not
+//! depend on it; the training programs' own options are `spec-train`'s (`spec_train::cli`).
 
 use std::io::IsTerminal;
-use std::path::Path;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -177,81 +177,6 @@ impl GenerationArgs {
     }
 }
 
-/// The settings of an SSD draft's training (`ssd::train::SsdTrainConfig`) every
-/// `train_ssd_draft` program takes.
-#[derive(clap::Args, Clone, Debug)]
-pub struct SsdTrainArgs {
-    /// Retrained lower layers
-    #[arg(long, default_value_t = 2)]
-    pub lower: usize,
-    /// Upper layers of the model the draft keeps
-    #[arg(long, default_value_t = 6)]
-    pub upper: usize,
-    #[arg(long, default_value_t = 2)]
-    pub epochs: usize,
-    #[arg(long, default_value_t = 2e-4)]
-    pub learning_rate: f64,
-    /// The model's most likely next tokens kept per position as the label
-    #[arg(long, default_value_t = 8)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-}
-
-impl SsdTrainArgs {
-    pub fn config(&self) -> engine_llm::ssd::train::SsdTrainConfig {
-        engine_llm::ssd::train::SsdTrainConfig {
-            lower_layers: self.lower,
-            upper_layers: self.upper,
-            epochs: self.epochs,
-            learning_rate: self.learning_rate,
-            label_top_k: self.top_k,
-            seed: self.seed,
-            ..Default::default()
-        }
-    }
-
-    /// These options as command-line arguments, to record how a draft was trained.
-    pub fn arguments(&self) -> String {
-        format!(
-            "--lower {} --upper {} --epochs {} --learning-rate {} --top-k {} --seed {}",
-            self.lower, self.upper, self.epochs, self.learning_rate, self.top_k, self.seed
-        )
-    }
-
-    /// Trains on `data` with a progress bar on a terminal (log lines otherwise) and the
-    /// validation figures printed as they come.
-    pub fn train(
-        &self,
-        backbone: &engine_llm::ssd::train::Backbone<'_>,
-        data: &[engine_llm::ssd::train::DistilledSequence],
-    ) -> Result<engine_llm::ssd::train::TrainedDraft> {
-        use engine_llm::ssd::train::SsdProgress;
-        let bar = progress_bar(0, "training");
-        let trained =
-            engine_llm::ssd::train::train(backbone, data, &self.config(), &mut |progress| {
-                match progress {
-                    SsdProgress::Step {
-                        epoch,
-                        step,
-                        steps,
-                        loss,
-                    } => {
-                        bar.set_length(*steps as u64);
-                        bar.set_position(*step as u64 + 1);
-                        bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
-                        if bar.is_hidden() && step % 50 == 0 {
-                            tracing::info!(epoch = epoch + 1, step, steps, loss, "training");
-                        }
-                    }
-                    SsdProgress::Validation(report) => bar.suspend(|| println!("{report}")),
-                }
-            });
-        bar.finish_and_clear();
-        trained
-    }
-}
-
 fn parse_f32(text: &str) -> std::result::Result<f32, String> {
     text.parse::<f32>()
         .ok()
@@ -273,26 +198,6 @@ fn probability(text: &str) -> std::result::Result<f32, String> {
             .then_some(v)
             .ok_or("must be in (0, 1]".into())
     })
-}
-
-/// The non-empty lines of the text files `paths`, trimmed, in order, at most `limit` of them: the
-/// prompts or sentences a training program reads.
-pub fn read_text_lines(paths: &[&Path], limit: Option<usize>) -> Result<Vec<String>> {
-    let mut lines = Vec::new();
-    for &path in paths {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        lines.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from),
-        );
-    }
-    lines.truncate(limit.unwrap_or(usize::MAX));
-    Ok(lines)
 }
 
 /// Sends `tracing` events to standard error, filtered by `RUST_LOG` (default `info`).

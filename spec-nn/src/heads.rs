@@ -1,5 +1,6 @@
 //! Multi-token prediction heads ("Faster Speech-LLaMA Inference with Multi-token Prediction",
-//! §III, Fig. 2), their files and their training.
+//! §III, Fig. 2) and their files. Their training is the `spec-train` crate's
+//! (`spec_train::heads::train`).
 //!
 //! Both kinds of the paper read the model's last hidden state `h` (after its final norm):
 //! - [`HeadKind::Projection`]: head k has its own output matrix, `logits_k = W_k h` (Fig. 2a);
@@ -23,8 +24,8 @@
 //!
 //! Heads are stored as `heads.safetensors` (`head.{k}.weight`, `head.{k}.bias`, `shortlist`) beside
 //! `heads.json` ([`HeadsInfo`]: kind, count, sizes, the base model and a fingerprint of its
-//! weights file), and refused for any other model. [`train`] fits them on cached hidden states
-//! with the trunk frozen (eq. 11).
+//! weights file), and refused for any other model. `spec_train::heads::train` fits them on cached
+//! hidden states with the trunk frozen (eq. 11).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -40,14 +41,6 @@ use spec_core::Logits;
 
 use crate::linear::{Linear, QLinear};
 use crate::{Error, Result};
-
-#[cfg(feature = "cli")]
-pub mod cli;
-mod dataset;
-mod train;
-
-pub use dataset::TrainingSet;
-pub use train::{train, EpochReport, Progress, TrainConfig, TrainedHeads};
 
 /// File names inside a heads folder.
 pub const HEADS_WEIGHTS: &str = "heads.safetensors";
@@ -233,7 +226,7 @@ impl MultiTokenHeads {
         info.trained_for.check(
             fingerprint,
             &format!("the heads in {}", dir.display()),
-            "train heads on this model's hidden states (`spec_nn::heads::train`)",
+            "train heads on this model's hidden states (`spec_train::heads::train`)",
         )?;
         let weights_path = dir.join(HEADS_WEIGHTS);
         let tensors = candle_core::safetensors::load(&weights_path, device).map_err(|e| {
@@ -461,8 +454,9 @@ impl MultiTokenHeads {
 /// Each row scaled to a root mean square of 1: a chained head reads token rows at about the
 /// scale of the hidden states. Unembedding rows are far smaller; read unscaled, the token's
 /// half of the transform learned too slowly to help (the 1.5B chat model's first head: 29.5 %
-/// top-1 after two epochs, 36.9 % with the rows scaled).
-fn unit_rms(rows: &Tensor) -> candle_core::Result<Tensor> {
+/// top-1 after two epochs, 36.9 % with the rows scaled). Public for the heads' training
+/// (`spec-train`), which must read the rows as the heads do.
+pub fn unit_rms(rows: &Tensor) -> candle_core::Result<Tensor> {
     let rms = rows
         .sqr()?
         .mean_keepdim(D::Minus1)?
@@ -472,8 +466,9 @@ fn unit_rms(rows: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 /// The latent heads' states from their transforms `z = h·A + b`: `h + SiLU(z)`, with the
-/// activation and the residual when set.
-fn expand(
+/// activation and the residual when set. Public for the heads' training (`spec-train`), which
+/// must compute the states as the heads do.
+pub fn expand(
     mut z: Tensor,
     hidden: &Tensor,
     activation: bool,

@@ -26,10 +26,9 @@
 //!   [`WeightSource`], checked against the shapes a configuration implies, with the
 //!   re-quantization policy that keeps every matrix on the batch-invariant kernels.
 //! - [`output`]: a decoder's final norm and output layer, keeping every position's hidden state.
-//! - [`heads`]: multi-token prediction heads (projection and latent), their files and training.
+//! - [`heads`]: multi-token prediction heads (projection, latent and chained) and their files
+//!   (their training is the `spec-train` crate's).
 //! - [`costs`]: forward costs measured once per model file and machine.
-//! - [`trainable`]: a Llama/Qwen2 decoder layer in float weights and differentiable
-//!   operations, for training drafts through frozen layers.
 
 pub mod attention;
 pub mod costs;
@@ -45,7 +44,6 @@ pub mod output;
 pub mod positions;
 pub mod rotary;
 pub mod sequence_attention;
-pub mod trainable;
 
 pub use attention::{
     AttentionMask, CrossAttention, CrossKv, Heads, SelfAttention, ROW_ATTENTION_MAX_ROWS,
@@ -64,7 +62,6 @@ pub use output::{decoder_output, unembed, unembed_logits, DecoderOutput, Shortli
 pub use positions::{sinusoidal_positions, LearnedPositions};
 pub use rotary::{RopeLayout, Rotary, RotaryTables};
 pub use sequence_attention::{RelPositionAttention, RelativePositions, SequenceAttention};
-pub use trainable::TrainableDecoderLayer;
 
 /// The index just past the first occurrence of `name` in a weight file's bytes: where the
 /// header fields of that tensor begin, for tests that patch them.

@@ -1,7 +1,7 @@
 //! `cargo xtask train-heads MODEL …` and `cargo xtask train-ssd-draft MODEL …`: train what a
-//! speculative method needs for a model with the engine that runs it (its `train_heads`,
-//! `train_heads_llm`, `train_ssd_draft` or `train_cosyvoice_ssd_draft` example), into the models
-//! folder (`heads/`, `ssd/`).
+//! speculative method needs for a model with `spec-train`'s program for its engine (its
+//! `train_heads`, `train_heads_llm`, `train_ssd_draft` or `train_cosyvoice_ssd_draft` example),
+//! into the models folder (`heads/`, `ssd/`).
 
 use std::process::Command;
 
@@ -18,30 +18,30 @@ pub struct TrainArgs {
     options: Vec<String>,
 }
 
-/// The engine and its example that train heads for `model`: Whisper's `train_heads` for
+/// The example of `spec-train` that trains heads for `model`: Whisper's `train_heads` for
 /// whisper-…, the chat models' `train_heads_llm` for the rest (distinct names: the examples of
 /// a workspace share one output folder).
-fn heads_trainer(model: &str) -> (&'static str, &'static str) {
+fn heads_trainer(model: &str) -> &'static str {
     if model.starts_with("whisper") {
-        ("engine-asr", "train_heads")
+        "train_heads"
     } else {
-        ("engine-llm", "train_heads_llm")
+        "train_heads_llm"
     }
 }
 
 /// Multi-token prediction heads (`--heads 4 --kind latent --data FILE --epochs N …`).
 pub fn heads(args: &TrainArgs) -> Result<()> {
-    let (engine, example) = heads_trainer(&args.model);
-    run(engine, example, args)
+    run("spec-train", heads_trainer(&args.model), args)
 }
 
 /// An SSD draft of a model's own layers (`--lower 2 --upper 6 --epochs N …`): CosyVoice 2's
-/// speech-token LM with engine-tts (cosyvoice…), a chat model with engine-llm.
+/// speech-token LM's (`train_cosyvoice_ssd_draft`, cosyvoice…), or a chat model's
+/// (`train_ssd_draft`).
 pub fn ssd_draft(args: &TrainArgs) -> Result<()> {
     if args.model.starts_with("cosyvoice") {
-        run("engine-tts", "train_cosyvoice_ssd_draft", args)
+        run("spec-train", "train_cosyvoice_ssd_draft", args)
     } else {
-        run("engine-llm", "train_ssd_draft", args)
+        run("spec-train", "train_ssd_draft", args)
     }
 }
 

@@ -2,7 +2,8 @@
 //! Qwen2/Llama model: the draft is the target's own lower and upper layers (the paper: the
 //! lower 2 and upper 6 of 24), sharing the embeddings, the upper layers and the final norm;
 //! only its lower layers and its output ("classification") head are retrained, with
-//! cross-entropy on the target's outputs ([`train::train`]). Drafts are verified by
+//! cross-entropy on the target's outputs (`spec_train::ssd::train`, on a [`Backbone`] and
+//! [`DistilledSequence`]s). Drafts are verified by
 //! `spec_core`'s speculative sampling with a tolerance β (eq. 5, r < min(1, q/p) + β;
 //! [`spec_core::AcceptanceRule::speculative_sampling`]): β = 0 samples exactly from the target.
 //!
@@ -16,7 +17,7 @@
 //! `head.weight`, `shortlist`) beside `draft.json` ([`SsdDraftInfo`]), and refused for any
 //! model but the one it was trained for.
 
-pub mod train;
+mod distill;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,8 @@ use spec_nn::{InMemoryWeights, Requantize, ShortlistOutput, WeightLoader};
 
 use crate::load::{load_layer, Naming};
 use crate::{Error, Result, Transformer};
+
+pub use distill::{top_labels, Backbone, DistilledSequence, RowsOf};
 
 /// File names inside a draft folder.
 pub const DRAFT_WEIGHTS: &str = "draft.safetensors";

@@ -1,4 +1,11 @@
-//! Tiny random-weight Qwen2 / Llama checkpoints written to real GGUF and safetensors files.
+//! Tiny random-weight Qwen2 / Llama checkpoints written to real GGUF and safetensors files,
+//! the helpers of the chat API's ([`chat`]) and PredGen's ([`predgen`]) tests, and the real
+//! models the real-model tests load ([`real`]). Shared with `spec-train`'s tests of trained
+//! heads and drafts on these models.
+
+pub mod chat;
+pub mod predgen;
+pub mod real;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +20,8 @@ pub enum Family {
     Qwen2,
     Llama,
 }
+
+pub const FAMILIES: [Family; 2] = [Family::Qwen2, Family::Llama];
 
 pub struct Tiny {
     pub family: Family,

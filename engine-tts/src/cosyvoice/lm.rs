@@ -14,8 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use candle_core::{Tensor, D};
-use engine_llm::ssd::train::{top_labels, Backbone, DistilledSequence};
-use engine_llm::ssd::SsdDraftWeights;
+use engine_llm::ssd::{top_labels, Backbone, DistilledSequence, SsdDraftWeights};
 use engine_llm::{LoadOptions, Transformer, TransformerConfig};
 use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
 
@@ -332,7 +331,8 @@ impl SpeechLm {
 }
 
 /// SSD's trained draft (§3.2): the LM's lower layers and `llm_decoder` retrained on its own
-/// outputs, with `engine_llm::ssd`'s training. A training sequence's ids index one space:
+/// outputs, with `spec-train`'s SSD training (`spec_train::ssd`), on what this model supplies
+/// ([`SpeechLm::distill`], [`SpeechLm::ssd_backbone`]). A training sequence's ids index one space:
 /// text tokens, then the speech tokens (offset by the text vocabulary), then `sos` and the
 /// task id.
 impl SpeechLm {
@@ -384,7 +384,7 @@ impl SpeechLm {
         })
     }
 
-    /// What an SSD draft of this model trains on ([`engine_llm::ssd::train::train`]): its
+    /// What an SSD draft of this model trains on (`spec_train::ssd::train`): its
     /// backbone, the inputs of [`SpeechLm::distill`]'s sequences, and `llm_decoder`.
     pub fn ssd_backbone(&self) -> Backbone<'_> {
         let speech_base = self.text_vocab();

@@ -1,8 +1,12 @@
 //! The CosyVoice 2 fixtures (`tests/data/cosyvoice2/*.safetensors`, written by
 //! `reference/make_cosyvoice2_fixtures.py`) and the modules built from their tiny
-//! configurations, shared by the parity, pipeline and SSD tests.
+//! configurations, shared by the parity, pipeline and SSD tests ([`ssd`]), and by `spec-train`'s
+//! test of a trained SSD draft (which includes this module by path: the files are found from
+//! the workspace, `../engine-tts/…` of either crate).
 
 #![allow(dead_code)]
+
+pub mod ssd;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,9 +25,13 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn read(name: &str) -> Self {
-        let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests/data/cosyvoice2", name]
-            .iter()
-            .collect();
+        let path: PathBuf = [
+            env!("CARGO_MANIFEST_DIR"),
+            "../engine-tts/tests/data/cosyvoice2",
+            name,
+        ]
+        .iter()
+        .collect();
         let bytes = std::fs::read(&path).unwrap();
         let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         let config = metadata.metadata().as_ref().unwrap()["config"].clone();
@@ -158,7 +166,7 @@ pub fn flow(fixture: &Fixture) -> Flow {
 /// Every tensor of a released checkpoint's layout (`reference/NAME`: one `name<TAB>[shape]` per
 /// line), filled with `value`.
 pub fn released_layout(name: &str, value: f32) -> HashMap<String, Tensor> {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "reference", name]
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "../engine-tts/reference", name]
         .iter()
         .collect();
     std::fs::read_to_string(path)

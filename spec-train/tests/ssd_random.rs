@@ -1,17 +1,20 @@
 //! SSD drafts (lower layers and head retrained, upper layers shared) on tiny random models of
 //! both families: the float training copy computes what the model computes, training fits the
 //! target, the files round-trip and are refused for other models, and the draft decodes
-//! losslessly under greedy verification.
+//! losslessly under greedy verification. And CosyVoice 2's speech-token LM (the tiny reference
+//! fixture of `engine-tts`), whose draft of its own layers trains and decodes (`cosyvoice_ssd`).
 
+#[path = "../../engine-llm/tests/common/mod.rs"]
 #[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
+#[path = "../../engine-tts/tests/common/mod.rs"]
+mod tts_common;
 
 use std::path::PathBuf;
 
 use candle_core::quantized::GgmlDType;
-use common::{Family, Tiny};
-use engine_llm::ssd::train::{train, Backbone, DistilledSequence, SsdProgress, SsdTrainConfig};
-use engine_llm::ssd::SsdDraftWeights;
+use common::{Family, Tiny, FAMILIES};
+use engine_llm::ssd::{Backbone, DistilledSequence, SsdDraftWeights};
 use engine_llm::{Error, LoadOptions, Transformer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -20,8 +23,7 @@ use spec_core::{
     SamplingConfig, SpeculativeConfig, StopConditions,
 };
 use spec_nn::heads::weights_fingerprint;
-
-const FAMILIES: [Family; 2] = [Family::Qwen2, Family::Llama];
+use spec_train::ssd::{train, SsdProgress, SsdTrainConfig};
 
 /// A four-layer model written to GGUF, loaded, and its weights file.
 fn model(family: Family, seed: u64, dir: &std::path::Path) -> (Transformer, PathBuf) {
@@ -283,5 +285,77 @@ fn drafts_for_other_models_and_bad_settings_are_refused() {
             matches!(err, Error::Input(_)) && err.to_string().contains("sequence 0"),
             "{err}"
         );
+    }
+}
+
+/// CosyVoice 2's speech-token LM (the tiny reference fixture of `engine-tts`'s tests), whose
+/// draft of its own layers is trained on its own speech.
+mod cosyvoice_ssd {
+    use engine_tts::cosyvoice::lm::SsdConfig;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+    use spec_train::ssd::{train, SsdTrainConfig};
+
+    use super::tts_common::ssd::{fixture, model, PROMPT_SPEECH, PROMPT_TEXT, SPEECH_TOKENS, TEXT};
+
+    #[test]
+    fn a_trained_draft_of_the_lms_own_layers_fits_it_and_decodes() {
+        let (weights, backbone) = fixture();
+        let mut target = model(weights, backbone, SPEECH_TOKENS);
+        let mut uniforms = StdRng::seed_from_u64(3);
+        let texts: Vec<Vec<u32>> = (0..12u32)
+            .map(|i| vec![5 + i, 17, 40 - i, 2 * i + 1])
+            .collect();
+        let data: Vec<_> = texts
+            .iter()
+            .map(|text| {
+                target
+                    .distill(text, &PROMPT_TEXT, &PROMPT_SPEECH, 8, &mut uniforms)
+                    .unwrap()
+            })
+            .collect();
+        let layers = target.ssd_backbone().model.config().num_layers;
+        // SSD's construction at this size: the lower layer retrained, the upper ones dropped.
+        let config = SsdTrainConfig {
+            lower_layers: 1,
+            upper_layers: 0,
+            epochs: 6,
+            learning_rate: 3e-3,
+            ..Default::default()
+        };
+        let trained = train(&target.ssd_backbone(), &data, &config, &mut |_| {}).unwrap();
+        let (before, after) = (&trained.reports[0], trained.reports.last().unwrap());
+        assert!(after.loss < before.loss, "{before} → {after}");
+        assert_eq!(
+            trained.shortlist,
+            (0..SPEECH_TOKENS as u32 + 3).collect::<Vec<_>>(),
+            "a speech LM's draft scores every speech token"
+        );
+        let backbone_config = target.ssd_backbone().model.config().clone();
+        let weights =
+            trained.into_weights(&backbone_config, SPEECH_TOKENS + 3, "tiny", "fp", "test");
+        let mut draft = target.ssd_draft(&weights).unwrap();
+        assert!(layers > 1);
+        let mut rng = StdRng::seed_from_u64(0);
+        let (speech, stats) = target
+            .generate_speculative(
+                &mut draft,
+                &TEXT,
+                &PROMPT_TEXT,
+                &PROMPT_SPEECH,
+                &SsdConfig {
+                    gamma: 3,
+                    tolerance: 0.0,
+                    max_tokens: Some(12),
+                },
+                &mut rng,
+            )
+            .unwrap();
+        assert!(!speech.is_empty() && stats.drafted > 0);
+
+        // A text model's draft (a shortlist head without a bias) does not fit a speech LM.
+        let mut text_like = weights.clone();
+        text_like.head_bias = None;
+        assert!(target.ssd_draft(&text_like).is_err());
     }
 }

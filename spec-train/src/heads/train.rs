@@ -8,10 +8,12 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use spec_nn::heads::{
+    expand, unit_rms, HeadKind, HeadsInfo, TrainedFor, HEADS_INFO, HEADS_WEIGHTS,
+};
+use spec_nn::{Error, Result};
 
 use super::dataset::{ChainExamples, HeadExamples, HeadOutput, TrainingSet};
-use super::{expand, unit_rms, HeadKind, HeadsInfo, TrainedFor, HEADS_INFO, HEADS_WEIGHTS};
-use crate::{Error, Result};
 
 /// Settings of [`train`].
 #[derive(Clone, Debug, PartialEq)]

@@ -1,12 +1,12 @@
-//! Trains a Speech Speculative Decoding draft for a chat model (`engine_llm::ssd`): the model's
-//! own lower 2 and upper 6 layers, the lower ones and a shortlist head retrained on the model's
-//! outputs. Data: the model's sampled answers to the prompts of
-//! `engine-llm/data/ssd_training_prompts.txt` and `heads_training_prompts.txt` (written for
-//! the project; none from MT-Bench or the voice set), each teacher-forced once to keep the
-//! model's top next-token probabilities at every answer position.
+//! Trains a Speech Speculative Decoding draft for a chat model (`engine_llm::ssd`, trained by
+//! `spec_train::ssd`): the model's own lower 2 and upper 6 layers, the lower ones and a
+//! shortlist head retrained on the model's outputs. Data: the model's sampled answers to the
+//! prompts of `engine-llm/data/ssd_training_prompts.txt` and `heads_training_prompts.txt`
+//! (written for the project; none from MT-Bench or the voice set), each teacher-forced once to
+//! keep the model's top next-token probabilities at every answer position.
 //!
 //! ```sh
-//! cargo run --release -p engine-llm --example train_ssd_draft -- qwen2.5-coder-0.5b-instruct
+//! cargo run --release -p spec-train --example train_ssd_draft -- qwen2.5-coder-0.5b-instruct
 //! ```
 //!
 //! `cargo xtask train-ssd-draft MODEL …` runs it. The draft goes to `$SPECVOICE_MODELS/ssd/MODEL/`
@@ -16,15 +16,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::ssd::train::{Backbone, DistilledSequence};
-use engine_llm::ssd::{draft_dir, SsdDraftWeights};
+use engine_llm::ssd::{draft_dir, Backbone, DistilledSequence, SsdDraftWeights};
 use engine_llm::{LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_cli::{open_model, progress_bar, read_text_lines, SsdTrainArgs};
+use spec_cli::{open_model, progress_bar};
 use spec_core::{generate, SamplingConfig, StopConditions};
 use spec_models::Store;
 use spec_nn::heads::weights_fingerprint;
+use spec_train::cli::{read_text_lines, SsdTrainArgs};
 
 #[derive(Parser, Debug)]
 #[command(about = "Train an SSD draft (the model's own lower and upper layers) for a chat model")]

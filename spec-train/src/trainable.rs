@@ -3,14 +3,12 @@
 //! ones). The inference blocks cannot be differentiated: the quantized kernels, candle's fused
 //! RMSNorm, rotary and last-dimension softmax have no backward pass. This layer uses candle-nn's
 //! `Linear`, `rms_norm_slow`, `rope_slow`/`rope_i_slow` and `softmax`, which do, and computes
-//! what [`SelfAttention`](crate::SelfAttention) with [`SwiGlu`](crate::SwiGlu) computes over a
-//! causal prompt (tested against them).
+//! what `spec-nn`'s [`SelfAttention`](spec_nn::SelfAttention) with [`SwiGlu`](spec_nn::SwiGlu)
+//! computes over a causal prompt (tested against them).
 
 use candle_core::{Device, Module, Tensor, D};
 use candle_nn::Linear;
-
-use crate::rotary::{RopeLayout, RotaryTables};
-use crate::{Heads, Result};
+use spec_nn::{Heads, Result, RopeLayout, RotaryTables};
 
 /// One pre-norm decoder layer: `x + attention(norm(x))`, then `x + swiglu(norm(x))`.
 #[derive(Debug, Clone)]
@@ -89,9 +87,9 @@ mod tests {
     use candle_core::quantized::QMatMul;
     use candle_core::Var;
     use spec_core::LayerKvCache;
+    use spec_nn::{AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu};
 
     use super::*;
-    use crate::{AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu};
 
     const HIDDEN: usize = 32;
     const FFN: usize = 48;
@@ -129,7 +127,7 @@ mod tests {
     fn inference_forward(layer: &TrainableDecoderLayer, x: &Tensor, rotary: &Rotary) -> Tensor {
         let device = Device::Cpu;
         let linear = |l: &Linear| {
-            crate::Linear::new(
+            spec_nn::Linear::new(
                 QLinear::Candle(QMatMul::Tensor(l.weight().clone())),
                 l.bias().cloned(),
             )

@@ -6,7 +6,7 @@
 //! (`SpeechLm::distill`).
 //!
 //! ```sh
-//! cargo run --release -p engine-tts --example train_cosyvoice_ssd_draft -- cosyvoice2-0.5b \
+//! cargo run --release -p spec-train --example train_cosyvoice_ssd_draft -- cosyvoice2-0.5b \
 //!     [--speaker speaker.safetensors] [--epochs 2]
 //! ```
 //!
@@ -18,17 +18,17 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use engine_llm::ssd::draft_dir;
-use engine_llm::ssd::train::DistilledSequence;
+use engine_llm::ssd::{draft_dir, DistilledSequence};
 use engine_llm::LoadOptions;
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
 use engine_tts::cosyvoice::pipeline::load_tokenizer;
 use engine_tts::cosyvoice::SpeakerPrompt;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_cli::{init_logging, progress_bar, read_text_lines, SsdTrainArgs};
+use spec_cli::{init_logging, progress_bar};
 use spec_models::Store;
 use spec_nn::heads::weights_fingerprint;
+use spec_train::cli::{read_text_lines, SsdTrainArgs};
 
 #[derive(Parser, Debug)]
 #[command(about = "Train the SSD draft of CosyVoice 2's speech-token LM")]

@@ -1,11 +1,17 @@
-//! The options every `train_heads` program takes, and its progress display.
+//! The command-line options of the training programs (`clap`), and their progress display:
+//! [`TrainArgs`], what every `train_heads` program takes, [`SsdTrainArgs`], what every
+//! `train_ssd_draft` program takes, and [`read_text_lines`], their prompts or sentences.
 
 use std::path::{Path, PathBuf};
 
+use engine_llm::ssd::{Backbone, DistilledSequence};
 use indicatif::{ProgressBar, ProgressStyle};
+use spec_cli::progress_bar;
+use spec_nn::heads::HeadKind;
+use spec_nn::Result;
 
-use super::{train, HeadKind, Progress, TrainConfig, TrainingSet};
-use crate::Result;
+use crate::heads::{train, Progress, TrainConfig, TrainingSet};
+use crate::ssd::{SsdProgress, SsdTrainConfig, TrainedDraft};
 
 /// The head architectures, as a command-line value.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -137,4 +143,101 @@ impl TrainArgs {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         trained.save(&out, model, fingerprint, &command)
     }
+}
+
+/// The settings of an SSD draft's training ([`SsdTrainConfig`]) every `train_ssd_draft` program
+/// takes.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SsdTrainArgs {
+    /// Retrained lower layers
+    #[arg(long, default_value_t = 2)]
+    pub lower: usize,
+    /// Upper layers of the model the draft keeps
+    #[arg(long, default_value_t = 6)]
+    pub upper: usize,
+    #[arg(long, default_value_t = 2)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 2e-4)]
+    pub learning_rate: f64,
+    /// The model's most likely next tokens kept per position as the label
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SsdTrainArgs {
+    pub fn config(&self) -> SsdTrainConfig {
+        SsdTrainConfig {
+            lower_layers: self.lower,
+            upper_layers: self.upper,
+            epochs: self.epochs,
+            learning_rate: self.learning_rate,
+            label_top_k: self.top_k,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+
+    /// These options as command-line arguments, to record how a draft was trained.
+    pub fn arguments(&self) -> String {
+        format!(
+            "--lower {} --upper {} --epochs {} --learning-rate {} --top-k {} --seed {}",
+            self.lower, self.upper, self.epochs, self.learning_rate, self.top_k, self.seed
+        )
+    }
+
+    /// Trains on `data` with a progress bar on a terminal (log lines otherwise) and the
+    /// validation figures printed as they come.
+    pub fn train(
+        &self,
+        backbone: &Backbone<'_>,
+        data: &[DistilledSequence],
+    ) -> engine_llm::Result<TrainedDraft> {
+        let bar = progress_bar(0, "training");
+        let trained =
+            crate::ssd::train(
+                backbone,
+                data,
+                &self.config(),
+                &mut |progress| match progress {
+                    SsdProgress::Step {
+                        epoch,
+                        step,
+                        steps,
+                        loss,
+                    } => {
+                        bar.set_length(*steps as u64);
+                        bar.set_position(*step as u64 + 1);
+                        bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
+                        if bar.is_hidden() && step % 50 == 0 {
+                            tracing::info!(epoch = epoch + 1, step, steps, loss, "training");
+                        }
+                    }
+                    SsdProgress::Validation(report) => bar.suspend(|| println!("{report}")),
+                },
+            );
+        bar.finish_and_clear();
+        trained
+    }
+}
+
+/// The non-empty lines of the text files `paths`, trimmed, in order, at most `limit` of them: the
+/// prompts or sentences a training program reads.
+pub fn read_text_lines(paths: &[&Path], limit: Option<usize>) -> engine_llm::Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for &path in paths {
+        let text = std::fs::read_to_string(path).map_err(|source| engine_llm::Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        lines.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+    }
+    lines.truncate(limit.unwrap_or(usize::MAX));
+    Ok(lines)
 }

@@ -1,26 +1,27 @@
-//! Training an SSD draft (§3.2 of the paper): the draft's lower layers start as the target's
-//! first layers and its head as the target's output rows of the shortlist; both are fitted by
-//! AdamW to the target's next-token distributions (cross-entropy against its top tokens'
-//! probabilities) with the upper layers, the embeddings and the final norm frozen. The
-//! gradient flows through the frozen upper layers, so the forward here runs float copies of the
-//! layers, `spec_nn`'s [`TrainableDecoderLayer`] (the inference path runs on quantized kernels,
-//! which have no gradients).
+//! Training an SSD draft (`engine_llm::ssd`; §3.2 of "Speech Speculative Decoding"): the
+//! draft's lower layers start as the target's first layers and its head as the target's output
+//! rows of the shortlist; both are fitted by AdamW to the target's next-token distributions
+//! (cross-entropy against its top tokens' probabilities, [`DistilledSequence`]) with the upper
+//! layers, the embeddings and the final norm frozen. The gradient flows through the frozen upper
+//! layers, so the forward here runs float copies of the layers, [`TrainableDecoderLayer`] (the
+//! inference path runs on quantized kernels, which have no gradients). What a draft trains on,
+//! its [`Backbone`] and its [`DistilledSequence`]s, is `engine-llm`'s (a speech LM makes its own
+//! in `engine-tts`); errors are `engine_llm::Error`.
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW};
+use engine_llm::load::{layer_tensors, Naming, Part};
+use engine_llm::ssd::{draft_layers, Backbone, DistilledSequence, SsdDraftInfo, SsdDraftWeights};
+use engine_llm::{Error, Result, TransformerConfig};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use spec_core::{Decoder, HiddenStates, LogitRows};
 use spec_nn::heads::TrainedFor;
-use spec_nn::{Heads, Rotary, TrainableDecoderLayer};
+use spec_nn::{Heads, Rotary};
 
-use super::{draft_layers, SsdDraftInfo, SsdDraftWeights};
-use crate::config::TransformerConfig;
-use crate::load::{layer_tensors, Naming, Part};
-use crate::{Error, Result, Transformer};
+use crate::trainable::TrainableDecoderLayer;
 
 /// Settings of [`train`].
 #[derive(Clone, Debug, PartialEq)]
@@ -55,91 +56,6 @@ impl Default for SsdTrainConfig {
             seed: 0,
         }
     }
-}
-
-/// A map from ids to rows of vectors, `[len, hidden]` f32.
-pub type RowsOf<'a> = Box<dyn Fn(&[u32]) -> Result<Tensor> + 'a>;
-
-/// What a draft is trained on: a Qwen2/Llama backbone, how a sequence's ids become its input
-/// vectors, and the output layer the draft's head starts from. [`Backbone::text`] is a chat
-/// model's; a model that mixes embeddings (CosyVoice 2's speech-token LM) supplies its own.
-pub struct Backbone<'a> {
-    pub model: &'a Transformer,
-    /// A sequence's ids → `[n, hidden]` f32 input vectors.
-    pub embed: RowsOf<'a>,
-    /// Output classes (the labels' id space).
-    pub classes: usize,
-    /// The output layer's rows of the given classes, `[len, hidden]` f32.
-    pub output_rows: RowsOf<'a>,
-    /// The output layer's bias over every class, if it has one.
-    pub output_bias: Option<Tensor>,
-}
-
-impl<'a> Backbone<'a> {
-    /// A language model: token ids in, its unembedding out.
-    pub fn text(model: &'a Transformer) -> Self {
-        Self {
-            model,
-            embed: Box::new(|ids| model.embed_tokens(ids)),
-            classes: model.config().vocab_size,
-            output_rows: Box::new(|ids| Ok(model.unembedding_rows(ids)?)),
-            output_bias: None,
-        }
-    }
-}
-
-/// A sequence and, from position `first` on, the target's most likely next tokens with their
-/// probabilities (the target's output the draft learns).
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DistilledSequence {
-    pub tokens: Vec<u32>,
-    pub first: usize,
-    /// One list per position `first..tokens.len()`, most likely first.
-    pub labels: Vec<Vec<(u32, f32)>>,
-}
-
-impl DistilledSequence {
-    /// Runs `target` over `tokens` once (its cache is reset) and keeps its `top_k` most
-    /// likely next tokens at every position from `first` (e.g. a prompt's last token, whose
-    /// next token is the answer's first).
-    pub fn label(
-        target: &mut Transformer,
-        tokens: Vec<u32>,
-        first: usize,
-        top_k: usize,
-    ) -> Result<Self> {
-        if first >= tokens.len() || top_k == 0 {
-            return Err(Error::Input(format!(
-                "labels from position {first} of {} tokens, top {top_k}",
-                tokens.len()
-            )));
-        }
-        target.reset();
-        let logits = target.forward_tokens(&tokens, LogitRows::Last(tokens.len() - first))?;
-        target.reset();
-        let labels = (0..logits.len())
-            .map(|i| top_labels(&spec_core::sampling::softmax(logits.row(i)), top_k))
-            .collect();
-        Ok(Self {
-            tokens,
-            first,
-            labels,
-        })
-    }
-}
-
-/// The `top_k` most likely classes of `probs` with their probabilities, most likely first:
-/// one position's label.
-pub fn top_labels(probs: &[f32], top_k: usize) -> Vec<(u32, f32)> {
-    let mut best: Vec<(u32, f32)> = (0..probs.len() as u32).zip(probs.iter().copied()).collect();
-    let kept = top_k.min(best.len());
-    if kept > 0 {
-        best.select_nth_unstable_by(kept - 1, |a, b| b.1.total_cmp(&a.1));
-    }
-    // A copy, not the truncated vector: that would keep the whole vocabulary's capacity.
-    let mut top = best[..kept].to_vec();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1));
-    top
 }
 
 /// What [`train`] reports as it goes.

@@ -7,10 +7,10 @@
 //! (`spec_core::greedy_in_lockstep`),
 //! with the last hidden state that predicted each token cached (one file of states per prompt
 //! file, so a new prompt file costs only its own answers); then the heads are fitted with the
-//! trunk frozen (`spec_nn::heads::train`).
+//! trunk frozen (`spec_train::heads::train`).
 //!
 //! ```sh
-//! cargo run --release -p engine-llm --example train_heads_llm -- qwen2.5-coder-1.5b-instruct \
+//! cargo run --release -p spec-train --example train_heads_llm -- qwen2.5-coder-1.5b-instruct \
 //!     --heads 4 --kind latent [--max-tokens 160]
 //! ```
 //!
@@ -26,8 +26,9 @@ use engine_llm::{LanguageModel, LoadOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::{Decoder, HiddenStates};
 use spec_models::Store;
-use spec_nn::heads::cli::TrainArgs;
-use spec_nn::heads::{weights_fingerprint, TrainingSet};
+use spec_nn::heads::weights_fingerprint;
+use spec_train::cli::TrainArgs;
+use spec_train::heads::{SelfDistill, TrainingSet};
 
 #[derive(Parser, Debug)]
 #[command(about = "Train multi-token prediction heads for a chat model")]
@@ -101,7 +102,7 @@ fn main() -> Result<()> {
 }
 
 /// The model's greedy answer to every prompt (those of file `path`), with the hidden states that
-/// predicted each token ([`LanguageModel::self_distilled`], `--lockstep` prompts at a time).
+/// predicted each token ([`SelfDistill::self_distilled`], `--lockstep` prompts at a time).
 fn self_distilled(
     args: &Args,
     lm: &mut LanguageModel,

@@ -2,7 +2,7 @@
 //! spoken by `espeak-ng` in several voices and rates, transcribed greedily by the model itself,
 //! whose decoder hidden states (teacher-forced over its own transcript) are cached once (one
 //! file of states per file of sentences); then the heads are fitted on them with the trunk
-//! frozen (`spec_nn::heads::train`).
+//! frozen (`spec_train::heads::train`).
 //!
 //! The sentences: `engine-asr/data/heads_training_sentences.txt` (322 everyday sentences) and
 //! the 1 993 prompts written for the chat model's heads and SSD draft
@@ -12,7 +12,7 @@
 //! epochs (training loss 3.2 against 5.9 on held-out sentences).
 //!
 //! ```sh
-//! cargo run --release -p engine-asr --example train_heads -- whisper-base-ct2 \
+//! cargo run --release -p spec-train --example train_heads -- whisper-base-ct2 \
 //!     --heads 4 --kind latent [--data FILE…]
 //! ```
 //!
@@ -30,8 +30,8 @@ use engine_asr::{Audio, LoadOptions, TranscribeOptions, Transcriber};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::HiddenStates;
 use spec_models::{Registry, Store};
-use spec_nn::heads::cli::TrainArgs;
-use spec_nn::heads::TrainingSet;
+use spec_train::cli::TrainArgs;
+use spec_train::heads::TrainingSet;
 
 #[derive(Parser, Debug)]
 #[command(about = "Train multi-token prediction heads for a Whisper model")]

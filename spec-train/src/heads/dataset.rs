@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use spec_nn::heads::{expand, weights_fingerprint};
+use spec_nn::{Error, Result};
 
 use super::train::TrainableHead;
-use super::{expand, weights_fingerprint};
-use crate::{Error, Result};
 
 /// One recording's (or answer's) hidden states and the tokens after them.
 #[derive(Debug, Clone)]
@@ -342,8 +342,8 @@ pub(super) struct ChainExamples {
     pub(super) starts: Vec<u32>,
     pub(super) reads: Vec<Vec<u32>>,
     pub(super) targets: Vec<Vec<u32>>,
-    /// The rows a head reads a token from: the shortlist's unembedding rows ([`unit_rms`]) and
-    /// a zero row for "nothing to read".
+    /// The rows a head reads a token from: the shortlist's unembedding rows
+    /// ([`spec_nn::heads::unit_rms`]) and a zero row for "nothing to read".
     pub(super) read_table: Tensor,
 }
 

@@ -1,0 +1,76 @@
+//! The PredGen tests' chat models, settings, partial prompts and turns.
+
+use std::path::Path;
+use std::time::Duration;
+
+use candle_core::quantized::GgmlDType;
+use engine_llm::predgen::{spoken_at_rate, FixedLatencySynthesizer, Partial};
+use engine_llm::{
+    Continuation, LanguageModel, LoadOptions, PredGen, PredGenConfig, SpokenTurn, Verifier,
+};
+
+use super::{Family, Tiny};
+
+pub fn tiny_chat_model(dir: &Path, seed: u64) -> LanguageModel {
+    // Untied output weights: a tiny random model with tied embeddings only repeats its input.
+    let tiny = Tiny {
+        tied: false,
+        ..Tiny::new(Family::Qwen2)
+    };
+    let metadata = super::chatml_tokenizer_metadata(tiny.vocab);
+    let folder = dir.join(format!("chat-{seed}"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let path = tiny.write_gguf(&folder, seed, GgmlDType::Q8_0, &metadata);
+    LanguageModel::load(&path, &LoadOptions::default()).unwrap()
+}
+
+pub fn config(verifier: Verifier, continuation: Continuation) -> PredGenConfig {
+    PredGenConfig {
+        verifier,
+        continuation,
+        max_guess_tokens: 12,
+        max_answer_tokens: 24,
+        tokens_per_step: 4,
+        ..PredGenConfig::default()
+    }
+}
+
+/// Partial prompts with self-corrections: earlier words change, as ASR partials do.
+pub fn corrected_inputs(final_text: &str) -> Vec<Partial> {
+    let mut inputs = vec![
+        Partial {
+            at: Duration::from_millis(100),
+            text: "what is".into(),
+            is_final: false,
+        },
+        Partial {
+            at: Duration::from_millis(400),
+            text: "what is one plus twenty".into(),
+            is_final: false,
+        },
+    ];
+    let spoken = spoken_at_rate(final_text, 600.0).unwrap();
+    inputs.extend(spoken.into_iter().map(|mut p| {
+        p.at += Duration::from_millis(800);
+        p
+    }));
+    inputs
+}
+
+pub fn run_turns(
+    session: &mut PredGen<'_>,
+    turns: &[Vec<Partial>],
+    baseline: bool,
+) -> Vec<SpokenTurn> {
+    let mut tts = FixedLatencySynthesizer::default();
+    turns
+        .iter()
+        .map(|inputs| {
+            if baseline {
+                session.baseline_turn(inputs, &mut tts).unwrap()
+            } else {
+                session.turn(inputs, &mut tts).unwrap()
+            }
+        })
+        .collect()
+}
