@@ -84,9 +84,9 @@ pub struct UpdateDecode {
 
 /// Decodes the output for `prompt`, using `draft` (the previous output, already trimmed) as
 /// described in the module documentation, and `continuation` after the divergence: one
-/// [`speculate`] run whose drafter offers the previous output from the prefill on, judged with
-/// the bias, then the continuation's drafts, judged greedily. With β = 0 the result is exactly
-/// the target's greedy output, whatever the draft and continuation.
+/// [`speculate`](spec_core::speculate()) run whose drafter offers the previous output from the
+/// prefill on, judged with the bias, then the continuation's drafts, judged greedily. With
+/// β = 0 the result is exactly the target's greedy output, whatever the draft and continuation.
 pub fn decode_update<T: HiddenStates + ?Sized>(
     target: &mut T,
     continuation: Continuation<'_>,
