@@ -197,7 +197,6 @@ struct UpdateDrafter<'a> {
 impl TreeDrafter for UpdateDrafter<'_> {
     fn draft_tree(&mut self, input: DraftInput<'_>) -> spec_core::Result<TreeDraft> {
         let first = std::mem::replace(&mut self.first, false);
-        self.context_len = input.context_len;
         if let (true, Some((previous, bias))) = (first, self.previous.as_mut()) {
             self.from_previous = true;
             let draft = previous.draft_tree(input)?;

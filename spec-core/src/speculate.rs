@@ -18,7 +18,9 @@ use crate::heads::HiddenStates;
 use crate::sampling::{sample, SamplingConfig};
 use crate::stats::{DecodeStats, StepRecord};
 use crate::tree::TokenTree;
-use crate::verify::{verify_sampled_chain, verify_with_prefill, Verification, Verified};
+use crate::verify::{
+    verify_prefilled, verify_sampled_chain, verify_with_prefill, Verification, Verified,
+};
 use crate::{Error, Result};
 
 /// Adjusts the target's logits after `tokens` (the context and the tokens before the row)
@@ -121,37 +123,26 @@ pub fn speculate<T: HiddenStates + ?Sized>(
     let mut hidden = None;
     let mut guessed = None;
     if out.finish.is_none() {
-        match prefilled {
-            Some(mut row) => {
-                if target.cached_tokens() != context || row.len() != target.vocab_size() {
-                    return Err(Error::InvalidConfig(
-                        "prefilled logits need the context, and only it, in the target's cache"
-                            .into(),
-                    ));
-                }
-                if let Some(adjust) = adjust.as_mut() {
-                    adjust(&committed, &mut row);
-                }
-                let token = match (sampled, rng.as_mut()) {
-                    (Some(sampling), Some(rng)) => sample(&sampling.probabilities(&row), *rng),
-                    _ => rule.correction(&row),
-                };
-                committed.push(token);
-                if out.emit([token]) == 1 {
-                    if let Some(on_row) = on_row.as_mut() {
-                        on_row(token, &row);
-                    }
-                }
-                if reads_hidden {
-                    let states = target.last_hidden()?;
-                    hidden = Some(states.narrow(0, states.dim(0)? - 1, 1)?);
-                }
+        let root = *context.last().ok_or(Error::EmptyInput(
+            "the context must hold at least one token",
+        ))?;
+        let t_verify;
+        let (chain, mut verified) = match prefilled {
+            Some(row) => {
+                t_verify = Instant::now();
+                let chain = TokenTree::new(root);
+                let verified = verify_prefilled(
+                    target,
+                    context,
+                    row,
+                    rule,
+                    &mut node_adjustment(&mut adjust, &committed, &chain),
+                    reads_hidden,
+                )?;
+                (chain, verified)
             }
             None => {
                 // The prefill, with the drafter's chain after the context when it drafts one.
-                let root = *context.last().ok_or(Error::EmptyInput(
-                    "the context must hold at least one token",
-                ))?;
                 let (chain, chain_rule) = match drafter.drafts_with_prefill() {
                     true => {
                         let keep = common_prefix_len(target.cached_tokens(), context)
@@ -177,13 +168,13 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                     }
                     false => (TokenTree::new(root), None),
                 };
-                let t_verify = Instant::now();
+                t_verify = Instant::now();
                 if sampled.is_some() && chain.len() > 1 {
                     return Err(Error::Unsupported(
                         "a sampled draft is verified after the first token, not with the prefill",
                     ));
                 }
-                let (mut verified, forwarded) = verify_with_prefill(
+                let (verified, forwarded) = verify_with_prefill(
                     target,
                     context,
                     &chain,
@@ -191,34 +182,35 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                     &mut node_adjustment(&mut adjust, &committed, &chain),
                     reads_hidden,
                 )?;
-                if let (Some(sampling), Some(rng)) = (sampled, rng.as_mut()) {
-                    // The first token is drawn from the target's (adjusted) distribution.
-                    let row = verified.judged.row(0).expect("the root's row was judged");
-                    verified.verdict.next_token = sample(&sampling.probabilities(row), *rng);
-                }
-                stats.target_time += t_verify.elapsed();
                 stats.target_forwards += 1;
                 stats.prompt_tokens += forwarded;
-                if chain.len() > 1 {
-                    stats.steps.push(StepRecord {
-                        drafted: chain.len() - 1,
-                        accepted: verified.verdict.path.len() - 1,
-                    });
-                    drafter.observe(&chain, &verified)?;
-                }
-                let cached = context.len() - 1;
-                commit(
-                    &mut out,
-                    target,
-                    &mut committed,
-                    cached,
-                    &chain,
-                    &verified,
-                    &mut on_row,
-                )?;
-                hidden = verified.hidden;
+                (chain, verified)
             }
+        };
+        if let (Some(sampling), Some(rng)) = (sampled, rng.as_mut()) {
+            // The first token is drawn from the target's (adjusted) distribution.
+            let row = verified.judged.row(0).expect("the root's row was judged");
+            verified.verdict.next_token = sample(&sampling.probabilities(row), *rng);
         }
+        stats.target_time += t_verify.elapsed();
+        if chain.len() > 1 {
+            stats.steps.push(StepRecord {
+                drafted: chain.len() - 1,
+                accepted: verified.verdict.path.len() - 1,
+            });
+            drafter.observe(&chain, &verified)?;
+        }
+        let cached = context.len() - 1;
+        commit(
+            &mut out,
+            target,
+            &mut committed,
+            cached,
+            &chain,
+            &verified,
+            &mut on_row,
+        )?;
+        hidden = verified.hidden;
     }
     while let Some(StepLimits {
         cached,

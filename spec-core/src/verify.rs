@@ -190,7 +190,7 @@ impl Verification<'_> {
         let hidden = match hidden {
             true => {
                 let last = *verdict.path.last().expect("the path holds the root");
-                Some(target.last_hidden()?.narrow(0, last, 1)?)
+                Some(hidden_after(target, last)?)
             }
             false => None,
         };
@@ -202,6 +202,45 @@ impl Verification<'_> {
             guessed,
         })
     }
+}
+
+/// The first step of [`speculate`](crate::speculate()) when the target's cache already holds
+/// exactly `context` and `row` is its logits after it (an encoder–decoder's prompt, forwarded
+/// beforehand): the root alone, judged from that row, with no forward.
+pub(crate) fn verify_prefilled<T: HiddenStates + ?Sized>(
+    target: &T,
+    context: &[u32],
+    row: Vec<f32>,
+    rule: &dyn Acceptance,
+    adjust: &mut dyn FnMut(usize, &mut [f32]),
+    hidden: bool,
+) -> Result<Verified> {
+    if target.cached_tokens() != context || row.len() != target.vocab_size() {
+        return Err(Error::InvalidConfig(
+            "prefilled logits need the context, and only it, in the target's cache".into(),
+        ));
+    }
+    rule.validate()?;
+    let root = TokenTree::new(*context.last().ok_or(Error::EmptyInput(
+        "the context must hold at least one token",
+    ))?);
+    let mut row = Some(row);
+    let fetch = &mut |_| Ok(row.take().expect("the root's row is fetched once"));
+    let (verdict, judged) = judge_tree(&root, rule, fetch, adjust)?;
+    let hidden = match hidden {
+        true => {
+            let states = target.last_hidden()?;
+            Some(states.narrow(0, states.dim(0)? - 1, 1)?)
+        }
+        false => None,
+    };
+    Ok(Verified {
+        verdict,
+        judged,
+        rows: None,
+        hidden,
+        guessed: None,
+    })
 }
 
 /// The first step of [`speculate`](crate::speculate()): forwards the part of `context` the
@@ -251,7 +290,7 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
         true => {
             let before = input.len() - chain.len();
             let last = *verdict.path.last().expect("the path holds the root");
-            Some(target.last_hidden()?.narrow(0, before + last, 1)?)
+            Some(hidden_after(target, before + last)?)
         }
         false => None,
     };
@@ -307,7 +346,7 @@ pub(crate) fn verify_sampled_chain<T: HiddenStates + ?Sized>(
     } = rule.verify(&check, rng)?;
     target.truncate(prefix + 1 + accepted)?;
     let hidden = match hidden {
-        true => Some(target.last_hidden()?.narrow(0, accepted, 1)?),
+        true => Some(hidden_after(target, accepted)?),
         false => None,
     };
     let judged = TreeRows {
@@ -325,6 +364,11 @@ pub(crate) fn verify_sampled_chain<T: HiddenStates + ?Sized>(
         hidden,
         guessed: None,
     })
+}
+
+/// The target's final hidden state at row `row` of its last forward, `[1, hidden]`.
+fn hidden_after<T: HiddenStates + ?Sized>(target: &T, row: usize) -> Result<Tensor> {
+    Ok(target.last_hidden()?.narrow(0, row, 1)?)
 }
 
 /// Fails unless `rule` is valid and deterministic (trees are judged node by node).
