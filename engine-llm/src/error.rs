@@ -71,13 +71,7 @@ impl From<spec_core::Error> for Error {
     /// Unwraps an engine error that travelled through a `spec-core` loop as
     /// [`spec_core::Error::Model`], so callers can match it directly.
     fn from(e: spec_core::Error) -> Self {
-        match e {
-            spec_core::Error::Model(inner) => match inner.downcast::<Error>() {
-                Ok(engine) => *engine,
-                Err(other) => Error::Core(spec_core::Error::Model(other)),
-            },
-            other => Error::Core(other),
-        }
+        e.into_model_error().unwrap_or_else(Error::Core)
     }
 }
 

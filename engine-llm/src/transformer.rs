@@ -209,6 +209,25 @@ impl Transformer {
         )
     }
 
+    /// [`Transformer::forward_step`] of embeddings that stand for `ids` in the caller's own
+    /// input space (a TTS language model's text, speech and special inputs): the cache records
+    /// the ids, so the speculative loops reuse a cached prefix and roll drafts back as for
+    /// tokens.
+    pub fn forward_embedded(&mut self, step: &Forward<'_>, ids: &[u32]) -> Result<Tensor> {
+        if !matches!(step.input, DecoderInput::Embeddings(_)) || step.input.len()? != ids.len() {
+            return Err(Error::Input(format!(
+                "an embedded forward takes embeddings for each of its {} ids",
+                ids.len()
+            )));
+        }
+        DecoderCache::forward(
+            self,
+            |model| &mut model.cache,
+            &DecoderInput::Tokens(ids),
+            |model| model.forward_inner(step),
+        )
+    }
+
     fn forward_inner(&mut self, step: &Forward<'_>) -> Result<Tensor> {
         let cached = self.cache.len();
         let rows = step.validate(cached)?;

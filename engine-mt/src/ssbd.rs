@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use spec_core::sampling::{argmax, softmax};
 use spec_core::{
     speculate, AcceptanceRule, Decoder, DraftInput, DraftLength, DraftModelDrafter, FinishReason,
-    HiddenStates, LookupDrafter, PreviousOutput, SamplingConfig, Speculation, StopConditions,
-    TokenTree, TreeDraft, TreeDrafter, Verified,
+    HiddenStates, LookupDrafter, PreviousOutput, Speculation, StopConditions, TokenTree, TreeDraft,
+    TreeDrafter, Verified,
 };
 
 use crate::error::{Error, Result};
@@ -114,14 +114,9 @@ pub fn decode_update<T: HiddenStates + ?Sized>(
             Continuation::Greedy => After::Greedy,
             Continuation::Lookup(lookup) => After::Lookup(lookup),
             Continuation::Assistant { gamma: 0, .. } => After::Greedy,
-            Continuation::Assistant { model, gamma } => {
-                After::Assistant(Box::new(DraftModelDrafter::new(
-                    model,
-                    DraftLength::Fixed(gamma),
-                    SamplingConfig::greedy(),
-                    false,
-                )?))
-            }
+            Continuation::Assistant { model, gamma } => After::Assistant(Box::new(
+                DraftModelDrafter::greedy(model, DraftLength::Fixed(gamma))?,
+            )),
         },
         first: true,
         from_previous: false,

@@ -9,8 +9,8 @@ use engine_llm::{LoadOptions, Requantize, TransformerConfig};
 use engine_tts::cosyvoice::flow::{reference_noise, Flow, FlowConfig, FlowPrompt, FlowStream};
 use engine_tts::cosyvoice::hift::{Hift, HiftConfig, SineNoise};
 use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig};
-use engine_tts::cosyvoice::sampling::Uniforms;
 use engine_tts::cosyvoice::CosyVoiceError;
+use spec_core::sampling::repetition_aware::Uniforms;
 
 mod common;
 use common::{flow, flow_config, hift, hift_config, released_layout, speech_lm, Fixture};

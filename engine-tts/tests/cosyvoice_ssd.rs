@@ -6,9 +6,9 @@
 
 use candle_core::{Device, Tensor};
 use engine_tts::cosyvoice::lm::{SpeechLm, SsdConfig};
-use engine_tts::cosyvoice::sampling::ras_distribution;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use spec_core::sampling::repetition_aware::ras_distribution;
 
 mod common;
 use common::ssd::{fixture, model, PROMPT_SPEECH, PROMPT_TEXT, SPEECH_TOKENS, TEXT};
@@ -98,7 +98,7 @@ fn at_zero_tolerance_the_tokens_follow_the_targets_distribution() {
         assert_eq!(tokens.len(), 2, "the end token is masked before 6 tokens");
         first[tokens[0] as usize] += 1;
         pairs.push((tokens[0], tokens[1]));
-        accepted += stats.accepted;
+        accepted += stats.accepted_tokens();
     }
     assert!(
         accepted > 0,
@@ -151,8 +151,8 @@ fn acceptance_rises_with_the_tolerance() {
                     &mut rng,
                 )
                 .unwrap();
-            drafted += stats.drafted;
-            accepted += stats.accepted;
+            drafted += stats.drafted_tokens();
+            accepted += stats.accepted_tokens();
         }
         rates.push(accepted as f64 / drafted as f64);
     }

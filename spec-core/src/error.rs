@@ -65,5 +65,19 @@ pub enum Error {
     Model(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
+impl Error {
+    /// The engine error of type `E` that travelled through a loop as [`Error::Model`], so the
+    /// engine's callers can match it directly; any other error as it is.
+    pub fn into_model_error<E>(self) -> std::result::Result<E, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match self {
+            Error::Model(inner) => inner.downcast::<E>().map(|e| *e).map_err(Error::Model),
+            other => Err(other),
+        }
+    }
+}
+
 /// `Result` with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

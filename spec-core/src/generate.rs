@@ -17,7 +17,7 @@ use crate::cost::CostAwarePolicy;
 use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
 use crate::draft::{advance, catch_up, DraftInput, TreeDraft, TreeDrafter};
 use crate::heads::HiddenStates;
-use crate::sampling::{argmax, max_probability, sample, SamplingConfig};
+use crate::sampling::{argmax, max_probability, sample, Sampler, SamplingConfig};
 use crate::speculate::{speculate, AdjustLogits, Speculation};
 use crate::stats::DecodeStats;
 use crate::tree::TokenTree;
@@ -336,30 +336,34 @@ pub fn generate<D: Decoder + ?Sized>(
     Ok(out.into_generation(stats, started))
 }
 
-/// A draft model proposing a chain each step: its greedy tokens, or, for speculative sampling,
-/// tokens drawn from its own distribution (which the verification then needs), as long as
-/// [`DraftLength`] says. The draft's cache is kept in step with the committed tokens.
+/// How a draft model picks its tokens.
+#[derive(Debug)]
+pub enum DraftTokens {
+    /// Its argmax after the configuration's repetition penalty (if any).
+    Greedy(SamplingConfig),
+    /// Drawn from the sampler's distribution, which speculative sampling then judges them by.
+    Sampled(Box<dyn Sampler>),
+}
+
+/// A draft model proposing a chain each step, as long as [`DraftLength`] says, its tokens
+/// picked as [`DraftTokens`] says. The draft's cache is kept in step with the committed tokens.
 #[derive(Debug)]
 pub struct DraftModelDrafter<D> {
     model: D,
     length: DraftLength,
     policy: Option<CostAwarePolicy>,
-    sampling: SamplingConfig,
-    sampled: bool,
+    tokens: DraftTokens,
+    with_prefill: bool,
 }
 
 impl<D: Decoder> DraftModelDrafter<D> {
-    /// Drafts with `model`, `length` tokens a step; `sampling`'s repetition penalty applies to
-    /// the draft's rows, and with `sampled` its tokens are drawn from its distribution under
-    /// `sampling` (otherwise its argmax).
-    pub fn new(
-        model: D,
-        length: DraftLength,
-        sampling: SamplingConfig,
-        sampled: bool,
-    ) -> Result<Self> {
+    /// Drafts with `model`, `length` tokens a step, picked as `tokens` says.
+    pub fn new(model: D, length: DraftLength, tokens: DraftTokens) -> Result<Self> {
         length.validate()?;
-        sampling.validate()?;
+        match &tokens {
+            DraftTokens::Greedy(sampling) => sampling.validate()?,
+            DraftTokens::Sampled(sampler) => sampler.validate()?,
+        }
         let policy = match &length {
             DraftLength::CostAware(policy) => Some(policy.clone()),
             _ => None,
@@ -368,9 +372,21 @@ impl<D: Decoder> DraftModelDrafter<D> {
             model,
             length,
             policy,
-            sampling,
-            sampled,
+            tokens,
+            with_prefill: false,
         })
+    }
+
+    /// Drafts `model`'s greedy tokens, `length` a step.
+    pub fn greedy(model: D, length: DraftLength) -> Result<Self> {
+        Self::new(model, length, DraftTokens::Greedy(SamplingConfig::greedy()))
+    }
+
+    /// Also drafts after the context, so the target's prefill verifies the first chain (one
+    /// target forward fewer per generation).
+    pub fn drafting_with_prefill(mut self) -> Self {
+        self.with_prefill = true;
+        self
     }
 }
 
@@ -400,25 +416,27 @@ impl<D: Decoder> TreeDrafter for DraftModelDrafter<D> {
             let mut row = catch_up(&mut self.model, committed)?;
             forwards += 1;
             for i in 0..budget {
-                let context_i: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
-                let row_p = self.sampling.penalize(&row, &context_i);
-                let token = match (self.sampled, rng.as_mut()) {
-                    (true, Some(rng)) => {
-                        let probs = self.sampling.probabilities(&row_p);
-                        let token = sample(&probs, *rng);
+                let before: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
+                let (token, confidence) = match (&self.tokens, rng.as_mut()) {
+                    (DraftTokens::Sampled(sampler), Some(rng)) => {
+                        let probs = sampler.distribution(&before, &row)?;
                         distributions.push(probs);
-                        token
+                        let probs = distributions.last().expect("just pushed");
+                        (sample(probs, *rng), max_probability(&row))
                     }
-                    (true, None) => {
+                    (DraftTokens::Sampled(_), None) => {
                         return Err(Error::InvalidConfig(
                             "a sampled draft draws from the run's randomness".into(),
                         ))
                     }
-                    (false, _) => argmax(&row_p),
+                    (DraftTokens::Greedy(sampling), _) => {
+                        let row = sampling.penalize(&row, &before);
+                        (argmax(&row), max_probability(&row))
+                    }
                 };
                 drafted.push(token);
                 let unsure = matches!(self.length,
-                    DraftLength::Adaptive { min_confidence, .. } if max_probability(&row_p) < min_confidence);
+                    DraftLength::Adaptive { min_confidence, .. } if confidence < min_confidence);
                 if unsure || i + 1 == budget {
                     break;
                 }
@@ -430,6 +448,10 @@ impl<D: Decoder> TreeDrafter for DraftModelDrafter<D> {
             distributions,
             ..TreeDraft::new(TokenTree::linear(root, &drafted), forwards)
         })
+    }
+
+    fn drafts_with_prefill(&self) -> bool {
+        self.with_prefill
     }
 
     fn observe(&mut self, tree: &TokenTree, verified: &Verified) -> Result<()> {
@@ -465,17 +487,16 @@ pub fn speculative_generate<T: HiddenStates + ?Sized, D: Decoder + ?Sized>(
         });
     }
     let sampling = &config.sampling;
-    let mut drafter = DraftModelDrafter::new(
-        draft,
-        config.draft_length.clone(),
-        sampling.clone(),
-        config.rule.is_stochastic(),
-    )?;
+    let sampled = config.rule.is_stochastic();
+    let tokens = match sampled {
+        true => DraftTokens::Sampled(Box::new(sampling.clone())),
+        false => DraftTokens::Greedy(sampling.clone()),
+    };
+    let mut drafter = DraftModelDrafter::new(draft, config.draft_length.clone(), tokens)?;
+    // A sampler's distribution carries the penalty; greedy rules judge penalized rows.
     let penalize = &mut |tokens: &[u32], row: &mut [f32]| sampling.apply_penalty(row, tokens);
     let speculation = Speculation {
-        adjust: sampling
-            .has_penalty()
-            .then_some(penalize as AdjustLogits<'_>),
+        adjust: (sampling.has_penalty() && !sampled).then_some(penalize as AdjustLogits<'_>),
         sampling: Some(sampling),
         rng: Some(rng),
         ..Speculation::new(&config.rule)

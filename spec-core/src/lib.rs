@@ -62,8 +62,8 @@ pub use draft::{
 };
 pub use error::{Error, Result};
 pub use generate::{
-    generate, speculative_generate, DraftLength, DraftModelDrafter, FinishReason, Generation,
-    SpeculativeConfig, StopConditions,
+    generate, speculative_generate, DraftLength, DraftModelDrafter, DraftTokens, FinishReason,
+    Generation, SpeculativeConfig, StopConditions,
 };
 pub use heads::{HeadsDrafter, HeadsTree, HiddenStates, TokenHeads};
 pub use interrupt::Interrupt;
@@ -71,7 +71,7 @@ pub use jacobi::JacobiDrafter;
 pub use kv_cache::{DecoderCache, KvCache, LayerKvCache};
 pub use logits::Logits;
 pub use lookup::{LookupConfig, LookupDrafter};
-pub use sampling::SamplingConfig;
+pub use sampling::{Sampler, SamplingConfig};
 pub use specasr::{SpecAsrConfig, SpecAsrCounts, SpecAsrDrafter};
 pub use speculate::{speculate, AdjustLogits, OnRow, Speculation};
 pub use stats::{DecodeStats, StepRecord};

@@ -8,18 +8,17 @@ use std::time::Instant;
 
 use rand::RngCore;
 
-use crate::acceptance::{Acceptance, AcceptanceRule};
+use crate::acceptance::{Acceptance, AcceptanceRule, SpeculativeSampling};
 use crate::decoder::common_prefix_len;
-#[cfg(doc)]
-use crate::draft::TreeDraft;
-use crate::draft::{reborrow, DraftInput, TreeDrafter};
+use crate::draft::{reborrow, DraftInput, TreeDraft, TreeDrafter};
 use crate::generate::{Generation, Output, StepLimits, StopConditions};
 use crate::heads::HiddenStates;
-use crate::sampling::{sample, SamplingConfig};
+use crate::sampling::Sampler;
 use crate::stats::{DecodeStats, StepRecord};
 use crate::tree::TokenTree;
 use crate::verify::{
-    verify_prefilled, verify_sampled_chain, verify_with_prefill, Verification, Verified,
+    verify_prefilled, verify_sampled_chain, verify_with_prefill, Judge, SampledChain, Verification,
+    Verified,
 };
 use crate::{Error, Result};
 
@@ -46,10 +45,11 @@ pub struct Speculation<'a> {
     /// The target's logits after the context, when its cache already holds exactly the
     /// context (an encoder–decoder's prompt forwarded beforehand): no prefill is run.
     pub prefilled: Option<Vec<f32>>,
-    /// How tokens are drawn, for a stochastic rule (speculative sampling): the first token is
-    /// drawn from the target's distribution, and each drafted chain is verified against the
-    /// distributions its tokens were drawn from ([`TreeDraft::distributions`]).
-    pub sampling: Option<&'a SamplingConfig>,
+    /// How the target draws its tokens, for a stochastic rule (speculative sampling): each
+    /// drafted chain is verified against the distributions its tokens were drawn from
+    /// ([`TreeDraft::distributions`]), and the target's own tokens are drawn from this
+    /// sampler's distribution of its (adjusted) rows.
+    pub sampling: Option<&'a dyn Sampler>,
     /// The run's randomness: for a stochastic rule, and for drafters that draw from it.
     pub rng: Option<&'a mut dyn RngCore>,
 }
@@ -98,19 +98,19 @@ pub fn speculate<T: HiddenStates + ?Sized>(
         mut rng,
     } = speculation;
     rule.validate()?;
-    let sampled = match (rule.is_stochastic(), sampling) {
-        (false, _) => None,
-        (true, Some(sampling))
+    let sampled: Option<(&SpeculativeSampling, &dyn Sampler)> = match (rule, sampling) {
+        (rule, _) if !rule.is_stochastic() => None,
+        (AcceptanceRule::SpeculativeSampling(rule), Some(sampler))
             if rng.is_some() && matches!(verification, Verification::Batched) =>
         {
-            sampling.validate()?;
-            Some(sampling)
+            sampler.validate()?;
+            Some((rule, sampler))
         }
-        (true, _) => {
+        _ => {
             return Err(Error::Unsupported(
                 "token trees are verified with deterministic rules (greedy, top-k, threshold, \
-                 biased); speculative sampling verifies chains, with a sampling configuration, \
-                 randomness and every row in the forward",
+                 biased); speculative sampling verifies chains, with a sampler, randomness and \
+                 every row in the forward",
             ))
         }
     };
@@ -127,23 +127,23 @@ pub fn speculate<T: HiddenStates + ?Sized>(
             "the context must hold at least one token",
         ))?;
         let t_verify;
-        let (chain, mut verified) = match prefilled {
+        let (chain, verified) = match prefilled {
             Some(row) => {
                 t_verify = Instant::now();
-                let chain = TokenTree::new(root);
+                let root_only = TreeDraft::new(TokenTree::new(root), 0);
                 let verified = verify_prefilled(
                     target,
                     context,
                     row,
-                    rule,
-                    &mut node_adjustment(&mut adjust, &committed, &chain),
+                    judgement(sampled, rule, &committed, &root_only, reborrow(&mut rng)),
+                    &mut node_adjustment(&mut adjust, &committed, &root_only.tree),
                     reads_hidden,
                 )?;
-                (chain, verified)
+                (root_only.tree, verified)
             }
             None => {
                 // The prefill, with the drafter's chain after the context when it drafts one.
-                let (chain, chain_rule) = match drafter.drafts_with_prefill() {
+                let draft = match drafter.drafts_with_prefill() {
                     true => {
                         let keep = common_prefix_len(target.cached_tokens(), context)
                             .min(context.len() - 1);
@@ -164,34 +164,24 @@ pub fn speculate<T: HiddenStates + ?Sized>(
                         stats.draft_time += t_draft.elapsed();
                         stats.draft_forwards += draft.forwards;
                         check_draft(&draft.tree, root, max_depth)?;
-                        (draft.tree, draft.rule)
+                        draft
                     }
-                    false => (TokenTree::new(root), None),
+                    false => TreeDraft::new(TokenTree::new(root), 0),
                 };
                 t_verify = Instant::now();
-                if sampled.is_some() && chain.len() > 1 {
-                    return Err(Error::Unsupported(
-                        "a sampled draft is verified after the first token, not with the prefill",
-                    ));
-                }
                 let (verified, forwarded) = verify_with_prefill(
                     target,
                     context,
-                    &chain,
-                    chain_rule.as_ref().unwrap_or(rule),
-                    &mut node_adjustment(&mut adjust, &committed, &chain),
+                    &draft.tree,
+                    judgement(sampled, rule, &committed, &draft, reborrow(&mut rng)),
+                    &mut node_adjustment(&mut adjust, &committed, &draft.tree),
                     reads_hidden,
                 )?;
                 stats.target_forwards += 1;
                 stats.prompt_tokens += forwarded;
-                (chain, verified)
+                (draft.tree, verified)
             }
         };
-        if let (Some(sampling), Some(rng)) = (sampled, rng.as_mut()) {
-            // The first token is drawn from the target's (adjusted) distribution.
-            let row = verified.judged.row(0).expect("the root's row was judged");
-            verified.verdict.next_token = sample(&sampling.probabilities(row), *rng);
-        }
         stats.target_time += t_verify.elapsed();
         if chain.len() > 1 {
             stats.steps.push(StepRecord {
@@ -231,29 +221,21 @@ pub fn speculate<T: HiddenStates + ?Sized>(
         })?;
         stats.draft_time += t_draft.elapsed();
         stats.draft_forwards += draft.forwards;
-        let tree = draft.tree;
+        let tree = &draft.tree;
         check_draft(
-            &tree,
+            tree,
             *committed.last().expect("a token was produced"),
             max_depth,
         )?;
 
         let t_verify = Instant::now();
-        let mut adjust_node = node_adjustment(&mut adjust, &committed, &tree);
-        let verified = match (sampled, rng.as_mut()) {
-            (Some(sampling), Some(rng)) => verify_sampled_chain(
-                target,
-                &tree,
-                &draft.distributions,
-                rule,
-                sampling,
-                *rng,
-                &mut adjust_node,
-                reads_hidden,
-            )?,
-            _ => {
-                let rule = draft.rule.as_ref().unwrap_or(rule);
-                verification.verify(target, &tree, rule, &mut adjust_node, reads_hidden)?
+        let mut adjust_node = node_adjustment(&mut adjust, &committed, tree);
+        let verified = match judgement(sampled, rule, &committed, &draft, reborrow(&mut rng)) {
+            Judge::Sampled(chain) => {
+                verify_sampled_chain(target, tree, chain, &mut adjust_node, reads_hidden)?
+            }
+            Judge::Rule(rule) => {
+                verification.verify(target, tree, rule, &mut adjust_node, reads_hidden)?
             }
         };
         drop(adjust_node);
@@ -263,13 +245,13 @@ pub fn speculate<T: HiddenStates + ?Sized>(
             drafted: tree.len() - 1,
             accepted: verified.verdict.path.len() - 1,
         });
-        drafter.observe(&tree, &verified)?;
+        drafter.observe(tree, &verified)?;
         commit(
             &mut out,
             target,
             &mut committed,
             cached,
-            &tree,
+            tree,
             &verified,
             &mut on_row,
         )?;
@@ -278,6 +260,27 @@ pub fn speculate<T: HiddenStates + ?Sized>(
     }
     drafter.finish(&committed)?;
     Ok(out.into_generation(stats, started))
+}
+
+/// How a draft's rows are judged: by speculative sampling when the run samples, otherwise by
+/// the draft's own rule or the run's.
+fn judgement<'a>(
+    sampled: Option<(&'a SpeculativeSampling, &'a dyn Sampler)>,
+    rule: &'a AcceptanceRule,
+    committed: &'a [u32],
+    draft: &'a TreeDraft,
+    rng: Option<&'a mut dyn RngCore>,
+) -> Judge<'a> {
+    match (sampled, rng) {
+        (Some((rule, sampler)), Some(rng)) => Judge::Sampled(SampledChain {
+            rule,
+            sampler,
+            committed,
+            distributions: &draft.distributions,
+            rng,
+        }),
+        _ => Judge::Rule(draft.rule.as_ref().unwrap_or(rule)),
+    }
 }
 
 /// `adjust` applied to the row after a node of `tree` (rooted after `committed`), given the

@@ -8,11 +8,11 @@ use std::fmt;
 use candle_core::{DType, Tensor};
 use rand::RngCore;
 
-use crate::acceptance::{Acceptance, DraftCheck, Verdict};
+use crate::acceptance::{Acceptance, SpeculativeSampling, Verdict};
 use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
 use crate::heads::{check_head_range, check_heads, HiddenStates, TokenHeads};
 use crate::logits::Logits;
-use crate::sampling::SamplingConfig;
+use crate::sampling::Sampler;
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
@@ -204,6 +204,88 @@ impl Verification<'_> {
     }
 }
 
+/// How a verification judges the target's rows after a drafted tree.
+pub(crate) enum Judge<'a> {
+    /// Node by node, by a deterministic rule: any tree.
+    Rule(&'a dyn Acceptance),
+    /// By speculative sampling: a chain.
+    Sampled(SampledChain<'a>),
+}
+
+/// Speculative sampling's view of a drafted chain.
+pub(crate) struct SampledChain<'a> {
+    pub rule: &'a SpeculativeSampling,
+    /// What the target draws with.
+    pub sampler: &'a dyn Sampler,
+    /// The tokens before the row after the chain's root (the root last).
+    pub committed: &'a [u32],
+    /// The distribution each drafted token was drawn from.
+    pub distributions: &'a [Vec<f32>],
+    pub rng: &'a mut dyn RngCore,
+}
+
+impl Judge<'_> {
+    /// Judges `tree` from `rows`, the target's logits after each of its nodes, each adjusted
+    /// once before use (a sampled chain's in place); returns the accepted path, the token after
+    /// it and the rows used.
+    fn judge(
+        self,
+        tree: &TokenTree,
+        rows: &mut Logits,
+        adjust: &mut dyn FnMut(usize, &mut [f32]),
+    ) -> Result<(TreeVerdict, TreeRows)> {
+        match self {
+            Self::Rule(rule) => {
+                judge_tree(tree, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)
+            }
+            Self::Sampled(chain) => chain.judge(tree, rows, adjust),
+        }
+    }
+}
+
+impl SampledChain<'_> {
+    /// The rule's draws against the target's distributions after each node of `chain`.
+    fn judge(
+        self,
+        chain: &TokenTree,
+        rows: &mut Logits,
+        adjust: &mut dyn FnMut(usize, &mut [f32]),
+    ) -> Result<(TreeVerdict, TreeRows)> {
+        let nodes = chain.len();
+        if chain.max_depth() + 1 != nodes || self.distributions.len() != nodes - 1 {
+            return Err(Error::InvalidTree(format!(
+                "speculative sampling verifies a chain with one distribution per drafted token; \
+                 got {nodes} nodes {} deep and {} distributions",
+                chain.max_depth(),
+                self.distributions.len()
+            )));
+        }
+        let drafted = &chain.tokens()[1..];
+        let mut before = self.committed.to_vec();
+        let mut targets = Vec::with_capacity(nodes);
+        for node in 0..nodes {
+            adjust(node, rows.row_mut(node));
+            if node > 0 {
+                before.push(drafted[node - 1]);
+            }
+            targets.push(self.sampler.distribution(&before, rows.row(node))?);
+        }
+        let Verdict {
+            accepted,
+            next_token,
+        } = self
+            .rule
+            .verify_distributions(drafted, self.distributions, &targets, self.rng)?;
+        let judged = TreeRows {
+            rows: (0..nodes)
+                .map(|node| (node <= accepted).then(|| rows.row(node).to_vec()))
+                .collect(),
+        };
+        let path = (0..=accepted).collect();
+        Ok((TreeVerdict { path, next_token }, judged))
+    }
+}
+
 /// The first step of [`speculate`](crate::speculate()) when the target's cache already holds
 /// exactly `context` and `row` is its logits after it (an encoder–decoder's prompt, forwarded
 /// beforehand): the root alone, judged from that row, with no forward.
@@ -211,7 +293,7 @@ pub(crate) fn verify_prefilled<T: HiddenStates + ?Sized>(
     target: &T,
     context: &[u32],
     row: Vec<f32>,
-    rule: &dyn Acceptance,
+    judge: Judge<'_>,
     adjust: &mut dyn FnMut(usize, &mut [f32]),
     hidden: bool,
 ) -> Result<Verified> {
@@ -220,13 +302,14 @@ pub(crate) fn verify_prefilled<T: HiddenStates + ?Sized>(
             "prefilled logits need the context, and only it, in the target's cache".into(),
         ));
     }
-    rule.validate()?;
+    if let Judge::Rule(rule) = &judge {
+        rule.validate()?;
+    }
     let root = TokenTree::new(*context.last().ok_or(Error::EmptyInput(
         "the context must hold at least one token",
     ))?);
-    let mut row = Some(row);
-    let fetch = &mut |_| Ok(row.take().expect("the root's row is fetched once"));
-    let (verdict, judged) = judge_tree(&root, rule, fetch, adjust)?;
+    let mut rows = Logits::from_flat(row, target.vocab_size())?;
+    let (verdict, judged) = judge.judge(&root, &mut rows, adjust)?;
     let hidden = match hidden {
         true => {
             let states = target.last_hidden()?;
@@ -246,14 +329,15 @@ pub(crate) fn verify_prefilled<T: HiddenStates + ?Sized>(
 /// The first step of [`speculate`](crate::speculate()): forwards the part of `context` the
 /// target has not cached (its last token always) followed by `chain`'s drafted tokens in one
 /// causal pass, which is at once the prefill and the verification of a chain drafted after the
-/// context (a previous output); judges the chain as [`Verification::verify`] does and rolls the
-/// cache back to the context and the accepted tokens. A root-only chain is a plain prefill.
-/// Returns the verification and the statistics' prompt tokens (those forwarded).
+/// context (a previous output, a draft model's first guesses); judges the chain as the later
+/// steps do and rolls the cache back to the context and the accepted tokens. A root-only chain
+/// is a plain prefill. Returns the verification and the statistics' prompt tokens (those
+/// forwarded).
 pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
     target: &mut T,
     context: &[u32],
     chain: &TokenTree,
-    rule: &dyn Acceptance,
+    judge: Judge<'_>,
     adjust: &mut dyn FnMut(usize, &mut [f32]),
     hidden: bool,
 ) -> Result<(Verified, usize)> {
@@ -262,11 +346,12 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
             "a draft verified with the prefill must be a chain".into(),
         ));
     }
-    // A root alone is a plain prefill, whatever the rule (a stochastic one draws the first
-    // token from the row itself).
-    match chain.len() {
-        1 => rule.validate()?,
-        _ => check_deterministic(rule)?,
+    if let Judge::Rule(rule) = &judge {
+        // A root alone is a plain prefill, whatever the rule.
+        match chain.len() {
+            1 => rule.validate()?,
+            _ => check_deterministic(*rule)?,
+        }
     }
     let drafted = &chain.tokens()[1..];
     if context.is_empty() {
@@ -282,9 +367,8 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
     }
     let keep = rewind_to_prefix(target, context)?;
     let input: Vec<u32> = context[keep..].iter().chain(drafted).copied().collect();
-    let rows = forward_tokens(target, &input, LogitRows::Last(chain.len()))?;
-    let (verdict, judged) =
-        judge_tree(chain, rule, &mut |node| Ok(rows.row(node).to_vec()), adjust)?;
+    let mut rows = forward_tokens(target, &input, LogitRows::Last(chain.len()))?;
+    let (verdict, judged) = judge.judge(chain, &mut rows, adjust)?;
     target.truncate(context.len() + verdict.path.len() - 1)?;
     let hidden = match hidden {
         true => {
@@ -305,60 +389,28 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
 }
 
 /// Speculative sampling's verification of a drafted `chain` (rooted at the last committed
-/// token, which the target has not cached) whose tokens were drawn from `distributions`: one
-/// forward, every row adjusted, the rule's draws against the target's distributions under
-/// `sampling`, and the cache rolled back to the root and the accepted tokens.
-#[allow(clippy::too_many_arguments)]
+/// token, which the target has not cached): one forward, every row adjusted, the rule's draws
+/// against the target's distributions, and the cache rolled back to the root and the accepted
+/// tokens.
 pub(crate) fn verify_sampled_chain<T: HiddenStates + ?Sized>(
     target: &mut T,
     chain: &TokenTree,
-    distributions: &[Vec<f32>],
-    rule: &dyn Acceptance,
-    sampling: &SamplingConfig,
-    rng: &mut dyn RngCore,
+    sampled: SampledChain<'_>,
     adjust: &mut dyn FnMut(usize, &mut [f32]),
     hidden: bool,
 ) -> Result<Verified> {
-    let nodes = chain.len();
-    if chain.max_depth() + 1 != nodes || distributions.len() != nodes - 1 {
-        return Err(Error::InvalidTree(format!(
-            "speculative sampling verifies a chain with one distribution per drafted token; got \
-             {nodes} nodes {} deep and {} distributions",
-            chain.max_depth(),
-            distributions.len()
-        )));
-    }
     let prefix = target.cached_len();
     let logits = tree_forward(target, chain, LogitRows::All)?;
-    let mut rows = Logits::from_tensor(&logits, nodes, target.vocab_size())?;
-    for node in 0..nodes {
-        adjust(node, rows.row_mut(node));
-    }
-    let check = DraftCheck {
-        draft: &chain.tokens()[1..],
-        target_logits: &rows,
-        draft_probs: distributions,
-        sampling,
-    };
-    let Verdict {
-        accepted,
-        next_token,
-    } = rule.verify(&check, rng)?;
+    let mut rows = Logits::from_tensor(&logits, chain.len(), target.vocab_size())?;
+    let (verdict, judged) = sampled.judge(chain, &mut rows, adjust)?;
+    let accepted = verdict.path.len() - 1;
     target.truncate(prefix + 1 + accepted)?;
     let hidden = match hidden {
         true => Some(hidden_after(target, accepted)?),
         false => None,
     };
-    let judged = TreeRows {
-        rows: (0..nodes)
-            .map(|node| (node <= accepted).then(|| rows.row(node).to_vec()))
-            .collect(),
-    };
     Ok(Verified {
-        verdict: TreeVerdict {
-            path: (0..=accepted).collect(),
-            next_token,
-        },
+        verdict,
         judged,
         rows: Some(rows),
         hidden,

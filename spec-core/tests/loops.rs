@@ -11,10 +11,10 @@ use spec_core::decoder::common_prefix_len;
 use spec_core::mock::{MockConfig, MockDecoder};
 use spec_core::sampling::{in_top_k, softmax};
 use spec_core::{
-    generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength, Error,
-    FinishReason, Generation, JacobiDrafter, LookupConfig, LookupDrafter, PreviousOutput,
-    SamplingConfig, SparseTreeConfig, SparseTreeDrafter, SpecAsrConfig, SpecAsrDrafter,
-    Speculation, SpeculativeConfig, StopConditions, TreeDrafter,
+    generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength,
+    DraftModelDrafter, DraftTokens, Error, FinishReason, Generation, JacobiDrafter, LookupConfig,
+    LookupDrafter, PreviousOutput, SamplingConfig, SparseTreeConfig, SparseTreeDrafter,
+    SpecAsrConfig, SpecAsrDrafter, Speculation, SpeculativeConfig, StopConditions, TreeDrafter,
 };
 
 /// Greedy decoding by Jacobi iteration: [`speculate`] with a [`JacobiDrafter`].
@@ -600,7 +600,9 @@ fn sequence_probability(oracle: &MockDecoder, prompt: &[u32], seq: &[u32]) -> f6
 
 #[test]
 fn speculative_sampling_loop_samples_the_targets_distribution() {
-    // Joint distribution of the first three tokens over a 3-token vocabulary: 27 outcomes.
+    // Joint distribution of the first three tokens over a 3-token vocabulary: 27 outcomes,
+    // with the first chain drafted after the prefill (`speculative_generate`) and verified by
+    // the prefill itself.
     let target = MockConfig {
         sharpness: 2.0,
         ..MockConfig::target(3, 4)
@@ -615,30 +617,72 @@ fn speculative_sampling_loop_samples_the_targets_distribution() {
     };
     let stop = StopConditions::new(3);
     let trials = 30_000;
-    let mut counts = [0usize; 27];
-    let mut r = StdRng::seed_from_u64(42);
-    let (mut t, mut d) = (MockDecoder::new(target.clone()), MockDecoder::new(draft));
-    let mut accepted = 0;
-    for _ in 0..trials {
-        t.reset();
-        d.reset();
-        let g = speculative_generate(&mut t, &mut d, &prompt, &config, &stop, &mut r, &mut |_| {})
+    for with_prefill in [false, true] {
+        let mut counts = [0usize; 27];
+        let mut r = StdRng::seed_from_u64(42);
+        let (mut t, mut d) = (
+            MockDecoder::new(target.clone()),
+            MockDecoder::new(draft.clone()),
+        );
+        let (mut accepted, mut forwards) = (0, 0);
+        for _ in 0..trials {
+            t.reset();
+            d.reset();
+            let g = match with_prefill {
+                false => speculative_generate(
+                    &mut t,
+                    &mut d,
+                    &prompt,
+                    &config,
+                    &stop,
+                    &mut r,
+                    &mut |_| {},
+                ),
+                true => {
+                    let tokens = DraftTokens::Sampled(Box::new(config.sampling.clone()));
+                    let mut drafter = DraftModelDrafter::new(&mut d, DraftLength::Fixed(3), tokens)
+                        .unwrap()
+                        .drafting_with_prefill();
+                    let speculation = Speculation {
+                        sampling: Some(&config.sampling),
+                        rng: Some(&mut r),
+                        ..Speculation::new(&config.rule)
+                    };
+                    speculate(
+                        &mut t,
+                        &mut drafter,
+                        &prompt,
+                        speculation,
+                        &stop,
+                        &mut |_| {},
+                    )
+                }
+            }
             .unwrap();
-        accepted += g.stats.accepted_tokens();
-        counts[(g.tokens[0] * 9 + g.tokens[1] * 3 + g.tokens[2]) as usize] += 1;
+            accepted += g.stats.accepted_tokens();
+            forwards += g.stats.target_forwards;
+            counts[(g.tokens[0] * 9 + g.tokens[1] * 3 + g.tokens[2]) as usize] += 1;
+        }
+        assert!(
+            accepted > 0 && accepted < 2 * trials,
+            "the draft is neither always right nor always wrong"
+        );
+        if with_prefill {
+            // The prefill verifies a whole chain: never more than two target forwards.
+            assert!(forwards <= 2 * trials, "{forwards} target forwards");
+        }
+        let mut chi2 = 0.0;
+        for (i, &c) in counts.iter().enumerate() {
+            let seq = [i as u32 / 9, (i as u32 / 3) % 3, i as u32 % 3];
+            let expected = sequence_probability(&oracle, &prompt, &seq) * trials as f64;
+            chi2 += (c as f64 - expected).powi(2) / expected;
+        }
+        // 26 degrees of freedom: the 99.9 % quantile of χ² is 54.05.
+        assert!(
+            chi2 < 54.05,
+            "with the prefill: {with_prefill}: χ² = {chi2}, counts {counts:?}"
+        );
     }
-    assert!(
-        accepted > 0 && accepted < 2 * trials,
-        "the draft is neither always right nor always wrong"
-    );
-    let mut chi2 = 0.0;
-    for (i, &c) in counts.iter().enumerate() {
-        let seq = [i as u32 / 9, (i as u32 / 3) % 3, i as u32 % 3];
-        let expected = sequence_probability(&oracle, &prompt, &seq) * trials as f64;
-        chi2 += (c as f64 - expected).powi(2) / expected;
-    }
-    // 26 degrees of freedom: the 99.9 % quantile of χ² is 54.05.
-    assert!(chi2 < 54.05, "χ² = {chi2}, counts {counts:?}");
 }
 
 #[test]

@@ -351,7 +351,7 @@ mod cosyvoice_ssd {
                 &mut rng,
             )
             .unwrap();
-        assert!(!speech.is_empty() && stats.drafted > 0);
+        assert!(!speech.is_empty() && stats.drafted_tokens() > 0);
 
         // A text model's draft (a shortlist head without a bias) does not fit a speech LM.
         let mut text_like = weights.clone();

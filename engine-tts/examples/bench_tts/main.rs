@@ -28,11 +28,12 @@ use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use engine_llm::{LoadOptions, TransformerConfig};
-use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig, SsdStats};
+use engine_tts::cosyvoice::lm::{SpeechLm, SpeechLmConfig, SsdConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spec_cli::{init_logging, progress_bar};
 use spec_core::report::{speedup, Report, Table};
+use spec_core::DecodeStats;
 
 /// CosyVoice 2's speech-token rate (`token_frame_rate`, reference/cosyvoice2-reference.md).
 const TOKEN_RATE_HZ: f64 = 25.0;
@@ -189,22 +190,18 @@ fn utterances(count: usize, text_vocab: usize) -> Vec<Utterance> {
 struct Totals {
     time: Duration,
     tokens: usize,
-    ssd: SsdStats,
+    ssd: DecodeStats,
     /// Tokens/s of each utterance, to compare with plain decoding's.
     rates: Vec<f64>,
 }
 
 impl Totals {
-    fn add(&mut self, time: Duration, tokens: usize, ssd: Option<SsdStats>) {
+    fn add(&mut self, time: Duration, tokens: usize, ssd: Option<&DecodeStats>) {
         self.time += time;
         self.tokens += tokens;
         self.rates.push(tokens as f64 / time.as_secs_f64());
         if let Some(s) = ssd {
-            self.ssd.rounds += s.rounds;
-            self.ssd.drafted += s.drafted;
-            self.ssd.accepted += s.accepted;
-            self.ssd.draft_forwards += s.draft_forwards;
-            self.ssd.draft_time += s.draft_time;
+            self.ssd.merge(s);
         }
     }
 
@@ -241,7 +238,7 @@ fn row(label: &str, totals: &Totals, plain: &Totals) -> Vec<String> {
         .map(|(r, p)| r / p)
         .fold((f64::INFINITY, 0f64), |(lo, hi), s| (lo.min(s), hi.max(s)));
     let ssd = &totals.ssd;
-    let speculative = ssd.rounds > 0;
+    let speculative = ssd.target_forwards > 0;
     let or_dash = |s: String| if speculative { s } else { "—".into() };
     vec![
         label.into(),
@@ -253,7 +250,7 @@ fn row(label: &str, totals: &Totals, plain: &Totals) -> Vec<String> {
         or_dash(format!("{lo:.2}× / {hi:.2}×")),
         or_dash(format!("{:.0} %", 100.0 * ssd.acceptance_rate())),
         if speculative {
-            format!("{:.2}", totals.tokens as f64 / ssd.rounds as f64)
+            format!("{:.2}", totals.tokens as f64 / ssd.target_forwards as f64)
         } else {
             "1.00".into()
         },
@@ -333,7 +330,7 @@ fn layer_draft_section(lm: &mut SpeechLm, texts: &[Utterance], report: &mut Repo
                 &mut StdRng::seed_from_u64(seed),
             )?;
             let time = started.elapsed();
-            totals.add(time, tokens.len(), Some(stats));
+            totals.add(time, tokens.len(), Some(&stats));
             details.push(detail(
                 format!("SSD β = {beta}"),
                 time,

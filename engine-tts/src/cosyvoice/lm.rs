@@ -8,20 +8,28 @@
 //! What differs from the reference: the backbone's output layer (`lm_head`, tied to the text
 //! embeddings) is never computed — only `llm_decoder` reads the final hidden state; the
 //! sampler's uniform numbers come from a [`Uniforms`] source (replayable in tests).
+//!
+//! As a [`Decoder`] for `spec-core`'s loops, the model's inputs are ids of one space (see
+//! [`SpeechLm::prompt_ids`]): the speech tokens it predicts (`0..speech_token_size + 3`), then
+//! the text tokens, then `sos` and the task id.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use candle_core::{Tensor, D};
+use candle_core::{Device, Tensor, D};
 use engine_llm::ssd::{top_labels, Backbone, DistilledSequence, SsdDraftWeights};
 use engine_llm::{LoadOptions, Transformer, TransformerConfig};
-use spec_core::{Decoder, DecoderInput, Forward, HiddenStates, LogitRows};
+use rand::RngCore;
+use spec_core::decoder::causal_positions;
+use spec_core::sampling::repetition_aware::{ras_distribution, ras_sample, RasConfig, Uniforms};
+use spec_core::sampling::Sampler;
+use spec_core::{
+    speculate, AcceptanceRule, DecodeStats, Decoder, DecoderInput, DraftLength, DraftModelDrafter,
+    DraftTokens, Forward, HiddenStates, LogitRows, Logits, Speculation, StopConditions,
+};
 
-use rand::{Rng, RngCore};
-use spec_core::acceptance::SpeculativeSampling;
-
-use crate::cosyvoice::sampling::{draw, ras_distribution, ras_sample, RasConfig, Uniforms};
 use crate::cosyvoice::{read_weights, CosyVoiceError, Result, Weights};
 
 /// Prefix of the backbone's tensors in `llm.pt`.
@@ -29,15 +37,6 @@ const BACKBONE_PREFIX: &str = "llm.model.";
 
 /// Bistreaming's interleaving: text tokens, then speech tokens (CosyVoice 2's `mix_ratio`).
 const MIX_RATIO: (usize, usize) = (5, 15);
-
-/// A stretch of the language model's input.
-#[derive(Clone, Debug)]
-enum Piece {
-    Start,
-    Task,
-    Text(Vec<u32>),
-    Speech(Vec<u32>),
-}
 
 /// Settings of a [`SpeechLm`]; the defaults are CosyVoice 2's.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -176,17 +175,81 @@ impl SpeechLm {
         self.config.speech_token_size as u32 + 2
     }
 
-    /// The embeddings of `pieces`, concatenated, `[1, n, hidden]`.
-    fn embed_pieces(&self, pieces: &[Piece]) -> Result<Tensor> {
-        let parts = pieces
-            .iter()
-            .map(|piece| match piece {
-                Piece::Start => Ok(self.start.clone()),
-                Piece::Task => Ok(self.task.clone()),
-                Piece::Text(ids) => Ok(self.backbone.embed_tokens(ids)?.unsqueeze(0)?),
-                Piece::Speech(ids) => self.speech_embeddings(ids),
+    /// Ids of the speech tokens and their specials: the decoder's outputs.
+    fn speech_rows(&self) -> u32 {
+        self.config.speech_token_size as u32 + 3
+    }
+
+    fn text_vocab(&self) -> u32 {
+        self.backbone.config().vocab_size as u32
+    }
+
+    /// The input id of `sos`.
+    fn start_id(&self) -> u32 {
+        self.speech_rows() + self.text_vocab()
+    }
+
+    /// The input id of the task id.
+    fn task_id(&self) -> u32 {
+        self.start_id() + 1
+    }
+
+    /// Input ids of text tokens; `Err` for a token outside the backbone's vocabulary.
+    fn text_ids(&self, text: &[u32]) -> Result<Vec<u32>> {
+        let vocab = self.text_vocab();
+        text.iter()
+            .map(|&t| match t < vocab {
+                true => Ok(self.speech_rows() + t),
+                false => Err(CosyVoiceError::Input(format!(
+                    "text token {t} is outside the backbone's {vocab} tokens"
+                ))),
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// The input ids of `[sos, text, task id, speech]`: the prompt of a decoding (`speech` the
+    /// prompt's speech tokens), as [`Decoder`] inputs.
+    pub fn prompt_ids(&self, text: &[u32], speech: &[u32]) -> Result<Vec<u32>> {
+        if let Some(&bad) = speech.iter().find(|&&t| t >= self.speech_rows()) {
+            return Err(CosyVoiceError::Input(format!(
+                "speech token {bad} is outside the model's {} speech tokens",
+                self.speech_rows()
+            )));
+        }
+        let mut ids = vec![self.start_id()];
+        ids.extend(self.text_ids(text)?);
+        ids.push(self.task_id());
+        ids.extend_from_slice(speech);
+        Ok(ids)
+    }
+
+    /// The input embeddings of `ids`, `[1, n, hidden]`: each run of speech or text ids
+    /// embedded by its own table.
+    fn embed_ids(&self, ids: &[u32]) -> Result<Tensor> {
+        let (rows, start) = (self.speech_rows(), self.start_id());
+        let kind = |id: u32| match id {
+            id if id < rows => 0,
+            id if id < start => 1,
+            _ => 2 + (id - start),
+        };
+        let mut parts = Vec::new();
+        for run in ids.chunk_by(|&a, &b| kind(a) == kind(b) && kind(a) < 2) {
+            parts.push(match kind(run[0]) {
+                0 => self.speech_embeddings(run)?,
+                1 => {
+                    let text: Vec<u32> = run.iter().map(|&id| id - rows).collect();
+                    self.backbone.embed_tokens(&text)?.unsqueeze(0)?
+                }
+                2 => self.start.clone(),
+                3 => self.task.clone(),
+                _ => {
+                    return Err(CosyVoiceError::Input(format!(
+                        "input id {} is none of the LM's inputs",
+                        run[0]
+                    )))
+                }
+            });
+        }
         Ok(Tensor::cat(&parts, 1)?)
     }
 
@@ -208,24 +271,14 @@ impl SpeechLm {
         let ratio = MIX_RATIO;
         let next_fill = (prompt_speech.len() / ratio.1 + 1) * ratio.1 - prompt_speech.len();
         Ok(Bistream {
-            pending: vec![Piece::Start],
-            text: prompt_text.to_vec(),
+            pending: vec![self.start_id()],
+            text: self.text_ids(prompt_text)?,
             prompt_speech: prompt_speech.to_vec(),
             out: Vec::new(),
             text_pushed: 0,
             next_fill,
             lm: self,
         })
-    }
-
-    /// `[sos, text embeddings, task id, prompt speech embeddings]` `[1, n, hidden]`.
-    pub fn prompt_embeddings(&self, text: &[u32], prompt_speech: &[u32]) -> Result<Tensor> {
-        let text = self.backbone.embed_tokens(text)?.unsqueeze(0)?;
-        let mut parts = vec![self.start.clone(), text, self.task.clone()];
-        if !prompt_speech.is_empty() {
-            parts.push(self.speech_embeddings(prompt_speech)?);
-        }
-        Ok(Tensor::cat(&parts, 1)?)
     }
 
     /// Embeddings of speech tokens, `[1, n, hidden]`.
@@ -240,25 +293,39 @@ impl SpeechLm {
         Ok(self.speech_embedding.index_select(&ids, 0)?.unsqueeze(0)?)
     }
 
-    /// Forwards `input` `[1, n, hidden]` after the cache and returns the log-probabilities
-    /// of the next speech token after each of its last `rows` positions, `[rows, tokens]`.
-    fn forward(&mut self, input: &Tensor, rows: usize) -> Result<Tensor> {
-        let n = input.dim(1)?;
-        let start = self.backbone.cached_len();
-        let positions: Vec<usize> = (start..start + n).collect();
-        let step = Forward {
-            input: DecoderInput::Embeddings(input),
-            positions: &positions,
-            mask: None,
-            logits: LogitRows::None,
+    /// A forward of input ids ([`Decoder::forward`]): the log-probabilities of the next speech
+    /// token after the requested positions, `[rows, speech tokens]`.
+    fn forward_ids(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+        let DecoderInput::Tokens(ids) = step.input else {
+            return Err(CosyVoiceError::Input(
+                "the speech LM is fed input ids (SpeechLm::prompt_ids)".into(),
+            ));
         };
-        self.backbone.forward(&step)?;
+        let rows = step.validate(self.backbone.cached_len())?;
+        let input = self.embed_ids(ids)?;
+        let embedded = Forward {
+            input: DecoderInput::Embeddings(&input),
+            logits: LogitRows::None,
+            ..*step
+        };
+        self.backbone.forward_embedded(&embedded, ids)?;
         let hidden = self.backbone.last_hidden()?;
-        let last = hidden.narrow(0, n - rows, rows)?;
-        let logits = last
+        self.decode(&hidden.narrow(0, ids.len() - rows, rows)?)
+    }
+
+    /// `llm_decoder` over final hidden states `[n, hidden]`: log-probabilities `[n, tokens]`.
+    fn decode(&self, hidden: &Tensor) -> Result<Tensor> {
+        let logits = hidden
             .matmul(&self.decoder_weight.t()?)?
             .broadcast_add(&self.decoder_bias)?;
         Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?)
+    }
+
+    /// Forwards `ids` after the cache and returns the log-probabilities of the next speech
+    /// token after each of its last `rows` positions, `[rows, tokens]`.
+    fn forward(&mut self, ids: &[u32], rows: usize) -> Result<Tensor> {
+        let positions = causal_positions(self.backbone.cached_len(), ids.len());
+        self.forward_ids(&Forward::tokens(ids, &positions).last(rows))
     }
 
     /// Teacher forcing: the log-probabilities of the next speech token at every position of
@@ -269,13 +336,9 @@ impl SpeechLm {
         prompt_speech: &[u32],
         speech: &[u32],
     ) -> Result<Tensor> {
-        let mut input = self.prompt_embeddings(text, prompt_speech)?;
-        if !speech.is_empty() {
-            input = Tensor::cat(&[input, self.speech_embeddings(speech)?], 1)?;
-        }
+        let ids = self.prompt_ids(text, &[prompt_speech, speech].concat())?;
         self.backbone.reset();
-        let rows = input.dim(1)?;
-        self.forward(&input, rows)
+        self.forward(&ids, ids.len())
     }
 
     /// Speech tokens for `text` (token ids of the backbone's tokenizer) in the voice of the
@@ -307,7 +370,7 @@ impl SpeechLm {
             return Err(CosyVoiceError::Input("no text to speak".into()));
         }
         let all_text: Vec<u32> = prompt_text.iter().chain(text).copied().collect();
-        let mut input = self.prompt_embeddings(&all_text, prompt_speech)?;
+        let mut input = self.prompt_ids(&all_text, prompt_speech)?;
         let min_len = text.len() * self.config.min_token_text_ratio;
         let max_len = text.len() * self.config.max_token_text_ratio;
         let end = self.end_token();
@@ -324,7 +387,7 @@ impl SpeechLm {
             }
             out.push(token);
             on_token(token)?;
-            input = self.speech_embeddings(&[token])?;
+            input = vec![token];
         }
         Ok(out)
     }
@@ -332,25 +395,9 @@ impl SpeechLm {
 
 /// SSD's trained draft (§3.2): the LM's lower layers and `llm_decoder` retrained on its own
 /// outputs, with `spec-train`'s SSD training (`spec_train::ssd`), on what this model supplies
-/// ([`SpeechLm::distill`], [`SpeechLm::ssd_backbone`]). A training sequence's ids index one space:
-/// text tokens, then the speech tokens (offset by the text vocabulary), then `sos` and the
-/// task id.
+/// ([`SpeechLm::distill`], [`SpeechLm::ssd_backbone`]). A training sequence's ids are the
+/// model's input ids ([`SpeechLm::prompt_ids`]).
 impl SpeechLm {
-    fn text_vocab(&self) -> u32 {
-        self.backbone.config().vocab_size as u32
-    }
-
-    /// The ids of `[sos, text, task id, speech]` for [`SpeechLm::ssd_backbone`].
-    fn training_ids(&self, text: &[u32], speech: &[u32]) -> Vec<u32> {
-        let speech_base = self.text_vocab();
-        let start = speech_base + self.config.speech_token_size as u32 + 3;
-        std::iter::once(start)
-            .chain(text.iter().copied())
-            .chain([start + 1])
-            .chain(speech.iter().map(|&t| speech_base + t))
-            .collect()
-    }
-
     /// One self-distilled training sequence: speech drawn for `text` as [`SpeechLm::generate`]
     /// draws it (the prompt's text first, its speech tokens before the drawn ones), labelled
     /// with this model's `top_k` most likely next speech tokens at every position from the task
@@ -378,7 +425,7 @@ impl SpeechLm {
             .map(|probs| top_labels(probs, top_k))
             .collect();
         Ok(DistilledSequence {
-            tokens: self.training_ids(&all_text, &all_speech),
+            tokens: self.prompt_ids(&all_text, &all_speech)?,
             first,
             labels,
         })
@@ -387,27 +434,14 @@ impl SpeechLm {
     /// What an SSD draft of this model trains on (`spec_train::ssd::train`): its
     /// backbone, the inputs of [`SpeechLm::distill`]'s sequences, and `llm_decoder`.
     pub fn ssd_backbone(&self) -> Backbone<'_> {
-        let speech_base = self.text_vocab();
-        let rows = self.config.speech_token_size as u32 + 3;
+        let rows = self.speech_rows();
         Backbone {
             model: &self.backbone,
             embed: Box::new(move |ids: &[u32]| {
-                let pieces = ids
-                    .iter()
-                    .map(|&id| match id {
-                        id if id < speech_base => Ok(self.backbone.embed_tokens(&[id])?),
-                        id if id < speech_base + rows => {
-                            Ok(self.speech_embeddings(&[id - speech_base])?.squeeze(0)?)
-                        }
-                        id if id == speech_base + rows => Ok(self.start.squeeze(0)?),
-                        id if id == speech_base + rows + 1 => Ok(self.task.squeeze(0)?),
-                        _ => Err(CosyVoiceError::Input(format!(
-                            "training id {id} is none of the LM's inputs"
-                        ))),
-                    })
-                    .collect::<Result<Vec<_>>>()
+                let embedded = self
+                    .embed_ids(ids)
                     .map_err(|e| engine_llm::Error::Input(e.to_string()))?;
-                Ok(Tensor::cat(&pieces, 0)?)
+                Ok(embedded.squeeze(0)?)
             }),
             classes: rows as usize,
             output_rows: Box::new(move |ids: &[u32]| {
@@ -447,27 +481,6 @@ impl SpeechLm {
             weights.head.to_device(device)?,
             bias.to_device(device)?,
         ))
-    }
-}
-
-/// What a speculative generation ([`SpeechLm::generate_speculative`]) did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SsdStats {
-    /// Draft-then-verify rounds (one target forward each, after the prompt's).
-    pub rounds: usize,
-    /// Tokens the draft proposed.
-    pub drafted: usize,
-    /// Of those, tokens the target kept.
-    pub accepted: usize,
-    pub draft_forwards: usize,
-    /// Wall time spent drafting (the draft's forwards and draws).
-    pub draft_time: Duration,
-}
-
-impl SsdStats {
-    /// The share of drafted tokens the target kept.
-    pub fn acceptance_rate(&self) -> f64 {
-        self.accepted as f64 / self.drafted.max(1) as f64
     }
 }
 
@@ -513,7 +526,9 @@ impl SpeechLm {
     /// samplers really draw from, [`ras_distribution`], eos masked before the minimum
     /// length), resampling from normalize(max(0, q − p)) at the first rejection. β = 0 draws
     /// exactly from this model's distribution; larger β accepts more, drifting toward the
-    /// draft. Stops as [`SpeechLm::generate`] does, or after `config.max_tokens`.
+    /// draft. Stops as [`SpeechLm::generate`] does, or after `config.max_tokens`. This is
+    /// `spec-core`'s [`speculate`] with a sampled [`DraftModelDrafter`], whose first draft the
+    /// prompt's forward verifies.
     pub fn generate_speculative(
         &mut self,
         draft: &mut SpeechLm,
@@ -522,7 +537,7 @@ impl SpeechLm {
         prompt_speech: &[u32],
         config: &SsdConfig,
         rng: &mut dyn RngCore,
-    ) -> Result<(Vec<u32>, SsdStats)> {
+    ) -> Result<(Vec<u32>, DecodeStats)> {
         self.generate_speculative_each(
             draft,
             text,
@@ -546,7 +561,7 @@ impl SpeechLm {
         config: &SsdConfig,
         rng: &mut dyn RngCore,
         on_token: &mut dyn FnMut(u32) -> Result<()>,
-    ) -> Result<(Vec<u32>, SsdStats)> {
+    ) -> Result<(Vec<u32>, DecodeStats)> {
         if text.is_empty() {
             return Err(CosyVoiceError::Input("no text to speak".into()));
         }
@@ -557,105 +572,150 @@ impl SpeechLm {
             )));
         }
         config.validate()?;
-        let (gamma, tolerance, max_tokens) = (config.gamma, config.tolerance, config.max_tokens);
-        let rule = SpeculativeSampling { tolerance };
         let all_text: Vec<u32> = prompt_text.iter().chain(text).copied().collect();
-        let mut pending = self.prompt_embeddings(&all_text, prompt_speech)?;
-        let mut draft_pending = draft.prompt_embeddings(&all_text, prompt_speech)?;
-        let min_len = text.len() * self.config.min_token_text_ratio;
-        let max_len =
-            (text.len() * self.config.max_token_text_ratio).min(max_tokens.unwrap_or(usize::MAX));
+        let context = self.prompt_ids(&all_text, prompt_speech)?;
+        let max_len = (text.len() * self.config.max_token_text_ratio)
+            .min(config.max_tokens.unwrap_or(usize::MAX));
         let end = self.end_token();
-        self.backbone.reset();
-        draft.backbone.reset();
-        let mut out: Vec<u32> = Vec::new();
-        let mut stats = SsdStats::default();
-        // The distribution a sampler draws from after `history` at output position `at`.
-        let distribution = |scores: Vec<f32>, at: usize, history: &[u32], config: &RasConfig| {
-            let mut scores = scores;
-            if at < min_len {
-                scores[end as usize] = f32::NEG_INFINITY;
-            }
-            ras_distribution(&scores, history, config)
+        let sampling = |lm: &SpeechLm| SpeechSampling {
+            ras: lm.config.sampling,
+            prompt_len: context.len(),
+            min_len: text.len() * self.config.min_token_text_ratio,
+            end,
         };
-        while out.len() < max_len {
-            // The draft's proposals, each drawn from its own distribution.
-            let drafting = Instant::now();
-            let before_draft = draft.backbone.cached_len();
-            let pending_draft_len = draft_pending.dim(1)?;
-            let mut proposals: Vec<u32> = Vec::new();
-            let mut proposal_distributions = Vec::new();
-            let mut input = draft_pending.clone();
-            for _ in 0..gamma.min(max_len - out.len()) {
-                let scores: Vec<f32> = draft.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
-                stats.draft_forwards += 1;
-                let history: Vec<u32> = out.iter().chain(&proposals).copied().collect();
-                let p = distribution(scores, history.len(), &history, &draft.config.sampling)?;
-                let token = draw(&p, rng.random::<f64>()) as u32;
-                proposals.push(token);
-                proposal_distributions.push(p);
-                if token >= end {
-                    break;
+        let target_sampling = sampling(self);
+        let draft_tokens = DraftTokens::Sampled(Box::new(sampling(draft)));
+        self.reset();
+        draft.reset();
+        let mut drafter =
+            DraftModelDrafter::new(&mut *draft, DraftLength::Fixed(config.gamma), draft_tokens)?
+                .drafting_with_prefill();
+        // Every id from the end token on ends the speech; so does a failed `on_token`.
+        let failed = Arc::new(AtomicBool::new(false));
+        let stop_failed = Arc::clone(&failed);
+        let stop = StopConditions::new(max_len)
+            .with_eos(end..self.speech_rows())
+            .with_predicate(move |_| stop_failed.load(Ordering::Relaxed));
+        let mut failure = None;
+        let mut emit = |token: u32| {
+            if token < end && failure.is_none() {
+                if let Err(e) = on_token(token) {
+                    failure = Some(e);
+                    failed.store(true, Ordering::Relaxed);
                 }
-                input = draft.speech_embeddings(&[token])?;
             }
-            stats.draft_time += drafting.elapsed();
-            // One target forward over the pending input and every proposal.
-            let before = self.backbone.cached_len();
-            let pending_len = pending.dim(1)?;
-            let input = Tensor::cat(&[pending, self.speech_embeddings(&proposals)?], 1)?;
-            let rows = self.forward(&input, proposals.len() + 1)?;
-            let mut targets = Vec::with_capacity(proposals.len() + 1);
-            for i in 0..=proposals.len() {
-                let scores: Vec<f32> = rows.get(i)?.to_vec1()?;
-                let history: Vec<u32> = out.iter().chain(&proposals[..i]).copied().collect();
-                targets.push(distribution(
-                    scores,
-                    history.len(),
-                    &history,
-                    &self.config.sampling,
-                )?);
-            }
-            let verdict =
-                rule.verify_distributions(&proposals, &proposal_distributions, &targets, rng)?;
-            stats.rounds += 1;
-            stats.drafted += proposals.len();
-            stats.accepted += verdict.accepted;
-            let kept = &proposals[..verdict.accepted];
-            for &token in kept.iter().chain([&verdict.next_token]) {
-                if token >= end || out.len() >= max_len {
-                    return Ok((out, stats));
-                }
-                out.push(token);
-                on_token(token)?;
-            }
-            // Both caches keep the pending input and the kept proposals; the draft had not
-            // fed its last proposal.
-            self.backbone
-                .truncate(before + pending_len + verdict.accepted)?;
-            let draft_fed = verdict.accepted.min(proposals.len() - 1);
-            draft
-                .backbone
-                .truncate(before_draft + pending_draft_len + draft_fed)?;
-            pending = self.speech_embeddings(&[verdict.next_token])?;
-            let unfed: Vec<u32> = proposals[draft_fed..verdict.accepted]
-                .iter()
-                .chain([&verdict.next_token])
-                .copied()
-                .collect();
-            draft_pending = draft.speech_embeddings(&unfed)?;
+        };
+        let rule = AcceptanceRule::speculative_sampling(config.tolerance);
+        let speculation = Speculation {
+            sampling: Some(&target_sampling),
+            rng: Some(rng),
+            ..Speculation::new(&rule)
+        };
+        let generation = speculate(self, &mut drafter, &context, speculation, &stop, &mut emit)?;
+        if let Some(e) = failure {
+            return Err(e);
         }
-        Ok((out, stats))
+        let mut tokens = generation.tokens;
+        if tokens.last().is_some_and(|&t| t >= end) {
+            tokens.pop();
+        }
+        Ok((tokens, generation.stats))
+    }
+}
+
+/// What the LM draws a speech token from after the prompt and the tokens since:
+/// repetition-aware sampling over the speech tokens drawn so far, the end token masked before
+/// the minimum length.
+#[derive(Debug)]
+struct SpeechSampling {
+    ras: RasConfig,
+    /// Input ids before the first drawn token.
+    prompt_len: usize,
+    min_len: usize,
+    end: u32,
+}
+
+impl Sampler for SpeechSampling {
+    fn validate(&self) -> spec_core::Result<()> {
+        self.ras.validate()
+    }
+
+    fn distribution(&self, before: &[u32], row: &[f32]) -> spec_core::Result<Vec<f32>> {
+        let drawn = before.get(self.prompt_len..).unwrap_or_default();
+        let mut scores = row.to_vec();
+        if drawn.len() < self.min_len {
+            if let Some(end) = scores.get_mut(self.end as usize) {
+                *end = f32::NEG_INFINITY;
+            }
+        }
+        ras_distribution(&scores, drawn, &self.ras)
+    }
+}
+
+/// The LM as `spec-core`'s loops drive it: input ids of [`SpeechLm::prompt_ids`]' space in,
+/// log-probabilities of the speech tokens out.
+impl Decoder for SpeechLm {
+    fn vocab_size(&self) -> usize {
+        self.speech_rows() as usize
+    }
+
+    fn max_len(&self) -> usize {
+        self.backbone.max_len()
+    }
+
+    fn device(&self) -> &Device {
+        self.backbone.device()
+    }
+
+    fn cached_tokens(&self) -> &[u32] {
+        self.backbone.cached_tokens()
+    }
+
+    fn forward(&mut self, step: &Forward<'_>) -> spec_core::Result<Tensor> {
+        Ok(self.forward_ids(step)?)
+    }
+
+    fn truncate(&mut self, len: usize) -> spec_core::Result<()> {
+        self.backbone.truncate(len)
+    }
+
+    fn keep_positions(&mut self, positions: &[usize]) -> spec_core::Result<()> {
+        self.backbone.keep_positions(positions)
+    }
+
+    fn reset(&mut self) {
+        self.backbone.reset();
+    }
+}
+
+impl HiddenStates for SpeechLm {
+    fn hidden_size(&self) -> usize {
+        self.backbone.hidden_size()
+    }
+
+    fn last_hidden(&self) -> spec_core::Result<Tensor> {
+        self.backbone.last_hidden()
+    }
+
+    fn unembed(&self, hidden: &Tensor) -> spec_core::Result<Logits> {
+        let rows = self.decode(hidden)?;
+        Logits::from_tensor(&rows, rows.dim(0)?, self.vocab_size())
+    }
+
+    fn unembedding_rows(&self, ids: &[u32]) -> spec_core::Result<Tensor> {
+        let index = Tensor::new(ids, self.decoder_weight.device())?;
+        Ok(self.decoder_weight.index_select(&index, 0)?)
     }
 }
 
 /// A bistreaming session (see [`SpeechLm::bistream`]).
 pub struct Bistream<'a> {
     lm: &'a mut SpeechLm,
-    /// The input of the next forward. As in the reference, after the fill token it still holds
-    /// the input already forwarded, which is fed again if the text ends before 5 more tokens.
-    pending: Vec<Piece>,
-    /// Text tokens not yet in the input.
+    /// The input ids of the next forward. As in the reference, after the fill token it still
+    /// holds the input already forwarded, which is fed again if the text ends before 5 more
+    /// tokens.
+    pending: Vec<u32>,
+    /// Input ids of the text tokens not yet in the input.
     text: Vec<u32>,
     /// Prompt speech tokens not yet in the input.
     prompt_speech: Vec<u32>,
@@ -671,37 +731,35 @@ impl Bistream<'_> {
     /// Adds text tokens; returns the speech tokens drawn before the model asked for more text.
     pub fn push_text(&mut self, text: &[u32], uniforms: &mut dyn Uniforms) -> Result<Vec<u32>> {
         let (text_ratio, speech_ratio) = MIX_RATIO;
-        self.text.extend_from_slice(text);
+        self.text.extend(self.lm.text_ids(text)?);
         self.text_pushed += text.len();
         while !self.prompt_speech.is_empty() && self.text.len() >= text_ratio {
             let text: Vec<u32> = self.text.drain(..text_ratio).collect();
             let take = speech_ratio.min(self.prompt_speech.len());
             let speech: Vec<u32> = self.prompt_speech.drain(..take).collect();
-            self.pending
-                .extend([Piece::Text(text), Piece::Speech(speech)]);
+            self.pending.extend(text.into_iter().chain(speech));
         }
         if !self.prompt_speech.is_empty() {
             return Ok(Vec::new());
         }
         let fill = self.lm.fill_token();
         let after_fill = self.out.last() == Some(&fill);
-        let at_start = self.out.is_empty() && matches!(self.pending[..], [Piece::Start]);
+        let at_start = self.out.is_empty() && self.pending == [self.lm.start_id()];
         if after_fill || at_start {
             if self.text.len() < text_ratio {
                 return Ok(Vec::new());
             }
-            let text = Piece::Text(self.text.drain(..text_ratio).collect());
+            let text = self.text.drain(..text_ratio);
             if after_fill {
-                self.pending = vec![text];
+                self.pending = text.collect();
             } else {
-                self.pending.push(text);
+                self.pending.extend(text);
             }
         }
         let end = self.lm.end_token();
         let mut spoken = Vec::new();
         loop {
-            let input = self.lm.embed_pieces(&self.pending)?;
-            let mut scores: Vec<f32> = self.lm.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
+            let mut scores: Vec<f32> = self.lm.forward(&self.pending, 1)?.squeeze(0)?.to_vec1()?;
             let token = if self.out.len() == self.next_fill {
                 self.next_fill += speech_ratio + 1;
                 fill
@@ -722,17 +780,14 @@ impl Bistream<'_> {
                 )));
             }
             spoken.push(token);
-            self.pending = vec![Piece::Speech(vec![token])];
+            self.pending = vec![token];
         }
     }
 
     /// No more text: decodes to the end token and returns the speech tokens drawn.
     pub fn finish(mut self, uniforms: &mut dyn Uniforms) -> Result<Vec<u32>> {
-        let text = std::mem::take(&mut self.text);
-        if !text.is_empty() {
-            self.pending.push(Piece::Text(text));
-        }
-        self.pending.push(Piece::Task);
+        self.pending.append(&mut self.text);
+        self.pending.push(self.lm.task_id());
         let end = self.lm.end_token();
         // The reference has no limit here; a model that never ends stops at the unistream one.
         let limit = self.text_pushed.max(1) * self.lm.config.max_token_text_ratio;
@@ -743,8 +798,7 @@ impl Bistream<'_> {
                     "no end token after {limit} speech tokens"
                 )));
             }
-            let input = self.lm.embed_pieces(&self.pending)?;
-            let mut scores: Vec<f32> = self.lm.forward(&input, 1)?.squeeze(0)?.to_vec1()?;
+            let mut scores: Vec<f32> = self.lm.forward(&self.pending, 1)?.squeeze(0)?.to_vec1()?;
             let token = ras_sample(&mut scores, &self.out, &self.lm.config.sampling, uniforms)?;
             self.out.push(token);
             if token == end {
@@ -756,7 +810,7 @@ impl Bistream<'_> {
                 )));
             }
             spoken.push(token);
-            self.pending = vec![Piece::Speech(vec![token])];
+            self.pending = vec![token];
         }
     }
 }

@@ -9,7 +9,6 @@ pub mod flow;
 pub mod hift;
 pub mod lm;
 pub mod pipeline;
-pub mod sampling;
 
 pub use pipeline::{CosyVoice2, CosyVoiceSynthesizer, SpeakerPrompt, Speech};
 
@@ -28,7 +27,7 @@ pub enum CosyVoiceError {
 
     /// A decoding step of the backbone (`spec-core`).
     #[error(transparent)]
-    Core(#[from] spec_core::Error),
+    Core(spec_core::Error),
 
     /// The shared building blocks (`spec-nn`) reading the weights.
     #[error(transparent)]
@@ -56,6 +55,23 @@ pub enum CosyVoiceError {
 }
 
 pub type Result<T> = std::result::Result<T, CosyVoiceError>;
+
+impl From<spec_core::Error> for CosyVoiceError {
+    /// Unwraps an error of this crate that travelled through a `spec-core` loop.
+    fn from(e: spec_core::Error) -> Self {
+        e.into_model_error().unwrap_or_else(CosyVoiceError::Core)
+    }
+}
+
+impl From<CosyVoiceError> for spec_core::Error {
+    fn from(e: CosyVoiceError) -> Self {
+        match e {
+            CosyVoiceError::Candle(c) => spec_core::Error::Candle(c),
+            CosyVoiceError::Core(c) => c,
+            other => spec_core::Error::Model(Box::new(other)),
+        }
+    }
+}
 
 /// The tensors of a released checkpoint (`llm.pt`, `flow.pt`, `hift.pt`: PyTorch state dicts,
 /// read by candle's pickle reader) or of its safetensors conversion (by extension), on the CPU.

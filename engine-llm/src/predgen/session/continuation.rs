@@ -146,12 +146,7 @@ impl PredGen<'_> {
                 let draft = self.draft.as_deref_mut().ok_or_else(|| {
                     Error::Config("the draft-model continuation needs a draft model".into())
                 })?;
-                let mut drafter = DraftModelDrafter::new(
-                    &mut draft.model,
-                    draft_length,
-                    SamplingConfig::greedy(),
-                    false,
-                )?;
+                let mut drafter = DraftModelDrafter::greedy(&mut draft.model, draft_length)?;
                 let gen = greedy_with(target, &mut drafter, &context, &stop, &mut rng)?;
                 if let Some(policy) = &mut self.draft_policy {
                     for step in &gen.stats.steps {

@@ -1,5 +1,8 @@
 //! Turning logits into tokens: argmax, softmax, top-k/top-p filtering, temperature,
-//! repetition penalty and seeded sampling. Pure functions over `f32` slices.
+//! repetition penalty and seeded sampling, pure functions over `f32` slices; the [`Sampler`]
+//! trait speculative sampling judges draws by; [`repetition_aware`] sampling for speech tokens.
+
+pub mod repetition_aware;
 
 use std::borrow::Cow;
 
@@ -153,6 +156,30 @@ pub fn sample(probs: &[f32], rng: &mut dyn rand::RngCore) -> u32 {
     }
     // Rounding can leave `r` just above the last bucket.
     last_nonzero as u32
+}
+
+/// What a sampler draws each token from, given the tokens before it: speculative sampling
+/// judges a drafted token by the distributions the draft's and the target's samplers really
+/// draw from (Leviathan et al. 2023; SSD eq. 5), whatever they are.
+pub trait Sampler: Send + Sync + std::fmt::Debug {
+    /// Fails unless these settings can draw a token.
+    fn validate(&self) -> Result<()>;
+
+    /// The distribution of the token after `before` (the context and every token since), from
+    /// the logits `row` after them.
+    fn distribution(&self, before: &[u32], row: &[f32]) -> Result<Vec<f32>>;
+}
+
+/// [`SamplingConfig::probabilities`] of the row after the repetition penalty for the tokens
+/// before it.
+impl Sampler for SamplingConfig {
+    fn validate(&self) -> Result<()> {
+        SamplingConfig::validate(self)
+    }
+
+    fn distribution(&self, before: &[u32], row: &[f32]) -> Result<Vec<f32>> {
+        Ok(self.probabilities(&self.penalize(row, before)))
+    }
 }
 
 /// How the next token is chosen from the target's logits.

@@ -1,16 +1,16 @@
-//! CosyVoice 2's repetition-aware sampling (VALL-E 2's RAS, the reference's `ras_sampling`):
-//! nucleus sampling (top-p 0.8 within the top 25), and when the drawn token already appears
-//! in the last 10 tokens (a share ≥ τ_r = 0.1 of the window), a draw from the whole
-//! distribution with that token excluded.
+//! Repetition-aware sampling (VALL-E 2's RAS; CosyVoice 2's `ras_sampling`, whose settings are
+//! the defaults): nucleus sampling (top-p 0.8 within the top 25), and when the drawn token
+//! already appears in the last 10 tokens (a share ≥ τ_r = 0.1 of the window), a draw from the
+//! whole distribution with that token excluded.
 //!
 //! Draws take their uniform numbers from a [`Uniforms`] source, so a test can replay the
 //! numbers the reference drew: a categorical draw over weights `P` with uniform `u` is the
 //! first `i` with `u < Σ_{j ≤ i} P_j / ΣP` (cumulated in f64), the last index if none.
 
 use rand::Rng;
-use spec_core::sampling::softmax;
 
-use crate::cosyvoice::{CosyVoiceError, Result};
+use crate::sampling::softmax;
+use crate::{Error, Result};
 
 /// Uniform numbers in [0, 1) for the sampler's draws.
 pub trait Uniforms {
@@ -49,7 +49,7 @@ impl Default for RasConfig {
 impl RasConfig {
     pub fn validate(&self) -> Result<()> {
         if !nucleus_can_hold_a_token(self.top_p, self.top_k) || self.window == 0 {
-            return Err(CosyVoiceError::Config(format!(
+            return Err(Error::InvalidConfig(format!(
                 "repetition-aware sampling needs 0 < top_p ≤ 1, top_k ≥ 1 and a window ≥ 1, got {self:?}"
             )));
         }
@@ -96,7 +96,7 @@ fn nucleus_can_hold_a_token(top_p: f32, top_k: usize) -> bool {
 /// `Err` for no scores to sample from.
 fn check_scores(scores: &[f32]) -> Result<()> {
     if scores.is_empty() {
-        return Err(CosyVoiceError::Input("no scores to sample from".into()));
+        return Err(Error::EmptyInput("no scores to sample from"));
     }
     Ok(())
 }
@@ -120,7 +120,7 @@ pub fn nucleus_sample(
 ) -> Result<u32> {
     check_scores(scores)?;
     if !nucleus_can_hold_a_token(top_p, top_k) {
-        return Err(CosyVoiceError::Config(format!(
+        return Err(Error::InvalidConfig(format!(
             "nucleus sampling needs 0 < top_p ≤ 1 and top_k ≥ 1, got top_p {top_p}, top_k {top_k}"
         )));
     }
@@ -196,15 +196,15 @@ mod tests {
         let mut u = Fixed(vec![0.5; 8]);
         assert!(matches!(
             nucleus_sample(&scores, 0.8, 0, &mut u),
-            Err(CosyVoiceError::Config(_))
+            Err(Error::InvalidConfig(_))
         ));
         assert!(matches!(
             nucleus_sample(&scores, 0.0, 5, &mut u),
-            Err(CosyVoiceError::Config(_))
+            Err(Error::InvalidConfig(_))
         ));
         assert!(matches!(
             nucleus_sample(&[], 0.8, 5, &mut u),
-            Err(CosyVoiceError::Input(_))
+            Err(Error::EmptyInput(_))
         ));
         let no_top_k = RasConfig {
             top_k: 0,
