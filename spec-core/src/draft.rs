@@ -31,6 +31,37 @@ pub fn advance<D: Decoder + ?Sized>(model: &mut D, token: u32) -> Result<Vec<f32
     Ok(forward_tokens(model, &[token], LogitRows::Last(1))?.into_last_row())
 }
 
+/// Picks a chain's next token from the draft's row, given the tokens drafted before it, and
+/// says whether the chain ends with it.
+pub type PickToken<'a> = &'a mut dyn FnMut(&[u32], Vec<f32>) -> Result<(u32, bool)>;
+
+/// Drafts a chain with `model` after `committed` (its cache caught up first): at most `depth`
+/// tokens, each picked by `pick` from the draft's row after the tokens drafted before it,
+/// `pick` also saying whether the chain ends there. The draft's cache then holds `committed`
+/// and every drafted token but the last. Returns the tokens and the draft forwards.
+pub fn draft_chain<D: Decoder + ?Sized>(
+    model: &mut D,
+    committed: &[u32],
+    depth: usize,
+    pick: PickToken<'_>,
+) -> Result<(Vec<u32>, usize)> {
+    let mut drafted = Vec::with_capacity(depth);
+    if depth == 0 {
+        return Ok((drafted, 0));
+    }
+    let mut row = catch_up(model, committed)?;
+    let mut forwards = 1;
+    loop {
+        let (token, last) = pick(&drafted, row)?;
+        drafted.push(token);
+        if last || drafted.len() == depth {
+            return Ok((drafted, forwards));
+        }
+        row = advance(model, token)?;
+        forwards += 1;
+    }
+}
+
 /// A token tree drafted for one verification step, with the draft passes it cost.
 #[derive(Clone, Debug)]
 pub struct TreeDraft {
@@ -375,21 +406,17 @@ impl<D: Decoder> TreeDrafter for SparseTreeDrafter<D> {
         if depth == 0 {
             return Ok(TreeDraft::new(TokenTree::new(root), 0));
         }
-        let mut row = catch_up(&mut self.model, committed)?;
-        let mut forwards = 1;
+        let (branch_below, width) = (self.config.branch_below, self.config.branch_width);
         let mut candidates = Vec::with_capacity(depth);
-        for i in 0..depth {
+        let (_, forwards) = draft_chain(&mut self.model, committed, depth, &mut |_, row| {
             let trunk = argmax(&row);
-            candidates.push(if max_probability(&row) < self.config.branch_below {
-                top_k_tokens(&row, self.config.branch_width)
+            candidates.push(if max_probability(&row) < branch_below {
+                top_k_tokens(&row, width)
             } else {
                 vec![trunk]
             });
-            if i + 1 < depth {
-                row = advance(&mut self.model, trunk)?;
-                forwards += 1;
-            }
-        }
+            Ok((trunk, false))
+        })?;
         Ok(TreeDraft::new(
             TokenTree::from_candidates(root, &candidates)?,
             forwards,

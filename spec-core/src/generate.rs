@@ -15,7 +15,7 @@ use rand::RngCore;
 use crate::acceptance::{Acceptance, AcceptanceRule};
 use crate::cost::CostAwarePolicy;
 use crate::decoder::{common_prefix_len, forward_tokens, rewind_to_prefix, Decoder, LogitRows};
-use crate::draft::{advance, catch_up, DraftInput, TreeDraft, TreeDrafter};
+use crate::draft::{draft_chain, DraftInput, TreeDraft, TreeDrafter};
 use crate::heads::HiddenStates;
 use crate::sampling::{argmax, max_probability, sample, Sampler, SamplingConfig};
 use crate::speculate::{speculate, AdjustLogits, Speculation};
@@ -409,41 +409,31 @@ impl<D: Decoder> TreeDrafter for DraftModelDrafter<D> {
             }
             (None, _) => self.length.max().min(limit),
         };
-        let mut drafted = Vec::with_capacity(budget);
+        let (tokens, length) = (&self.tokens, &self.length);
         let mut distributions = Vec::new();
-        let mut forwards = 0;
-        if budget > 0 {
-            let mut row = catch_up(&mut self.model, committed)?;
-            forwards += 1;
-            for i in 0..budget {
-                let before: Vec<u32> = committed.iter().chain(&drafted).copied().collect();
-                let (token, confidence) = match (&self.tokens, rng.as_mut()) {
-                    (DraftTokens::Sampled(sampler), Some(rng)) => {
-                        let probs = sampler.distribution(&before, &row)?;
-                        distributions.push(probs);
-                        let probs = distributions.last().expect("just pushed");
-                        (sample(probs, *rng), max_probability(&row))
-                    }
-                    (DraftTokens::Sampled(_), None) => {
-                        return Err(Error::InvalidConfig(
-                            "a sampled draft draws from the run's randomness".into(),
-                        ))
-                    }
-                    (DraftTokens::Greedy(sampling), _) => {
-                        let row = sampling.penalize(&row, &before);
-                        (argmax(&row), max_probability(&row))
-                    }
-                };
-                drafted.push(token);
-                let unsure = matches!(self.length,
-                    DraftLength::Adaptive { min_confidence, .. } if confidence < min_confidence);
-                if unsure || i + 1 == budget {
-                    break;
+        let mut pick = |drafted: &[u32], row: Vec<f32>| -> Result<(u32, bool)> {
+            let before: Vec<u32> = committed.iter().chain(drafted).copied().collect();
+            let (token, confidence) = match (tokens, rng.as_mut()) {
+                (DraftTokens::Sampled(sampler), Some(rng)) => {
+                    distributions.push(sampler.distribution(&before, &row)?);
+                    let probs = distributions.last().expect("just pushed");
+                    (sample(probs, *rng), max_probability(&row))
                 }
-                row = advance(&mut self.model, token)?;
-                forwards += 1;
-            }
-        }
+                (DraftTokens::Sampled(_), None) => {
+                    return Err(Error::InvalidConfig(
+                        "a sampled draft draws from the run's randomness".into(),
+                    ))
+                }
+                (DraftTokens::Greedy(sampling), _) => {
+                    let row = sampling.penalize(&row, &before);
+                    (argmax(&row), max_probability(&row))
+                }
+            };
+            let unsure = matches!(length,
+                DraftLength::Adaptive { min_confidence, .. } if confidence < *min_confidence);
+            Ok((token, unsure))
+        };
+        let (drafted, forwards) = draft_chain(&mut self.model, committed, budget, &mut pick)?;
         Ok(TreeDraft {
             distributions,
             ..TreeDraft::new(TokenTree::linear(root, &drafted), forwards)

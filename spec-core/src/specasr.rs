@@ -24,8 +24,8 @@
 
 use candle_core::Tensor;
 
-use crate::decoder::{rewind_to_prefix, Decoder, Forward, LogitRows};
-use crate::draft::{DraftInput, TreeDraft, TreeDrafter};
+use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
+use crate::draft::{draft_chain, DraftInput, TreeDraft, TreeDrafter};
 use crate::logits::Logits;
 use crate::sampling::top_two_confidence;
 use crate::tree::TokenTree;
@@ -151,6 +151,43 @@ struct Drafted {
     runner_up: Option<u32>,
 }
 
+/// Judges a draft row after `sequence`: the row (adjusted by `adjust`)'s top token, its
+/// probability and the runner-up.
+fn judge(adjust: &mut Option<RowAdjust>, sequence: &[u32], mut row: Vec<f32>) -> Drafted {
+    if let Some(adjust) = adjust.as_mut() {
+        adjust(sequence, &mut row);
+    }
+    let (token, runner_up, confidence) = top_two_confidence(&row);
+    Drafted {
+        token,
+        confidence,
+        runner_up,
+    }
+}
+
+/// When a trunk ends.
+struct TrunkEnd<'a> {
+    config: &'a SpecAsrConfig,
+    end_token: Option<u32>,
+    depth: usize,
+}
+
+impl TrunkEnd<'_> {
+    /// Whether the trunk ends after `drafted`, its `len`-th token (counting an early stop of
+    /// the adaptive length in `counts`).
+    fn after(&self, drafted: &Drafted, len: usize, counts: &mut SpecAsrCounts) -> bool {
+        if len >= self.depth || Some(drafted.token) == self.end_token {
+            return true;
+        }
+        let uncertain = drafted.confidence < self.config.threshold;
+        if uncertain && self.config.adaptive && self.config.branches == 0 {
+            counts.early_stops += 1;
+            return true;
+        }
+        false
+    }
+}
+
 /// SpecASR's drafter over a draft model with the target's vocabulary. See the module docs.
 pub struct SpecAsrDrafter<D> {
     model: D,
@@ -215,20 +252,6 @@ impl<D: Decoder> SpecAsrDrafter<D> {
         self.previous = None;
     }
 
-    /// Judges a draft row after `sequence`: the adjusted row's top token, its probability and
-    /// the runner-up.
-    fn judge(&mut self, sequence: &[u32], mut row: Vec<f32>) -> Drafted {
-        if let Some(adjust) = self.adjust.as_mut() {
-            adjust(sequence, &mut row);
-        }
-        let (token, runner_up, confidence) = top_two_confidence(&row);
-        Drafted {
-            token,
-            confidence,
-            runner_up,
-        }
-    }
-
     /// The previous trunk's tail realigned after `committed`: the trunk's tokens from the
     /// offset `committed` has reached, when `committed` went past the trunk's first
     /// disagreement with it.
@@ -255,61 +278,44 @@ impl<D: Decoder> SpecAsrDrafter<D> {
         let keep = rewind_to_prefix(&mut self.model, committed)?;
         let mut fed: Vec<u32> = committed[keep..].to_vec();
         fed.extend_from_slice(&tail);
-        let positions: Vec<usize> = (keep..keep + fed.len()).collect();
-        let step = Forward {
-            logits: LogitRows::Last(tail.len() + 1),
-            ..Forward::tokens(&fed, &positions)
+        let rows = forward_tokens(&mut self.model, &fed, LogitRows::Last(tail.len() + 1))?;
+        let end = TrunkEnd {
+            config: &self.config,
+            end_token: self.end_token,
+            depth,
         };
-        let n_rows = step.validate(self.model.cached_len())?;
-        let rows =
-            Logits::from_tensor(&self.model.forward(&step)?, n_rows, self.model.vocab_size())?;
-        let mut forwards = 1;
         let mut sequence = committed.to_vec();
         let mut trunk: Vec<Drafted> = Vec::new();
-        let mut row = 0;
         // Rows of the recycled tail: keep its tokens while the draft still predicts them.
-        loop {
-            let drafted = self.judge(&sequence, rows.row(row).to_vec());
-            let matches_tail = tail.get(row) == Some(&drafted.token);
+        for (row, recycled) in rows.rows().zip(tail.iter().map(Some).chain([None])) {
+            let drafted = judge(&mut self.adjust, &sequence, row.to_vec());
             trunk.push(drafted);
             sequence.push(drafted.token);
-            if self.stops(&drafted, trunk.len(), depth) {
+            if end.after(&drafted, trunk.len(), &mut self.counts) {
                 self.model.truncate(committed.len() + trunk.len() - 1)?;
-                return Ok((trunk, forwards));
+                return Ok((trunk, 1));
             }
-            if !matches_tail {
+            if recycled != Some(&drafted.token) {
                 break;
             }
             self.counts.recycled += 1;
-            row += 1;
         }
-        // Positions of the tail past the first disagreement hold tokens no longer drafted.
+        // The rest one token at a time, after positions of the tail past the first
+        // disagreement (tokens no longer drafted) are rolled back.
         self.model.truncate(committed.len() + trunk.len() - 1)?;
-        loop {
-            let last = trunk.last().expect("the trunk has a token").token;
-            let logits =
-                crate::decoder::forward_tokens(&mut self.model, &[last], LogitRows::Last(1))?;
-            forwards += 1;
-            let drafted = self.judge(&sequence, logits.into_last_row());
-            trunk.push(drafted);
-            sequence.push(drafted.token);
-            if self.stops(&drafted, trunk.len(), depth) {
-                return Ok((trunk, forwards));
-            }
-        }
-    }
-
-    /// Whether the trunk ends after `drafted`, its `len`-th token.
-    fn stops(&mut self, drafted: &Drafted, len: usize, depth: usize) -> bool {
-        if len >= depth || Some(drafted.token) == self.end_token {
-            return true;
-        }
-        let uncertain = drafted.confidence < self.config.threshold;
-        if uncertain && self.config.adaptive && self.config.branches == 0 {
-            self.counts.early_stops += 1;
-            return true;
-        }
-        false
+        let (adjust, counts) = (&mut self.adjust, &mut self.counts);
+        let (_, more) = draft_chain(
+            &mut self.model,
+            &sequence,
+            depth - trunk.len(),
+            &mut |rest, row| {
+                let before: Vec<u32> = sequence.iter().chain(rest).copied().collect();
+                let drafted = judge(adjust, &before, row);
+                trunk.push(drafted);
+                Ok((drafted.token, end.after(&drafted, trunk.len(), counts)))
+            },
+        )?;
+        Ok((trunk, 1 + more))
     }
 
     /// Second pass: the runner-ups at the least confident trunk positions, forwarded together
@@ -374,7 +380,7 @@ impl<D: Decoder> SpecAsrDrafter<D> {
             let mut sequence: Vec<u32> = committed.to_vec();
             sequence.extend(trunk[..i].iter().map(|d| d.token));
             sequence.push(alternative);
-            let next = self.judge(&sequence, rows.row(k).to_vec());
+            let next = judge(&mut self.adjust, &sequence, rows.row(k).to_vec());
             let mut node = tree.push(node, next.token)?;
             self.counts.branch_nodes += 1;
             if Some(next.token) == self.end_token {
