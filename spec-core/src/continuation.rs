@@ -4,9 +4,10 @@
 //! has changed (a longer source, a longer question), a previous output exists, and the model
 //! should keep as much of that output as it still agrees with. One forward over the part of the
 //! prompt not yet cached, followed by the whole previous output, is at once the prefill of the
-//! new prompt and the verification of every output token.
+//! new prompt and the verification of every output token: [`speculate`](crate::speculate())'s
+//! first step with a drafter that drafts with the prefill ([`PreviousOutput`](crate::PreviousOutput)),
+//! and PredGen's check of a guess.
 
-use crate::acceptance::{Acceptance, AcceptanceRule, Verdict};
 use crate::decoder::{common_prefix_len, forward_tokens, Decoder, LogitRows};
 use crate::logits::Logits;
 use crate::{Error, Result};
@@ -37,35 +38,27 @@ pub fn forward_continuation<D: Decoder + ?Sized>(
     forward_tokens(model, &context[keep..], LogitRows::Last(previous.len() + 1))
 }
 
-/// [`forward_continuation`], then keeps the longest prefix of `previous` that `rule` accepts
-/// (deterministic rules only) and rolls the cache back to `prompt` and that prefix. The
-/// verdict's `next_token` is the model's own token after it (not cached yet).
-pub fn verify_continuation<D: Decoder + ?Sized>(
-    model: &mut D,
-    prompt: &[u32],
-    previous: &[u32],
-    rule: &AcceptanceRule,
-) -> Result<Verdict> {
-    rule.validate()?;
-    if rule.is_stochastic() {
-        return Err(Error::Unsupported(
-            "a previous output is verified with a deterministic rule (greedy, top-k, threshold, biased)",
-        ));
-    }
-    let logits = forward_continuation(model, prompt, previous)?;
-    let verdict = rule.verify_by_judging(previous, &logits)?;
-    model.truncate(prompt.len() + verdict.accepted)?;
-    Ok(verdict)
-}
-
 #[cfg(test)]
 mod tests {
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
     use super::*;
+    use crate::acceptance::{Acceptance, AcceptanceRule, Verdict};
     use crate::mock::{MockConfig, MockDecoder};
     use crate::{generate, SamplingConfig, StopConditions};
+
+    /// Keeps the longest prefix of `previous` greedy decoding agrees with, as a caller does.
+    fn verify_greedily(
+        model: &mut MockDecoder,
+        prompt: &[u32],
+        previous: &[u32],
+    ) -> Result<Verdict> {
+        let logits = forward_continuation(model, prompt, previous)?;
+        let verdict = AcceptanceRule::greedy().verify_by_judging(previous, &logits)?;
+        model.truncate(prompt.len() + verdict.accepted)?;
+        Ok(verdict)
+    }
 
     fn greedy_output(config: &MockConfig, prompt: &[u32], n: usize) -> Vec<u32> {
         let mut model = MockDecoder::new(config.clone());
@@ -90,9 +83,7 @@ mod tests {
             let mut model = MockDecoder::new(config.clone());
             // A stale cache from an older, shorter prompt.
             forward_tokens(&mut model, &[1, 2, 9], LogitRows::Last(1)).unwrap();
-            let verdict =
-                verify_continuation(&mut model, &prompt, &previous, &AcceptanceRule::greedy())
-                    .unwrap();
+            let verdict = verify_greedily(&mut model, &prompt, &previous).unwrap();
             assert_eq!(verdict.accepted, diverge_at.min(greedy.len()));
             if diverge_at < greedy.len() {
                 assert_eq!(verdict.next_token, greedy[diverge_at]);
@@ -107,8 +98,7 @@ mod tests {
     fn an_empty_previous_output_is_a_prefill() {
         let config = MockConfig::target(40, 5);
         let mut model = MockDecoder::new(config.clone());
-        let verdict =
-            verify_continuation(&mut model, &[7, 8], &[], &AcceptanceRule::greedy()).unwrap();
+        let verdict = verify_greedily(&mut model, &[7, 8], &[]).unwrap();
         assert_eq!(verdict.accepted, 0);
         assert_eq!(verdict.next_token, greedy_output(&config, &[7, 8], 1)[0]);
         assert_eq!(model.cached_tokens(), [7, 8]);
@@ -119,26 +109,16 @@ mod tests {
         let mut config = MockConfig::target(40, 5);
         config.max_len = 6;
         let mut model = MockDecoder::new(config);
-        let greedy = AcceptanceRule::greedy();
         assert!(matches!(
-            verify_continuation(&mut model, &[], &[1], &greedy),
+            forward_continuation(&mut model, &[], &[1]),
             Err(Error::EmptyInput(_))
         ));
         assert!(matches!(
-            verify_continuation(&mut model, &[1, 2, 3], &[4, 5, 6, 7], &greedy),
+            forward_continuation(&mut model, &[1, 2, 3], &[4, 5, 6, 7]),
             Err(Error::ContextOverflow {
                 requested: 7,
                 max: 6
             })
-        ));
-        assert!(matches!(
-            verify_continuation(
-                &mut model,
-                &[1],
-                &[2],
-                &AcceptanceRule::speculative_sampling(0.0)
-            ),
-            Err(Error::Unsupported(_))
         ));
     }
 }

@@ -16,8 +16,8 @@
 //! - [`speculate()`]: the one speculation loop, where every method is a [`TreeDrafter`] and a
 //!   [`Verification`] says how the target's rows are computed; plain [`generate()`] and
 //!   draft-model [`speculative_generate`] with sampled acceptance; their [`DecodeStats`];
-//! - [`verify_continuation`]: one forward that prefills a changed prompt and verifies a previous
-//!   output after it (live re-translation, input-time speculation);
+//! - [`forward_continuation`]: one forward that prefills a changed prompt and verifies a
+//!   previous output after it (live re-translation, input-time speculation);
 //! - [`specasr`]: SpecASR's drafting for speech recognition (adaptive length, draft recycling,
 //!   two-pass sparse trees) as a [`TreeDrafter`];
 //! - [`heads`]: multi-token prediction heads on a model's own hidden states ([`HiddenStates`],
@@ -53,7 +53,7 @@ pub mod verify;
 
 pub use acceptance::{Acceptance, AcceptanceRule, DraftCheck, Verdict};
 pub use branches::{greedy_in_lockstep, BranchLogits, Branches, LockstepAnswer};
-pub use continuation::{forward_continuation, verify_continuation};
+pub use continuation::forward_continuation;
 pub use cost::{AcceptanceRate, CostAwarePolicy, ForwardCosts};
 pub use decoder::{Decoder, DecoderInput, Forward, LogitRows};
 pub use draft::{

@@ -9,7 +9,8 @@ use candle_core::{DType, Tensor};
 use rand::RngCore;
 
 use crate::acceptance::{Acceptance, SpeculativeSampling, Verdict};
-use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
+use crate::continuation::forward_continuation;
+use crate::decoder::{common_prefix_len, Decoder, Forward, LogitRows};
 use crate::heads::{check_head_range, check_heads, HiddenStates, TokenHeads};
 use crate::logits::Logits;
 use crate::sampling::Sampler;
@@ -354,25 +355,16 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
         }
     }
     let drafted = &chain.tokens()[1..];
-    if context.is_empty() {
-        return Err(Error::EmptyInput(
-            "the context must hold at least one token",
-        ));
-    }
-    if context.len() + drafted.len() > target.max_len() {
-        return Err(Error::ContextOverflow {
-            requested: context.len() + drafted.len(),
-            max: target.max_len(),
-        });
-    }
-    let keep = rewind_to_prefix(target, context)?;
-    let input: Vec<u32> = context[keep..].iter().chain(drafted).copied().collect();
-    let mut rows = forward_tokens(target, &input, LogitRows::Last(chain.len()))?;
+    // What the forward reuses of the cache: its common prefix with the context, the context's
+    // last token always forwarded.
+    let keep =
+        common_prefix_len(target.cached_tokens(), context).min(context.len().saturating_sub(1));
+    let mut rows = forward_continuation(target, context, drafted)?;
     let (verdict, judged) = judge.judge(chain, &mut rows, adjust)?;
     target.truncate(context.len() + verdict.path.len() - 1)?;
     let hidden = match hidden {
         true => {
-            let before = input.len() - chain.len();
+            let before = context.len() - 1 - keep;
             let last = *verdict.path.last().expect("the path holds the root");
             Some(hidden_after(target, before + last)?)
         }
