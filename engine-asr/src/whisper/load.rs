@@ -93,13 +93,13 @@ pub(crate) fn load(folder: &Path, options: &LoadOptions) -> Result<Whisper> {
             let mut file = Ct2File::open(&model)?;
             let config = WhisperConfig::from_ct2(&mut file)?;
             let loader = WeightLoader::new(file, device, options.requantize);
-            build(loader, config, &Ct2Names, options)
+            build(loader, config, &Names::CT2, options)
         }
         ModelFiles::HuggingFace { weights, config } => {
             let config = WhisperConfig::from_hf_json(&config)?;
             let source = SafetensorsFiles::open(&[weights], device)?;
             let loader = WeightLoader::new(source, device, options.requantize);
-            build(loader, config, &HuggingFaceNames, options)
+            build(loader, config, &Names::HUGGING_FACE, options)
         }
     }
 }
@@ -159,9 +159,9 @@ pub fn hugging_face_tensors(
         (Stack::Encoder, config.encoder_layers),
         (Stack::Decoder, config.decoder_layers),
     ] {
-        let (hf_stack, ct2_stack) = (HuggingFaceNames::stack(stack), Ct2Names::stack(stack));
-        let (w, b) = Ct2Names.norm(stack, None, NormSite::Final);
-        let (hw, hb) = HuggingFaceNames.norm(stack, None, NormSite::Final);
+        let (hf_stack, ct2_stack) = (Names::HUGGING_FACE.stack(stack), Names::CT2.stack(stack));
+        let (w, b) = Names::CT2.norm(stack, None, NormSite::Final);
+        let (hw, hb) = Names::HUGGING_FACE.norm(stack, None, NormSite::Final);
         out.insert(hw, read(&mut file, &w)?);
         out.insert(hb, read(&mut file, &b)?);
         for i in 0..layers {
@@ -170,13 +170,13 @@ pub fn hugging_face_tensors(
                 sites.push(NormSite::CrossAttention);
             }
             for site in sites {
-                let (w, b) = Ct2Names.norm(stack, Some(i), site);
-                let (hw, hb) = HuggingFaceNames.norm(stack, Some(i), site);
+                let (w, b) = Names::CT2.norm(stack, Some(i), site);
+                let (hw, hb) = Names::HUGGING_FACE.norm(stack, Some(i), site);
                 out.insert(hw, read(&mut file, &w)?);
                 out.insert(hb, read(&mut file, &b)?);
             }
-            let (fc1, fc2) = Ct2Names.mlp(stack, i);
-            let (hf1, hf2) = HuggingFaceNames.mlp(stack, i);
+            let (fc1, fc2) = Names::CT2.mlp(stack, i);
+            let (hf1, hf2) = Names::HUGGING_FACE.mlp(stack, i);
             for (c, h) in [(fc1, hf1), (fc2, hf2)] {
                 out.insert(
                     format!("{h}.weight"),
@@ -241,27 +241,6 @@ pub fn hugging_face_tensors(
     Ok((config, out))
 }
 
-/// Where a checkpoint layout keeps each tensor.
-trait Names {
-    /// The tensor `leaf` (`weight`, `bias`) of the block at `base`.
-    fn param(&self, base: &str, leaf: &str) -> String;
-    fn conv(&self, index: usize) -> String;
-    fn positions(&self, stack: Stack) -> String;
-    fn embeddings(&self) -> String;
-    /// A norm's weight and bias.
-    fn norm(&self, stack: Stack, layer: Option<usize>, which: NormSite) -> (String, String);
-    fn mlp(&self, stack: Stack, layer: usize) -> (String, String);
-    /// Query, key, value and output projections of an attention block.
-    fn attention<S: WeightSource>(
-        &self,
-        loader: &mut WeightLoader<S>,
-        stack: Stack,
-        layer: usize,
-        cross: bool,
-        hidden: usize,
-    ) -> Result<[Linear; 4]>;
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stack {
     Encoder,
@@ -276,52 +255,119 @@ enum NormSite {
     Final,
 }
 
-struct Ct2Names;
-
-impl Ct2Names {
-    fn stack(stack: Stack) -> &'static str {
-        match stack {
-            Stack::Encoder => "encoder",
-            Stack::Decoder => "decoder",
-        }
-    }
+/// Where a checkpoint layout keeps each tensor: CTranslate2's converted models
+/// ([`Names::CT2`]) or Hugging Face's `WhisperForConditionalGeneration` ([`Names::HUGGING_FACE`]).
+struct Names {
+    /// Between the parts of a name.
+    separator: &'static str,
+    /// The encoder's and the decoder's prefixes.
+    stacks: [&'static str; 2],
+    /// Before a layer's index.
+    layer: &'static str,
+    /// The norms before self-attention, cross-attention and the MLP (in a layer), and the
+    /// stack's final norm.
+    norms: [&'static str; 4],
+    /// A norm's weight and bias.
+    norm_params: [&'static str; 2],
+    /// The MLP's two projections, in a layer.
+    mlp: [&'static str; 2],
+    /// The input convolutions, in the encoder (before their 1-based index).
+    conv: &'static str,
+    /// The position table, in a stack.
+    positions: &'static str,
+    /// The token embeddings, in the decoder.
+    embeddings: &'static str,
+    /// Whether attention's projections are fused (query, key and value in self-attention;
+    /// key and value in cross-attention) as CTranslate2 stores them.
+    fused_attention: bool,
 }
 
-impl Names for Ct2Names {
+impl Names {
+    const CT2: Names = Names {
+        separator: "/",
+        stacks: ["encoder", "decoder"],
+        layer: "layer_",
+        norms: [
+            "self_attention/layer_norm",
+            "attention/layer_norm",
+            "ffn/layer_norm",
+            "layer_norm",
+        ],
+        norm_params: ["gamma", "beta"],
+        mlp: ["ffn/linear_0", "ffn/linear_1"],
+        conv: "conv",
+        positions: "position_encodings/encodings",
+        embeddings: "embeddings/weight",
+        fused_attention: true,
+    };
+
+    const HUGGING_FACE: Names = Names {
+        separator: ".",
+        stacks: ["model.encoder", "model.decoder"],
+        layer: "layers.",
+        norms: [
+            "self_attn_layer_norm",
+            "encoder_attn_layer_norm",
+            "final_layer_norm",
+            "layer_norm",
+        ],
+        norm_params: ["weight", "bias"],
+        mlp: ["fc1", "fc2"],
+        conv: "conv",
+        positions: "embed_positions.weight",
+        embeddings: "embed_tokens.weight",
+        fused_attention: false,
+    };
+
+    fn stack(&self, stack: Stack) -> &'static str {
+        self.stacks[stack as usize]
+    }
+
+    /// The tensor `leaf` (`weight`, `bias`) of the block at `base`.
     fn param(&self, base: &str, leaf: &str) -> String {
-        format!("{base}/{leaf}")
+        format!("{base}{}{leaf}", self.separator)
+    }
+
+    /// `part` of layer `layer` of `stack`.
+    fn in_layer(&self, stack: Stack, layer: usize, part: &str) -> String {
+        let sep = self.separator;
+        format!("{}{sep}{}{layer}{sep}{part}", self.stack(stack), self.layer)
     }
 
     fn conv(&self, index: usize) -> String {
-        format!("encoder/conv{index}")
+        let (encoder, conv) = (self.stack(Stack::Encoder), self.conv);
+        format!("{encoder}{}{conv}{index}", self.separator)
     }
 
     fn positions(&self, stack: Stack) -> String {
-        format!("{}/position_encodings/encodings", Self::stack(stack))
+        self.param(self.stack(stack), self.positions)
     }
 
     fn embeddings(&self) -> String {
-        "decoder/embeddings/weight".into()
+        self.param(self.stack(Stack::Decoder), self.embeddings)
     }
 
+    /// A norm's weight and bias (`layer` `None` for the stack's final norm).
     fn norm(&self, stack: Stack, layer: Option<usize>, which: NormSite) -> (String, String) {
-        let s = Self::stack(stack);
         let base = match (layer, which) {
-            (Some(i), NormSite::SelfAttention) => {
-                format!("{s}/layer_{i}/self_attention/layer_norm")
-            }
-            (Some(i), NormSite::CrossAttention) => format!("{s}/layer_{i}/attention/layer_norm"),
-            (Some(i), NormSite::Mlp) => format!("{s}/layer_{i}/ffn/layer_norm"),
-            (_, _) => format!("{s}/layer_norm"),
+            (Some(i), NormSite::SelfAttention) => self.in_layer(stack, i, self.norms[0]),
+            (Some(i), NormSite::CrossAttention) => self.in_layer(stack, i, self.norms[1]),
+            (Some(i), NormSite::Mlp) => self.in_layer(stack, i, self.norms[2]),
+            (_, _) => self.param(self.stack(stack), self.norms[3]),
         };
-        (format!("{base}/gamma"), format!("{base}/beta"))
+        let [weight, bias] = self.norm_params;
+        (self.param(&base, weight), self.param(&base, bias))
     }
 
     fn mlp(&self, stack: Stack, layer: usize) -> (String, String) {
-        let base = format!("{}/layer_{layer}/ffn", Self::stack(stack));
-        (format!("{base}/linear_0"), format!("{base}/linear_1"))
+        let [fc1, fc2] = self.mlp;
+        (
+            self.in_layer(stack, layer, fc1),
+            self.in_layer(stack, layer, fc2),
+        )
     }
 
+    /// Query, key, value and output projections of an attention block.
     fn attention<S: WeightSource>(
         &self,
         loader: &mut WeightLoader<S>,
@@ -330,26 +376,42 @@ impl Names for Ct2Names {
         cross: bool,
         hidden: usize,
     ) -> Result<[Linear; 4]> {
-        let s = Self::stack(stack);
+        let square = [hidden, hidden];
+        if !self.fused_attention {
+            let block = if cross { "encoder_attn" } else { "self_attn" };
+            let base = self.in_layer(stack, layer, block);
+            let mut projection = |name: &str, bias: bool| {
+                let base = self.param(&base, name);
+                let bias = bias.then(|| self.param(&base, "bias"));
+                loader.linear(&self.param(&base, "weight"), bias.as_deref(), square)
+            };
+            // Whisper's key projections have no bias.
+            return Ok([
+                projection("q_proj", true)?,
+                projection("k_proj", false)?,
+                projection("v_proj", true)?,
+                projection("out_proj", true)?,
+            ]);
+        }
         let part = |name: &str| (format!("{name}/weight"), format!("{name}/bias"));
         if cross {
             // linear_0: query; linear_1: key and value fused; linear_2: output.
-            let base = format!("{s}/layer_{layer}/attention");
+            let base = self.in_layer(stack, layer, "attention");
             let (qw, qb) = part(&format!("{base}/linear_0"));
             let (kvw, kvb) = part(&format!("{base}/linear_1"));
             let (ow, ob) = part(&format!("{base}/linear_2"));
-            let q = loader.linear(&qw, Some(&qb), [hidden, hidden])?;
+            let q = loader.linear(&qw, Some(&qb), square)?;
             let [k, v] = two(loader.split_linear(&kvw, Some(&kvb), &[hidden, hidden], hidden)?);
-            let o = loader.linear(&ow, Some(&ob), [hidden, hidden])?;
+            let o = loader.linear(&ow, Some(&ob), square)?;
             Ok([q, k, v, o])
         } else {
             // linear_0: query, key and value fused; linear_1: output.
-            let base = format!("{s}/layer_{layer}/self_attention");
+            let base = self.in_layer(stack, layer, "self_attention");
             let (qkvw, qkvb) = part(&format!("{base}/linear_0"));
             let (ow, ob) = part(&format!("{base}/linear_1"));
             let parts = loader.split_linear(&qkvw, Some(&qkvb), &[hidden; 3], hidden)?;
             let [q, k, v] = three(parts);
-            let o = loader.linear(&ow, Some(&ob), [hidden, hidden])?;
+            let o = loader.linear(&ow, Some(&ob), square)?;
             Ok([q, k, v, o])
         }
     }
@@ -367,81 +429,10 @@ fn three(parts: Vec<Linear>) -> [Linear; 3] {
         .unwrap_or_else(|_| unreachable!("split into three parts"))
 }
 
-struct HuggingFaceNames;
-
-impl HuggingFaceNames {
-    fn stack(stack: Stack) -> &'static str {
-        match stack {
-            Stack::Encoder => "model.encoder",
-            Stack::Decoder => "model.decoder",
-        }
-    }
-}
-
-impl Names for HuggingFaceNames {
-    fn param(&self, base: &str, leaf: &str) -> String {
-        format!("{base}.{leaf}")
-    }
-
-    fn conv(&self, index: usize) -> String {
-        format!("model.encoder.conv{index}")
-    }
-
-    fn positions(&self, stack: Stack) -> String {
-        format!("{}.embed_positions.weight", Self::stack(stack))
-    }
-
-    fn embeddings(&self) -> String {
-        "model.decoder.embed_tokens.weight".into()
-    }
-
-    fn norm(&self, stack: Stack, layer: Option<usize>, which: NormSite) -> (String, String) {
-        let s = Self::stack(stack);
-        let base = match (layer, which) {
-            (Some(i), NormSite::SelfAttention) => format!("{s}.layers.{i}.self_attn_layer_norm"),
-            (Some(i), NormSite::CrossAttention) => {
-                format!("{s}.layers.{i}.encoder_attn_layer_norm")
-            }
-            (Some(i), NormSite::Mlp) => format!("{s}.layers.{i}.final_layer_norm"),
-            (_, _) => format!("{s}.layer_norm"),
-        };
-        (format!("{base}.weight"), format!("{base}.bias"))
-    }
-
-    fn mlp(&self, stack: Stack, layer: usize) -> (String, String) {
-        let base = format!("{}.layers.{layer}", Self::stack(stack));
-        (format!("{base}.fc1"), format!("{base}.fc2"))
-    }
-
-    fn attention<S: WeightSource>(
-        &self,
-        loader: &mut WeightLoader<S>,
-        stack: Stack,
-        layer: usize,
-        cross: bool,
-        hidden: usize,
-    ) -> Result<[Linear; 4]> {
-        let block = if cross { "encoder_attn" } else { "self_attn" };
-        let base = format!("{}.layers.{layer}.{block}", Self::stack(stack));
-        let mut projection = |name: &str, bias: bool| {
-            let weight = format!("{base}.{name}.weight");
-            let bias = bias.then(|| format!("{base}.{name}.bias"));
-            loader.linear(&weight, bias.as_deref(), [hidden, hidden])
-        };
-        // Whisper's key projections have no bias.
-        Ok([
-            projection("q_proj", true)?,
-            projection("k_proj", false)?,
-            projection("v_proj", true)?,
-            projection("out_proj", true)?,
-        ])
-    }
-}
-
 fn build<S: WeightSource>(
     mut loader: WeightLoader<S>,
     config: WhisperConfig,
-    names: &impl Names,
+    names: &Names,
     options: &LoadOptions,
 ) -> Result<Whisper> {
     let hidden = config.hidden_size;
