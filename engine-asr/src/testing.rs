@@ -82,6 +82,9 @@ pub const NO_TIMESTAMPS: u32 = TEXT_TOKENS + 7;
 pub const ENCODER_LAYERS: usize = 2;
 pub const DECODER_LAYERS: usize = 2;
 
+/// The tiny model's two stacks by name, each with its layer count.
+const STACKS: [(&str, usize); 2] = [("encoder", ENCODER_LAYERS), ("decoder", DECODER_LAYERS)];
+
 fn random(shape: &[usize], scale: f32, seed: &mut u64) -> Result<Tensor> {
     // A small deterministic generator, so both layouts get the same values.
     let n: usize = shape.iter().product();
@@ -137,12 +140,7 @@ pub fn hf_weights(seed: u64) -> Result<HashMap<String, Tensor>> {
         0.5,
         &mut s,
     )?;
-    for stack in ["encoder", "decoder"] {
-        let layers = if stack == "encoder" {
-            ENCODER_LAYERS
-        } else {
-            DECODER_LAYERS
-        };
+    for (stack, layers) in STACKS {
         for i in 0..layers {
             let base = format!("model.{stack}.layers.{i}");
             let blocks: &[&str] = if stack == "encoder" {
@@ -335,12 +333,7 @@ pub fn write_ct2(dir: &Path, seed: u64, dtype: DType) -> Result<()> {
             .collect::<candle_core::Result<Vec<_>>>()?;
         Tensor::cat(&parts, 0)
     };
-    for stack in ["encoder", "decoder"] {
-        let layers = if stack == "encoder" {
-            ENCODER_LAYERS
-        } else {
-            DECODER_LAYERS
-        };
+    for (stack, layers) in STACKS {
         for i in 0..layers {
             let h = format!("model.{stack}.layers.{i}");
             let c = format!("{stack}/layer_{i}");

@@ -426,62 +426,74 @@ fn blocked_products(
             let n = out.len() / dim;
             let q = &q[first * dim..(first + n) * dim];
             let mut scores = vec![0f32; n * total];
-            // SAFETY: every pointer covers the matrix its strides describe: `q` n × dim and
-            // `k` total × dim row-major (read transposed), `scores` n × total, `v` total × dim,
-            // `out` n × dim.
-            unsafe {
-                gemm::gemm(
-                    n,
-                    total,
-                    dim,
-                    scores.as_mut_ptr(),
-                    1,
-                    total as isize,
-                    false,
-                    q.as_ptr(),
-                    1,
-                    dim as isize,
-                    k.as_ptr(),
-                    dim as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
+            row_major_product(n, total, dim, q, k, RhsLayout::Transposed, &mut scores);
             for row in scores.chunks_exact_mut(total) {
                 softmax_in_place(row);
             }
-            // SAFETY: as above.
-            unsafe {
-                gemm::gemm(
-                    n,
-                    dim,
-                    total,
-                    out.as_mut_ptr(),
-                    1,
-                    dim as isize,
-                    false,
-                    scores.as_ptr(),
-                    1,
-                    total as isize,
-                    v.as_ptr(),
-                    1,
-                    dim as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
+            row_major_product(n, dim, total, &scores, v, RhsLayout::AsStored, out);
         });
     }
     out
+}
+
+/// How [`row_major_product`] reads its right-hand matrix.
+#[derive(Clone, Copy)]
+enum RhsLayout {
+    /// `rhs` is `inner × cols`, row-major.
+    AsStored,
+    /// `rhs` is `cols × inner`, row-major, and is read transposed.
+    Transposed,
+}
+
+/// `out` (`rows × cols`, row-major) = `lhs` (`rows × inner`, row-major) times `rhs` read as
+/// [`RhsLayout`] says, by the `gemm` crate on the calling thread; `out` is overwritten, not
+/// added to.
+///
+/// # Panics
+/// If a slice's length is not that of the matrix it stands for.
+fn row_major_product(
+    rows: usize,
+    cols: usize,
+    inner: usize,
+    lhs: &[f32],
+    rhs: &[f32],
+    rhs_layout: RhsLayout,
+    out: &mut [f32],
+) {
+    assert_eq!(lhs.len(), rows * inner, "lhs is not rows × inner");
+    assert_eq!(rhs.len(), inner * cols, "rhs is not inner × cols");
+    assert_eq!(out.len(), rows * cols, "out is not rows × cols");
+    let (rhs_col_stride, rhs_row_stride) = match rhs_layout {
+        RhsLayout::AsStored => (1, cols as isize),
+        RhsLayout::Transposed => (inner as isize, 1),
+    };
+    // SAFETY: the lengths asserted above make every pointer cover the matrix its strides
+    // describe: `out` rows × cols and `lhs` rows × inner row-major (column stride 1, row stride
+    // the row's length), `rhs` inner × cols either row-major or as the transpose of a row-major
+    // cols × inner. `out` is a unique borrow, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            rows,
+            cols,
+            inner,
+            out.as_mut_ptr(),
+            1,
+            cols as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            inner as isize,
+            rhs.as_ptr(),
+            rhs_col_stride,
+            rhs_row_stride,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 /// The self-attention mask of one forward of `n` new inputs after `cached` ones, prepared once

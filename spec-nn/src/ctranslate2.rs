@@ -414,6 +414,7 @@ pub fn write_model_bin(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::elementwise::max_abs_difference;
     use crate::load::{Requantize, WeightLoader};
 
     fn sample(dir: &Path) -> (PathBuf, Tensor) {
@@ -456,14 +457,7 @@ mod tests {
             .unwrap()
             .to_dtype(DType::F32)
             .unwrap();
-        let diff = (read - expected)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = max_abs_difference(&read, &expected).unwrap();
         assert_eq!(diff, 0.0);
         let mut loader = WeightLoader::new(file, &Device::Cpu, Requantize::default());
         assert!(matches!(

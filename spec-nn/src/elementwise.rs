@@ -1,4 +1,4 @@
-//! Sums of activations on the calling thread.
+//! Sums of activations on the calling thread, and the largest difference between two tensors.
 //!
 //! candle's CPU element-wise operations hand tensors of 64 Ki values or more to a thread pool
 //! of their own, whose worker spins for a while before it sleeps. On a machine with as many
@@ -40,6 +40,12 @@ pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
         })
     })??;
     Ok(Tensor::from_vec(sum, x.shape(), x.device())?)
+}
+
+/// The largest `|a − b|` over the values of two f32 tensors of one shape: how far a block's
+/// output is from a reference computation's.
+pub fn max_abs_difference(a: &Tensor, b: &Tensor) -> Result<f32> {
+    Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?)
 }
 
 fn on_cpu_in_f32(tensors: &[&Tensor]) -> bool {

@@ -18,7 +18,8 @@
 //!   Transformer-XL relative-position), for non-autoregressive blocks.
 //! - [`norm`]: RMSNorm and LayerNorm (with bias).
 //! - [`elementwise`]: residual and bias sums on the calling thread (candle's own pool for
-//!   large element-wise operations competes with the kernels' threads).
+//!   large element-wise operations competes with the kernels' threads), and the largest
+//!   difference between two tensors, for comparing a block with a reference.
 //! - [`rotary`] and [`positions`]: rotary embeddings, learned and sinusoidal absolute positions.
 //! - [`mlp`]: SwiGLU (gating fused on the kernels' threads) and GELU feed-forwards.
 //! - [`load`]: named tensors from GGUF, safetensors, CTranslate2's `model.bin`

@@ -129,20 +129,18 @@ fn gate_in_place(gate: &mut [f32], up: &[f32]) {
 mod tests {
     use super::*;
 
+    /// Asserts that `ours` has candle's values `theirs`, each within a relative 1e-6.
+    fn assert_matches_candle(ours: &Tensor, theirs: &Tensor) {
+        let values = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
+        for (a, b) in values(ours).iter().zip(&values(theirs)) {
+            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+
     #[test]
     fn gelu_matches_candles_exact_gelu() {
         let x = Tensor::randn(0f32, 3.0, (3, CHUNK + 11), &Device::Cpu).unwrap();
-        let ours: Vec<f32> = gelu(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let theirs: Vec<f32> = x
-            .gelu_erf()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        for (a, b) in ours.iter().zip(&theirs) {
-            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
-        }
+        assert_matches_candle(&gelu(&x).unwrap(), &x.gelu_erf().unwrap());
     }
 
     #[test]
@@ -151,21 +149,8 @@ mod tests {
         for len in [1, 7, CHUNK, 3 * CHUNK + 5] {
             let gate = Tensor::randn(0f32, 4.0, (1, 1, len), &device).unwrap();
             let up = Tensor::randn(0f32, 1.0, (1, 1, len), &device).unwrap();
-            let ours: Vec<f32> = swiglu(&gate, &up)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let theirs: Vec<f32> = (candle_nn::ops::silu(&gate).unwrap() * &up)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            for (a, b) in ours.iter().zip(&theirs) {
-                assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
-            }
+            let theirs = (candle_nn::ops::silu(&gate).unwrap() * &up).unwrap();
+            assert_matches_candle(&swiglu(&gate, &up).unwrap(), &theirs);
         }
         let bf16 = Tensor::ones((2, 3), DType::BF16, &device).unwrap();
         let y = swiglu(&bf16, &bf16).unwrap();

@@ -87,6 +87,7 @@ mod tests {
     use candle_core::quantized::QMatMul;
     use candle_core::Var;
     use spec_core::LayerKvCache;
+    use spec_nn::elementwise::max_abs_difference;
     use spec_nn::{AttentionMask, Norm, QLinear, Rotary, SelfAttention, SwiGlu};
 
     use super::*;
@@ -190,14 +191,7 @@ mod tests {
                 .forward(&x, &rotary.tables(&positions).unwrap())
                 .unwrap();
             let reference = inference_forward(&layer, &x, &rotary);
-            let worst = (trained - reference)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let worst = max_abs_difference(&trained, &reference).unwrap();
             assert!(worst < 1e-4, "{layout:?} {heads:?}: differs by {worst}");
         }
     }

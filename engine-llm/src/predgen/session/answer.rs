@@ -91,28 +91,11 @@ impl PredGen<'_> {
             turn.kept_at_end += check.kept;
             return Ok(false);
         }
-        let started = Instant::now();
-        let before = turn.guess.tokens.len();
-        let budget = self.config.max_answer_tokens - before;
-        let (prompt, tail) = (turn.prompt.clone(), std::mem::take(&mut turn.rejected_tail));
-        let continuation = self.runnable(turn.continuation(&self.config), false);
-        let drafting = Drafting {
-            tail: &tail,
-            guesses: &turn.recycled,
-            listening: false,
-        };
-        let gen = self.extend_with(
-            continuation,
-            &prompt,
-            &mut turn.guess,
-            drafting,
-            budget,
-            Some(1),
-        )?;
-        turn.clock.charge(started.elapsed());
-        turn.forwards_to_first_sentence += gen.stats.target_forwards;
-        let generated = self.generated_event(&turn.guess.tokens[before..])?;
-        turn.timeline.push(turn.event(generated));
+        let budget = self.config.max_answer_tokens - turn.guess.tokens.len();
+        let prompt = turn.prompt.clone();
+        let continuation = turn.continuation(&self.config);
+        turn.forwards_to_first_sentence +=
+            self.extend_guess_to_first_sentence(turn, &prompt, continuation, false, budget)?;
         Ok(true)
     }
 
@@ -146,7 +129,7 @@ impl PredGen<'_> {
             let started = Instant::now();
             let budget = max - turn.guess.tokens.len();
             let prompt = turn.prompt.clone();
-            let continuation = self.runnable(turn.continuation(&self.config), false);
+            let continuation = turn.continuation(&self.config);
             let drafting = Drafting {
                 tail: &[],
                 guesses: &turn.recycled,

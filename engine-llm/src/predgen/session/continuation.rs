@@ -2,6 +2,7 @@
 //! lookup, Jacobi, a draft model or heads), each lossless under greedy verification.
 
 use std::sync::Mutex;
+use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -13,7 +14,7 @@ use spec_core::{
 
 use spec_voice::SentenceStream;
 
-use super::{Answer, EventKind, PredGen};
+use super::{Answer, EventKind, PredGen, TurnState};
 use crate::predgen::Continuation;
 use crate::transformer::Transformer;
 use crate::{Error, Result};
@@ -47,8 +48,9 @@ pub(super) struct Drafting<'a> {
     pub(super) tail: &'a [u32],
     /// The turn's discarded guesses, the newest last: lookup's references.
     pub(super) guesses: &'a [Vec<u32>],
-    /// While the user speaks, where a step's time is idle time: the draft model's policy may
-    /// try drafts to learn their acceptance; after the last word it follows its estimate.
+    /// While the user speaks, where a step's time is idle time: Jacobi decoding may run on
+    /// trial ([`PredGen::runnable`]) and the draft model's policy may try drafts to learn their
+    /// acceptance; after the last word each follows its estimate.
     pub(super) listening: bool,
 }
 
@@ -56,29 +58,10 @@ pub(super) struct Drafting<'a> {
 pub(super) const JACOBI_DECAY: f64 = 0.9;
 
 impl PredGen<'_> {
-    /// Generates onto `answer` with the configured continuation.
-    pub(super) fn extend(
-        &mut self,
-        prompt: &[u32],
-        answer: &mut Answer,
-        drafting: Drafting<'_>,
-        budget: usize,
-        until_sentences: Option<usize>,
-    ) -> Result<Generation> {
-        let continuation = self.runnable(self.config.continuation, true);
-        self.extend_with(
-            continuation,
-            prompt,
-            answer,
-            drafting,
-            budget,
-            until_sentences,
-        )
-    }
-
-    /// Generates up to `budget` tokens onto `answer` (greedy, by `continuation`), stopping at
-    /// an end token, a full context, or, with `until_sentences: Some(n)`, once the answer holds
-    /// `n` complete sentences.
+    /// Generates up to `budget` tokens onto `answer`, greedy, by what of `continuation` runs
+    /// now ([`Self::runnable`], listening as `drafting` says), stopping at an end token, a full
+    /// context, or, with `until_sentences: Some(n)`, once the answer holds `n` complete
+    /// sentences.
     pub(super) fn extend_with(
         &mut self,
         continuation: Continuation,
@@ -88,6 +71,7 @@ impl PredGen<'_> {
         budget: usize,
         until_sentences: Option<usize>,
     ) -> Result<Generation> {
+        let continuation = self.runnable(continuation, drafting.listening);
         let context: Vec<u32> = prompt.iter().chain(&answer.tokens).copied().collect();
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
         let mut stop = StopConditions::new(budget).with_eos(end_tokens.iter().copied());
@@ -201,12 +185,46 @@ impl PredGen<'_> {
         Ok(gen)
     }
 
+    /// Generates up to `budget` tokens onto the turn's guess by `continuation` until the guess
+    /// holds a complete first sentence ([`Self::extend_with`]), drafting from the guess's
+    /// rejected tail (taken) and the turn's discarded guesses; charges the turn's clock with the
+    /// time and records the tokens generated in its timeline. Returns the target's forwards.
+    pub(super) fn extend_guess_to_first_sentence(
+        &mut self,
+        turn: &mut TurnState,
+        prompt: &[u32],
+        continuation: Continuation,
+        listening: bool,
+        budget: usize,
+    ) -> Result<usize> {
+        let started = Instant::now();
+        let before = turn.guess.tokens.len();
+        let tail = std::mem::take(&mut turn.rejected_tail);
+        let drafting = Drafting {
+            tail: &tail,
+            guesses: &turn.recycled,
+            listening,
+        };
+        let gen = self.extend_with(
+            continuation,
+            prompt,
+            &mut turn.guess,
+            drafting,
+            budget,
+            Some(1),
+        )?;
+        turn.clock.charge(started.elapsed());
+        let generated = self.generated_event(&turn.guess.tokens[before..])?;
+        turn.timeline.push(turn.event(generated));
+        Ok(gen.stats.target_forwards)
+    }
+
     /// What runs of `continuation` now: Jacobi decoding only while it is on trial (its first
     /// few forwards of the session, and only while the user speaks, where a slow step costs
     /// idle time) or has shown that it produces tokens faster than one forward per token, from
     /// the tokens per forward it achieved so far and the measured forward costs; plain decoding
     /// otherwise.
-    pub(super) fn runnable(&self, continuation: Continuation, listening: bool) -> Continuation {
+    fn runnable(&self, continuation: Continuation, listening: bool) -> Continuation {
         let Continuation::Jacobi { window } = continuation else {
             return continuation;
         };

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use spec_voice::Partial;
 
-use super::{heard_event, verified_event, Answer, Drafting, PredGen, TurnState};
+use super::{heard_event, verified_event, Answer, PredGen, TurnState};
 use crate::Result;
 
 impl PredGen<'_> {
@@ -60,25 +60,16 @@ impl PredGen<'_> {
     }
 
     pub(super) fn guess_on(&mut self, turn: &mut TurnState) -> Result<()> {
-        let started = Instant::now();
         let prompt = turn.heard_prompt.clone().unwrap_or_default();
         let budget = self
             .config
             .tokens_per_step
             .min(self.guess_limit() - turn.guess.tokens.len());
         let before = turn.guess.tokens.len();
-        let tail = std::mem::take(&mut turn.rejected_tail);
-        let drafting = Drafting {
-            tail: &tail,
-            guesses: &turn.recycled,
-            listening: true,
-        };
-        let gen = self.extend(&prompt, &mut turn.guess, drafting, budget, Some(1))?;
-        turn.clock.charge(started.elapsed());
-        turn.forwards_during_input += gen.stats.target_forwards;
+        let continuation = self.config.continuation;
+        turn.forwards_during_input +=
+            self.extend_guess_to_first_sentence(turn, &prompt, continuation, true, budget)?;
         turn.tokens_during_input += turn.guess.tokens.len() - before;
-        let generated = self.generated_event(&turn.guess.tokens[before..])?;
-        turn.timeline.push(turn.event(generated));
         Ok(())
     }
 
