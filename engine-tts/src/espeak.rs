@@ -100,6 +100,10 @@ pub enum EspeakError {
     #[error("unreadable WAV from espeak-ng: {0}")]
     Wav(String),
 
+    /// Its phonemes are not what was asked for.
+    #[error("unexpected phonemes from espeak-ng: {0}")]
+    Output(String),
+
     /// A setting out of range.
     #[error("invalid espeak-ng setting: {0}")]
     Setting(String),
@@ -124,7 +128,7 @@ impl EspeakSynthesizer {
     /// Checks the settings and that the program runs (`espeak-ng --version`).
     pub fn new(settings: EspeakSettings) -> Result<Self, EspeakError> {
         settings.check()?;
-        let output = run(&settings.program, &["--version".to_string()], "")?;
+        let output = run_program(&settings.program, &["--version".to_string()], "")?;
         let version = String::from_utf8_lossy(&output).trim().to_string();
         debug!("using {version}");
         Ok(Self { settings, version })
@@ -168,7 +172,7 @@ impl SentenceSynthesizer for EspeakSynthesizer {
             ));
         }
         let start = Instant::now();
-        let wav = run(&self.settings.program, &self.arguments(), sentence)?;
+        let wav = run_program(&self.settings.program, &self.arguments(), sentence)?;
         let chunks = wav_chunks(&wav)?;
         let first_audio_after = start.elapsed();
         debug!(
@@ -184,7 +188,11 @@ impl SentenceSynthesizer for EspeakSynthesizer {
 }
 
 /// Runs `program` with `args` and `input` on its standard input; its standard output.
-fn run(program: &Path, args: &[String], input: &str) -> Result<Vec<u8>, EspeakError> {
+pub(crate) fn run_program(
+    program: &Path,
+    args: &[String],
+    input: &str,
+) -> Result<Vec<u8>, EspeakError> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())

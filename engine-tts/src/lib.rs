@@ -2,3 +2,5 @@
 
 pub mod cosyvoice;
 pub mod espeak;
+pub mod kokoro;
+pub mod onnx;

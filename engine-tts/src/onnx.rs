@@ -1,0 +1,102 @@
+//! ONNX Runtime for the neural voices, through the `ort` crate with the library loaded at run
+//! time: from `ORT_DYLIB_PATH` when it is set, otherwise from the models folder's
+//! `onnxruntime/`. Nothing is downloaded when building.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ort::environment::Environment;
+use ort::session::Session;
+
+/// The environment variable naming the ONNX Runtime library to load.
+pub const LIBRARY_VARIABLE: &str = "ORT_DYLIB_PATH";
+
+/// The library's file name in the models folder's `onnxruntime/`.
+pub const LIBRARY_FILE: &str = "libonnxruntime.so";
+
+/// What can go wrong loading ONNX Runtime or a model on it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OnnxError {
+    /// The runtime library is not where it was looked for.
+    #[error(
+        "ONNX Runtime not found at {}: put its library (1.31) in the models folder's \
+         onnxruntime/, or set {LIBRARY_VARIABLE} to the library's path",
+        path.display()
+    )]
+    LibraryMissing { path: PathBuf },
+
+    /// The library could not be loaded (a wrong version, another platform's file).
+    #[error("loading ONNX Runtime from {}: {reason}", path.display())]
+    Library { path: PathBuf, reason: String },
+
+    /// A model file is missing or ONNX Runtime refused it.
+    #[error("{}: {reason}", path.display())]
+    Model { path: PathBuf, reason: String },
+
+    /// A run of a model failed, or gave outputs of an unexpected shape.
+    #[error("running {model}: {reason}")]
+    Run { model: String, reason: String },
+}
+
+/// The library to load: `ORT_DYLIB_PATH` when set, else `onnxruntime/libonnxruntime.so` in
+/// `models` (the models folder).
+pub fn library_path(models: &Path) -> PathBuf {
+    match std::env::var_os(LIBRARY_VARIABLE) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => models.join("onnxruntime").join(LIBRARY_FILE),
+    }
+}
+
+/// The process's ONNX Runtime environment, the library at `library` loaded on first use (a
+/// process loads one library: later calls get the first one's environment, or its error).
+pub fn environment(library: &Path) -> Result<&'static Environment, OnnxError> {
+    static ENVIRONMENT: OnceLock<Result<Environment, OnnxError>> = OnceLock::new();
+    ENVIRONMENT
+        .get_or_init(|| {
+            if !library.is_file() {
+                return Err(OnnxError::LibraryMissing {
+                    path: library.to_path_buf(),
+                });
+            }
+            let failed = |reason: String| OnnxError::Library {
+                path: library.to_path_buf(),
+                reason,
+            };
+            ort::init_from(library)
+                .map_err(|e| failed(e.to_string()))?
+                .with_name("specvoice")
+                .build()
+                .map_err(|e| failed(e.to_string()))
+        })
+        .as_ref()
+        .map_err(|e| match e {
+            OnnxError::LibraryMissing { path } => OnnxError::LibraryMissing { path: path.clone() },
+            other => OnnxError::Library {
+                path: library.to_path_buf(),
+                reason: other.to_string(),
+            },
+        })
+}
+
+/// A session of the model at `path` on `threads` threads (of this machine's cores: the
+/// voice runs beside the language model, which takes the cores while it decodes).
+pub fn session(
+    environment: &Environment,
+    path: &Path,
+    threads: usize,
+) -> Result<Session, OnnxError> {
+    let failed = |reason: String| OnnxError::Model {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if !path.is_file() {
+        return Err(failed("no such file".into()));
+    }
+    Session::builder(environment)
+        .map_err(|e| failed(e.to_string()))?
+        .with_intra_threads(threads.max(1))
+        .map_err(|e| failed(e.to_string()))?
+        .commit_from_file(path)
+        .map_err(|e| failed(e.to_string()))
+}
