@@ -4,3 +4,4 @@ pub mod cosyvoice;
 pub mod espeak;
 pub mod kokoro;
 pub mod onnx;
+pub mod piper;

@@ -1,6 +1,6 @@
-//! ONNX Runtime for the neural voices, through the `ort` crate with the library loaded at run
-//! time: from `ORT_DYLIB_PATH` when it is set, otherwise from the models folder's
-//! `onnxruntime/`. Nothing is downloaded when building.
+//! ONNX Runtime for the neural voices (Kokoro, Piper), through the `ort` crate with the library
+//! loaded at run time: from `ORT_DYLIB_PATH` when it is set, otherwise from the models folder's
+//! `onnxruntime/`. Nothing is downloaded when building. Also the voices' error type.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -8,16 +8,18 @@ use std::sync::OnceLock;
 use ort::environment::Environment;
 use ort::session::Session;
 
+use crate::espeak::EspeakError;
+
 /// The environment variable naming the ONNX Runtime library to load.
 pub const LIBRARY_VARIABLE: &str = "ORT_DYLIB_PATH";
 
 /// The library's file name in the models folder's `onnxruntime/`.
 pub const LIBRARY_FILE: &str = "libonnxruntime.so";
 
-/// What can go wrong loading ONNX Runtime or a model on it.
+/// What can go wrong with a neural voice: ONNX Runtime, its model files, its phonemes.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum OnnxError {
+pub enum VoiceError {
     /// The runtime library is not where it was looked for.
     #[error(
         "ONNX Runtime not found at {}: put its library (1.31) in the models folder's \
@@ -37,6 +39,34 @@ pub enum OnnxError {
     /// A run of a model failed, or gave outputs of an unexpected shape.
     #[error("running {model}: {reason}")]
     Run { model: String, reason: String },
+
+    /// A file of the voice's folder is missing or malformed.
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+
+    /// A voice that is not in the model folder.
+    #[error("no voice `{name}` (the voices: {available})")]
+    UnknownVoice { name: String, available: String },
+
+    /// espeak-ng, which gives the phonemes.
+    #[error(transparent)]
+    Phonemes(#[from] EspeakError),
+
+    /// Text or settings the voice cannot speak with.
+    #[error("invalid input: {0}")]
+    Input(String),
+}
+
+/// `Result` with [`VoiceError`].
+pub type Result<T, E = VoiceError> = std::result::Result<T, E>;
+
+impl From<VoiceError> for spec_voice::Error {
+    fn from(error: VoiceError) -> Self {
+        match error {
+            VoiceError::Input(reason) => spec_voice::Error::Input(reason),
+            other => spec_voice::Error::Synthesis(Box::new(other)),
+        }
+    }
 }
 
 /// The library to load: `ORT_DYLIB_PATH` when set, else `onnxruntime/libonnxruntime.so` in
@@ -50,16 +80,16 @@ pub fn library_path(models: &Path) -> PathBuf {
 
 /// The process's ONNX Runtime environment, the library at `library` loaded on first use (a
 /// process loads one library: later calls get the first one's environment, or its error).
-pub fn environment(library: &Path) -> Result<&'static Environment, OnnxError> {
-    static ENVIRONMENT: OnceLock<Result<Environment, OnnxError>> = OnceLock::new();
+pub fn environment(library: &Path) -> Result<&'static Environment> {
+    static ENVIRONMENT: OnceLock<Result<Environment>> = OnceLock::new();
     ENVIRONMENT
         .get_or_init(|| {
             if !library.is_file() {
-                return Err(OnnxError::LibraryMissing {
+                return Err(VoiceError::LibraryMissing {
                     path: library.to_path_buf(),
                 });
             }
-            let failed = |reason: String| OnnxError::Library {
+            let failed = |reason: String| VoiceError::Library {
                 path: library.to_path_buf(),
                 reason,
             };
@@ -71,8 +101,10 @@ pub fn environment(library: &Path) -> Result<&'static Environment, OnnxError> {
         })
         .as_ref()
         .map_err(|e| match e {
-            OnnxError::LibraryMissing { path } => OnnxError::LibraryMissing { path: path.clone() },
-            other => OnnxError::Library {
+            VoiceError::LibraryMissing { path } => {
+                VoiceError::LibraryMissing { path: path.clone() }
+            }
+            other => VoiceError::Library {
                 path: library.to_path_buf(),
                 reason: other.to_string(),
             },
@@ -81,12 +113,8 @@ pub fn environment(library: &Path) -> Result<&'static Environment, OnnxError> {
 
 /// A session of the model at `path` on `threads` threads (of this machine's cores: the
 /// voice runs beside the language model, which takes the cores while it decodes).
-pub fn session(
-    environment: &Environment,
-    path: &Path,
-    threads: usize,
-) -> Result<Session, OnnxError> {
-    let failed = |reason: String| OnnxError::Model {
+pub fn session(environment: &Environment, path: &Path, threads: usize) -> Result<Session> {
+    let failed = |reason: String| VoiceError::Model {
         path: path.to_path_buf(),
         reason,
     };

@@ -18,8 +18,7 @@ use ort::value::Tensor;
 use spec_voice::{AudioChunk, SentenceSynthesizer, Synthesis};
 use tracing::{debug, warn};
 
-use crate::espeak::EspeakError;
-use crate::onnx::{self, OnnxError};
+use crate::onnx::{self, Result, VoiceError};
 pub use phonemes::Phonemizer;
 
 /// Kokoro's sample rate.
@@ -34,43 +33,6 @@ const STYLE_WIDTH: usize = 256;
 /// The token between words.
 const SPACE: char = ' ';
 
-/// What can go wrong with Kokoro.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KokoroError {
-    /// ONNX Runtime or the model on it.
-    #[error(transparent)]
-    Onnx(#[from] OnnxError),
-
-    /// A file of the model folder is missing or malformed.
-    #[error("{}: {reason}", path.display())]
-    File { path: PathBuf, reason: String },
-
-    /// A voice that is not in the model folder.
-    #[error("no Kokoro voice `{name}` (the voices: {available})")]
-    UnknownVoice { name: String, available: String },
-
-    /// espeak-ng, which reads the words the lexicons lack.
-    #[error(transparent)]
-    Phonemes(#[from] EspeakError),
-
-    /// Text or settings the voice cannot speak with.
-    #[error("invalid input: {0}")]
-    Input(String),
-}
-
-/// `Result` with [`KokoroError`].
-pub type Result<T, E = KokoroError> = std::result::Result<T, E>;
-
-impl From<KokoroError> for spec_voice::Error {
-    fn from(error: KokoroError) -> Self {
-        match error {
-            KokoroError::Input(reason) => spec_voice::Error::Input(reason),
-            other => spec_voice::Error::Synthesis(Box::new(other)),
-        }
-    }
-}
-
 /// A voice: one style vector per phoneme count (a sentence of `n` tokens takes row `n`).
 #[derive(Clone, Debug)]
 pub struct Voice {
@@ -81,7 +43,7 @@ pub struct Voice {
 impl Voice {
     /// Reads a voice file (`voices/NAME.bin`: little-endian f32 rows of 256).
     pub fn load(path: &Path) -> Result<Self> {
-        let bad = |reason: String| KokoroError::File {
+        let bad = |reason: String| VoiceError::File {
             path: path.to_path_buf(),
             reason,
         };
@@ -147,7 +109,7 @@ impl Kokoro {
     /// The voices in the model folder, by name.
     pub fn voices(&self) -> Result<Vec<String>> {
         let dir = self.dir.join("voices");
-        let entries = std::fs::read_dir(&dir).map_err(|e| KokoroError::File {
+        let entries = std::fs::read_dir(&dir).map_err(|e| VoiceError::File {
             path: dir.clone(),
             reason: e.to_string(),
         })?;
@@ -168,7 +130,7 @@ impl Kokoro {
     pub fn voice(&self, name: &str) -> Result<Voice> {
         let known = self.voices()?;
         if !known.iter().any(|v| v == name) {
-            return Err(KokoroError::UnknownVoice {
+            return Err(VoiceError::UnknownVoice {
                 name: name.to_string(),
                 available: known.join(", "),
             });
@@ -194,12 +156,12 @@ impl Kokoro {
     /// own pace).
     pub fn speak(&mut self, ids: &[i64], voice: &Voice, speed: f32) -> Result<Vec<f32>> {
         if ids.is_empty() || ids.len() > MAX_TOKENS {
-            return Err(KokoroError::Input(format!(
+            return Err(VoiceError::Input(format!(
                 "Kokoro speaks 1 to {MAX_TOKENS} phoneme tokens at a time, got {}",
                 ids.len()
             )));
         }
-        let failed = |e: ort::Error| OnnxError::Run {
+        let failed = |e: ort::Error| VoiceError::Run {
             model: "Kokoro".into(),
             reason: e.to_string(),
         };
@@ -250,7 +212,7 @@ impl Kokoro {
 
 /// `vocab.json`: `{"vocab": {"symbol": id, …}}`, each symbol one character.
 fn read_vocabulary(path: &Path) -> Result<HashMap<char, i64>> {
-    let bad = |reason: String| KokoroError::File {
+    let bad = |reason: String| VoiceError::File {
         path: path.to_path_buf(),
         reason,
     };
@@ -312,7 +274,7 @@ impl KokoroSynthesizer {
     /// [`onnx::library_path`]).
     pub fn load(models: &Path, settings: &KokoroSettings) -> Result<Self> {
         if !(0.5..=2.0).contains(&settings.speed) {
-            return Err(KokoroError::Input(format!(
+            return Err(VoiceError::Input(format!(
                 "speed {} is outside 0.5..=2",
                 settings.speed
             )));

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::espeak::{run_program, EspeakError};
-use crate::kokoro::{KokoroError, Result};
+use crate::onnx::{Result, VoiceError};
 
 /// Punctuation Kokoro's vocabulary has, spoken as pauses and intonation.
 const PUNCTUATION: &str = ";:,.!?—…\"()“”";
@@ -96,13 +96,13 @@ impl Phonemizer {
         let args = ["-q", "--ipa", "--sep=_", "-v", "en-us"].map(String::from);
         let output = run_program(&self.espeak, &args, &(words.join("\n") + "\n"))?;
         let text = String::from_utf8(output).map_err(|_| {
-            KokoroError::Phonemes(EspeakError::Output(
+            VoiceError::Phonemes(EspeakError::Output(
                 "espeak-ng wrote phonemes that are not UTF-8".into(),
             ))
         })?;
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
         if lines.len() != words.len() {
-            return Err(KokoroError::Phonemes(EspeakError::Output(format!(
+            return Err(VoiceError::Phonemes(EspeakError::Output(format!(
                 "espeak-ng gave {} lines of phonemes for {} words",
                 lines.len(),
                 words.len()
@@ -165,11 +165,11 @@ fn in_context(word: &str, phonemes: &str, next: Option<&str>) -> String {
 
 /// One lexicon: a word's phonemes, or phonemes by part of speech (the `DEFAULT` one taken).
 fn read_lexicon(path: &Path) -> Result<HashMap<String, String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| KokoroError::File {
+    let text = std::fs::read_to_string(path).map_err(|e| VoiceError::File {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    let bad = |reason: &str| KokoroError::File {
+    let bad = |reason: &str| VoiceError::File {
         path: path.to_path_buf(),
         reason: reason.to_string(),
     };
