@@ -142,9 +142,7 @@ struct RecordedNoise(Tensor);
 impl SineNoise for RecordedNoise {
     fn noise(
         &mut self,
-        batch: usize,
-        samples: usize,
-        harmonics: usize,
+        (batch, samples, harmonics): (usize, usize, usize),
         _device: &Device,
     ) -> engine_tts::cosyvoice::Result<Tensor> {
         assert_eq!(self.0.dims(), [batch, samples, harmonics]);
@@ -260,7 +258,7 @@ fn hift_draws_its_own_noise_from_a_random_number_generator() {
     let fixture = Fixture::read("hift_tiny.safetensors");
     let vocoder = hift(&fixture);
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
-    let noise = rng.noise(2, 5000, 9, &Device::Cpu).unwrap();
+    let noise = rng.noise((2, 5000, 9), &Device::Cpu).unwrap();
     assert_eq!(noise.dims(), [2, 5000, 9]);
     let values: Vec<f32> = noise.flatten_all().unwrap().to_vec1().unwrap();
     let n = values.len() as f64;

@@ -93,6 +93,7 @@ fn at_zero_tolerance_the_tokens_follow_the_targets_distribution() {
                     max_tokens: Some(2),
                 },
                 &mut rng,
+                None,
             )
             .unwrap();
         assert_eq!(tokens.len(), 2, "the end token is masked before 6 tokens");
@@ -149,6 +150,7 @@ fn acceptance_rises_with_the_tolerance() {
                         max_tokens: Some(12),
                     },
                     &mut rng,
+                    None,
                 )
                 .unwrap();
             drafted += stats.drafted_tokens();
@@ -181,7 +183,7 @@ fn a_draft_with_other_speech_tokens_and_bad_settings_are_refused() {
             tolerance: beta,
             max_tokens: None,
         };
-        t.generate_speculative(d, &TEXT, &[], &[], &config, rng)
+        t.generate_speculative(d, &TEXT, &[], &[], &config, rng, None)
     };
     let err = run(&mut target, &mut other, 3, 0.0, &mut rng).unwrap_err();
     assert!(err.to_string().contains("speech tokens"), "{err}");

@@ -349,6 +349,7 @@ mod cosyvoice_ssd {
                     max_tokens: Some(12),
                 },
                 &mut rng,
+                None,
             )
             .unwrap();
         assert!(!speech.is_empty() && stats.drafted_tokens() > 0);

@@ -278,6 +278,7 @@ fn layer_draft_section(lm: &mut SpeechLm, texts: &[Utterance], report: &mut Repo
             max_tokens: Some(4),
         },
         &mut StdRng::seed_from_u64(0),
+        None,
     )?;
     let mut plain = Totals::default();
     let mut speculative: Vec<Totals> = TOLERANCES.iter().map(|_| Totals::default()).collect();
@@ -328,6 +329,7 @@ fn layer_draft_section(lm: &mut SpeechLm, texts: &[Utterance], report: &mut Repo
                     max_tokens: None,
                 },
                 &mut StdRng::seed_from_u64(seed),
+                None,
             )?;
             let time = started.elapsed();
             totals.add(time, tokens.len(), Some(&stats));

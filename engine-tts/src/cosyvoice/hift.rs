@@ -23,10 +23,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig};
 use rand::Rng;
 
-use crate::cosyvoice::{read_weights, CosyVoiceError, Result, Weights};
+use crate::cosyvoice::{read_weights, ConvWeight, CosyVoiceError, Result, Weights};
 
 /// Settings of a [`Hift`]; the defaults are CosyVoice 2's.
 #[derive(Clone, Debug, PartialEq)]
@@ -117,25 +118,14 @@ impl HiftConfig {
 
 /// Standard normal numbers for the sine generator's noise.
 pub trait SineNoise {
-    /// `[batch, samples, harmonics]` numbers from N(0, 1), as f32 on `device`.
-    fn noise(
-        &mut self,
-        batch: usize,
-        samples: usize,
-        harmonics: usize,
-        device: &Device,
-    ) -> Result<Tensor>;
+    /// Numbers from N(0, 1) of `shape` `(batch, samples, harmonics)`, as f32 on `device`.
+    fn noise(&mut self, shape: (usize, usize, usize), device: &Device) -> Result<Tensor>;
 }
 
 /// Any random number generator, through the Box–Muller transform.
 impl<R: Rng> SineNoise for R {
-    fn noise(
-        &mut self,
-        batch: usize,
-        samples: usize,
-        harmonics: usize,
-        device: &Device,
-    ) -> Result<Tensor> {
+    fn noise(&mut self, shape: (usize, usize, usize), device: &Device) -> Result<Tensor> {
+        let (batch, samples, harmonics) = shape;
         let n = batch * samples * harmonics;
         let mut values = Vec::with_capacity(n + 1);
         while values.len() < n {
@@ -147,92 +137,30 @@ impl<R: Rng> SineNoise for R {
             values.push((r * angle.sin()) as f32);
         }
         values.truncate(n);
-        Ok(Tensor::from_vec(
-            values,
-            (batch, samples, harmonics),
-            device,
-        )?)
-    }
-}
-
-/// A 1-d convolution (or transposed convolution) with its bias.
-#[derive(Debug)]
-struct Conv {
-    /// `[out, in, k]`, or `[in, out, k]` when transposed.
-    weight: Tensor,
-    /// `[1, out, 1]`.
-    bias: Tensor,
-}
-
-impl Conv {
-    fn forward(
-        &self,
-        x: &Tensor,
-        padding: usize,
-        stride: usize,
-        dilation: usize,
-    ) -> Result<Tensor> {
-        Ok(x.conv1d(&self.weight, padding, stride, dilation, 1)?
-            .broadcast_add(&self.bias)?)
-    }
-
-    fn forward_transposed(&self, x: &Tensor, padding: usize, stride: usize) -> Result<Tensor> {
-        Ok(x.conv_transpose1d(&self.weight, padding, 0, stride, 1, 1)?
-            .broadcast_add(&self.bias)?)
+        Ok(Tensor::from_vec(values, shape, device)?)
     }
 }
 
 impl Weights {
-    /// A weight-normed weight `g · v / ‖v‖` (norm over all dimensions but the first), stored
-    /// as `parametrizations.weight.original0/1` (torch ≥ 2.1) or `weight_g` / `weight_v`.
-    fn weight_normed(&mut self, prefix: &str, shape: &[usize]) -> Result<Tensor> {
-        let (g_name, v_name) = if self.contains(&format!("{prefix}.weight_g")) {
-            (format!("{prefix}.weight_g"), format!("{prefix}.weight_v"))
-        } else {
-            (
-                format!("{prefix}.parametrizations.weight.original0"),
-                format!("{prefix}.parametrizations.weight.original1"),
-            )
-        };
-        let g = self.take(&g_name, &[shape[0], 1, 1])?;
-        let v = self.take(&v_name, shape)?;
-        let norm = v.sqr()?.sum_keepdim(2)?.sum_keepdim(1)?.sqrt()?;
-        Ok(v.broadcast_mul(&g.broadcast_div(&norm)?)?)
-    }
-
-    fn bias(&mut self, prefix: &str, channels: usize) -> Result<Tensor> {
-        Ok(self
-            .take(&format!("{prefix}.bias"), &[channels])?
-            .reshape((1, channels, 1))?)
-    }
-
-    /// A weight-normed convolution `[out, in, k]`.
-    fn normed_conv(&mut self, prefix: &str, out: usize, inp: usize, k: usize) -> Result<Conv> {
-        Ok(Conv {
-            weight: self.weight_normed(prefix, &[out, inp, k])?,
-            bias: self.bias(prefix, out)?,
-        })
-    }
-
-    /// A weight-normed transposed convolution `[in, out, k]`.
-    fn conv_transposed(&mut self, prefix: &str, inp: usize, out: usize, k: usize) -> Result<Conv> {
-        Ok(Conv {
-            weight: self.weight_normed(prefix, &[inp, out, k])?,
-            bias: self.bias(prefix, out)?,
-        })
-    }
-
-    /// A plain convolution.
-    fn plain_conv(&mut self, prefix: &str, out: usize, inp: usize, k: usize) -> Result<Conv> {
-        Ok(Conv {
-            weight: self.take(&format!("{prefix}.weight"), &[out, inp, k])?,
-            bias: self.bias(prefix, out)?,
-        })
-    }
-
     /// A Snake activation's α, as `[1, channels, 1]`.
     fn alpha(&mut self, name: &str, channels: usize) -> Result<Tensor> {
         Ok(self.take(name, &[channels])?.reshape((1, channels, 1))?)
+    }
+
+    /// A weight-normed convolution with weight `shape` `[out, in, kernel]` (kernel odd), spread
+    /// by `dilation`, that keeps the length: `dilation · (kernel − 1) / 2` zeros on each side.
+    fn same_length_conv(
+        &mut self,
+        prefix: &str,
+        shape: [usize; 3],
+        dilation: usize,
+    ) -> Result<Conv1d> {
+        let config = Conv1dConfig {
+            padding: dilation * (shape[2] - 1) / 2,
+            dilation,
+            ..Default::default()
+        };
+        self.conv1d(prefix, shape, ConvWeight::WeightNormed, config)
     }
 }
 
@@ -246,21 +174,20 @@ fn snake(x: &Tensor, alpha: &Tensor) -> Result<Tensor> {
         .broadcast_mul(&scale)?)?)
 }
 
-/// One Snake step of a residual block: Snake, dilated convolution, Snake, convolution.
+/// One Snake step of a residual block: Snake, dilated convolution, Snake, convolution, each
+/// convolution keeping the length.
 #[derive(Debug)]
 struct ResidualUnit {
     alpha1: Tensor,
-    conv1: Conv,
+    conv1: Conv1d,
     alpha2: Tensor,
-    conv2: Conv,
-    dilation: usize,
+    conv2: Conv1d,
 }
 
-/// The reference's `ResBlock`: residual units of growing dilation, all of kernel `kernel`.
+/// The reference's `ResBlock`: residual units of growing dilation, all of one odd kernel.
 #[derive(Debug)]
 struct ResBlock {
     units: Vec<ResidualUnit>,
-    kernel: usize,
 }
 
 impl ResBlock {
@@ -271,42 +198,27 @@ impl ResBlock {
         kernel: usize,
         dilations: &[usize],
     ) -> Result<Self> {
+        let shape = [channels, channels, kernel];
         let units = dilations
             .iter()
             .enumerate()
             .map(|(i, &dilation)| {
                 Ok(ResidualUnit {
                     alpha1: w.alpha(&format!("{prefix}.activations1.{i}.alpha"), channels)?,
-                    conv1: w.normed_conv(
-                        &format!("{prefix}.convs1.{i}"),
-                        channels,
-                        channels,
-                        kernel,
-                    )?,
+                    conv1: w.same_length_conv(&format!("{prefix}.convs1.{i}"), shape, dilation)?,
                     alpha2: w.alpha(&format!("{prefix}.activations2.{i}.alpha"), channels)?,
-                    conv2: w.normed_conv(
-                        &format!("{prefix}.convs2.{i}"),
-                        channels,
-                        channels,
-                        kernel,
-                    )?,
-                    dilation,
+                    conv2: w.same_length_conv(&format!("{prefix}.convs2.{i}"), shape, 1)?,
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Self { units, kernel })
+        Ok(Self { units })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut x = x.clone();
         for unit in &self.units {
-            let half = (self.kernel - 1) / 2;
-            let h = snake(&x, &unit.alpha1)?;
-            let h = unit
-                .conv1
-                .forward(&h, unit.dilation * half, 1, unit.dilation)?;
-            let h = snake(&h, &unit.alpha2)?;
-            let h = unit.conv2.forward(&h, half, 1, 1)?;
+            let h = unit.conv1.forward(&snake(&x, &unit.alpha1)?)?;
+            let h = unit.conv2.forward(&snake(&h, &unit.alpha2)?)?;
             x = (x + h)?;
         }
         Ok(x)
@@ -316,13 +228,10 @@ impl ResBlock {
 /// One upsampling stage of the decoder.
 #[derive(Debug)]
 struct Stage {
-    up: Conv,
-    up_rate: usize,
-    up_padding: usize,
+    /// Upsamples by the stage's rate.
+    up: ConvTranspose1d,
     /// Brings the source's STFT to this stage's rate.
-    source_down: Conv,
-    source_stride: usize,
-    source_padding: usize,
+    source_down: Conv1d,
     source_block: ResBlock,
     blocks: Vec<ResBlock>,
 }
@@ -330,16 +239,16 @@ struct Stage {
 /// The HiFT vocoder. See the module docs.
 #[derive(Debug)]
 pub struct Hift {
-    f0_convs: Vec<Conv>,
+    f0_convs: Vec<Conv1d>,
     /// `f0_predictor.classifier`: `[1, cond]` and `[1]`.
     f0_weight: Tensor,
     f0_bias: Tensor,
     /// `m_source.l_linear`: merges the harmonics, `[harmonics + 1]` and its bias.
     source_weight: Vec<f32>,
     source_bias: f32,
-    conv_pre: Conv,
+    conv_pre: Conv1d,
     stages: Vec<Stage>,
-    conv_post: Conv,
+    conv_post: Conv1d,
     /// The periodic Hann window of the STFT.
     window: Vec<f64>,
     config: HiftConfig,
@@ -367,7 +276,11 @@ impl Hift {
         let f0_convs = (0..5)
             .map(|i| {
                 let inp = if i == 0 { mel } else { cond };
-                w.normed_conv(&format!("f0_predictor.condnet.{}", 2 * i), cond, inp, 3)
+                w.same_length_conv(
+                    &format!("f0_predictor.condnet.{}", 2 * i),
+                    [cond, inp, 3],
+                    1,
+                )
             })
             .collect::<Result<_>>()?;
         let f0_weight = w.take("f0_predictor.classifier.weight", &[1, cond])?;
@@ -379,7 +292,7 @@ impl Hift {
             .to_vec1()?;
         let source_bias = w.take("m_source.l_linear.bias", &[1])?.to_vec1::<f32>()?[0];
         let base = config.base_channels;
-        let conv_pre = w.normed_conv("conv_pre", base, mel, 7)?;
+        let conv_pre = w.same_length_conv("conv_pre", [base, mel, 7], 1)?;
         let bins = config.n_fft + 2;
         let rates = &config.upsample_rates;
         let kernels = config.resblock_kernel_sizes.len();
@@ -394,17 +307,25 @@ impl Hift {
                     (2 * stride, stride / 2)
                 };
                 Ok(Stage {
-                    up: w.conv_transposed(&format!("ups.{i}"), inp, out, kernel)?,
-                    up_rate: rate,
-                    up_padding: kernel.saturating_sub(rate) / 2,
-                    source_down: w.plain_conv(
-                        &format!("source_downs.{i}"),
-                        out,
-                        bins,
-                        source_kernel,
+                    up: w.weight_normed_conv_transpose1d(
+                        &format!("ups.{i}"),
+                        [inp, out, kernel],
+                        ConvTranspose1dConfig {
+                            padding: kernel.saturating_sub(rate) / 2,
+                            stride: rate,
+                            ..Default::default()
+                        },
                     )?,
-                    source_stride: stride,
-                    source_padding,
+                    source_down: w.conv1d(
+                        &format!("source_downs.{i}"),
+                        [out, bins, source_kernel],
+                        ConvWeight::Plain,
+                        Conv1dConfig {
+                            padding: source_padding,
+                            stride,
+                            ..Default::default()
+                        },
+                    )?,
                     source_block: ResBlock::load(
                         &mut w,
                         &format!("source_resblocks.{i}"),
@@ -426,7 +347,7 @@ impl Hift {
                 })
             })
             .collect::<Result<_>>()?;
-        let conv_post = w.normed_conv("conv_post", bins, base >> rates.len(), 7)?;
+        let conv_post = w.same_length_conv("conv_post", [bins, base >> rates.len(), 7], 1)?;
         let n = config.n_fft;
         let window = (0..n)
             .map(|i| {
@@ -491,7 +412,7 @@ impl Hift {
     pub fn f0(&self, mel: &Tensor) -> Result<Tensor> {
         let mut h = self.check_mel(mel)?;
         for conv in &self.f0_convs {
-            h = conv.forward(&h, 1, 1, 1)?.elu(1.0)?;
+            h = conv.forward(&h)?.elu(1.0)?;
         }
         let f0 = h
             .transpose(1, 2)?
@@ -522,7 +443,7 @@ impl Hift {
         let harmonics = c.nb_harmonics + 1;
         let samples = frames * up;
         let f0: Vec<Vec<f32>> = f0.to_dtype(DType::F32)?.to_vec2()?;
-        let noise = noise.noise(batch, samples, harmonics, &Device::Cpu)?;
+        let noise = noise.noise((batch, samples, harmonics), &Device::Cpu)?;
         if noise.dims() != [batch, samples, harmonics] {
             return Err(CosyVoiceError::Input(format!(
                 "sine noise of shape {:?}, expected {:?}",
@@ -594,23 +515,16 @@ impl Hift {
             )));
         }
         let spectrum = self.stft(source)?;
-        let mut x = self.conv_pre.forward(&mel, 3, 1, 1)?;
+        let mut x = self.conv_pre.forward(&mel)?;
         let last = self.stages.len() - 1;
         for (i, stage) in self.stages.iter().enumerate() {
             x = candle_nn::ops::leaky_relu(&x, self.config.lrelu_slope)?;
-            x = stage
-                .up
-                .forward_transposed(&x, stage.up_padding, stage.up_rate)?;
+            x = stage.up.forward(&x)?;
             if i == last {
                 // Reflection padding of one sample on the left.
                 x = Tensor::cat(&[x.narrow(2, 1, 1)?, x], 2)?;
             }
-            let s = stage.source_down.forward(
-                &spectrum,
-                stage.source_padding,
-                stage.source_stride,
-                1,
-            )?;
+            let s = stage.source_down.forward(&spectrum)?;
             x = (x + stage.source_block.forward(&s)?)?;
             let mut sum = stage.blocks[0].forward(&x)?;
             for block in &stage.blocks[1..] {
@@ -619,7 +533,7 @@ impl Hift {
             x = (sum / stage.blocks.len() as f64)?;
         }
         let x = candle_nn::ops::leaky_relu(&x, 0.01)?;
-        let x = self.conv_post.forward(&x, 3, 1, 1)?;
+        let x = self.conv_post.forward(&x)?;
         let bins = self.config.n_fft / 2 + 1;
         let magnitude = x.narrow(1, 0, bins)?.exp()?.minimum(100f32)?;
         let phase = x.narrow(1, bins, bins)?.sin()?;

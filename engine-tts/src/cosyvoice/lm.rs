@@ -527,8 +527,12 @@ impl SpeechLm {
     /// length), resampling from normalize(max(0, q − p)) at the first rejection. β = 0 draws
     /// exactly from this model's distribution; larger β accepts more, drifting toward the
     /// draft. Stops as [`SpeechLm::generate`] does, or after `config.max_tokens`. This is
-    /// `spec-core`'s [`speculate`] with a sampled [`DraftModelDrafter`], whose first draft the
-    /// prompt's forward verifies.
+    /// `spec-core`'s [`speculate`](speculate()) with a sampled [`DraftModelDrafter`], whose
+    /// first draft the prompt's forward verifies.
+    ///
+    /// `on_token`, when given, receives each kept speech token as soon as its round is
+    /// verified; an error from it stops the decoding and is returned.
+    #[allow(clippy::too_many_arguments)]
     pub fn generate_speculative(
         &mut self,
         draft: &mut SpeechLm,
@@ -537,30 +541,7 @@ impl SpeechLm {
         prompt_speech: &[u32],
         config: &SsdConfig,
         rng: &mut dyn RngCore,
-    ) -> Result<(Vec<u32>, DecodeStats)> {
-        self.generate_speculative_each(
-            draft,
-            text,
-            prompt_text,
-            prompt_speech,
-            config,
-            rng,
-            &mut |_| Ok(()),
-        )
-    }
-
-    /// [`SpeechLm::generate_speculative`], handing each kept speech token to `on_token` as soon
-    /// as its round is verified; an error from `on_token` stops the decoding and is returned.
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate_speculative_each(
-        &mut self,
-        draft: &mut SpeechLm,
-        text: &[u32],
-        prompt_text: &[u32],
-        prompt_speech: &[u32],
-        config: &SsdConfig,
-        rng: &mut dyn RngCore,
-        on_token: &mut dyn FnMut(u32) -> Result<()>,
+        on_token: Option<&mut dyn FnMut(u32) -> Result<()>>,
     ) -> Result<(Vec<u32>, DecodeStats)> {
         if text.is_empty() {
             return Err(CosyVoiceError::Input("no text to speak".into()));
@@ -597,6 +578,8 @@ impl SpeechLm {
             .with_eos(end..self.speech_rows())
             .with_predicate(move |_| stop_failed.load(Ordering::Relaxed));
         let mut failure = None;
+        let mut ignore = |_| Ok(());
+        let on_token = on_token.unwrap_or(&mut ignore);
         let mut emit = |token: u32| {
             if token < end && failure.is_none() {
                 if let Err(e) = on_token(token) {

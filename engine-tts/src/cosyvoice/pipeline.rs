@@ -344,7 +344,7 @@ impl CosyVoice2 {
         let tokens = self.prompt.tokens.len() + text_tokens * self.lm.config().max_token_text_ratio;
         let mel = self.flow.config().mel_channels;
         Ok(rng
-            .noise(1, 2 * tokens, mel, &Device::Cpu)?
+            .noise((1, 2 * tokens, mel), &Device::Cpu)?
             .transpose(1, 2)?
             .contiguous()?)
     }
@@ -365,6 +365,7 @@ impl CosyVoice2 {
                         &self.prompt.tokens,
                         config,
                         &mut rng.lm,
+                        None,
                     )?
                     .0
             }
@@ -427,14 +428,14 @@ impl CosyVoice2 {
         };
         let tokens = match ssd {
             Some((draft, config)) => {
-                lm.generate_speculative_each(
+                lm.generate_speculative(
                     draft,
                     &ids,
                     prompt_text,
                     &prompt.tokens,
                     config,
                     &mut rng.lm,
-                    &mut on_token,
+                    Some(&mut on_token),
                 )?
                 .0
             }

@@ -1,10 +1,10 @@
 //! The `UpsampleConformerEncoder`: token embeddings → frames at twice the token rate.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{LayerNorm, Linear};
+use candle_nn::{Conv1d, LayerNorm, Linear};
 use spec_nn::{RelPositionAttention, RelativePositions, SequenceAttention};
 
-use super::{chunk_bias, Conv, FlowConfig, Weights};
+use super::{causal_conv, chunk_bias, FlowConfig, Weights};
 use crate::cosyvoice::{CosyVoiceError, Result};
 
 /// The encoder's linear embedding: `LayerNorm(W x + b) · √D`.
@@ -113,10 +113,13 @@ fn conformer_stack(
 #[derive(Debug)]
 pub(super) struct Encoder {
     embed: Embed,
-    lookahead1: Conv,
-    lookahead2: Conv,
+    /// Sees `pre_lookahead` frames ahead (run without padding on frames padded on the right).
+    lookahead1: Conv1d,
+    /// Causal.
+    lookahead2: Conv1d,
     layers: Vec<ConformerLayer>,
-    up_conv: Conv,
+    /// Causal, after the ×2 upsampling.
+    up_conv: Conv1d,
     up_embed: Embed,
     up_layers: Vec<ConformerLayer>,
     after_norm: LayerNorm,
@@ -137,15 +140,13 @@ impl Encoder {
         };
         Ok(Self {
             embed: Embed::load(w, "encoder.embed", dim, dim)?,
-            lookahead1: w.conv(
+            lookahead1: w.unpadded_conv(
                 "encoder.pre_lookahead_layer.conv1",
-                dim,
-                dim,
-                config.pre_lookahead + 1,
+                [dim, dim, config.pre_lookahead + 1],
             )?,
-            lookahead2: w.conv("encoder.pre_lookahead_layer.conv2", dim, dim, 3)?,
+            lookahead2: w.unpadded_conv("encoder.pre_lookahead_layer.conv2", [dim, dim, 3])?,
             layers: layers(w, "encoders", config.encoder_blocks)?,
-            up_conv: w.conv("encoder.up_layer.conv", dim, dim, 5)?,
+            up_conv: w.unpadded_conv("encoder.up_layer.conv", [dim, dim, 5])?,
             up_embed: Embed::load(w, "encoder.up_embed", dim, dim)?,
             up_layers: layers(w, "up_encoders", config.up_blocks)?,
             after_norm: w.layer_norm("encoder.after_norm", dim, 1e-5)?,
@@ -176,8 +177,8 @@ impl Encoder {
             y = Tensor::cat(&[&y, &self.embed.forward(context)?.transpose(1, 2)?], 2)?;
         }
         let y = y.pad_with_zeros(2, 0, look - seen)?;
-        let y = candle_nn::ops::leaky_relu(&self.lookahead1.valid(&y)?, 0.01)?;
-        let y = self.lookahead2.causal(&y)?;
+        let y = candle_nn::ops::leaky_relu(&self.lookahead1.forward(&y)?, 0.01)?;
+        let y = causal_conv(&self.lookahead2, &y)?;
         let h = (y.transpose(1, 2)? + h)?;
         let heads = self.heads;
         let chunk = if streaming { self.chunk } else { 0 };
@@ -189,7 +190,7 @@ impl Encoder {
             .unsqueeze(3)?
             .broadcast_as((b, dim, t, 2))?
             .reshape((b, dim, 2 * t))?;
-        let up = self.up_conv.causal(&up)?.transpose(1, 2)?;
+        let up = causal_conv(&self.up_conv, &up)?.transpose(1, 2)?;
         let h = self.up_embed.forward(&up)?;
         let h = conformer_stack(&self.up_layers, &h, 2 * chunk, heads)?;
         Ok(self.after_norm.forward(&h)?)

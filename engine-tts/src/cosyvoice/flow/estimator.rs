@@ -2,29 +2,30 @@
 //! Matcha/diffusers transformer blocks that predicts the flow's velocity.
 
 use candle_core::{DType, Module, Tensor};
-use candle_nn::{LayerNorm, Linear};
+use candle_nn::{Conv1d, LayerNorm, Linear};
 use spec_nn::SequenceAttention;
 
-use super::{channel_norm, chunk_bias, mish, Conv, FlowConfig, Weights};
+use super::{causal_conv, channel_norm, chunk_bias, mish, FlowConfig, Weights};
 use crate::cosyvoice::{CosyVoiceError, Result};
 
 /// `CausalBlock1D`: causal k3 convolution, LayerNorm over channels, Mish, masked.
 #[derive(Debug)]
 struct CausalBlock {
-    conv: Conv,
+    /// Causal.
+    conv: Conv1d,
     norm: LayerNorm,
 }
 
 impl CausalBlock {
     fn load(w: &mut Weights, prefix: &str, out: usize, inp: usize) -> Result<Self> {
         Ok(Self {
-            conv: w.conv(&format!("{prefix}.block.0"), out, inp, 3)?,
+            conv: w.unpadded_conv(&format!("{prefix}.block.0"), [out, inp, 3])?,
             norm: w.layer_norm(&format!("{prefix}.block.2"), out, 1e-5)?,
         })
     }
 
     fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let y = self.conv.causal(&x.broadcast_mul(mask)?)?;
+        let y = causal_conv(&self.conv, &x.broadcast_mul(mask)?)?;
         Ok(mish(&channel_norm(&self.norm, &y)?)?.broadcast_mul(mask)?)
     }
 }
@@ -36,7 +37,8 @@ struct ResnetBlock {
     block1: CausalBlock,
     time: Linear,
     block2: CausalBlock,
-    res_conv: Conv,
+    /// 1×1.
+    res_conv: Conv1d,
 }
 
 impl ResnetBlock {
@@ -45,7 +47,7 @@ impl ResnetBlock {
             block1: CausalBlock::load(w, &format!("{prefix}.block1"), out, inp)?,
             time: w.linear(&format!("{prefix}.mlp.1"), out, time)?,
             block2: CausalBlock::load(w, &format!("{prefix}.block2"), out, out)?,
-            res_conv: w.conv(&format!("{prefix}.res_conv"), out, inp, 1)?,
+            res_conv: w.unpadded_conv(&format!("{prefix}.res_conv"), [out, inp, 1])?,
         })
     }
 
@@ -53,7 +55,7 @@ impl ResnetBlock {
         let h = self.block1.forward(x, mask)?;
         let h = h.broadcast_add(&self.time.forward(&mish(temb)?)?.unsqueeze(2)?)?;
         let h = self.block2.forward(&h, mask)?;
-        Ok((h + self.res_conv.valid(&x.broadcast_mul(mask)?)?)?)
+        Ok((h + self.res_conv.forward(&x.broadcast_mul(mask)?)?)?)
     }
 }
 
@@ -137,12 +139,15 @@ pub(super) struct Estimator {
     time1: Linear,
     time2: Linear,
     down: Stage,
-    down_conv: Conv,
+    /// Causal.
+    down_conv: Conv1d,
     mid: Vec<Stage>,
     up: Stage,
-    up_conv: Conv,
+    /// Causal.
+    up_conv: Conv1d,
     final_block: CausalBlock,
-    final_proj: Conv,
+    /// 1×1.
+    final_proj: Conv1d,
     /// Width of the sinusoidal time embedding.
     time_in: usize,
 }
@@ -156,14 +161,14 @@ impl Estimator {
             time1: w.linear(&format!("{p}.time_mlp.linear_1"), 4 * c, time_in)?,
             time2: w.linear(&format!("{p}.time_mlp.linear_2"), 4 * c, 4 * c)?,
             down: Stage::load(w, &format!("{p}.down_blocks.0"), time_in, config)?,
-            down_conv: w.conv(&format!("{p}.down_blocks.0.2"), c, c, 3)?,
+            down_conv: w.unpadded_conv(&format!("{p}.down_blocks.0.2"), [c, c, 3])?,
             mid: (0..config.decoder_mid_blocks)
                 .map(|m| Stage::load(w, &format!("{p}.mid_blocks.{m}"), c, config))
                 .collect::<Result<_>>()?,
             up: Stage::load(w, &format!("{p}.up_blocks.0"), 2 * c, config)?,
-            up_conv: w.conv(&format!("{p}.up_blocks.0.2"), c, c, 3)?,
+            up_conv: w.unpadded_conv(&format!("{p}.up_blocks.0.2"), [c, c, 3])?,
             final_block: CausalBlock::load(w, &format!("{p}.final_block"), c, c)?,
-            final_proj: w.conv(&format!("{p}.final_proj"), config.mel_channels, c, 1)?,
+            final_proj: w.unpadded_conv(&format!("{p}.final_proj"), [config.mel_channels, c, 1])?,
             time_in,
         })
     }
@@ -203,17 +208,17 @@ impl Estimator {
 
         let h = self.down.forward(h, mask, &temb, &bias)?;
         let skip = h.clone();
-        let mut h = self.down_conv.causal(&h.broadcast_mul(mask)?)?;
+        let mut h = causal_conv(&self.down_conv, &h.broadcast_mul(mask)?)?;
         for stage in &self.mid {
             h = stage.forward(&h, mask, &temb, &bias)?;
         }
         let h = Tensor::cat(&[&h, &skip], 1)?;
         let h = self.up.forward(&h, mask, &temb, &bias)?;
-        let h = self.up_conv.causal(&h.broadcast_mul(mask)?)?;
+        let h = causal_conv(&self.up_conv, &h.broadcast_mul(mask)?)?;
         let h = self.final_block.forward(&h, mask)?;
         Ok(self
             .final_proj
-            .valid(&h.broadcast_mul(mask)?)?
+            .forward(&h.broadcast_mul(mask)?)?
             .broadcast_mul(mask)?)
     }
 }

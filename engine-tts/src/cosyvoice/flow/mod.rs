@@ -26,9 +26,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{LayerNorm, Linear};
+use candle_nn::{Conv1d, Conv1dConfig, LayerNorm, Linear};
 
-use crate::cosyvoice::{read_weights, CosyVoiceError, Result, Weights};
+use crate::cosyvoice::{read_weights, ConvWeight, CosyVoiceError, Result, Weights};
 
 mod encoder;
 mod estimator;
@@ -144,38 +144,18 @@ impl Weights {
         ))
     }
 
-    fn conv(&mut self, prefix: &str, out: usize, inp: usize, kernel: usize) -> Result<Conv> {
-        Ok(Conv {
-            weight: self.take(&format!("{prefix}.weight"), &[out, inp, kernel])?,
-            bias: self
-                .take(&format!("{prefix}.bias"), &[out])?
-                .reshape((1, out, 1))?,
-            kernel,
-        })
+    /// A convolution with weight `shape` `[out, in, kernel]` and its bias, run without padding
+    /// (through [`causal_conv`] where the model's convolution is causal).
+    fn unpadded_conv(&mut self, prefix: &str, shape: [usize; 3]) -> Result<Conv1d> {
+        self.conv1d(prefix, shape, ConvWeight::Plain, Conv1dConfig::default())
     }
 }
 
-/// A 1-d convolution with its bias, run causally (left zero padding of `kernel − 1`) or
-/// without padding.
-#[derive(Debug)]
-struct Conv {
-    weight: Tensor,
-    bias: Tensor,
-    kernel: usize,
-}
-
-impl Conv {
-    /// `x` `[B, C, T]` without padding.
-    fn valid(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.contiguous()?
-            .conv1d(&self.weight, 0, 1, 1, 1)?
-            .broadcast_add(&self.bias)?)
-    }
-
-    /// `x` `[B, C, T]` → `[B, C', T]`, each output frame seeing only frames up to its own.
-    fn causal(&self, x: &Tensor) -> Result<Tensor> {
-        self.valid(&x.pad_with_zeros(D::Minus1, self.kernel - 1, 0)?)
-    }
+/// `x` `[B, C, T]` → `[B, C', T]` through `conv` (built without padding), each output frame
+/// seeing only frames up to its own: the input is padded on the left with `kernel − 1` zeros.
+fn causal_conv(conv: &Conv1d, x: &Tensor) -> Result<Tensor> {
+    let kernel = conv.weight().dim(D::Minus1)?;
+    Ok(conv.forward(&x.pad_with_zeros(D::Minus1, kernel - 1, 0)?)?)
 }
 
 /// `x · tanh(softplus(x))`.
