@@ -5,3 +5,4 @@ pub mod espeak;
 pub mod kokoro;
 pub mod onnx;
 pub mod piper;
+pub mod voices;

@@ -16,11 +16,11 @@ use clap::{Args, Parser, Subcommand};
 use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::{Continuation, LoadOptions, PredGen, PredGenConfig, Verifier};
 use engine_mt::{Decoding, LiveConfig, LiveTranslator, StreamSummary};
-use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use engine_tts::voices;
 use spec_cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use spec_core::report::latency_speedup;
 use spec_models::{Registry, Store};
-use spec_voice::{write_wav, FixedLatencySynthesizer, SentenceSynthesizer};
+use spec_voice::{write_wav, SentenceSynthesizer};
 #[cfg(feature = "server")]
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, SynthesizerFactory};
 use specvoice::{
@@ -170,9 +170,11 @@ struct ChatArgs {
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
 
-    /// Speech synthesis: espeak (espeak-ng) or fixed (silence after a fixed 200 ms)
-    #[arg(long, default_value = "espeak")]
-    tts: String,
+    /// The voice: auto (Kokoro's af_heart when its files are in the models folder, espeak-ng
+    /// otherwise), kokoro:NAME, piper:NAME, espeak, or fixed (silence after a fixed 200 ms);
+    /// `list` lists the voices here
+    #[arg(long, default_value = "auto")]
+    voice: String,
 
     /// Write the answers' audio (PredGen's) to this WAV file
     #[arg(long, value_name = "WAV")]
@@ -244,9 +246,11 @@ struct ServeArgs {
     #[arg(long)]
     cascade: bool,
 
-    /// Speech synthesis: espeak (espeak-ng) or fixed (silence after a fixed 200 ms)
-    #[arg(long, default_value = "espeak")]
-    tts: String,
+    /// The voice: auto (Kokoro's af_heart when its files are in the models folder, espeak-ng
+    /// otherwise), kokoro:NAME, piper:NAME, espeak, or fixed (silence after a fixed 200 ms);
+    /// `list` lists the voices here
+    #[arg(long, default_value = "auto")]
+    voice: String,
 
     /// Seconds the server waits for a client's `start`, or for audio in a session
     #[arg(long, default_value_t = 30)]
@@ -267,26 +271,35 @@ fn main() -> Result<()> {
     }
 }
 
+/// The voice `name` from the models folder ([`voices::VoiceChoice`]).
 fn synthesizer(name: &str) -> Result<Box<dyn SentenceSynthesizer>> {
-    Ok(match name {
-        "espeak" => Box::new(EspeakSynthesizer::new(EspeakSettings::default())?),
-        "fixed" => Box::new(FixedLatencySynthesizer::default()),
-        other => bail!("unknown --tts `{other}` (espeak, fixed)"),
-    })
+    let models = spec_models::models_dir()?;
+    Ok(voices::open(&name.parse()?, &models)?)
 }
 
-/// A synthesizer per session: espeak-ng (checked once here) or the fixed-latency one.
+/// A synthesizer the server's sessions share, one sentence at a time.
 #[cfg(feature = "server")]
 fn synthesizer_factory(name: &str) -> Result<SynthesizerFactory> {
-    Ok(match name {
-        "espeak" => copies_of(EspeakSynthesizer::new(EspeakSettings::default())?),
-        "fixed" => copies_of(FixedLatencySynthesizer::default()),
-        other => bail!("unknown --tts `{other}` (espeak, fixed)"),
-    })
+    let models = spec_models::models_dir()?;
+    Ok(copies_of(voices::open_shared(&name.parse()?, &models)?))
+}
+
+/// With `--voice list`: prints the voices of the models folder; whether it did.
+fn listed_voices(name: &str) -> Result<bool> {
+    if name != "list" {
+        return Ok(false);
+    }
+    for voice in voices::available(&spec_models::models_dir()?)? {
+        println!("{voice}");
+    }
+    Ok(true)
 }
 
 #[cfg(feature = "server")]
 fn serve(args: ServeArgs) -> Result<()> {
+    if listed_voices(&args.voice)? {
+        return Ok(());
+    }
     args.model.apply_threads()?;
     let engines = load_engines_from(args.recognizer.whisper_dir()?, args.model.model.clone());
     let config = ServeConfig {
@@ -307,7 +320,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         idle_timeout: Duration::from_secs(args.idle_secs),
         ..ServeConfig::default()
     };
-    let tts = synthesizer_factory(&args.tts)?;
+    let tts = synthesizer_factory(&args.voice)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -348,6 +361,9 @@ async fn shutdown_signal() -> Result<()> {
 }
 
 fn chat(args: ChatArgs) -> Result<()> {
+    if listed_voices(&args.voice)? {
+        return Ok(());
+    }
     let hearing = &args.hearing;
     let audio = hearing.read_audio()?;
     hearing.model.apply_threads()?;
@@ -384,7 +400,7 @@ fn chat(args: ChatArgs) -> Result<()> {
         let mut chat = VoiceChat::new(
             listener,
             session,
-            synthesizer(&args.tts)?,
+            synthesizer(&args.voice)?,
             mode,
             hearing.clock(),
         );

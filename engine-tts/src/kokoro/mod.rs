@@ -108,9 +108,13 @@ impl Kokoro {
 
     /// The voices in the model folder, by name.
     pub fn voices(&self) -> Result<Vec<String>> {
-        let dir = self.dir.join("voices");
-        let entries = std::fs::read_dir(&dir).map_err(|e| VoiceError::File {
-            path: dir.clone(),
+        Self::voice_names(&self.dir.join("voices"))
+    }
+
+    /// The voices of a voices folder (`NAME.bin`), by name.
+    pub fn voice_names(dir: &Path) -> Result<Vec<String>> {
+        let entries = std::fs::read_dir(dir).map_err(|e| VoiceError::File {
+            path: dir.to_path_buf(),
             reason: e.to_string(),
         })?;
         let mut names: Vec<String> = entries
