@@ -19,6 +19,9 @@
 //! `cargo xtask bench tts` runs it and files the results with the machine and date.
 
 mod text_lm;
+mod voices;
+
+use text_lm::Section;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -75,6 +78,9 @@ struct Args {
 
     #[command(flatten)]
     text: text_lm::TextArgs,
+
+    #[command(flatten)]
+    voices: voices::VoiceArgs,
 
     /// Seed of the text-model section's sampling (question i uses seed + i)
     #[arg(long, default_value_t = 0)]
@@ -363,18 +369,32 @@ fn layer_draft_section(lm: &mut SpeechLm, texts: &[Utterance], report: &mut Repo
     Ok(())
 }
 
+/// Appends a section's tables, notes and details to the report.
+fn add_section(report: &mut Report, section: Section) {
+    report.tables.extend(section.tables);
+    report.notes.extend(section.notes);
+    report.details.extend(section.details);
+}
+
 fn main() -> Result<()> {
     init_logging();
     let args = Args::parse();
+    if let Some(out) = &args.voices.voice_child {
+        return voices::run_child(&args.voices, out);
+    }
     let (text_vocab, max_ratio) = (args.text_vocab as usize, args.max_ratio as usize);
+    let voice_section: Section = voices::run(&args.voices)?;
     let building = Instant::now();
     let mut lm = random_lm(text_vocab, max_ratio).context("building the random model")?;
     tracing::info!("random model built in {:.1?}", building.elapsed());
     let texts = utterances(args.texts as usize, text_vocab);
     let mut report = Report {
         command: format!(
-            "cargo run --release -p engine-tts --example bench_tts -- --texts {} --max-ratio {max_ratio} --text-vocab {text_vocab} \
+            "cargo run --release -p engine-tts --example bench_tts -- --voices {} --voice-sentences {} \
+             --texts {} --max-ratio {max_ratio} --text-vocab {text_vocab} \
              --text-model {} --text-questions {} --text-tokens {} --text-temperature {} --seed {}",
+            args.voices.voices.join(","),
+            args.voices.voice_sentences,
             args.texts,
             args.text.text_model.join(","),
             args.text.text_questions,
@@ -395,12 +415,10 @@ fn main() -> Result<()> {
         )],
         ..Report::default()
     };
+    add_section(&mut report, voice_section);
     layer_draft_section(&mut lm, &texts, &mut report)?;
     drop(lm);
-    let text = text_lm::run(&args.text, args.seed)?;
-    report.tables.extend(text.tables);
-    report.notes.extend(text.notes);
-    report.details.extend(text.details);
+    add_section(&mut report, text_lm::run(&args.text, args.seed)?);
     print!("{}", report.markdown());
     if let Some(path) = args.json {
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)

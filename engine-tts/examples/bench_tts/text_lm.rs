@@ -43,7 +43,8 @@ pub struct TextArgs {
     pub text_temperature: f32,
 }
 
-/// The section's tables, its notes, and its per-question rows.
+/// A section's tables, its notes, and its per-item rows.
+#[derive(Default)]
 pub struct Section {
     pub tables: Vec<Table>,
     pub notes: Vec<String>,
