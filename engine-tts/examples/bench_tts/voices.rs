@@ -14,10 +14,12 @@ use anyhow::{bail, Context, Result};
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::wer::word_errors;
 use engine_asr::{Audio, LoadOptions, TranscribeOptions, Transcriber};
-use engine_tts::voices;
+use engine_tts::kokoro::{KokoroSettings, KokoroSynthesizer};
+use engine_tts::voices::{self, VoiceChoice};
 use serde::{Deserialize, Serialize};
 use spec_core::report::Table;
 use spec_models::{Registry, Store};
+use spec_voice::SentenceSynthesizer;
 
 use crate::Section;
 
@@ -27,12 +29,13 @@ const SENTENCES: &str = include_str!("../../data/spoken_answers.txt");
 /// What the voices section measures.
 #[derive(Clone, Debug, clap::Args)]
 pub struct VoiceArgs {
-    /// Voices to measure, by the names `specvoice --voice` takes (`none`: skip the section)
+    /// Voices to measure, by the names `specvoice --voice` takes, a Kokoro voice with `+whole`
+    /// speaking each sentence in one run (no first clause alone); `none` skips the section
     #[arg(
         long,
         num_args = 1..,
         value_delimiter = ',',
-        default_values = ["kokoro:af_heart", "kokoro:bm_george", "piper:joe", "espeak"]
+        default_values = ["kokoro:af_heart", "kokoro:af_heart+whole", "kokoro:bm_george", "piper:joe", "espeak"]
     )]
     pub voices: Vec<String>,
     /// Sentences each voice speaks (0: all 55)
@@ -81,7 +84,20 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
     };
     let models = spec_models::models_dir()?;
     let loading = Instant::now();
-    let mut tts = voices::open(&voice.parse()?, &models)?;
+    let mut tts: Box<dyn SentenceSynthesizer> = match voice.strip_suffix("+whole") {
+        Some(kokoro) => {
+            let Ok(VoiceChoice::Kokoro(name)) = kokoro.parse() else {
+                bail!("`+whole` goes with a Kokoro voice, not `{kokoro}`");
+            };
+            let settings = KokoroSettings {
+                voice: name,
+                first_clause: false,
+                ..KokoroSettings::default()
+            };
+            Box::new(KokoroSynthesizer::load(&models, &settings)?)
+        }
+        None => voices::open(&voice.parse()?, &models)?,
+    };
     let load_seconds = loading.elapsed().as_secs_f64();
     // One sentence first, unmeasured: the first run of a model pays for its set-up.
     tts.synthesize("Hello.")?;
