@@ -44,6 +44,16 @@ pub enum Error {
     #[error("tokenizer {path}: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
 
+    /// A tokenizer of another Whisper model than the one it is paired with: its vocabulary
+    /// does not end where the model's does, or it numbers a special token the model's
+    /// configuration names differently.
+    #[error(
+        "tokenizer {path} does not belong to this model: {reason}; use the tokenizer.json that \
+         came with the model (English-only and multilingual Whisper number their special tokens \
+         differently, and large-v3 adds a language)"
+    )]
+    TokenizerMismatch { path: PathBuf, reason: String },
+
     /// A decoder forward before any audio was encoded.
     #[error("the decoder needs an encoded audio window first (call `Whisper::encode`)")]
     NotEncoded,

@@ -219,6 +219,108 @@ fn a_tokenizer_whose_end_of_text_the_model_does_not_suppress_is_refused() {
     assert!(matches!(err, Error::Config(_)), "{err}");
 }
 
+/// Writes `tokenizer_json()` with `extra` added tokens (id, text) to `dir` and reads it.
+fn tokenizer_with(dir: &std::path::Path, extra: &[(u32, String)]) -> WhisperTokenizer {
+    let mut json = tokenizer_json();
+    let added = json["added_tokens"].as_array_mut().unwrap();
+    for (id, content) in extra {
+        added.push(
+            serde_json::json!({"id": id, "content": content, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    WhisperTokenizer::from_file(&path).unwrap()
+}
+
+/// A tokenizer whose ids run past the model's vocabulary, or whose listed timestamps end
+/// before it does, is another Whisper's: refused.
+#[test]
+fn a_tokenizer_whose_vocabulary_does_not_end_with_the_models_is_refused() {
+    let (dir, _) = hf_model(29);
+    let model = || load(dir.path());
+    let transcriber = |tokenizer| {
+        Transcriber::new(model(), tokenizer, vec![3, 4], vec![26, END_OF_TEXT]).map(|_| ())
+    };
+    let timestamps = |count: u32| -> Vec<(u32, String)> {
+        (0..count)
+            .map(|i| (NO_TIMESTAMPS + 1 + i, format!("<|{:.2}|>", i as f32 * 0.02)))
+            .collect()
+    };
+    transcriber(tokenizer_with(dir.path(), &timestamps(TIMESTAMPS))).unwrap();
+    for extra in [
+        timestamps(TIMESTAMPS + 1),
+        timestamps(TIMESTAMPS - 1),
+        // Tokens of other kinds up to the same id: the vocabulary runs past the model's too.
+        (NO_TIMESTAMPS + 1..=VOCAB as u32)
+            .map(|id| (id, format!("<|extra{id}|>")))
+            .collect(),
+    ] {
+        let err = transcriber(tokenizer_with(dir.path(), &extra)).unwrap_err();
+        assert!(matches!(err, Error::TokenizerMismatch { .. }), "{err}");
+    }
+}
+
+/// A tokenizer that numbers a special token otherwise than the model folder's configuration
+/// names it (`eos_token_id`, `decoder_start_token_id`, `no_timestamps_token_id`, the language
+/// tokens) is another Whisper's: refused.
+#[test]
+fn a_tokenizer_numbering_the_configured_special_tokens_otherwise_is_refused() {
+    let hf = tempfile::tempdir().unwrap();
+    write_hf(hf.path(), 31).unwrap();
+    let ct2 = tempfile::tempdir().unwrap();
+    write_ct2(ct2.path(), 31, DType::F32).unwrap();
+    let (hf, ct2) = (hf.path(), ct2.path());
+    let load_with = |dir: &std::path::Path, file: &str, key: &str, value: serde_json::Value| {
+        let path = dir.join(file);
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config[key] = value;
+        std::fs::write(&path, config.to_string()).unwrap();
+        Transcriber::load(dir, &LoadOptions::default()).map(|_| ())
+    };
+    let refused = |result: Result<(), Error>| {
+        let err = result.unwrap_err();
+        assert!(matches!(err, Error::TokenizerMismatch { .. }), "{err}");
+    };
+    for (file, key, right, wrong) in [
+        ("config.json", "eos_token_id", END_OF_TEXT, END_OF_TEXT + 1),
+        (
+            "config.json",
+            "decoder_start_token_id",
+            START_OF_TRANSCRIPT,
+            END_OF_TEXT,
+        ),
+        (
+            "generation_config.json",
+            "no_timestamps_token_id",
+            NO_TIMESTAMPS,
+            NO_TIMESTAMPS + 1,
+        ),
+    ] {
+        refused(load_with(hf, file, key, wrong.into()));
+        load_with(hf, file, key, right.into()).unwrap();
+    }
+    // The tiny tokenizer has no language tokens: none lies between its start of transcript
+    // and <|translate|>, the token after it.
+    let language = START_OF_TRANSCRIPT + 1;
+    let lang_to_id = serde_json::json!({ "<|en|>": language });
+    refused(load_with(
+        hf,
+        "generation_config.json",
+        "lang_to_id",
+        lang_to_id,
+    ));
+    load_with(ct2, "config.json", "lang_ids", serde_json::json!([])).unwrap();
+    refused(load_with(
+        ct2,
+        "config.json",
+        "lang_ids",
+        serde_json::json!([language]),
+    ));
+}
+
 #[test]
 fn the_logit_rules_follow_whispers_grammar() {
     let dir = tempfile::tempdir().unwrap();

@@ -60,7 +60,7 @@ fn acceptance(c: &mut Criterion) {
     let draft_rows = random_rows(4, 2);
     let draft_probs: Vec<Vec<f32>> = draft_rows
         .iter()
-        .map(|r| sampled.probabilities(r))
+        .map(|r| sampled.probabilities(r).unwrap())
         .collect();
     let spec = AcceptanceRule::speculative_sampling(0.0);
     c.bench_function("speculative sampling verify, γ=4, Qwen vocab", |b| {

@@ -245,7 +245,7 @@ impl Acceptance for SpeculativeSampling {
             .target_logits
             .rows()
             .map(|row| check.sampling.probabilities(row))
-            .collect();
+            .collect::<Result<_>>()?;
         self.verify_distributions(check.draft, check.draft_probs, &target, rng)
     }
 

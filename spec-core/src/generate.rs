@@ -318,7 +318,7 @@ pub fn generate<D: Decoder + ?Sized>(
     if out.finish.is_none() {
         let mut logits = prefill(model, context, &mut stats)?;
         loop {
-            let token = sampling.choose(&logits, &committed, rng);
+            let token = sampling.choose(&logits, &committed, rng)?;
             committed.push(token);
             out.emit([token]);
             if out.finish.is_some() {

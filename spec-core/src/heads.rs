@@ -164,13 +164,22 @@ impl HeadsTree {
         Self { choices }
     }
 
-    /// Any Medusa choice list; every prefix of a choice must itself be a choice.
+    /// Any Medusa choice list; every prefix of a choice must itself be a choice. A candidate
+    /// index beyond [`MAX_CANDIDATE_INDEX`] asks a head for more candidates than there can be
+    /// tokens and is refused.
     pub fn choices(choices: Vec<Vec<usize>>) -> Result<Self> {
-        let tree = Self { choices };
-        let widths = tree.widths();
-        let candidates: Vec<Vec<u32>> = widths.iter().map(|&w| (0..w as u32).collect()).collect();
-        TokenTree::from_choices(0, &candidates, &tree.choices)?;
-        Ok(tree)
+        if let Some(choice) = choices
+            .iter()
+            .find(|choice| choice.iter().any(|&index| index > MAX_CANDIDATE_INDEX))
+        {
+            return Err(Error::InvalidTree(format!(
+                "choice {choice:?} asks a head for a candidate past index {MAX_CANDIDATE_INDEX}, \
+                 and token ids are u32"
+            )));
+        }
+        let (candidates, renumbered) = renumbered_densely(&choices);
+        TokenTree::from_choices(0, &candidates, &renumbered)?;
+        Ok(Self { choices })
     }
 
     /// Deepest choice: the heads the tree uses.
@@ -189,11 +198,47 @@ impl HeadsTree {
         for choice in &self.choices {
             if let Some((&index, _)) = choice.split_last() {
                 let w = &mut widths[choice.len() - 1];
-                *w = (*w).max(index + 1);
+                *w = (*w).max(index.saturating_add(1));
             }
         }
         widths
     }
+}
+
+/// The largest candidate index a [`HeadsTree`] choice may use: a head ranks at most every u32
+/// token id.
+pub const MAX_CANDIDATE_INDEX: usize = u32::MAX as usize;
+
+/// `choices` with each depth's indices renumbered 0, 1, … in increasing order, and for each
+/// depth candidates for those numbers: the same tree shape as `choices`, checkable by
+/// [`TokenTree::from_choices`] in memory that grows with the choices, not with the indices.
+fn renumbered_densely(choices: &[Vec<usize>]) -> (Vec<Vec<u32>>, Vec<Vec<usize>>) {
+    let depth = choices.iter().map(Vec::len).max().unwrap_or(0);
+    let mut used: Vec<Vec<usize>> = vec![Vec::new(); depth];
+    for choice in choices {
+        for (d, &index) in choice.iter().enumerate() {
+            used[d].push(index);
+        }
+    }
+    for indices in &mut used {
+        indices.sort_unstable();
+        indices.dedup();
+    }
+    let renumbered = choices
+        .iter()
+        .map(|choice| {
+            choice
+                .iter()
+                .zip(&used)
+                .map(|(index, indices)| indices.partition_point(|used| used < index))
+                .collect()
+        })
+        .collect();
+    let candidates = used
+        .iter()
+        .map(|indices| (0..).take(indices.len()).collect())
+        .collect();
+    (candidates, renumbered)
 }
 
 /// Where a drafter's head rows come from: asked of the heads one at a time from a state (gated

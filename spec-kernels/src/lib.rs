@@ -54,6 +54,12 @@ pub enum KernelError {
     RowOutOfRange { row: usize, rows: usize },
     #[error("the {0:?} instruction set is not available on this CPU")]
     Unsupported(Isa),
+    #[error("{what} would take {count} × {each}, more than a usize can count")]
+    TooLarge {
+        what: &'static str,
+        count: usize,
+        each: usize,
+    },
 }
 
 /// An instruction set the kernels can use. A path runs only where the CPU (and OS) has every
@@ -126,7 +132,12 @@ impl QMatrix {
                 block: format.block_len(),
             });
         }
-        let expected = rows * format.row_bytes(cols);
+        let row_bytes = checked_size(
+            "a row of the weight data",
+            cols / format.block_len(),
+            format.block_bytes(),
+        )?;
+        let expected = checked_size("the weight data", rows, row_bytes)?;
         if data.len() != expected {
             return Err(KernelError::WrongLength {
                 what: "the weight data",
@@ -228,9 +239,17 @@ impl QMatrix {
         };
         for (m, out) in matrices.iter().zip(outs.iter()) {
             check_len("a matrix's columns", m.cols, cols)?;
-            check_len("the output", out.len(), tokens * m.rows)?;
+            check_len(
+                "the output",
+                out.len(),
+                checked_size("the output", tokens, m.rows)?,
+            )?;
         }
-        check_len("the input", x.len(), tokens * cols)?;
+        check_len(
+            "the input",
+            x.len(),
+            checked_size("the input", tokens, cols)?,
+        )?;
         if tokens == 0 {
             return Ok(());
         }
@@ -655,6 +674,13 @@ impl TaskOut<'_> {
         let start = (self.first_token + t) * self.total_rows + self.first_row + row;
         self.out.range(start..start + len)
     }
+}
+
+/// `count · each`, or [`KernelError::TooLarge`] naming `what` when the product overflows.
+fn checked_size(what: &'static str, count: usize, each: usize) -> Result<usize, KernelError> {
+    count
+        .checked_mul(each)
+        .ok_or(KernelError::TooLarge { what, count, each })
 }
 
 fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {

@@ -419,6 +419,35 @@ fn bad_shapes_are_errors() {
 }
 
 #[test]
+fn sizes_past_usize_are_errors_not_wrapped_products() {
+    // 2⁶³ rows of 18 bytes wrap to 0 bytes, which an empty buffer would have matched.
+    let half_of_usize = 1 << (usize::BITS - 1);
+    assert!(matches!(
+        QMatrix::new(Format::Q4_0, half_of_usize, 32, Vec::new()),
+        Err(KernelError::TooLarge {
+            what: "the weight data",
+            ..
+        })
+    ));
+    // Q8_0 rows take more bytes than weights: a row of nearly usize::MAX weights overflows.
+    assert!(matches!(
+        QMatrix::new(Format::Q8_0, 1, usize::MAX - 31, Vec::new()),
+        Err(KernelError::TooLarge {
+            what: "a row of the weight data",
+            ..
+        })
+    ));
+    // 2⁶³ tokens of 2 outputs and 32 inputs wrap to empty buffers.
+    let w = QMatrix::new(Format::Q8_0, 2, 32, vec![0; 68]).unwrap();
+    for isa in Isa::all().into_iter().filter(|isa| isa.available()) {
+        assert!(matches!(
+            w.matmul_with(isa, &[], half_of_usize, &mut []),
+            Err(KernelError::TooLarge { .. })
+        ));
+    }
+}
+
+#[test]
 fn guided_tasks_cover_every_row_once_in_shrinking_panels() {
     let mut rng = StdRng::seed_from_u64(11);
     let matrices = [

@@ -37,6 +37,19 @@ pub enum Error {
     /// A configuration value, or a block's input, that is missing, malformed or inconsistent.
     #[error("invalid model configuration: {0}")]
     Config(String),
+
+    /// A GGUF file whose `general.alignment` cannot lay out its tensor data (0, or another
+    /// number that is not a power of two, or a value candle's reader would ignore).
+    #[error(
+        "{path}: GGUF metadata `general.alignment` is {found}, where a power of two stored as \
+         an integer of at most 32 bits (a uint32 by the GGUF specification) is needed: the file \
+         is corrupt or was written wrongly; re-export or re-download it"
+    )]
+    GgufAlignment { path: PathBuf, found: String },
+
+    /// Logits asked of more positions than a forward has.
+    #[error("logits of the last {rows} positions asked of a forward of {positions}")]
+    RowsBeyondPositions { rows: usize, positions: usize },
 }
 
 /// `Result` with [`Error`].

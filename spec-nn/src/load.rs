@@ -9,8 +9,11 @@
 //! so that they run there too; candle's own kernels pick different code for one row than for
 //! several and would break that guarantee.
 
+mod gguf_alignment;
+
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -94,13 +97,24 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Opens and parses the header; a truncated or foreign file is a [`Error::BadWeights`].
+    /// Opens and parses the header; a truncated or foreign file is a [`Error::BadWeights`], a
+    /// `general.alignment` that cannot lay out tensor data an [`Error::GgufAlignment`].
     pub fn open(path: &Path) -> Result<Self> {
         let io = |source| Error::Io {
             path: path.to_path_buf(),
             source,
         };
         let mut file = File::open(path).map_err(io)?;
+        let alignment = gguf_alignment::read_alignment(&mut BufReader::new(&file));
+        file.rewind().map_err(io)?;
+        // A header the scan cannot read is left to candle's reader, which refuses it as well
+        // and says why.
+        if let Some(found) = alignment.ok().flatten().and_then(|a| a.problem()) {
+            return Err(Error::GgufAlignment {
+                path: path.to_path_buf(),
+                found,
+            });
+        }
         let content = gguf_file::Content::read(&mut file).map_err(|e| Error::BadWeights {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -598,6 +612,91 @@ mod tests {
             GgufFile::open(&dir.path().join("absent.gguf")),
             Err(Error::Io { .. })
         ));
+    }
+
+    /// A version-3 GGUF header without tensors, with these metadata entries (key, value type,
+    /// value bytes).
+    fn gguf_header(entries: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(3u32.to_le_bytes());
+        bytes.extend(0u64.to_le_bytes());
+        bytes.extend((entries.len() as u64).to_le_bytes());
+        for (key, value_type, value) in entries {
+            bytes.extend((key.len() as u64).to_le_bytes());
+            bytes.extend(key.as_bytes());
+            bytes.extend(value_type.to_le_bytes());
+            bytes.extend(value);
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_gguf_alignment_that_cannot_lay_out_tensors_is_refused_before_candle_reads_it() {
+        let (u32_type, i32_type, string_type, array_type, u64_type) =
+            (4u32, 5u32, 8u32, 9u32, 10u32);
+        let string = |text: &str| {
+            let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+            bytes.extend(text.as_bytes());
+            bytes
+        };
+        // Entries before the alignment that the scan must read past: a string, an array of
+        // strings and an array of arrays of u32.
+        let mut tokens = string_type.to_le_bytes().to_vec();
+        tokens.extend(2u64.to_le_bytes());
+        tokens.extend(string("<s>"));
+        tokens.extend(string("</s>"));
+        let mut nested = array_type.to_le_bytes().to_vec();
+        nested.extend(1u64.to_le_bytes());
+        nested.extend(u32_type.to_le_bytes());
+        nested.extend(2u64.to_le_bytes());
+        nested.extend([7u8; 8]);
+        let before = [
+            ("general.name", string_type, string("tiny")),
+            ("tokenizer.ggml.tokens", array_type, tokens),
+            ("nested", array_type, nested),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let open = |entries: &[(&str, u32, Vec<u8>)]| {
+            let path = dir.path().join("header.gguf");
+            let all: Vec<_> = before.iter().cloned().chain(entries.to_vec()).collect();
+            std::fs::write(&path, gguf_header(&all)).unwrap();
+            GgufFile::open(&path).map(|_| ())
+        };
+        let u32_value = |v: u32| v.to_le_bytes().to_vec();
+        for (key, value_type, value, found) in [
+            ("general.alignment", u32_type, u32_value(0), "0"),
+            ("general.alignment", u32_type, u32_value(48), "48"),
+            (
+                "general.alignment",
+                i32_type,
+                (-32i32).to_le_bytes().to_vec(),
+                "-32",
+            ),
+            (
+                "general.alignment",
+                u64_type,
+                64u64.to_le_bytes().to_vec(),
+                "stored as a uint64",
+            ),
+            // Candle's reader drops a key's trailing NULs.
+            ("general.alignment\0", u32_type, u32_value(0), "0"),
+        ] {
+            match open(&[(key, value_type, value)]) {
+                Err(Error::GgufAlignment { path, found: got }) => {
+                    assert_eq!(path, dir.path().join("header.gguf"));
+                    assert_eq!(got, found);
+                }
+                other => panic!("{key:?} = {found}: {other:?}"),
+            }
+        }
+        open(&[]).unwrap();
+        open(&[("general.alignment", u32_type, u32_value(64))]).unwrap();
+        // The last of repeated keys is the one candle's reader keeps.
+        open(&[
+            ("general.alignment", u32_type, u32_value(0)),
+            ("general.alignment", u32_type, u32_value(32)),
+        ])
+        .unwrap();
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub struct DecoderOutput {
 }
 
 /// Normalizes `x` `[1, n, hidden]` and projects its last `rows` positions (none when `rows` is
-/// 0) through `output` (`[vocab_size, hidden]`).
+/// 0) through `output` (`[vocab_size, hidden]`); more `rows` than `n` are
+/// [`Error::RowsBeyondPositions`].
 pub fn decoder_output(
     x: &Tensor,
     rows: usize,
@@ -27,6 +28,9 @@ pub fn decoder_output(
     vocab_size: usize,
 ) -> Result<DecoderOutput> {
     let n = x.dim(1)?;
+    if rows > n {
+        return Err(Error::RowsBeyondPositions { rows, positions: n });
+    }
     let hidden = final_norm.forward(x)?.squeeze(0)?;
     let logits = if rows == 0 {
         Tensor::zeros((0, vocab_size), DType::F32, x.device())?
@@ -182,5 +186,28 @@ mod tests {
             unembed_logits(&kernel, &narrow),
             Err(Error::ShapeMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn more_logit_rows_than_positions_are_an_error() {
+        let device = Device::Cpu;
+        let w = Tensor::randn(0f32, 0.1, (40, 64), &device).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap());
+        let norm = Norm::rms(Tensor::ones(64, DType::F32, &device).unwrap(), 1e-6);
+        let x = Tensor::randn(0f32, 1.0, (1, 2, 64), &device).unwrap();
+        for layer in [
+            QLinear::new(q.clone(), &device).unwrap(),
+            QLinear::Candle(QMatMul::from_arc(q.clone()).unwrap()),
+        ] {
+            let out = decoder_output(&x, 2, &norm, &layer, 40).unwrap();
+            assert_eq!(out.logits.dims(), [2, 40]);
+            assert!(matches!(
+                decoder_output(&x, 3, &norm, &layer, 40),
+                Err(Error::RowsBeyondPositions {
+                    rows: 3,
+                    positions: 2
+                })
+            ));
+        }
     }
 }

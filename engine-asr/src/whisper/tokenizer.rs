@@ -170,4 +170,103 @@ impl WhisperTokenizer {
     pub fn token_text(&self, token: u32) -> Option<String> {
         self.inner.id_to_token(token)
     }
+
+    /// One past the highest token id the tokenizer knows, its added tokens included.
+    pub fn ids_end(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .into_values()
+            .max()
+            .map_or(0, |last| last as usize + 1)
+    }
+
+    /// Whether the tokenizer lists the timestamp tokens (`<|0.00|>` …) itself, as newer
+    /// `tokenizer.json` files do; older ones leave them implied after `<|notimestamps|>`.
+    pub fn lists_timestamps(&self) -> bool {
+        self.inner.token_to_id("<|0.00|>").is_some()
+    }
+
+    /// Fails unless the tokenizer fits a model of `vocab_size` logits: none of its ids lies past
+    /// the model's vocabulary, and listed timestamp tokens end where the vocabulary does.
+    pub fn check_fits_vocabulary(&self, vocab_size: usize) -> Result<()> {
+        let ids_end = self.ids_end();
+        let reason = if ids_end > vocab_size {
+            format!(
+                "it has token ids up to {}, past the model's vocabulary of {vocab_size}",
+                ids_end - 1
+            )
+        } else if self.lists_timestamps() && ids_end != vocab_size {
+            format!(
+                "its timestamp tokens end at id {}, the model's vocabulary at {}",
+                ids_end - 1,
+                vocab_size - 1
+            )
+        } else {
+            return Ok(());
+        };
+        Err(self.mismatch(reason))
+    }
+
+    /// Fails unless the special tokens a model's configuration `config` (the JSON of
+    /// `config_path`) names are this tokenizer's: Hugging Face's `eos_token_id`,
+    /// `decoder_start_token_id` and `no_timestamps_token_id`, and the language tokens of
+    /// CTranslate2's `lang_ids` and Hugging Face's `lang_to_id`, which must lie between
+    /// `<|startoftranscript|>` and `<|translate|>`. Entries that are absent or not numbers are
+    /// not checked.
+    pub fn check_configured_tokens(
+        &self,
+        config_path: &Path,
+        config: &serde_json::Value,
+    ) -> Result<()> {
+        let named = [
+            ("eos_token_id", "<|endoftext|>", self.end_of_text),
+            (
+                "decoder_start_token_id",
+                "<|startoftranscript|>",
+                self.start_of_transcript,
+            ),
+            (
+                "no_timestamps_token_id",
+                "<|notimestamps|>",
+                self.no_timestamps,
+            ),
+        ];
+        for (key, token, id) in named {
+            let configured = config.get(key).and_then(serde_json::Value::as_u64);
+            if let Some(configured) = configured.filter(|&c| c != u64::from(id)) {
+                return Err(self.mismatch(format!(
+                    "{} names {token} {configured} (`{key}`), the tokenizer has it at {id}",
+                    config_path.display()
+                )));
+            }
+        }
+        let listed = config.get("lang_ids").and_then(serde_json::Value::as_array);
+        let mapped = config
+            .get("lang_to_id")
+            .and_then(serde_json::Value::as_object);
+        let languages = listed
+            .into_iter()
+            .flatten()
+            .chain(mapped.into_iter().flat_map(|map| map.values()))
+            .filter_map(serde_json::Value::as_u64);
+        let block = u64::from(self.start_of_transcript) + 1..u64::from(self.translate);
+        for language in languages {
+            if !block.contains(&language) {
+                return Err(self.mismatch(format!(
+                    "{} names language token {language}, and the tokenizer's language tokens \
+                     are {block:?}",
+                    config_path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A [`Error::TokenizerMismatch`] of this tokenizer.
+    fn mismatch(&self, reason: String) -> Error {
+        Error::TokenizerMismatch {
+            path: self.path.clone(),
+            reason,
+        }
+    }
 }

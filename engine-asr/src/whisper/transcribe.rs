@@ -2,7 +2,7 @@
 //! transcript, language, task, timestamps), the temperature fallback, no-speech detection and
 //! timestamped segments, following Whisper's `transcribe` (Radford et al., 2022, §4.5).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -196,12 +196,8 @@ struct Suppression {
 
 impl Suppression {
     fn read(folder: &Path) -> Result<Self> {
-        for name in ["generation_config.json", "config.json"] {
-            let path = folder.join(name);
-            let Ok(text) = std::fs::read_to_string(&path) else {
-                continue;
-            };
-            let found: Suppression = serde_json::from_str(&text)
+        for (path, config) in folder_configs(folder)? {
+            let found: Suppression = serde_json::from_value(config)
                 .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
             if !found.suppress_ids.is_empty() || !found.suppress_ids_begin.is_empty() {
                 return Ok(found);
@@ -209,6 +205,23 @@ impl Suppression {
         }
         Ok(Self::default())
     }
+}
+
+/// The JSON of the configuration files of a model folder that has them, with their paths:
+/// Hugging Face's `generation_config.json`, then `config.json` (Hugging Face's or
+/// CTranslate2's).
+fn folder_configs(folder: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>> {
+    let mut configs = Vec::new();
+    for name in ["generation_config.json", "config.json"] {
+        let path = folder.join(name);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let config = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        configs.push((path, config));
+    }
+    Ok(configs)
 }
 
 /// A Whisper model with its tokenizer and mel filters: audio in, text out.
@@ -224,21 +237,30 @@ pub struct Transcriber {
 
 impl Transcriber {
     /// Loads `folder` (`model.bin` or `model.safetensors` + `config.json`, with
-    /// `tokenizer.json`).
+    /// `tokenizer.json`). A tokenizer that does not number the special tokens the folder's
+    /// configuration names as it does is refused
+    /// ([`WhisperTokenizer::check_configured_tokens`]).
     pub fn load(folder: &Path, options: &LoadOptions) -> Result<Self> {
         let model = Whisper::load(folder, options)?;
         let tokenizer = WhisperTokenizer::from_file(&folder.join("tokenizer.json"))?;
         let suppression = Suppression::read(folder)?;
-        Self::new(
+        let transcriber = Self::new(
             model,
             tokenizer,
             suppression.suppress_ids,
             suppression.suppress_ids_begin,
-        )
+        )?;
+        for (path, config) in folder_configs(folder)? {
+            transcriber
+                .tokenizer
+                .check_configured_tokens(&path, &config)?;
+        }
+        Ok(transcriber)
     }
 
     /// From parts: `suppress` are the always-suppressed ids, `suppress_at_start` those blocked
-    /// at a window's first step.
+    /// at a window's first step. A tokenizer of another Whisper vocabulary is refused
+    /// ([`WhisperTokenizer::check_fits_vocabulary`]).
     pub fn new(
         model: Whisper,
         tokenizer: WhisperTokenizer,
@@ -263,6 +285,7 @@ impl Transcriber {
                 tokenizer.end_of_text
             )));
         }
+        tokenizer.check_fits_vocabulary(model.config().vocab_size)?;
         let filters = MelFilters::new(model.config().n_mels)?;
         Ok(Self {
             model,

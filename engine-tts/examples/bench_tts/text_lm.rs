@@ -360,7 +360,7 @@ fn target_nll(
     let sampling = SamplingConfig::with_temperature(temperature);
     let mut sum = 0f64;
     for (i, &token) in tokens.iter().enumerate() {
-        let p = sampling.probabilities(logits.row(i))[token as usize];
+        let p = sampling.probabilities(logits.row(i))?[token as usize];
         sum -= f64::from(p.max(f32::MIN_POSITIVE)).ln();
     }
     Ok(sum / tokens.len() as f64)

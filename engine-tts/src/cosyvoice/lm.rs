@@ -527,8 +527,8 @@ impl SpeechLm {
     /// length), resampling from normalize(max(0, q − p)) at the first rejection. β = 0 draws
     /// exactly from this model's distribution; larger β accepts more, drifting toward the
     /// draft. Stops as [`SpeechLm::generate`] does, or after `config.max_tokens`. This is
-    /// `spec-core`'s [`speculate`](speculate()) with a sampled [`DraftModelDrafter`], whose
-    /// first draft the prompt's forward verifies.
+    /// `spec-core`'s [`speculate()`] with a sampled [`DraftModelDrafter`], whose first draft the
+    /// prompt's forward verifies.
     ///
     /// `on_token`, when given, receives each kept speech token as soon as its round is
     /// verified; an error from it stops the decoding and is returned.

@@ -26,6 +26,23 @@ fn tree_shapes_have_the_choices_they_promise() {
 }
 
 #[test]
+fn choices_at_the_largest_indices_neither_overflow_nor_truncate() {
+    let deepest = vec![vec![MAX_CANDIDATE_INDEX], vec![MAX_CANDIDATE_INDEX, 0]];
+    let tree = HeadsTree::choices(deepest).unwrap();
+    assert_eq!(tree.widths(), [MAX_CANDIDATE_INDEX + 1, 1]);
+    for impossible in [MAX_CANDIDATE_INDEX + 1, usize::MAX] {
+        assert!(matches!(
+            HeadsTree::choices(vec![vec![0], vec![0, impossible]]),
+            Err(Error::InvalidTree(_))
+        ));
+    }
+    // Sparse indices keep the shape checks: a missing parent, a repeated choice.
+    assert!(HeadsTree::choices(vec![vec![5], vec![7, 0]]).is_err());
+    assert!(HeadsTree::choices(vec![vec![5], vec![5]]).is_err());
+    assert!(HeadsTree::choices(vec![vec![5], vec![9], vec![9, 3]]).is_ok());
+}
+
+#[test]
 fn a_tree_deeper_than_the_heads_is_refused() {
     let heads = MockHeads::new(MockConfig::target(32, 1).draft(0.5, 2), 2);
     assert!(HeadsDrafter::new(&heads, HeadsTree::chain(3)).is_err());

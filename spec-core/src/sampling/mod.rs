@@ -178,7 +178,7 @@ impl Sampler for SamplingConfig {
     }
 
     fn distribution(&self, before: &[u32], row: &[f32]) -> Result<Vec<f32>> {
-        Ok(self.probabilities(&self.penalize(row, before)))
+        self.probabilities(&self.penalize(row, before))
     }
 }
 
@@ -299,15 +299,17 @@ impl SamplingConfig {
 
     /// The distribution tokens are drawn from: softmax of `logits / temperature` restricted to
     /// the top-k and top-p sets, or the one-hot argmax when greedy. Penalties are not applied
-    /// here (see [`SamplingConfig::penalize`]).
-    pub fn probabilities(&self, logits: &[f32]) -> Vec<f32> {
+    /// here (see [`SamplingConfig::penalize`]). Settings [`SamplingConfig::validate`] refuses
+    /// (a `top_k` of 0 keeps no token to draw) are refused here with its error.
+    pub fn probabilities(&self, logits: &[f32]) -> Result<Vec<f32>> {
+        self.validate()?;
         if logits.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         if self.is_greedy() {
             let mut one_hot = vec![0.0; logits.len()];
             one_hot[argmax(logits) as usize] = 1.0;
-            return one_hot;
+            return Ok(one_hot);
         }
         // Tokens outside the top-k get −∞ before the softmax.
         let cutoff = match self.top_k {
@@ -349,16 +351,23 @@ impl SamplingConfig {
             let kept: f32 = probs.iter().sum();
             probs.iter_mut().for_each(|q| *q /= kept);
         }
-        probs
+        Ok(probs)
     }
 
-    /// Chooses the next token after `context` from raw `logits`.
-    pub fn choose(&self, logits: &[f32], context: &[u32], rng: &mut dyn rand::RngCore) -> u32 {
+    /// Chooses the next token after `context` from raw `logits`; settings
+    /// [`SamplingConfig::validate`] refuses are refused with its error.
+    pub fn choose(
+        &self,
+        logits: &[f32],
+        context: &[u32],
+        rng: &mut dyn rand::RngCore,
+    ) -> Result<u32> {
         let logits = self.penalize(logits, context);
         if self.is_greedy() {
-            argmax(&logits)
+            self.validate()?;
+            Ok(argmax(&logits))
         } else {
-            sample(&self.probabilities(&logits), rng)
+            Ok(sample(&self.probabilities(&logits)?, rng))
         }
     }
 }
@@ -451,7 +460,9 @@ mod tests {
 
     #[test]
     fn greedy_probabilities_are_one_hot() {
-        let p = SamplingConfig::greedy().probabilities(&[0.0, 2.0, 1.0]);
+        let p = SamplingConfig::greedy()
+            .probabilities(&[0.0, 2.0, 1.0])
+            .unwrap();
         assert_eq!(p, vec![0.0, 1.0, 0.0]);
     }
 
@@ -460,15 +471,36 @@ mod tests {
         let logits = [2.0f32, 1.0, 0.0, -1.0];
         let mut cfg = SamplingConfig::with_temperature(1.0);
         cfg.top_k = Some(2);
-        let p = cfg.probabilities(&logits);
+        let p = cfg.probabilities(&logits).unwrap();
         assert_eq!(p[2], 0.0);
         assert_eq!(p[3], 0.0);
         assert!((p[0] + p[1] - 1.0).abs() < 1e-6);
         let mut cfg = SamplingConfig::with_temperature(1.0);
         cfg.top_p = Some(0.5);
-        let p = cfg.probabilities(&logits);
+        let p = cfg.probabilities(&logits).unwrap();
         // The top token alone carries ~64 % of the mass.
         assert_eq!(p, vec![1.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_top_k_of_zero_is_refused_not_a_panic() {
+        let no_token = SamplingConfig {
+            top_k: Some(0),
+            ..SamplingConfig::with_temperature(1.0)
+        };
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        assert!(matches!(
+            no_token.probabilities(&logits),
+            Err(Error::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            no_token.distribution(&[], &logits),
+            Err(Error::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            no_token.choose(&logits, &[], &mut rand::rng()),
+            Err(Error::InvalidConfig(_))
+        ));
     }
 
     #[test]
@@ -477,7 +509,11 @@ mod tests {
         cfg.repetition_penalty = 2.0;
         let out = cfg.penalize(&[4.0, -1.0, 3.0], &[0, 1, 0]);
         assert_eq!(&*out, &[2.0, -2.0, 3.0]);
-        assert_eq!(cfg.choose(&[4.0, -1.0, 3.0], &[0], &mut rand::rng()), 2);
+        assert_eq!(
+            cfg.choose(&[4.0, -1.0, 3.0], &[0], &mut rand::rng())
+                .unwrap(),
+            2
+        );
     }
 
     #[test]
