@@ -165,12 +165,7 @@ impl EspeakSynthesizer {
 
 impl SentenceSynthesizer for EspeakSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
-        let sentence = sentence.trim();
-        if sentence.is_empty() {
-            return Err(spec_voice::Error::Input(
-                "cannot synthesize an empty sentence".to_string(),
-            ));
-        }
+        let sentence = spec_voice::sentence_to_speak(sentence)?;
         let start = Instant::now();
         let wav = run_program(&self.settings.program, &self.arguments(), sentence)?;
         let chunks = wav_chunks(&wav)?;

@@ -69,6 +69,16 @@ impl From<VoiceError> for spec_voice::Error {
     }
 }
 
+/// Fails unless `speed` (a voice's pace, 1 its own) is in 0.5..=2.
+pub(crate) fn check_speed(speed: f32) -> Result<()> {
+    if !(0.5..=2.0).contains(&speed) {
+        return Err(VoiceError::Input(format!(
+            "speed {speed} is outside 0.5..=2"
+        )));
+    }
+    Ok(())
+}
+
 /// The library to load: `ORT_DYLIB_PATH` when set, else `onnxruntime/libonnxruntime.so` in
 /// `models` (the models folder).
 pub fn library_path(models: &Path) -> PathBuf {

@@ -242,12 +242,7 @@ impl PiperSynthesizer {
     /// The voice from the models folder `models` (ONNX Runtime from
     /// [`onnx::library_path`]).
     pub fn load(models: &Path, settings: &PiperSettings) -> Result<Self> {
-        if !(0.5..=2.0).contains(&settings.speed) {
-            return Err(VoiceError::Input(format!(
-                "speed {} is outside 0.5..=2",
-                settings.speed
-            )));
-        }
+        onnx::check_speed(settings.speed)?;
         let environment = onnx::environment(&onnx::library_path(models))?;
         let dir = models.join(&settings.voice);
         let model = Piper::load(&dir, environment, settings.threads, &settings.espeak)?;
@@ -265,12 +260,7 @@ impl PiperSynthesizer {
 
 impl SentenceSynthesizer for PiperSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
-        let sentence = sentence.trim();
-        if sentence.is_empty() {
-            return Err(spec_voice::Error::Input(
-                "cannot synthesize an empty sentence".to_string(),
-            ));
-        }
+        let sentence = spec_voice::sentence_to_speak(sentence)?;
         let started = Instant::now();
         let phonemes = self.model.phonemes(sentence)?;
         let chunks = match phonemes.is_empty() {

@@ -20,5 +20,6 @@ pub use script::{parse_conversations, read_conversations};
 pub use sentence::{first_sentence_end, first_streamed_sentence, split_sentences, SentenceStream};
 pub use speaker::{Speaker, Speech, SpeechEvent};
 pub use synth::{
-    write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio, SentenceSynthesizer, Synthesis,
+    sentence_to_speak, write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio,
+    SentenceSynthesizer, Synthesis,
 };

@@ -66,6 +66,17 @@ pub trait SentenceSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> Result<Synthesis>;
 }
 
+/// The text a synthesizer speaks for `sentence`: trimmed; an error when nothing is left.
+pub fn sentence_to_speak(sentence: &str) -> Result<&str> {
+    let sentence = sentence.trim();
+    if sentence.is_empty() {
+        return Err(Error::Input(
+            "cannot synthesize an empty sentence".to_string(),
+        ));
+    }
+    Ok(sentence)
+}
+
 /// Speaking rate of [`FixedLatencySynthesizer`]'s audio: characters per second of speech.
 pub const SPOKEN_CHARS_PER_SECOND: f64 = 15.0;
 
@@ -105,12 +116,7 @@ impl FixedLatencySynthesizer {
 
 impl SentenceSynthesizer for FixedLatencySynthesizer {
     fn synthesize(&mut self, sentence: &str) -> Result<Synthesis> {
-        let sentence = sentence.trim();
-        if sentence.is_empty() {
-            return Err(Error::Input(
-                "cannot synthesize an empty sentence".to_string(),
-            ));
-        }
+        let sentence = sentence_to_speak(sentence)?;
         if self.sample_rate == 0 {
             return Err(Error::Input(
                 "cannot synthesize at a sample rate of 0 Hz".to_string(),

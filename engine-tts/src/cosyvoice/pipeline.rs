@@ -531,12 +531,7 @@ impl From<CosyVoiceError> for spec_voice::Error {
 
 impl spec_voice::SentenceSynthesizer for CosyVoiceSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<spec_voice::Synthesis> {
-        let sentence = sentence.trim();
-        if sentence.is_empty() {
-            return Err(spec_voice::Error::Input(
-                "cannot synthesize an empty sentence".to_string(),
-            ));
-        }
+        let sentence = spec_voice::sentence_to_speak(sentence)?;
         let start = std::time::Instant::now();
         let sample_rate = self.model.sample_rate();
         let mut first_audio_after = None;

@@ -306,12 +306,7 @@ impl KokoroSynthesizer {
     /// Kokoro from the models folder `models` (`kokoro-82m/`, ONNX Runtime from
     /// [`onnx::library_path`]).
     pub fn load(models: &Path, settings: &KokoroSettings) -> Result<Self> {
-        if !(0.5..=2.0).contains(&settings.speed) {
-            return Err(VoiceError::Input(format!(
-                "speed {} is outside 0.5..=2",
-                settings.speed
-            )));
-        }
+        onnx::check_speed(settings.speed)?;
         let environment = onnx::environment(&onnx::library_path(models))?;
         let dir = models.join("kokoro-82m");
         let model = Kokoro::load(&dir, environment, settings.threads)?;
@@ -334,12 +329,7 @@ impl KokoroSynthesizer {
 
 impl SentenceSynthesizer for KokoroSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
-        let sentence = sentence.trim();
-        if sentence.is_empty() {
-            return Err(spec_voice::Error::Input(
-                "cannot synthesize an empty sentence".to_string(),
-            ));
-        }
+        let sentence = spec_voice::sentence_to_speak(sentence)?;
         let started = Instant::now();
         let phonemes = self.phonemizer.phonemes(sentence)?;
         let ids = self.model.token_ids(phonemes.trim());
