@@ -5,4 +5,5 @@ pub mod espeak;
 pub mod kokoro;
 pub mod onnx;
 pub mod piper;
+pub mod text;
 pub mod voices;
