@@ -108,9 +108,10 @@ impl Piper {
         self.sample_rate
     }
 
-    /// espeak-ng's phonemes of `text`, clause by clause, each clause's punctuation after it.
+    /// espeak-ng's phonemes of `text` as spoken ([`text::normalize`](crate::text::normalize)),
+    /// clause by clause, each clause's punctuation after it.
     pub fn phonemes(&self, text: &str) -> Result<String> {
-        let clauses = clauses(text);
+        let clauses = clauses(&crate::text::normalize(text));
         if clauses.is_empty() {
             return Ok(String::new());
         }

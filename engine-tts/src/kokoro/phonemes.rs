@@ -36,10 +36,12 @@ impl Phonemizer {
         })
     }
 
-    /// The phonemes of `text`: words separated by spaces, punctuation kept; characters that are
-    /// neither are dropped.
+    /// The phonemes of `text` as spoken ([`text::normalize`](crate::text::normalize): numbers,
+    /// times, money and units in words): words separated by spaces, punctuation kept;
+    /// characters that are neither are dropped.
     pub fn phonemes(&self, text: &str) -> Result<String> {
-        let pieces = split_words(text);
+        let text = crate::text::normalize(text);
+        let pieces = split_words(&text);
         let unknown: Vec<&str> = pieces
             .iter()
             .filter_map(|piece| match piece {
