@@ -8,7 +8,7 @@
 //! first step with a drafter that drafts with the prefill ([`PreviousOutput`](crate::PreviousOutput)),
 //! and PredGen's check of a guess.
 
-use crate::decoder::{common_prefix_len, forward_tokens, Decoder, LogitRows};
+use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, LogitRows};
 use crate::logits::Logits;
 use crate::{Error, Result};
 
@@ -21,6 +21,16 @@ pub fn forward_continuation<D: Decoder + ?Sized>(
     prompt: &[u32],
     previous: &[u32],
 ) -> Result<Logits> {
+    Ok(forward_after_cached(model, prompt, previous)?.0)
+}
+
+/// [`forward_continuation`], with the number of prompt tokens the forward reused from the
+/// cache.
+pub(crate) fn forward_after_cached<D: Decoder + ?Sized>(
+    model: &mut D,
+    prompt: &[u32],
+    previous: &[u32],
+) -> Result<(Logits, usize)> {
     if prompt.is_empty() {
         return Err(Error::EmptyInput("the prompt must hold at least one token"));
     }
@@ -31,11 +41,11 @@ pub fn forward_continuation<D: Decoder + ?Sized>(
             max: model.max_len(),
         });
     }
-    let context: Vec<u32> = prompt.iter().chain(previous).copied().collect();
     // The last prompt token's logits judge the first output token, so it is forwarded again.
-    let keep = common_prefix_len(model.cached_tokens(), &context).min(prompt.len() - 1);
-    model.truncate(keep)?;
-    forward_tokens(model, &context[keep..], LogitRows::Last(previous.len() + 1))
+    let kept = rewind_to_prefix(model, prompt)?;
+    let input: Vec<u32> = prompt[kept..].iter().chain(previous).copied().collect();
+    let rows = forward_tokens(model, &input, LogitRows::Last(previous.len() + 1))?;
+    Ok((rows, kept))
 }
 
 #[cfg(test)]

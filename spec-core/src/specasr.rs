@@ -24,7 +24,8 @@
 
 use candle_core::Tensor;
 
-use crate::decoder::{forward_tokens, rewind_to_prefix, Decoder, Forward, LogitRows};
+use crate::continuation::forward_continuation;
+use crate::decoder::{rewind_to_prefix, Decoder, Forward};
 use crate::draft::{draft_chain, DraftInput, TreeDraft, TreeDrafter};
 use crate::logits::Logits;
 use crate::sampling::top_two_confidence;
@@ -275,10 +276,8 @@ impl<D: Decoder> SpecAsrDrafter<D> {
     fn draft_trunk(&mut self, committed: &[u32], depth: usize) -> Result<(Vec<Drafted>, usize)> {
         let mut tail = self.recyclable_tail(committed);
         tail.truncate(depth.saturating_sub(1));
-        let keep = rewind_to_prefix(&mut self.model, committed)?;
-        let mut fed: Vec<u32> = committed[keep..].to_vec();
-        fed.extend_from_slice(&tail);
-        let rows = forward_tokens(&mut self.model, &fed, LogitRows::Last(tail.len() + 1))?;
+        // One forward catches the draft up with `committed` and checks the recycled tail.
+        let rows = forward_continuation(&mut self.model, committed, &tail)?;
         let end = TrunkEnd {
             config: &self.config,
             end_token: self.end_token,

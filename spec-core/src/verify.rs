@@ -9,8 +9,8 @@ use candle_core::{DType, Tensor};
 use rand::RngCore;
 
 use crate::acceptance::{Acceptance, SpeculativeSampling, Verdict};
-use crate::continuation::forward_continuation;
-use crate::decoder::{common_prefix_len, Decoder, Forward, LogitRows};
+use crate::continuation::forward_after_cached;
+use crate::decoder::{Decoder, Forward, LogitRows};
 use crate::heads::{check_head_range, check_heads, HiddenStates, TokenHeads};
 use crate::logits::Logits;
 use crate::sampling::Sampler;
@@ -355,11 +355,7 @@ pub(crate) fn verify_with_prefill<T: HiddenStates + ?Sized>(
         }
     }
     let drafted = &chain.tokens()[1..];
-    // What the forward reuses of the cache: its common prefix with the context, the context's
-    // last token always forwarded.
-    let keep =
-        common_prefix_len(target.cached_tokens(), context).min(context.len().saturating_sub(1));
-    let mut rows = forward_continuation(target, context, drafted)?;
+    let (mut rows, keep) = forward_after_cached(target, context, drafted)?;
     let (verdict, judged) = judge.judge(chain, &mut rows, adjust)?;
     target.truncate(context.len() + verdict.path.len() - 1)?;
     let hidden = match hidden {
