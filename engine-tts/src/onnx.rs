@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use ort::environment::Environment;
-use ort::session::Session;
+use ort::session::{Session, SessionOutputs};
 
 use crate::espeak::EspeakError;
 
@@ -89,36 +89,53 @@ pub fn library_path(models: &Path) -> PathBuf {
 }
 
 /// The process's ONNX Runtime environment, the library at `library` loaded on first use (a
-/// process loads one library: later calls get the first one's environment, or its error).
+/// process loads one library: once one is loaded, or has failed to load, later calls get that
+/// environment or that failure).
 pub fn environment(library: &Path) -> Result<&'static Environment> {
-    static ENVIRONMENT: OnceLock<Result<Environment>> = OnceLock::new();
+    static ENVIRONMENT: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
+    if ENVIRONMENT.get().is_none() && !library.is_file() {
+        return Err(VoiceError::LibraryMissing {
+            path: library.to_path_buf(),
+        });
+    }
     ENVIRONMENT
         .get_or_init(|| {
-            if !library.is_file() {
-                return Err(VoiceError::LibraryMissing {
-                    path: library.to_path_buf(),
-                });
-            }
-            let failed = |reason: String| VoiceError::Library {
-                path: library.to_path_buf(),
-                reason,
-            };
             ort::init_from(library)
-                .map_err(|e| failed(e.to_string()))?
+                .map_err(|e| e.to_string())?
                 .with_name("specvoice")
                 .build()
-                .map_err(|e| failed(e.to_string()))
+                .map_err(|e| e.to_string())
         })
         .as_ref()
-        .map_err(|e| match e {
-            VoiceError::LibraryMissing { path } => {
-                VoiceError::LibraryMissing { path: path.clone() }
-            }
-            other => VoiceError::Library {
-                path: library.to_path_buf(),
-                reason: other.to_string(),
-            },
+        .map_err(|reason| VoiceError::Library {
+            path: library.to_path_buf(),
+            reason: reason.clone(),
         })
+}
+
+/// A failed run of `model` as a [`VoiceError::Run`].
+pub(crate) fn run_failed(model: &'static str) -> impl Fn(ort::Error) -> VoiceError + Copy {
+    move |e| VoiceError::Run {
+        model: model.into(),
+        reason: e.to_string(),
+    }
+}
+
+/// The f32 output `name` of a run of `model`; an error, not a panic, when a model file has no
+/// such output.
+pub(crate) fn f32_output(
+    outputs: &SessionOutputs<'_>,
+    model: &'static str,
+    name: &str,
+) -> Result<Vec<f32>> {
+    let value = outputs.get(name).ok_or_else(|| VoiceError::Run {
+        model: model.into(),
+        reason: format!("the model has no output `{name}`"),
+    })?;
+    let (_, values) = value
+        .try_extract_tensor::<f32>()
+        .map_err(run_failed(model))?;
+    Ok(values.to_vec())
 }
 
 /// A session of the model at `path` on `threads` threads (of this machine's cores: the

@@ -164,10 +164,7 @@ impl Piper {
     /// Audio for phoneme ids (of [`Piper::phoneme_ids`]) at `length_scale` times the voice's
     /// pace (1 is its own).
     pub fn speak(&mut self, ids: &[i64], length_scale: f32) -> Result<Vec<f32>> {
-        let failed = |e: ort::Error| VoiceError::Run {
-            model: "Piper".into(),
-            reason: e.to_string(),
-        };
+        let failed = onnx::run_failed("Piper");
         let [noise, length, noise_w] = self.scales;
         let input = Tensor::from_array(([1, ids.len()], ids.to_vec())).map_err(failed)?;
         let lengths = Tensor::from_array(([1], vec![ids.len() as i64])).map_err(failed)?;
@@ -177,10 +174,7 @@ impl Piper {
             .session
             .run(ort::inputs!["input" => input, "input_lengths" => lengths, "scales" => scales])
             .map_err(failed)?;
-        let (_, audio) = outputs["output"]
-            .try_extract_tensor::<f32>()
-            .map_err(failed)?;
-        Ok(audio.to_vec())
+        onnx::f32_output(&outputs, "Piper", "output")
     }
 }
 

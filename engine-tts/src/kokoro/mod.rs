@@ -165,10 +165,7 @@ impl Kokoro {
                 ids.len()
             )));
         }
-        let failed = |e: ort::Error| VoiceError::Run {
-            model: "Kokoro".into(),
-            reason: e.to_string(),
-        };
+        let failed = onnx::run_failed("Kokoro");
         let padded: Vec<i64> = [0]
             .into_iter()
             .chain(ids.iter().copied())
@@ -182,10 +179,7 @@ impl Kokoro {
             .session
             .run(ort::inputs!["tokens" => tokens, "style" => style, "speed" => speed])
             .map_err(failed)?;
-        let (_, audio) = outputs["audio"]
-            .try_extract_tensor::<f32>()
-            .map_err(failed)?;
-        Ok(audio.to_vec())
+        onnx::f32_output(&outputs, "Kokoro", "audio")
     }
 }
 
