@@ -20,7 +20,7 @@ use engine_tts::voices;
 use spec_cli::{init_logging, open_model, HeadsArgs, ModelArgs};
 use spec_core::report::latency_speedup;
 use spec_models::{Registry, Store};
-use spec_voice::{write_wav, SentenceSynthesizer};
+use spec_voice::write_wav;
 #[cfg(feature = "server")]
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, SynthesizerFactory};
 use specvoice::{
@@ -271,12 +271,6 @@ fn main() -> Result<()> {
     }
 }
 
-/// The voice `name` from the models folder ([`voices::VoiceChoice`]).
-fn synthesizer(name: &str) -> Result<Box<dyn SentenceSynthesizer>> {
-    let models = spec_models::models_dir()?;
-    Ok(voices::open(&name.parse()?, &models)?)
-}
-
 /// A synthesizer the server's sessions share, one sentence at a time.
 #[cfg(feature = "server")]
 fn synthesizer_factory(name: &str) -> Result<SynthesizerFactory> {
@@ -385,6 +379,8 @@ fn chat(args: ChatArgs) -> Result<()> {
         question_candidates: args.question_candidates,
         ..PredGenConfig::default()
     };
+    // One voice for both runs, loaded once.
+    let voice = voices::open_shared(&args.voice.parse()?, &spec_models::models_dir()?)?;
     let mut run = |mode: ChatMode, show: bool| -> Result<Vec<VoiceTurn>> {
         let listener = Listener::new(
             whisper.take().expect("Whisper is back"),
@@ -400,7 +396,7 @@ fn chat(args: ChatArgs) -> Result<()> {
         let mut chat = VoiceChat::new(
             listener,
             session,
-            synthesizer(&args.voice)?,
+            Box::new(voice.clone()),
             mode,
             hearing.clock(),
         );
