@@ -178,6 +178,7 @@ impl SentenceSynthesizer for EspeakSynthesizer {
             sentence: sentence.to_string(),
             chunks,
             first_audio_after,
+            compute: first_audio_after,
         })
     }
 }

@@ -274,6 +274,7 @@ impl SentenceSynthesizer for PiperSynthesizer {
             sentence: sentence.to_string(),
             chunks,
             first_audio_after,
+            compute: first_audio_after,
         })
     }
 }

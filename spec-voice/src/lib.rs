@@ -17,7 +17,10 @@ pub use partial::{
     DEFAULT_CHARS_PER_MINUTE,
 };
 pub use script::{parse_conversations, read_conversations};
-pub use sentence::{first_sentence_end, first_streamed_sentence, split_sentences, SentenceStream};
+pub use sentence::{
+    first_piece_end, first_sentence_end, first_streamed_sentence, split_sentences, SentenceStream,
+    MIN_PIECE_WORDS,
+};
 pub use speaker::{Speaker, Speech, SpeechEvent};
 pub use synth::{
     sentence_to_speak, write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio,

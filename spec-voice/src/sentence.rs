@@ -283,6 +283,42 @@ impl SentenceStream {
     }
 }
 
+/// Fewest words on each side of the cut [`first_piece_end`] makes.
+pub const MIN_PIECE_WORDS: usize = 4;
+
+/// Words that open a clause or a phrase, before which a speaker can pause: conjunctions and
+/// common prepositions.
+const PHRASE_OPENERS: [&str; 24] = [
+    "and", "but", "or", "so", "because", "which", "when", "if", "while", "where", "although",
+    "though", "unless", "until", "since", "for", "with", "in", "on", "at", "from", "about",
+    "after", "before",
+];
+
+/// Where to cut a sentence so that its start is synthesized, and heard, sooner: the byte offset
+/// just past its first clause (a comma, semicolon, colon or dash after a word), or else just
+/// before its first conjunction or preposition, whichever comes first with at least
+/// [`MIN_PIECE_WORDS`] words on each side; `None` when the sentence is too short for that.
+/// A voice speaks the two pieces in runs of its own: the first is ready after a fraction of the
+/// whole sentence's compute, and the second is made while the first plays.
+pub fn first_piece_end(sentence: &str) -> Option<usize> {
+    let words: Vec<(usize, &str)> = sentence
+        .split_whitespace()
+        .map(|word| (word.as_ptr() as usize - sentence.as_ptr() as usize, word))
+        .collect();
+    (MIN_PIECE_WORDS..=words.len().checked_sub(MIN_PIECE_WORDS)?).find_map(|i| {
+        let (start, before) = words[i - 1];
+        let clause_end = before.ends_with([',', ';', ':', '—', '–']);
+        let word = words[i].1.trim_start_matches(is_opener).to_lowercase();
+        if clause_end {
+            Some(start + before.len())
+        } else if PHRASE_OPENERS.contains(&word.as_str()) {
+            Some(words[i].0)
+        } else {
+            None
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +327,53 @@ mod tests {
 
     fn split(text: &str, complete: bool) -> (Vec<String>, String) {
         split_sentences(text, complete)
+    }
+
+    #[test]
+    fn a_long_sentence_is_cut_after_its_first_clause_or_before_a_phrase() {
+        let cut = |s: &'static str| first_piece_end(s).map(|end| (&s[..end], &s[end..]));
+        assert_eq!(
+            cut("If you water it too often, the roots will rot in the pot."),
+            Some((
+                "If you water it too often,",
+                " the roots will rot in the pot."
+            ))
+        );
+        assert_eq!(
+            cut("The ideal watering frequency for a snake plant is once a week."),
+            Some((
+                "The ideal watering frequency ",
+                "for a snake plant is once a week."
+            ))
+        );
+        // The earlier boundary wins; a clause of fewer than four words is not cut off.
+        assert_eq!(
+            cut("Sure, here is a simple recipe (with eggs) for pancakes."),
+            Some((
+                "Sure, here is a simple recipe ",
+                "(with eggs) for pancakes."
+            ))
+        );
+        assert_eq!(
+            cut("Pack light layers — the evenings get cold near the coast."),
+            Some((
+                "Pack light layers —",
+                " the evenings get cold near the coast."
+            ))
+        );
+        // A preposition three words in is too early; too short a sentence, or one without a
+        // boundary, is not cut.
+        assert_eq!(
+            cut("Boil the eggs for six minutes and then cool them."),
+            Some(("Boil the eggs for six minutes ", "and then cool them."))
+        );
+        assert_eq!(cut("Add the sugar slowly and stir."), None);
+        assert_eq!(cut("Yes."), None);
+        assert_eq!(cut(""), None);
+        assert_eq!(
+            cut("Photosynthesis turns sunlight carbon dioxide water into sugar."),
+            None
+        );
     }
 
     #[test]

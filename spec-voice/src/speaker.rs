@@ -2,16 +2,21 @@
 //!
 //! The language model only says which sentences are ready: a guessed first sentence worth
 //! preparing while the user still speaks, the answer's first sentence once it holds, each later
-//! sentence as it completes. A [`Speaker`] turns them into audio on the session's timeline:
-//! prepared audio is kept, and when the answer's first sentence is one of the guesses its audio
-//! plays at once instead of after the synthesizer's latency. Synthesis runs beside the model, so
-//! its compute is not charged to the clock: audio is ready at the sentence's time plus
-//! [`Synthesis::first_audio_after`].
+//! sentence as it completes. A [`Speaker`] turns them into audio on the session's timeline.
+//!
+//! - A long first sentence is spoken in two pieces ([`first_piece_end`]): the audio of the
+//!   first is ready after a fraction of the sentence's compute, and the second is made while it
+//!   plays.
+//! - A guessed first sentence's first piece is prepared ahead; when the answer's first sentence
+//!   is one of the guesses, that audio plays at once instead of after the synthesizer's latency.
+//! - The synthesizer shares the CPU with the recognizer and the model, so its compute is charged
+//!   to the session's clock (on the wall clock it simply takes its time): a synthesis starts
+//!   when the speaker is called and its audio is ready [`Synthesis::first_audio_after`] later.
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::{PreparedAudio, Result, SentenceSynthesizer, Synthesis};
+use crate::{first_piece_end, Clock, PreparedAudio, Result, SentenceSynthesizer, Synthesis};
 
 /// What the speaker did, at a time of the session clock.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,21 +77,27 @@ pub struct Speech {
     pub audio: Vec<Synthesis>,
 }
 
-/// Speaks one answer at a time (see the module's documentation); a new answer starts with
-/// [`Speaker::finish`] or [`Speaker::cancel`].
-#[derive(Clone, Debug, Default)]
+/// Speaks one answer at a time (see the module's documentation) on a session's clock; a new
+/// answer starts with [`Speaker::finish`] or [`Speaker::cancel`].
+#[derive(Clone, Debug)]
 pub struct Speaker {
+    clock: Clock,
     prepared: Vec<PreparedAudio>,
     speech: Speech,
 }
 
 impl Speaker {
-    pub fn new() -> Self {
-        Self::default()
+    /// A speaker charging its synthesis to `clock`.
+    pub fn new(clock: Clock) -> Self {
+        Self {
+            clock,
+            prepared: Vec::new(),
+            speech: Speech::default(),
+        }
     }
 
-    /// A guessed first sentence, complete at `at`: synthesized now unless it was already.
-    /// Returns what was done, at its time.
+    /// A guessed first sentence, complete at `at`: its first piece is synthesized now (not
+    /// before `at`) unless it was already. Returns what was done, at the time it started.
     pub fn prepare(
         &mut self,
         tts: &mut dyn SentenceSynthesizer,
@@ -96,9 +107,12 @@ impl Speaker {
         if self.prepared.iter().any(|p| p.matches(sentence)) {
             return Ok(None);
         }
-        let synthesis = tts.synthesize(sentence)?;
-        let ready_at = at + synthesis.first_audio_after;
+        let sentence = sentence.trim();
+        let (first_piece, _) = pieces(sentence);
+        let (start, synthesis) = self.synthesize(tts, first_piece, at)?;
+        let ready_at = start + synthesis.first_audio_after;
         self.prepared.push(PreparedAudio {
+            sentence: sentence.to_string(),
             synthesis,
             ready_at,
         });
@@ -106,35 +120,45 @@ impl Speaker {
             sentence: sentence.to_string(),
             ready_at,
         };
-        Ok(Some((at, event)))
+        Ok(Some((start, event)))
     }
 
     /// The answer's first sentence, complete at `at`: its prepared audio plays if a guess got it
-    /// right (once that audio is ready), otherwise it is synthesized now. An empty sentence (an
-    /// empty answer) has no audio. Returns the start of the audio.
+    /// right (once that audio is ready), otherwise it is synthesized now; the rest of a sentence
+    /// spoken in two pieces is synthesized after the first. An empty sentence (an empty answer)
+    /// has no audio. Returns the start of the audio.
     pub fn speak_first(
         &mut self,
         tts: &mut dyn SentenceSynthesizer,
         sentence: &str,
         at: Duration,
     ) -> Result<Option<(Duration, SpeechEvent)>> {
+        let sentence = sentence.trim();
+        if sentence.is_empty() {
+            self.speech.first_audio_at = Some(at);
+            return Ok(None);
+        }
         let prepared = self
             .prepared
             .iter()
-            .position(|p| !sentence.is_empty() && p.matches(sentence))
+            .position(|p| p.matches(sentence))
             .map(|i| self.prepared.swap_remove(i));
         self.speech.prepared_audio_used = prepared.is_some();
-        let (audio_at, audio) = match prepared {
-            Some(p) => (p.ready_at.max(at), p.synthesis),
-            None if sentence.is_empty() => {
-                self.speech.first_audio_at = Some(at);
-                return Ok(None);
-            }
+        let (first_piece, rest) = pieces(sentence);
+        let (ready_at, mut audio) = match prepared {
+            Some(p) => (p.ready_at, p.synthesis),
             None => {
-                let synthesis = tts.synthesize(sentence)?;
-                (at + synthesis.first_audio_after, synthesis)
+                let (start, synthesis) = self.synthesize(tts, first_piece, at)?;
+                (start + synthesis.first_audio_after, synthesis)
             }
         };
+        if let Some(rest) = rest {
+            let (_, rest) = self.synthesize(tts, rest, at)?;
+            audio.chunks.extend(rest.chunks);
+            audio.compute += rest.compute;
+            audio.sentence = sentence.to_string();
+        }
+        let audio_at = ready_at.max(at);
         self.speech.first_audio_at = Some(audio_at);
         self.speech.audio.push(audio.clone());
         let event = SpeechEvent::AudioStarts {
@@ -151,12 +175,11 @@ impl Speaker {
         sentence: &str,
         at: Duration,
     ) -> Result<(Duration, SpeechEvent)> {
-        let audio = tts.synthesize(sentence)?;
-        let ready_at = at + audio.first_audio_after;
+        let (start, audio) = self.synthesize(tts, sentence, at)?;
         self.speech.audio.push(audio.clone());
         let event = SpeechEvent::Sentence {
-            text: sentence.to_string(),
-            ready_at,
+            text: sentence.trim().to_string(),
+            ready_at: start + audio.first_audio_after,
             audio,
         };
         Ok((at, event))
@@ -172,6 +195,29 @@ impl Speaker {
     pub fn cancel(&mut self) {
         self.finish();
     }
+
+    /// Synthesizes `text`, asked for at `at`, now (not before `at`), charging its compute to the
+    /// clock: when it started, and the synthesis.
+    fn synthesize(
+        &self,
+        tts: &mut dyn SentenceSynthesizer,
+        text: &str,
+        at: Duration,
+    ) -> Result<(Duration, Synthesis)> {
+        self.clock.wait_until(at);
+        let start = self.clock.now();
+        let synthesis = tts.synthesize(text)?;
+        self.clock.charge(synthesis.compute);
+        Ok((start, synthesis))
+    }
+}
+
+/// A sentence's first piece and the rest, when it is spoken in two ([`first_piece_end`]).
+fn pieces(sentence: &str) -> (&str, Option<&str>) {
+    match first_piece_end(sentence) {
+        Some(end) => (sentence[..end].trim(), Some(sentence[end..].trim())),
+        None => (sentence, None),
+    }
 }
 
 #[cfg(test)]
@@ -186,13 +232,15 @@ mod tests {
     #[test]
     fn a_prepared_first_sentence_plays_once_its_audio_is_ready() {
         let mut tts = FixedLatencySynthesizer::new(ms(200));
-        let mut speaker = Speaker::new();
+        let clock = Clock::simulated();
+        let mut speaker = Speaker::new(clock.clone());
         let (at, event) = speaker
             .prepare(&mut tts, "Boil it for six minutes.", ms(1_000))
             .unwrap()
             .unwrap();
         assert_eq!(at, ms(1_000));
         assert!(matches!(event, SpeechEvent::Prepared { ready_at, .. } if ready_at == ms(1_200)));
+        assert_eq!(clock.now(), ms(1_200), "the synthesis is charged");
         assert_eq!(
             speaker
                 .prepare(&mut tts, "  Boil it for six minutes. ", ms(1_100))
@@ -210,8 +258,10 @@ mod tests {
             event,
             SpeechEvent::AudioStarts { prepared: true, .. }
         ));
-        let (at, _) = speaker.speak(&mut tts, "Then cool it.", ms(1_300)).unwrap();
+        assert_eq!(clock.now(), ms(1_200), "nothing more to synthesize");
+        let (at, event) = speaker.speak(&mut tts, "Then cool it.", ms(1_300)).unwrap();
         assert_eq!(at, ms(1_300));
+        assert!(matches!(event, SpeechEvent::Sentence { ready_at, .. } if ready_at == ms(1_500)));
         let speech = speaker.finish();
         assert_eq!(speech.first_audio_at, Some(ms(1_200)));
         assert!(speech.prepared_audio_used);
@@ -222,7 +272,7 @@ mod tests {
     #[test]
     fn a_first_sentence_no_guess_had_is_synthesized_when_it_is_complete() {
         let mut tts = FixedLatencySynthesizer::new(ms(200));
-        let mut speaker = Speaker::new();
+        let mut speaker = Speaker::new(Clock::simulated());
         speaker
             .prepare(&mut tts, "Boil it for seven minutes.", ms(500))
             .unwrap();
@@ -242,9 +292,62 @@ mod tests {
     }
 
     #[test]
+    fn a_long_first_sentence_plays_after_its_first_piece_and_the_rest_follows() {
+        let sentence = "If you water it too often, the roots will rot in the pot.";
+        let (first, rest) = (
+            "If you water it too often,",
+            "the roots will rot in the pot.",
+        );
+        let mut tts = FixedLatencySynthesizer::new(ms(200));
+        let audio_of = |text: &str| {
+            let mut tts = FixedLatencySynthesizer::new(ms(200));
+            tts.synthesize(text)
+                .unwrap()
+                .joined()
+                .unwrap()
+                .samples
+                .len()
+        };
+        let clock = Clock::simulated();
+        let mut speaker = Speaker::new(clock.clone());
+        // Ahead of time, only the first piece is made.
+        speaker.prepare(&mut tts, sentence, ms(1_000)).unwrap();
+        assert_eq!(speaker.prepared[0].synthesis.sentence, first);
+        assert_eq!(clock.now(), ms(1_200));
+        let (start, event) = speaker
+            .speak_first(&mut tts, sentence, ms(1_500))
+            .unwrap()
+            .unwrap();
+        assert_eq!(start, ms(1_500));
+        assert_eq!(
+            clock.now(),
+            ms(1_700),
+            "the rest is made when the answer holds"
+        );
+        let SpeechEvent::AudioStarts { prepared, audio } = event else {
+            panic!("{event:?}")
+        };
+        assert!(prepared);
+        assert_eq!(audio.sentence, sentence);
+        assert_eq!(
+            audio.joined().unwrap().samples.len(),
+            audio_of(first) + audio_of(rest)
+        );
+        assert_eq!(audio.compute, ms(400));
+        speaker.finish();
+        // Unprepared, its first audio is ready after the first piece alone.
+        let (start, _) = speaker
+            .speak_first(&mut tts, sentence, ms(2_000))
+            .unwrap()
+            .unwrap();
+        assert_eq!(start, ms(2_200));
+        assert_eq!(clock.now(), ms(2_400));
+    }
+
+    #[test]
     fn an_empty_answer_has_no_audio_and_a_cancelled_one_leaves_nothing() {
         let mut tts = FixedLatencySynthesizer::default();
-        let mut speaker = Speaker::new();
+        let mut speaker = Speaker::new(Clock::simulated());
         assert_eq!(speaker.speak_first(&mut tts, "", ms(700)).unwrap(), None);
         let speech = speaker.finish();
         assert_eq!(speech.first_audio_at, Some(ms(700)));

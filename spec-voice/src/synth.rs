@@ -29,8 +29,8 @@ impl AudioChunk {
     }
 }
 
-/// A synthesized sentence: its audio, and the compute time until its first chunk is ready (what
-/// a listener waits for).
+/// A synthesized sentence: its audio, the compute time until its first chunk is ready (what a
+/// listener waits for) and the compute time of all of it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Synthesis {
     /// The sentence spoken, trimmed.
@@ -39,6 +39,8 @@ pub struct Synthesis {
     pub chunks: Vec<AudioChunk>,
     /// Compute time from the request until the first chunk is ready.
     pub first_audio_after: Duration,
+    /// Compute time of the whole sentence.
+    pub compute: Duration,
 }
 
 impl Synthesis {
@@ -88,8 +90,8 @@ pub const MAX_CHUNK_SECONDS: f64 = 0.5;
 /// duration ([`SPOKEN_CHARS_PER_SECOND`] characters per second of speech) at 24 kHz, in chunks
 /// of at most [`MAX_CHUNK_SECONDS`].
 ///
-/// It does not sleep: the latency is reported in [`Synthesis::first_audio_after`], for the
-/// caller to charge to its clock.
+/// It does not sleep: the latency is reported in [`Synthesis::first_audio_after`] (and as the
+/// whole [`Synthesis::compute`]), for the caller to charge to its clock.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FixedLatencySynthesizer {
     /// Compute time until the first audio chunk.
@@ -137,6 +139,7 @@ impl SentenceSynthesizer for FixedLatencySynthesizer {
             sentence: sentence.to_string(),
             chunks,
             first_audio_after: self.latency,
+            compute: self.latency,
         })
     }
 }
@@ -183,10 +186,14 @@ pub fn write_wav<'a>(path: &Path, chunks: impl IntoIterator<Item = &'a AudioChun
     writer.finalize().map_err(io_error)
 }
 
-/// Audio prepared ahead of time, kept until the final answer is known.
+/// A guessed first sentence's audio, prepared ahead of time and kept until the final answer is
+/// known: the audio of its first piece ([`first_piece_end`](crate::first_piece_end); the whole
+/// sentence when it is not cut), the rest made when the answer starts with this sentence.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PreparedAudio {
-    /// The synthesized sentence.
+    /// The whole sentence, trimmed.
+    pub sentence: String,
+    /// The synthesized first piece.
     pub synthesis: Synthesis,
     /// When (on the session clock) the first audio chunk is ready.
     pub ready_at: Duration,
@@ -195,7 +202,7 @@ pub struct PreparedAudio {
 impl PreparedAudio {
     /// Whether this audio can be played for `sentence` (same text after trimming whitespace).
     pub fn matches(&self, sentence: &str) -> bool {
-        self.synthesis.sentence.trim() == sentence.trim()
+        self.sentence == sentence.trim()
     }
 }
 
@@ -213,6 +220,7 @@ mod tests {
             sentence: "Hi.".to_string(),
             chunks: vec![chunk(vec![0.1, 0.2], 8000), chunk(vec![0.3], 8000)],
             first_audio_after: Duration::ZERO,
+            compute: Duration::ZERO,
         };
         assert_eq!(
             synthesis.joined().unwrap(),
@@ -331,6 +339,7 @@ mod tests {
     fn prepared_audio_matches_the_same_sentence_only() {
         let mut tts = FixedLatencySynthesizer::default();
         let prepared = PreparedAudio {
+            sentence: "Boil it for six minutes.".into(),
             synthesis: tts.synthesize("Boil it for six minutes.").unwrap(),
             ready_at: Duration::from_millis(1_400),
         };

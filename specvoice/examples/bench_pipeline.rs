@@ -3,16 +3,18 @@
 //! - **Voice chat**: spoken questions (the voice set's first questions, spoken by espeak-ng) and
 //!   the real clips of the models folder, each played into streaming Whisper with end-of-speech
 //!   detection, then answered by the plain cascade and by PredGen (greedy, lossless) and spoken
-//!   by espeak-ng. Latency is from the end of speech (the last voiced audio) to the first audio
-//!   of the answer, broken down into endpointing (the silence the detector waits for), ASR
-//!   after the endpoint, the language model and speech synthesis.
+//!   by each voice of `--voices` (espeak-ng and Kokoro by default). Latency is from the end of
+//!   speech (the last voiced audio) to the first audio of the answer, broken down into
+//!   endpointing (the silence the detector waits for), ASR after the endpoint, the language
+//!   model and speech synthesis.
 //! - **Live captions**: English sentences spoken by espeak-ng and the LibriVox clips,
 //!   transcribed by streaming Whisper into timed partials once, then captioned by AR
 //!   re-translation and by SSBD (the library's default) from the same partials.
 //!
 //! ```sh
 //! cargo run --release -p specvoice --example bench_pipeline -- [--questions 40]
-//!     [--caption-sentences 8] [--asr whisper-tiny.en-ct2] [--model NAME] [--json PATH]
+//!     [--caption-sentences 8] [--asr whisper-tiny.en-ct2] [--model NAME]
+//!     [--voices espeak,kokoro:af_heart] [--json PATH]
 //! ```
 //!
 //! `cargo xtask bench pipeline` runs it and files the results with the machine and date.
@@ -27,6 +29,7 @@ use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, Transcriber};
 use engine_llm::{LoadOptions, PredGen, PredGenConfig};
 use engine_mt::{Caption, LiveConfig, LiveTranslator, StreamSummary};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use engine_tts::voices::{self, VoiceChoice};
 use spec_cli::{init_logging, open_model, progress_bar};
 use spec_core::report::{latency_speedup, speedup, Report, Table, NO_WAIT_SECONDS};
 use spec_models::{Registry, Store};
@@ -73,6 +76,11 @@ struct Args {
     /// Audio between partial transcripts while the user speaks, in milliseconds
     #[arg(long, default_value_t = 500)]
     partial_ms: u64,
+
+    /// Voices that speak the answers (each answers every recording, cascade and PredGen), by
+    /// the names `specvoice --voice` takes
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_values = ["espeak", "kokoro:af_heart"])]
+    voices: Vec<String>,
 
     /// Captions' language
     #[arg(long, default_value = "German")]
@@ -149,52 +157,61 @@ fn main() -> Result<()> {
         ..PredGenConfig::default()
     };
 
-    let mut turns: Vec<(&Recording, VoiceTurn, VoiceTurn)> = Vec::new();
-    let bar = progress_bar(questions.len() as u64 as usize, "voice chat");
-    for recording in &questions {
-        let mut play = |mode| -> Result<Vec<VoiceTurn>> {
-            let listener =
-                Listener::new(whisper.take().expect("Whisper"), listener_config.clone())?;
-            let session = PredGen::new(&mut model, config.clone())?;
-            let mut chat = VoiceChat::new(
-                listener,
-                session,
-                Box::new(espeak.clone()),
-                mode,
-                ClockKind::Simulated,
-            );
-            let played = chat.play(&recording.samples, trailing(&listener_config), &mut |_| {});
-            whisper = Some(chat.into_parts().0.into_transcriber());
-            Ok(played?)
-        };
-        let cascade = play(ChatMode::Cascade)?;
-        let predgen = play(ChatMode::PredGen)?;
-        ensure!(
-            cascade.len() == 1 && predgen.len() == 1,
-            "{}: {} and {} turns heard (one expected)",
-            recording.name,
-            cascade.len(),
-            predgen.len()
-        );
-        turns.push((
-            recording,
-            cascade.into_iter().next().unwrap(),
-            predgen.into_iter().next().unwrap(),
-        ));
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-
+    let models = spec_models::models_dir()?;
     let mut report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         ..Report::default()
     };
-    report.tables.push(chat_table(&turns, &args));
-    report.details.push(chat_details(&turns));
     std::fs::create_dir_all(&args.plots)?;
-    let plot = args.plots.join("pipeline-latency.svg");
-    std::fs::write(&plot, breakdown_svg(&turns))
-        .with_context(|| format!("writing {}", plot.display()))?;
+    for name in &args.voices {
+        let choice: VoiceChoice = name.parse()?;
+        let voice = voices::open_shared(&choice, &models)
+            .with_context(|| format!("opening the voice {choice}"))?;
+        let mut turns: Vec<(&Recording, VoiceTurn, VoiceTurn)> = Vec::new();
+        let bar = progress_bar(questions.len(), format!("voice chat, {choice}"));
+        for recording in &questions {
+            let mut play = |mode| -> Result<Vec<VoiceTurn>> {
+                let listener =
+                    Listener::new(whisper.take().expect("Whisper"), listener_config.clone())?;
+                let session = PredGen::new(&mut model, config.clone())?;
+                let mut chat = VoiceChat::new(
+                    listener,
+                    session,
+                    Box::new(voice.clone()),
+                    mode,
+                    ClockKind::Simulated,
+                );
+                let played = chat.play(&recording.samples, trailing(&listener_config), &mut |_| {});
+                whisper = Some(chat.into_parts().0.into_transcriber());
+                Ok(played?)
+            };
+            let cascade = play(ChatMode::Cascade)?;
+            let predgen = play(ChatMode::PredGen)?;
+            ensure!(
+                cascade.len() == 1 && predgen.len() == 1,
+                "{}: {} and {} turns heard (one expected)",
+                recording.name,
+                cascade.len(),
+                predgen.len()
+            );
+            turns.push((
+                recording,
+                cascade.into_iter().next().unwrap(),
+                predgen.into_iter().next().unwrap(),
+            ));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let voice_name = choice.to_string();
+        report.tables.push(chat_table(&turns, &args, &voice_name));
+        report.details.push(chat_details(&turns, &voice_name));
+        let plot = args.plots.join(format!(
+            "pipeline-latency-{}.svg",
+            voice_name.replace(':', "-")
+        ));
+        std::fs::write(&plot, breakdown_svg(&turns, &voice_name))
+            .with_context(|| format!("writing {}", plot.display()))?;
+    }
 
     // Live captions: the same timed partials for both systems.
     let mut sources: Vec<Recording> = Vec::new();
@@ -258,14 +275,17 @@ fn main() -> Result<()> {
     report.notes.push(format!(
         "Latency is from the end of speech (the end of the last voiced 20 ms frame) to the first \
          audio of the answer, on a simulated clock: audio arrives in 20 ms packets at its real \
-         time, and Whisper, the model and espeak-ng charge their measured compute (Whisper and \
-         the model on one timeline, as they share the CPU; speech synthesis beside them). \
-         Endpointing is the {} ms of silence the detector waits for; ASR is recognition still \
-         needed after it (zero when the transcript made at the speaker's pause already covers \
-         the end); LLM is until the first sentence is complete; TTS until its audio is ready. \
-         Each recording is a fresh conversation, answered by the cascade and by PredGen greedy \
-         (lossless: the same answer). The per-turn breakdown is plotted in \
-         `results/pipeline-latency.svg`. Captions: each recording is transcribed once into \
+         time, and Whisper, the model and the voice charge their measured compute to one \
+         timeline, as they share the CPU. Endpointing is the {} ms of silence the detector waits \
+         for; ASR is recognition still needed after it (zero when the transcript made at the \
+         speaker's pause already covers the end); LLM is until the first sentence is complete; \
+         TTS until its audio is ready (a long first sentence is spoken in two pieces, the first \
+         ready sooner). After the endpoint is the latency without the endpointing silence. \
+         PredGen synthesizes its guessed first sentence while the user pauses; \"prepared\" \
+         counts the turns whose answer began with it. Each recording is a fresh conversation, \
+         answered by the cascade and by PredGen greedy (lossless: the same answer) with each \
+         voice. The per-turn breakdown is plotted in `results/pipeline-latency-VOICE.svg`. \
+         Captions: each recording is transcribed once into \
          timed partials (Whisper every 500 ms and at pauses), and both systems caption the same \
          partials; output tokens/s is output tokens over translation compute; NE is normalized \
          erasure of the displayed captions.",
@@ -365,10 +385,10 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Table {
+fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args, voice: &str) -> Table {
     let mut table = Table::new(
         format!(
-            "Voice chat from audio: end of speech → first answer audio, {} + {} + espeak-ng, {} ms end-of-speech silence, {}-token answers",
+            "Voice chat from audio: end of speech → first answer audio, {} + {} + {voice}, {} ms end-of-speech silence, {}-token answers",
             args.asr, args.model, args.silence_ms, args.max_tokens
         ),
         &[
@@ -382,6 +402,9 @@ fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Tabl
             "TTS",
             "speed-up (mean)",
             "median per-turn speed-up",
+            "after the endpoint (ms)",
+            "speed-up after the endpoint",
+            "prepared",
             "same answer",
         ],
     );
@@ -394,6 +417,8 @@ fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Tabl
             .filter(|(r, _, _)| set == "all" || r.set == set)
             .collect();
         let cascade_mean = mean(rows.iter().map(|(_, c, _)| ms(c.latency())));
+        let after_endpoint = |t: &VoiceTurn| ms(t.latency() - t.breakdown().endpointing);
+        let cascade_after = mean(rows.iter().map(|(_, c, _)| after_endpoint(c)));
         for (system, pick) in [("cascade", 0usize), ("PredGen greedy", 1)] {
             let of = |row: &&(&Recording, VoiceTurn, VoiceTurn)| -> VoiceTurn {
                 if pick == 0 {
@@ -410,12 +435,28 @@ fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Tabl
                 )
             };
             let this_mean = mean(latencies.iter().copied());
-            let (speedup, per_turn, same) = if pick == 0 {
-                ("1.00×".to_string(), "–".to_string(), "–".to_string())
+            let this_after = mean(rows.iter().map(|r| after_endpoint(&of(r))));
+            let (speedup, per_turn, after_speedup, prepared, same) = if pick == 0 {
+                let none = || "–".to_string();
+                (
+                    "1.00×".to_string(),
+                    none(),
+                    "1.00×".to_string(),
+                    none(),
+                    none(),
+                )
             } else {
                 (
                     latency_speedup(cascade_mean / 1e3, this_mean / 1e3),
                     median_latency_speedup(rows.iter().map(|(_, c, p)| (c.latency(), p.latency()))),
+                    latency_speedup(cascade_after / 1e3, this_after / 1e3),
+                    format!(
+                        "{}/{}",
+                        rows.iter()
+                            .filter(|(_, _, p)| p.speech.prepared_audio_used)
+                            .count(),
+                        rows.len()
+                    ),
                     format!(
                         "{}/{}",
                         rows.iter()
@@ -436,6 +477,9 @@ fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Tabl
                 part(|b| b.tts),
                 speedup,
                 per_turn,
+                format!("{this_after:.0}"),
+                after_speedup,
+                prepared,
                 same,
             ]);
         }
@@ -443,9 +487,9 @@ fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args) -> Tabl
     table
 }
 
-fn chat_details(turns: &[(&Recording, VoiceTurn, VoiceTurn)]) -> Table {
+fn chat_details(turns: &[(&Recording, VoiceTurn, VoiceTurn)], voice: &str) -> Table {
     let mut table = Table::new(
-        "Every turn: latencies (ms) and their breakdown",
+        format!("Every turn, {voice}: latencies (ms) and their breakdown"),
         &[
             "recording",
             "said",
@@ -520,7 +564,7 @@ fn caption_table(
 
 /// Each turn's latency as stacked bars (cascade above PredGen), split into endpointing, ASR,
 /// LLM and TTS.
-fn breakdown_svg(turns: &[(&Recording, VoiceTurn, VoiceTurn)]) -> String {
+fn breakdown_svg(turns: &[(&Recording, VoiceTurn, VoiceTurn)], voice: &str) -> String {
     let (left, top, bar, gap, width) = (70.0, 40.0, 7.0, 6.0, 620.0);
     let longest = turns
         .iter()
@@ -531,7 +575,7 @@ fn breakdown_svg(turns: &[(&Recording, VoiceTurn, VoiceTurn)]) -> String {
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"10\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{left}\" y=\"18\" font-size=\"12\">End of speech → first answer audio per recording (upper bar: cascade, lower: PredGen greedy)</text>\n",
+         <text x=\"{left}\" y=\"18\" font-size=\"12\">End of speech → first answer audio per recording, {voice} (upper bar: cascade, lower: PredGen greedy)</text>\n",
         left + width + 40.0
     );
     let colors = ["#bbbbbb", "#4c78a8", "#f58518", "#54a24b"];

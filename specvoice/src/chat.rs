@@ -157,7 +157,8 @@ struct TurnTimes {
 
 /// A voice conversation: a [`Listener`] (endpoint detector and streaming Whisper), a PredGen
 /// session and a sentence synthesizer on one clock. PredGen reports the sentences that are
-/// ready; the conversation speaks them ([`TurnVoice`]).
+/// ready; the conversation speaks them ([`TurnVoice`]), preparing the audio of the newest
+/// guessed first sentence when the user pauses.
 pub struct VoiceChat<'m> {
     listener: Listener,
     predgen: PredGen<'m>,
@@ -182,13 +183,14 @@ impl<'m> VoiceChat<'m> {
         mode: ChatMode,
         clock: ClockKind,
     ) -> Self {
+        let clock = Clock::start(clock);
         Self {
             listener,
             predgen,
             tts,
-            voice: TurnVoice::new(),
+            voice: TurnVoice::new(clock.clone()).preparing_when_asked(),
             mode,
-            clock: Clock::start(clock),
+            clock,
             turn: None,
             events: Vec::new(),
             last_partial_at: Duration::ZERO,
@@ -369,9 +371,24 @@ impl Pipeline for VoiceChat<'_> {
         Ok(())
     }
 
-    /// One piece of the language model's work (`false`: idle until more audio arrives).
+    /// One piece of work (`false`: idle until more audio arrives): the language model's; once
+    /// it has nothing to do and the user pauses (or has stopped), the audio of its guessed first
+    /// sentence. A pause is when the question is most likely complete and the CPU otherwise
+    /// idle, so that a synthesis that a later guess makes useless seldom delays the recognizer.
     fn step(&mut self) -> Result<bool> {
-        self.model_step()
+        if self.model_step()? {
+            return Ok(true);
+        }
+        if !(self.voice.has_guess() && self.listener.speaker_paused()) {
+            return Ok(false);
+        }
+        if let Some(event) = self.voice.prepare_guess(self.tts.as_mut())? {
+            self.events.push(ChatEvent {
+                at: event.at,
+                kind: ChatEventKind::Answer(event.kind),
+            });
+        }
+        Ok(true)
     }
 
     /// A turn is in progress: the user speaking, or an answer being made.

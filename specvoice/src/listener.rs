@@ -140,6 +140,14 @@ impl Listener {
         self.detector.in_speech()
     }
 
+    /// Whether the speaker is not speaking now: no utterance is in progress, or its last
+    /// voiced audio is at least [`ListenerConfig::final_margin`] old (a pause, perhaps the end).
+    pub fn speaker_paused(&self) -> bool {
+        self.detector
+            .last_voiced_end()
+            .is_none_or(|end| self.detector.now() >= end + self.config.final_margin)
+    }
+
     /// Stream time of the audio pushed so far.
     pub fn audio_time(&self) -> Duration {
         duration_of(self.audio_start + self.audio.len())

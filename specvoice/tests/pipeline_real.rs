@@ -7,11 +7,16 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use engine_asr::{Audio, LoadOptions as AsrLoadOptions, Transcriber};
+use engine_asr::normalize::EnglishTextNormalizer;
+use engine_asr::wer::word_errors;
+use engine_asr::{resample, Audio, LoadOptions as AsrLoadOptions, TranscribeOptions, Transcriber};
+use engine_llm::predgen::EventKind;
 use engine_llm::{LanguageModel, LoadOptions, PredGen, PredGenConfig};
 use engine_mt::{LiveConfig, LiveTranslator};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use engine_tts::kokoro::{KokoroSettings, KokoroSynthesizer};
 use spec_models::{Registry, Store};
+use spec_voice::{SentenceSynthesizer, SpeechEvent};
 use specvoice::{
     play_recording, CaptionEventKind, ChatEventKind, ChatMode, ClockKind, Listener, ListenerConfig,
     LiveCaptions, VoiceChat, VoiceTurn,
@@ -57,6 +62,16 @@ fn converse(
     mode: ChatMode,
     audio: &[f32],
 ) -> (Vec<VoiceTurn>, usize, Transcriber) {
+    converse_with(whisper, model, mode, audio, Box::new(espeak()))
+}
+
+fn converse_with(
+    whisper: Transcriber,
+    model: &mut LanguageModel,
+    mode: ChatMode,
+    audio: &[f32],
+    voice: Box<dyn SentenceSynthesizer>,
+) -> (Vec<VoiceTurn>, usize, Transcriber) {
     let config = PredGenConfig {
         max_answer_tokens: 32,
         ..PredGenConfig::default()
@@ -64,7 +79,7 @@ fn converse(
     let mut chat = VoiceChat::new(
         Listener::new(whisper, ListenerConfig::default()).unwrap(),
         PredGen::new(model, config).unwrap(),
-        Box::new(espeak()),
+        voice,
         mode,
         ClockKind::Simulated,
     );
@@ -132,6 +147,51 @@ fn spoken_questions_are_answered_by_predgen_exactly_as_by_the_cascade() {
             "{question}: {partials} partials while speaking"
         );
     }
+}
+
+#[test]
+#[ignore = "needs the real models (../shared/models/fetch) and espeak-ng"]
+fn a_spoken_question_is_answered_aloud_with_kokoro() {
+    let models = spec_models::models_dir().unwrap();
+    let kokoro = || -> Box<dyn SentenceSynthesizer> {
+        Box::new(KokoroSynthesizer::load(&models, &KokoroSettings::default()).unwrap())
+    };
+    let mut model = chat_model();
+    let question = "What should I pack for a weekend camping trip?";
+    let (audio, _) = spoken(question);
+    let (cascade, _, whisper) =
+        converse_with(whisper(), &mut model, ChatMode::Cascade, &audio, kokoro());
+    let (predgen, _, mut whisper) =
+        converse_with(whisper, &mut model, ChatMode::PredGen, &audio, kokoro());
+    let (c, p) = (&cascade[0], &predgen[0]);
+    assert_eq!(p.turn.answer, c.turn.answer);
+    // A guessed first sentence is prepared only while the user is silent.
+    for event in &p.turn.timeline {
+        if let EventKind::Speech(SpeechEvent::Prepared { .. }) = event.kind {
+            assert!(event.at >= p.speech_end, "prepared at {:?}", event.at);
+        }
+    }
+    // The first sentence is heard back from Kokoro's 24 kHz audio.
+    let first = &p.speech.audio[0];
+    let audio = first.joined().unwrap();
+    assert_eq!(audio.sample_rate, 24_000);
+    let heard = whisper
+        .transcribe(
+            &resample(&audio.samples, audio.sample_rate, 16_000).unwrap(),
+            &TranscribeOptions::default(),
+        )
+        .unwrap();
+    let normalizer =
+        EnglishTextNormalizer::from_file(&store().data_file("whisper/english.json").unwrap())
+            .unwrap();
+    let reference = normalizer.normalize(&first.sentence);
+    let errors = word_errors(&reference, &normalizer.normalize(&heard.text));
+    assert!(
+        errors.rate() <= 0.25,
+        "{:?} heard as {:?}",
+        first.sentence,
+        heard.text
+    );
 }
 
 #[test]

@@ -443,11 +443,12 @@ impl<'m> PredGen<'m> {
         tts: &mut dyn SentenceSynthesizer,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<SpokenTurn> {
-        self.begin_turn(&Clock::wall())?;
+        let clock = Clock::wall();
+        self.begin_turn(&clock)?;
         if let Some(turn) = &mut self.turn {
             turn.final_arrival = FinalArrival::Signalled(partials.final_signal());
         }
-        let mut voice = TurnVoice::new();
+        let mut voice = TurnVoice::new(clock);
         let closed = || Error::Input("the partials ended without a final one".into());
         loop {
             loop {
@@ -503,7 +504,7 @@ impl<'m> PredGen<'m> {
             turn.final_arrival = FinalArrival::At(last.at);
         }
         let clock = turn.clock.clone();
-        let mut voice = TurnVoice::new();
+        let mut voice = TurnVoice::new(clock.clone());
         let mut next = 0;
         loop {
             while inputs.get(next).is_some_and(|p| p.at <= clock.now()) {

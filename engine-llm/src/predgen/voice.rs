@@ -6,28 +6,50 @@
 
 use std::time::Duration;
 
-use spec_voice::{SentenceSynthesizer, Speaker, Speech};
+use spec_voice::{Clock, SentenceSynthesizer, Speaker, Speech};
 
 use super::{Event, EventKind, Turn};
 use crate::Result;
 
 /// The voice of one turn at a time: feed it every step's events ([`TurnVoice::speak`]) and the
 /// finished turn ([`TurnVoice::finish`]).
-#[derive(Debug, Default)]
+///
+/// Preparing a guessed sentence is a bet: its synthesis takes the CPU the recognizer and the
+/// model share, and is wasted when the guess changes. By default a guess is prepared as soon
+/// as it is reported; with [`TurnVoice::preparing_when_asked`] the newest guess waits until
+/// the caller, who knows when the user pauses, calls [`TurnVoice::prepare_guess`].
+#[derive(Debug)]
 pub struct TurnVoice {
     speaker: Speaker,
     /// The speech events of the turn so far.
     spoken: Vec<Event>,
+    prepare_at_once: bool,
+    /// The newest guessed first sentence not prepared yet, with when it was reported.
+    guess: Option<(String, Duration)>,
 }
 
 impl TurnVoice {
-    pub fn new() -> Self {
-        Self::default()
+    /// A voice on the session's `clock` (synthesis is charged to it: see [`Speaker`]) that
+    /// prepares each guessed first sentence as soon as it is reported.
+    pub fn new(clock: Clock) -> Self {
+        Self {
+            speaker: Speaker::new(clock),
+            spoken: Vec::new(),
+            prepare_at_once: true,
+            guess: None,
+        }
+    }
+
+    /// The voice keeps the newest guess for [`TurnVoice::prepare_guess`] instead.
+    pub fn preparing_when_asked(mut self) -> Self {
+        self.prepare_at_once = false;
+        self
     }
 
     /// Speaks what a step reported, in order, with `tts`: guessed first sentences are
-    /// synthesized ahead of time, the answer's sentences as they are complete. Returns what
-    /// was spoken, as [`EventKind::Speech`] events at the times their audio is ready.
+    /// synthesized ahead of time (or kept for [`TurnVoice::prepare_guess`]), the answer's
+    /// sentences as they are complete. Returns what was spoken, as [`EventKind::Speech`]
+    /// events at the times their audio is ready.
     pub fn speak(
         &mut self,
         events: &[Event],
@@ -36,10 +58,15 @@ impl TurnVoice {
         let mut spoken = Vec::new();
         for event in events {
             let speech = match &event.kind {
-                EventKind::SpeakAhead { sentence } => {
+                EventKind::SpeakAhead { sentence } if self.prepare_at_once => {
                     self.speaker.prepare(tts, sentence, event.at)?
                 }
+                EventKind::SpeakAhead { sentence } => {
+                    self.guess = Some((sentence.clone(), event.at));
+                    None
+                }
                 EventKind::FirstSentence { text } => {
+                    self.guess = None;
                     self.speaker.speak_first(tts, text, event.at)?
                 }
                 EventKind::NextSentence { text } => Some(self.speaker.speak(tts, text, event.at)?),
@@ -56,9 +83,33 @@ impl TurnVoice {
         Ok(spoken)
     }
 
+    /// Prepares the newest guessed first sentence kept by a voice
+    /// [`preparing_when_asked`](TurnVoice::preparing_when_asked), if there is one not prepared
+    /// yet; what was spoken, as [`TurnVoice::speak`] returns it.
+    pub fn prepare_guess(&mut self, tts: &mut dyn SentenceSynthesizer) -> Result<Option<Event>> {
+        let Some((sentence, at)) = self.guess.take() else {
+            return Ok(None);
+        };
+        let Some((at, speech)) = self.speaker.prepare(tts, &sentence, at)? else {
+            return Ok(None);
+        };
+        let event = Event {
+            at,
+            kind: EventKind::Speech(speech),
+        };
+        self.spoken.push(event.clone());
+        Ok(Some(event))
+    }
+
+    /// Whether a guess waits for [`TurnVoice::prepare_guess`].
+    pub fn has_guess(&self) -> bool {
+        self.guess.is_some()
+    }
+
     /// The turn is complete: the turn with its speech, the speech events in its timeline.
     /// The voice is ready for the next turn.
     pub fn finish(&mut self, mut turn: Turn) -> SpokenTurn {
+        self.guess = None;
         turn.timeline.append(&mut self.spoken);
         turn.timeline.sort_by_key(|e| e.at);
         SpokenTurn {
@@ -69,6 +120,7 @@ impl TurnVoice {
 
     /// The turn is dropped (barge-in): what was spoken or prepared for it is discarded.
     pub fn cancel(&mut self) {
+        self.guess = None;
         self.spoken.clear();
         self.speaker.cancel();
     }

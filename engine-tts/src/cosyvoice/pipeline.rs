@@ -548,6 +548,7 @@ impl spec_voice::SentenceSynthesizer for CosyVoiceSynthesizer {
             sentence: sentence.to_string(),
             chunks,
             first_audio_after: first_audio_after.unwrap_or_else(|| start.elapsed()),
+            compute: start.elapsed(),
         })
     }
 }

@@ -345,6 +345,7 @@ impl SentenceSynthesizer for KokoroSynthesizer {
             sentence: sentence.to_string(),
             chunks,
             first_audio_after: first_audio_after.unwrap_or_else(|| started.elapsed()),
+            compute: started.elapsed(),
         })
     }
 }
