@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::wer::word_errors;
 use engine_asr::{Audio, LoadOptions, TranscribeOptions, Transcriber};
-use engine_tts::kokoro::{KokoroSettings, KokoroSynthesizer};
+use engine_tts::kokoro::{KokoroSettings, KokoroSynthesizer, PhonemeSource};
 use engine_tts::voices::{self, VoiceChoice};
 use serde::{Deserialize, Serialize};
 use spec_core::report::Table;
@@ -29,8 +29,9 @@ const SENTENCES: &str = include_str!("../../data/spoken_answers.txt");
 /// What the voices section measures.
 #[derive(Clone, Debug, clap::Args)]
 pub struct VoiceArgs {
-    /// Voices to measure, by the names `specvoice --voice` takes, a Kokoro voice with `+whole`
-    /// speaking each sentence in one run (no first clause alone); `none` skips the section
+    /// Voices to measure, by the names `specvoice --voice` takes; a Kokoro voice with `+whole`
+    /// speaks each sentence in one run (no first clause alone), with `+espeak` takes all its
+    /// phonemes from espeak-ng (no lexicons), the two combinable; `none` skips the section
     #[arg(
         long,
         num_args = 1..,
@@ -84,16 +85,22 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
     };
     let models = spec_models::models_dir()?;
     let loading = Instant::now();
-    let mut tts: Box<dyn SentenceSynthesizer> = match voice.strip_suffix("+whole") {
-        Some(kokoro) => {
+    let mut tts: Box<dyn SentenceSynthesizer> = match voice.split_once('+') {
+        Some((kokoro, options)) => {
             let Ok(VoiceChoice::Kokoro(name)) = kokoro.parse() else {
-                bail!("`+whole` goes with a Kokoro voice, not `{kokoro}`");
+                bail!("`+{options}` goes with a Kokoro voice, not `{kokoro}`");
             };
-            let settings = KokoroSettings {
+            let mut settings = KokoroSettings {
                 voice: name,
-                first_clause: false,
                 ..KokoroSettings::default()
             };
+            for option in options.split('+') {
+                match option {
+                    "whole" => settings.first_clause = false,
+                    "espeak" => settings.phonemes = PhonemeSource::Espeak,
+                    other => bail!("unknown option `+{other}` of {voice}: `+whole` or `+espeak`"),
+                }
+            }
             Box::new(KokoroSynthesizer::load(&models, &settings)?)
         }
         None => voices::open(&voice.parse()?, &models)?,
@@ -148,8 +155,11 @@ pub fn run(args: &VoiceArgs) -> Result<Section> {
     }
     let scratch = tempfile::tempdir()?;
     let mut runs = Vec::new();
-    for voice in &args.voices {
-        let out = scratch.path().join(voice.replace(':', "_"));
+    for (i, voice) in args.voices.iter().enumerate() {
+        // A voice may be measured twice (runs interleaved with another's): each its own files.
+        let out = scratch
+            .path()
+            .join(format!("{i}_{}", voice.replace(':', "_")));
         let status = Command::new(std::env::current_exe()?)
             .args(["--voices", voice, "--voice-sentences"])
             .arg(args.voice_sentences.to_string())

@@ -19,7 +19,7 @@ use spec_voice::{AudioChunk, SentenceSynthesizer, Synthesis};
 use tracing::{debug, warn};
 
 use crate::onnx::{self, Result, VoiceError};
-pub use phonemes::Phonemizer;
+pub use phonemes::{PhonemeSource, Phonemizer};
 
 /// Kokoro's sample rate.
 pub const SAMPLE_RATE: u32 = 24_000;
@@ -269,6 +269,9 @@ pub struct KokoroSettings {
     pub threads: usize,
     /// espeak-ng, for the words the lexicons lack.
     pub espeak: PathBuf,
+    /// Where the phonemes come from: misaki's lexicons with espeak-ng for the words they lack
+    /// (the default), or espeak-ng alone (to measure what the lexicons bring).
+    pub phonemes: PhonemeSource,
     /// Speak a sentence's first clause on its own, so that its audio is ready sooner (on by
     /// default).
     pub first_clause: bool,
@@ -281,6 +284,7 @@ impl Default for KokoroSettings {
             speed: 1.0,
             threads: 2,
             espeak: PathBuf::from("espeak-ng"),
+            phonemes: PhonemeSource::default(),
             first_clause: true,
         }
     }
@@ -305,7 +309,10 @@ impl KokoroSynthesizer {
         let dir = models.join("kokoro-82m");
         let model = Kokoro::load(&dir, environment, settings.threads)?;
         let voice = model.voice(&settings.voice)?;
-        let phonemizer = Phonemizer::load(&dir.join("lexicon"), &settings.espeak)?;
+        let phonemizer = match settings.phonemes {
+            PhonemeSource::Lexicon => Phonemizer::load(&dir.join("lexicon"), &settings.espeak)?,
+            PhonemeSource::Espeak => Phonemizer::espeak_only(&settings.espeak),
+        };
         Ok(Self {
             model,
             voice,

@@ -2,7 +2,8 @@
 //! `lexicon/us_gold.json` then `us_silver.json`, shipped with the model), with espeak-ng's IPA
 //! for the words they lack, mapped onto the same set (diphthongs as one letter — `A` for /eɪ/,
 //! `I` /aɪ/, `O` /oʊ/, `W` /aʊ/, `Y` /ɔɪ/ — affricates as `ʤ` `ʧ`, r-coloured vowels spelled
-//! out, no length marks).
+//! out, no length marks). [`PhonemeSource::Espeak`] takes every word from espeak-ng instead,
+//! clause by clause, through the same mapping (to measure what the lexicons bring).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,11 +16,29 @@ use crate::onnx::{Result, VoiceError};
 /// Punctuation Kokoro's vocabulary has, spoken as pauses and intonation.
 const PUNCTUATION: &str = ";:,.!?—…\"()“”";
 
+/// Where Kokoro's phonemes come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PhonemeSource {
+    /// misaki's lexicons, espeak-ng for the words they lack (the default).
+    #[default]
+    Lexicon,
+    /// espeak-ng alone: each clause read by espeak-ng (its words in context), mapped onto
+    /// misaki's set as the lexicons' fallback is.
+    Espeak,
+}
+
 /// Words to misaki phonemes, and espeak-ng for the rest.
 #[derive(Debug)]
 pub struct Phonemizer {
+    source: PhonemeSource,
     words: HashMap<String, String>,
     espeak: PathBuf,
+}
+
+/// Phonemes to join into a sentence: a word's or a clause's, or a punctuation mark.
+enum Spoken {
+    Words(String),
+    Punctuation(char),
 }
 
 impl Phonemizer {
@@ -31,9 +50,19 @@ impl Phonemizer {
             words.extend(read_lexicon(&lexicon_dir.join(name))?);
         }
         Ok(Self {
+            source: PhonemeSource::Lexicon,
             words,
             espeak: program.to_path_buf(),
         })
+    }
+
+    /// Every word from espeak-ng (`program`), no lexicon ([`PhonemeSource::Espeak`]).
+    pub fn espeak_only(program: &Path) -> Self {
+        Self {
+            source: PhonemeSource::Espeak,
+            words: HashMap::new(),
+            espeak: program.to_path_buf(),
+        }
     }
 
     /// The phonemes of `text` as spoken ([`text::normalize`](crate::text::normalize): numbers,
@@ -42,6 +71,32 @@ impl Phonemizer {
     pub fn phonemes(&self, text: &str) -> Result<String> {
         let text = crate::text::normalize(text);
         let pieces = split_words(&text);
+        let spoken = match self.source {
+            PhonemeSource::Lexicon => self.lexicon_words(&pieces)?,
+            PhonemeSource::Espeak => self.espeak_clauses(&pieces)?,
+        };
+        let mut out = String::new();
+        for piece in spoken {
+            match piece {
+                Spoken::Words(phonemes) => {
+                    if !out.is_empty() && !out.ends_with(['(', '“']) {
+                        out.push(' ');
+                    }
+                    out.push_str(&phonemes);
+                }
+                Spoken::Punctuation(mark) => {
+                    if matches!(mark, '(' | '“') && !out.is_empty() {
+                        out.push(' ');
+                    }
+                    out.push(mark);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each word from the lexicons, in context (the articles' weak forms), or from espeak-ng.
+    fn lexicon_words(&self, pieces: &[Piece<'_>]) -> Result<Vec<Spoken>> {
         let unknown: Vec<&str> = pieces
             .iter()
             .filter_map(|piece| match piece {
@@ -49,32 +104,64 @@ impl Phonemizer {
                 _ => None,
             })
             .collect();
-        let mut spoken = self.espeak_words(&unknown)?.into_iter();
-        let mut out = String::new();
-        for (i, piece) in pieces.iter().enumerate() {
-            match piece {
+        let mut spoken = self
+            .espeak_lines(&unknown)?
+            .into_iter()
+            .map(|line| from_espeak(&line));
+        Ok(pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| match piece {
                 Piece::Word(word) => {
-                    if !out.is_empty() && !out.ends_with(['(', '“']) {
-                        out.push(' ');
-                    }
                     let next_word = pieces[i + 1..].iter().find_map(|p| match p {
                         Piece::Word(w) => Some(*w),
                         Piece::Punctuation(_) => None,
                     });
-                    match self.lookup(word) {
-                        Some(phonemes) => out.push_str(&in_context(word, phonemes, next_word)),
-                        None => out.push_str(&spoken.next().unwrap_or_default()),
-                    }
+                    Spoken::Words(match self.lookup(word) {
+                        Some(phonemes) => in_context(word, phonemes, next_word),
+                        None => spoken.next().unwrap_or_default(),
+                    })
                 }
-                Piece::Punctuation(mark) => {
-                    if matches!(mark, '(' | '“') && !out.is_empty() {
-                        out.push(' ');
-                    }
-                    out.push(*mark);
+                Piece::Punctuation(mark) => Spoken::Punctuation(*mark),
+            })
+            .collect())
+    }
+
+    /// Each clause (the words between two punctuation marks) from espeak-ng, in one run for
+    /// all.
+    fn espeak_clauses(&self, pieces: &[Piece<'_>]) -> Result<Vec<Spoken>> {
+        // The clauses' text first, then their phonemes in its place.
+        let mut groups: Vec<Spoken> = Vec::new();
+        for piece in pieces {
+            match (piece, groups.last_mut()) {
+                (Piece::Word(word), Some(Spoken::Words(clause))) => {
+                    clause.push(' ');
+                    clause.push_str(word);
                 }
+                (Piece::Word(word), _) => groups.push(Spoken::Words((*word).to_string())),
+                (Piece::Punctuation(mark), _) => groups.push(Spoken::Punctuation(*mark)),
             }
         }
-        Ok(out)
+        let clauses: Vec<&str> = groups
+            .iter()
+            .filter_map(|group| match group {
+                Spoken::Words(clause) => Some(clause.as_str()),
+                Spoken::Punctuation(_) => None,
+            })
+            .collect();
+        let mut spoken = self.espeak_lines(&clauses)?.into_iter().map(|line| {
+            line.split_whitespace()
+                .map(from_espeak)
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        Ok(groups
+            .into_iter()
+            .map(|group| match group {
+                Spoken::Words(_) => Spoken::Words(spoken.next().unwrap_or_default()),
+                mark => mark,
+            })
+            .collect())
     }
 
     /// A word's phonemes from the lexicons: as written, in lower case, or capitalized.
@@ -90,27 +177,28 @@ impl Phonemizer {
         found.map(String::as_str)
     }
 
-    /// espeak-ng's phonemes of `words` (one call for all), mapped onto misaki's set.
-    fn espeak_words(&self, words: &[&str]) -> Result<Vec<String>> {
-        if words.is_empty() {
+    /// espeak-ng's phonemes of `lines` (words or clauses; one call for all), a line of
+    /// `--ipa --sep=_` output for each.
+    fn espeak_lines(&self, lines: &[&str]) -> Result<Vec<String>> {
+        if lines.is_empty() {
             return Ok(Vec::new());
         }
         let args = ["-q", "--ipa", "--sep=_", "-v", "en-us"].map(String::from);
-        let output = run_program(&self.espeak, &args, &(words.join("\n") + "\n"))?;
+        let output = run_program(&self.espeak, &args, &(lines.join("\n") + "\n"))?;
         let text = String::from_utf8(output).map_err(|_| {
             VoiceError::Phonemes(EspeakError::Output(
                 "espeak-ng wrote phonemes that are not UTF-8".into(),
             ))
         })?;
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        if lines.len() != words.len() {
+        let spoken: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        if spoken.len() != lines.len() {
             return Err(VoiceError::Phonemes(EspeakError::Output(format!(
-                "espeak-ng gave {} lines of phonemes for {} words",
-                lines.len(),
-                words.len()
+                "espeak-ng gave {} lines of phonemes for {} lines of text",
+                spoken.len(),
+                lines.len()
             ))));
         }
-        Ok(lines.into_iter().map(from_espeak).collect())
+        Ok(spoken.into_iter().map(String::from).collect())
     }
 }
 
@@ -253,6 +341,34 @@ mod tests {
         assert_eq!(from_espeak("f_ˈaɪɚ"), "fˈIəɹ");
         assert_eq!(from_espeak("l_ˈɑː_x"), "lˈɑk");
         assert_eq!(from_espeak("Z_ˈɪ_k"), "zˈɪk");
+    }
+
+    #[test]
+    #[ignore = "needs espeak-ng (apt-get install espeak-ng) and the models folder's kokoro-82m/vocab.json"]
+    fn espeak_alone_gives_phonemes_in_kokoros_vocabulary() {
+        let models = spec_models::models_dir().expect("models folder");
+        let vocabulary =
+            super::super::read_vocabulary(&models.join("kokoro-82m").join("vocab.json"))
+                .expect("Kokoro's vocabulary (run ../shared/models/fetch)");
+        let phonemizer = Phonemizer::espeak_only(Path::new("espeak-ng"));
+        for text in [
+            "Hello there, how are you?",
+            "Boil the pasta for nine minutes; then drain it.",
+            "Canberra, Thursday — my dentist's appointment!",
+            "The judge's church bought a quarter of our fire-wood.",
+        ] {
+            let phonemes = phonemizer.phonemes(text).unwrap();
+            assert!(!phonemes.is_empty(), "{text}");
+            let outside: String = phonemes
+                .chars()
+                .filter(|c| !vocabulary.contains_key(c))
+                .collect();
+            assert!(outside.is_empty(), "{text} → {phonemes}: {outside:?}");
+        }
+        // Each clause in its place, the punctuation kept.
+        let phonemes = phonemizer.phonemes("Hello there, how are you?").unwrap();
+        assert!(phonemes.starts_with("həlˈO ðˈɛɹ,"), "{phonemes}");
+        assert!(phonemes.ends_with('?'), "{phonemes}");
     }
 
     #[test]
