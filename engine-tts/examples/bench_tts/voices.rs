@@ -29,9 +29,10 @@ const SENTENCES: &str = include_str!("../../data/spoken_answers.txt");
 /// What the voices section measures.
 #[derive(Clone, Debug, clap::Args)]
 pub struct VoiceArgs {
-    /// Voices to measure, by the names `specvoice --voice` takes; a Kokoro voice with `+whole`
-    /// speaks each sentence in one run (no first clause alone), with `+espeak` takes all its
-    /// phonemes from espeak-ng (no lexicons), the two combinable; `none` skips the section
+    /// Voices to measure, by the names `specvoice --voice` takes. Each speaks a long sentence in
+    /// two pieces, as the pipeline speaks an answer's first sentence
+    /// (`spec_voice::first_piece_end`), unless `+whole` follows its name; a Kokoro voice with
+    /// `+espeak` takes all its phonemes from espeak-ng (no lexicons); `none` skips the section
     #[arg(
         long,
         num_args = 1..,
@@ -85,46 +86,54 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
     };
     let models = spec_models::models_dir()?;
     let loading = Instant::now();
-    let mut tts: Box<dyn SentenceSynthesizer> = match voice.split_once('+') {
-        Some((kokoro, options)) => {
-            let Ok(VoiceChoice::Kokoro(name)) = kokoro.parse() else {
-                bail!("`+{options}` goes with a Kokoro voice, not `{kokoro}`");
-            };
-            let mut settings = KokoroSettings {
+    let mut options = voice.split('+');
+    let name = options.next().unwrap_or_default();
+    let (mut whole, mut espeak_phonemes) = (false, false);
+    for option in options {
+        match option {
+            "whole" => whole = true,
+            "espeak" => espeak_phonemes = true,
+            other => bail!("unknown option `+{other}` of {voice}: `+whole` or `+espeak`"),
+        }
+    }
+    let mut tts: Box<dyn SentenceSynthesizer> = match name.parse()? {
+        VoiceChoice::Kokoro(name) if espeak_phonemes => {
+            let settings = KokoroSettings {
                 voice: name,
+                phonemes: PhonemeSource::Espeak,
                 ..KokoroSettings::default()
             };
-            for option in options.split('+') {
-                match option {
-                    "whole" => settings.first_clause = false,
-                    "espeak" => settings.phonemes = PhonemeSource::Espeak,
-                    other => bail!("unknown option `+{other}` of {voice}: `+whole` or `+espeak`"),
-                }
-            }
             Box::new(KokoroSynthesizer::load(&models, &settings)?)
         }
-        None => voices::open(&voice.parse()?, &models)?,
+        _ if espeak_phonemes => bail!("`+espeak` goes with a Kokoro voice, not `{name}`"),
+        choice => voices::open(&choice, &models)?,
     };
     let load_seconds = loading.elapsed().as_secs_f64();
     // One sentence first, unmeasured: the first run of a model pays for its set-up.
     tts.synthesize("Hello.")?;
     let mut spoken = Vec::new();
     for (i, sentence) in sentences(args.voice_sentences).into_iter().enumerate() {
+        let pieces = match spec_voice::first_piece_end(sentence).filter(|_| !whole) {
+            Some(end) => vec![&sentence[..end], &sentence[end..]],
+            None => vec![sentence],
+        };
         let started = Instant::now();
-        let synthesis = tts.synthesize(sentence)?;
+        let mut first_audio_seconds = None;
+        let mut chunks = Vec::new();
+        for piece in pieces {
+            let synthesis = tts.synthesize(piece)?;
+            first_audio_seconds.get_or_insert(synthesis.first_audio_after.as_secs_f64());
+            chunks.extend(synthesis.chunks);
+        }
         let compute_seconds = started.elapsed().as_secs_f64();
         let wav = out.with_extension(format!("{i}.wav"));
-        spec_voice::write_wav(&wav, &synthesis.chunks)?;
+        spec_voice::write_wav(&wav, &chunks)?;
         spoken.push(Spoken {
             sentence: sentence.to_string(),
             wav,
             compute_seconds,
-            first_audio_seconds: synthesis.first_audio_after.as_secs_f64(),
-            audio_seconds: synthesis
-                .chunks
-                .iter()
-                .map(|c| c.duration().as_secs_f64())
-                .sum(),
+            first_audio_seconds: first_audio_seconds.unwrap_or(compute_seconds),
+            audio_seconds: chunks.iter().map(|c| c.duration().as_secs_f64()).sum(),
         });
     }
     let run = VoiceRun {

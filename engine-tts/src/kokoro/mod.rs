@@ -30,9 +30,6 @@ pub const MAX_TOKENS: usize = 510;
 /// Width of a voice's style vector.
 const STYLE_WIDTH: usize = 256;
 
-/// Fewest phoneme tokens of a clause spoken on its own (about three words).
-pub const MIN_CLAUSE_TOKENS: usize = 16;
-
 /// A voice: one style vector per phoneme count (a sentence of `n` tokens takes row `n`).
 #[derive(Clone, Debug)]
 pub struct Voice {
@@ -192,31 +189,12 @@ fn ids_of(vocabulary: &HashMap<char, i64>, symbols: &str) -> Vec<i64> {
 }
 
 /// `ids` cut into runs of at most [`MAX_TOKENS`], each ending at the last pause (punctuation
-/// or a space) that fits; with `first_clause`, a first clause of at least
-/// [`MIN_CLAUSE_TOKENS`] before a comma, semicolon, colon or dash is a run of its own (its
-/// audio is ready sooner), when as much follows it.
-fn runs(
-    vocabulary: &HashMap<char, i64>,
-    ids: &[i64],
-    first_clause: bool,
-) -> Vec<std::ops::Range<usize>> {
+/// or a space) that fits. (A first sentence's first clause is spoken sooner by the pipeline,
+/// which hands it over alone: `spec_voice::first_piece_end`.)
+fn runs(vocabulary: &HashMap<char, i64>, ids: &[i64]) -> Vec<std::ops::Range<usize>> {
     let pauses = ids_of(vocabulary, ";:,.!?—… ");
-    let clause_ends = ids_of(vocabulary, ",;:—");
     let mut runs = Vec::new();
     let mut start = 0;
-    if first_clause {
-        let end = ids
-            .iter()
-            .enumerate()
-            .skip(MIN_CLAUSE_TOKENS)
-            .find(|(_, id)| clause_ends.contains(id))
-            .map(|(i, _)| i + 1)
-            .filter(|&end| end <= MAX_TOKENS && ids.len() - end >= MIN_CLAUSE_TOKENS);
-        if let Some(end) = end {
-            runs.push(0..end);
-            start = end;
-        }
-    }
     while ids.len() - start > MAX_TOKENS {
         let window = &ids[start..start + MAX_TOKENS];
         let cut = window
@@ -272,9 +250,6 @@ pub struct KokoroSettings {
     /// Where the phonemes come from: misaki's lexicons with espeak-ng for the words they lack
     /// (the default), or espeak-ng alone (to measure what the lexicons bring).
     pub phonemes: PhonemeSource,
-    /// Speak a sentence's first clause on its own, so that its audio is ready sooner (on by
-    /// default).
-    pub first_clause: bool,
 }
 
 impl Default for KokoroSettings {
@@ -285,7 +260,6 @@ impl Default for KokoroSettings {
             threads: 2,
             espeak: PathBuf::from("espeak-ng"),
             phonemes: PhonemeSource::default(),
-            first_clause: true,
         }
     }
 }
@@ -297,7 +271,6 @@ pub struct KokoroSynthesizer {
     voice: Voice,
     phonemizer: Phonemizer,
     speed: f32,
-    first_clause: bool,
 }
 
 impl KokoroSynthesizer {
@@ -318,7 +291,6 @@ impl KokoroSynthesizer {
             voice,
             phonemizer,
             speed: settings.speed,
-            first_clause: settings.first_clause,
         })
     }
 
@@ -336,7 +308,7 @@ impl SentenceSynthesizer for KokoroSynthesizer {
         let ids = self.model.token_ids(phonemes.trim());
         let mut chunks = Vec::new();
         let mut first_audio_after = None;
-        for run in runs(&self.model.vocabulary, &ids, self.first_clause) {
+        for run in runs(&self.model.vocabulary, &ids) {
             let samples = self.model.speak(&ids[run], &self.voice, self.speed)?;
             first_audio_after.get_or_insert_with(|| started.elapsed());
             chunks.push(AudioChunk {
@@ -362,31 +334,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_sentences_are_cut_at_pauses_and_a_first_clause_is_spoken_alone() {
+    fn long_sentences_are_cut_at_pauses() {
         let vocabulary: HashMap<char, i64> = [('a', 1), (' ', 2), (',', 3), ('.', 4)].into();
         let a = |n: usize| vec![1; n];
-        let whole = |n: usize| vec![std::ops::Range { start: 0, end: n }];
-        // A first clause of 20 tokens, a comma, 30 more.
+        // Within the model's 510 tokens: one run, commas and all.
         let ids = [a(20), vec![3], a(30)].concat();
-        assert_eq!(runs(&vocabulary, &ids, true), [0..21, 21..51]);
-        assert_eq!(runs(&vocabulary, &ids, false), whole(51));
-        // Too short a clause (or too little after it) stays with the rest.
-        let short = [a(5), vec![3], a(30)].concat();
-        assert_eq!(runs(&vocabulary, &short, true), whole(36));
-        let tail = [a(30), vec![3], a(5)].concat();
-        assert_eq!(runs(&vocabulary, &tail, true), whole(36));
-        // Past the model's 510 tokens: cut after the last pause that fits.
+        assert_eq!(runs(&vocabulary, &ids), [0..51]);
+        // Past them: cut after the last pause that fits.
         let long = [a(400), vec![2], a(300)].concat();
-        assert_eq!(runs(&vocabulary, &long, false), [0..401, 401..701]);
+        assert_eq!(runs(&vocabulary, &long), [0..401, 401..701]);
         let no_pause = a(1100);
         assert_eq!(
-            runs(&vocabulary, &no_pause, false),
+            runs(&vocabulary, &no_pause),
             [
                 0..MAX_TOKENS,
                 MAX_TOKENS..2 * MAX_TOKENS,
                 2 * MAX_TOKENS..1100
             ]
         );
-        assert!(runs(&vocabulary, &[], true).is_empty());
+        assert!(runs(&vocabulary, &[]).is_empty());
     }
 }

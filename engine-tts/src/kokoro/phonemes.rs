@@ -307,6 +307,8 @@ fn misaki_phoneme(phoneme: &str) -> String {
         "ɜː" | "ɜːɹ" | "ɝ" => "ɜɹ",
         "ɚ" => "əɹ",
         "ɔːɹ" | "oːɹ" | "oɹ" => "ɔɹ",
+        // "story": espeak-ng writes the vowel apart from its ɹ.
+        "oː" => "ɔ",
         "ɐ" => "ə",
         "əl" | "l̩" => "ᵊl",
         "n̩" => "ᵊn",
@@ -337,6 +339,7 @@ mod tests {
         assert_eq!(from_espeak("dʒ_ˈʌ_dʒ"), "ʤˈʌʤ");
         assert_eq!(from_espeak("w_ˈɜː_l_d"), "wˈɜɹld");
         assert_eq!(from_espeak("f_ˈɔːɹ_ɾ_i"), "fˈɔɹɾi");
+        assert_eq!(from_espeak("s_t_ˈoː_ɹ_i"), "stˈɔɹi");
         assert_eq!(from_espeak("b_ˈʌ_ɾ_ɚ"), "bˈʌɾəɹ");
         assert_eq!(from_espeak("f_ˈaɪɚ"), "fˈIəɹ");
         assert_eq!(from_espeak("l_ˈɑː_x"), "lˈɑk");
