@@ -299,9 +299,11 @@ async fn the_page_is_served_at_the_root() {
     for needle in [
         "audioWorklet",
         "/ws",
+        "/voices",
         r#"type: "stop""#,
         "\"turn_done\"",
         "\"caption\"",
+        "\"barge_in\"",
     ] {
         assert!(response.contains(needle), "{needle}");
     }
