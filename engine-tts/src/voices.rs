@@ -158,19 +158,36 @@ impl SentenceSynthesizer for Shared {
     }
 }
 
+impl VoiceChoice {
+    /// The voice this choice speaks with in `models`, by the name [`available`] lists it
+    /// under: `auto` becomes Kokoro's `af_heart` or `espeak`, a Piper short name its folder's
+    /// name; the others are themselves.
+    pub fn resolve(&self, models: &Path) -> Result<VoiceChoice> {
+        Ok(match self {
+            Self::Auto if kokoro_present(models) => Self::Kokoro(DEFAULT_KOKORO_VOICE.into()),
+            Self::Auto => Self::Espeak,
+            Self::Piper(voice) => {
+                let folder = piper_folder(models, voice)?;
+                Self::Piper(folder[PIPER_PREFIX.len()..].to_string())
+            }
+            other => other.clone(),
+        })
+    }
+}
+
 /// Opens `choice` from the models folder `models`; `auto` says which voice it took in the log.
 pub fn open(choice: &VoiceChoice, models: &Path) -> Result<Box<dyn SentenceSynthesizer + Send>> {
     Ok(match choice {
-        VoiceChoice::Auto if kokoro_present(models) => {
-            info!("speaking with kokoro:{DEFAULT_KOKORO_VOICE}");
-            open(&VoiceChoice::Kokoro(DEFAULT_KOKORO_VOICE.into()), models)?
-        }
         VoiceChoice::Auto => {
-            info!(
-                "speaking with espeak-ng: Kokoro's files or ONNX Runtime are not in {}",
-                models.display()
-            );
-            open(&VoiceChoice::Espeak, models)?
+            let voice = choice.resolve(models)?;
+            match voice {
+                VoiceChoice::Espeak => info!(
+                    "speaking with espeak-ng: Kokoro's files or ONNX Runtime are not in {}",
+                    models.display()
+                ),
+                _ => info!("speaking with {voice}"),
+            }
+            open(&voice, models)?
         }
         VoiceChoice::Kokoro(voice) => Box::new(KokoroSynthesizer::load(
             models,
@@ -239,7 +256,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // No Kokoro, no runtime: the available voices are the two Piper ones and the rest.
+        assert_eq!(
+            VoiceChoice::Piper("joe".into())
+                .resolve(models.path())
+                .unwrap(),
+            VoiceChoice::Piper("en_US-joe-medium".into())
+        );
+        // No Kokoro, no runtime: `auto` is espeak-ng, and the available voices are the two
+        // Piper ones and the rest.
+        assert_eq!(
+            VoiceChoice::Auto.resolve(models.path()).unwrap(),
+            VoiceChoice::Espeak
+        );
         assert_eq!(
             available(models.path()).unwrap(),
             [

@@ -124,7 +124,9 @@ impl Downloader {
     }
 
     /// Brings every file of `entry` into the store (skipping those already present and
-    /// verified, resuming partial ones) and returns the model's files.
+    /// verified, resuming partial ones) and returns the model's files. An entry whose files
+    /// must be placed by hand ([`ModelEntry::manual`]) is resolved if they are there, and
+    /// otherwise refused with its instructions.
     pub fn download(
         &self,
         store: &Store<'_>,
@@ -132,6 +134,15 @@ impl Downloader {
         progress: &mut dyn Progress,
     ) -> Result<ModelFiles> {
         let dir = store.model_dir(&entry.name);
+        if entry.manual.is_some() {
+            return match store.resolve(&entry.name) {
+                Err(Error::NotPresent { .. }) => Err(Error::ManualOnly {
+                    name: entry.name.clone(),
+                    how_to_get: entry.manual_instructions(&dir),
+                }),
+                resolved => resolved,
+            };
+        }
         fs::create_dir_all(&dir).map_err(io_error(&dir))?;
         let mut record = VerifiedRecord::load(&dir);
         for file in &entry.files {
@@ -225,7 +236,7 @@ impl Downloader {
             return Ok(()); // complete (or too long): the verification decides
         }
         let mut request = self.agent.get(url);
-        if let Some(token) = &self.options.token {
+        if let Some(token) = self.options.token.as_ref().filter(|_| file.on_hub()) {
             request = request.header("Authorization", format!("Bearer {token}"));
         }
         if have > 0 {

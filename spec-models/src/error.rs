@@ -62,6 +62,11 @@ pub enum Error {
         reason: String,
         how_to_get: String,
     },
+
+    /// A known model whose files the downloader cannot fetch (they come in an archive), not
+    /// in the models folder.
+    #[error("`{name}` cannot be downloaded by SpecVoice. {how_to_get}")]
+    ManualOnly { name: String, how_to_get: String },
 }
 
 /// `Result` with [`Error`].

@@ -15,6 +15,8 @@ pub enum ModelKind {
     ChatLlm,
     Whisper,
     Tts,
+    /// Not a model: a library the engines load at run time (ONNX Runtime).
+    Runtime,
 }
 
 impl fmt::Display for ModelKind {
@@ -23,6 +25,7 @@ impl fmt::Display for ModelKind {
             ModelKind::ChatLlm => "chat-llm",
             ModelKind::Whisper => "whisper",
             ModelKind::Tts => "tts",
+            ModelKind::Runtime => "runtime",
         })
     }
 }
@@ -35,6 +38,9 @@ pub enum WeightFormat {
     Safetensors,
     Ctranslate2,
     Cosyvoice,
+    Onnx,
+    /// A native shared library (`.so`).
+    SharedLibrary,
 }
 
 impl fmt::Display for WeightFormat {
@@ -44,17 +50,26 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Safetensors => "safetensors",
             WeightFormat::Ctranslate2 => "ctranslate2",
             WeightFormat::Cosyvoice => "cosyvoice",
+            WeightFormat::Onnx => "onnx",
+            WeightFormat::SharedLibrary => "shared-library",
         })
     }
 }
 
-/// One file of a model.
+/// One file of a model: in the entry's Hub repository (`remote`), or at an address of its own
+/// (`url`), exactly one of the two.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileEntry {
-    /// Path inside the Hub repository.
-    pub remote: String,
-    /// Name in the model's folder (defaults to `remote`).
+    /// Path inside the entry's repository (for a [`ModelEntry::manual`] entry, inside the
+    /// archive its instructions name).
+    #[serde(default)]
+    pub remote: Option<String>,
+    /// Full download address of a file kept outside the entry's repository (a GitHub release,
+    /// another repository at a pinned commit). The Hub token is never sent to it.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Name in the model's folder (defaults to `remote`, else the last part of `url`).
     #[serde(default)]
     local: Option<String>,
     /// Size in bytes, where pinned.
@@ -66,7 +81,24 @@ pub struct FileEntry {
 impl FileEntry {
     /// Name of the file in the model's folder (may contain `/` for a sub-folder).
     pub fn local(&self) -> &str {
-        self.local.as_deref().unwrap_or(&self.remote)
+        self.local
+            .as_deref()
+            .or(self.remote.as_deref())
+            .or_else(|| self.url.as_deref()?.rsplit('/').next())
+            .unwrap_or_default()
+    }
+
+    /// Whether the file comes from the Hub (and may be sent the Hub token).
+    pub fn on_hub(&self) -> bool {
+        self.url.is_none()
+    }
+
+    /// How the registry names the file in its messages.
+    fn label(&self) -> &str {
+        self.remote
+            .as_deref()
+            .or(self.url.as_deref())
+            .unwrap_or_else(|| self.local())
     }
 }
 
@@ -79,26 +111,35 @@ pub struct ModelEntry {
     pub kind: ModelKind,
     pub format: WeightFormat,
     pub description: String,
-    /// Hugging Face repository, `owner/name`.
+    /// Repository, `owner/name`: on the Hugging Face Hub, unless every file has its own `url`
+    /// or the entry is `manual`.
     pub repo: String,
     /// Branch, tag or commit to download from.
     pub revision: String,
     /// The Hub requires an accepted licence and a token (`HF_TOKEN`).
     #[serde(default)]
     pub gated: bool,
+    /// How to get the files by hand, for an entry the downloader cannot fetch (its files come
+    /// in an archive): such an entry is checked and resolved like any other, never downloaded.
+    #[serde(default)]
+    pub manual: Option<String>,
     pub files: Vec<FileEntry>,
 }
 
 impl ModelEntry {
-    /// Download address of `file` on the Hub at `endpoint` (e.g. `https://huggingface.co`).
+    /// Download address of `file`: its own `url`, else its place on the Hub at `endpoint`
+    /// (e.g. `https://huggingface.co`).
     pub fn url(&self, endpoint: &str, file: &FileEntry) -> String {
-        format!(
-            "{}/{}/resolve/{}/{}",
-            endpoint.trim_end_matches('/'),
-            self.repo,
-            self.revision,
-            file.remote
-        )
+        match (&file.url, &file.remote) {
+            (Some(url), _) => url.clone(),
+            (None, remote) => format!(
+                "{}/{}/resolve/{}/{}",
+                endpoint.trim_end_matches('/'),
+                self.repo,
+                self.revision,
+                remote.as_deref().unwrap_or_default()
+            ),
+        }
     }
 
     /// Total size of the pinned files (`None` if any size is not pinned).
@@ -109,6 +150,13 @@ impl ModelEntry {
     /// Instructions for placing the files by hand into `dir`.
     pub fn manual_instructions(&self, dir: &std::path::Path) -> String {
         let mut text = format!("Place these files in {} by hand:", dir.display());
+        if let Some(manual) = &self.manual {
+            for file in &self.files {
+                text.push_str(&format!("\n  {}", file.local()));
+            }
+            text.push_str(&format!("\n{manual}"));
+            return text;
+        }
         for file in &self.files {
             text.push_str(&format!(
                 "\n  {}  <-  {}",
@@ -169,10 +217,12 @@ impl Registry {
         for model in &self.models {
             let fail = |what: String| Err(Error::Registry(format!("`{}`: {what}", model.name)));
             if !is_safe_name(&model.name) {
-                return fail("a name is lower-case letters, digits, `.`, `-` and `_`".into());
+                return fail("a name is ASCII letters, digits, `.`, `-` and `_`".into());
             }
-            if !names.insert(model.name.as_str()) {
-                return fail("listed twice".into());
+            // Names are folder names: two that differ only in case are one folder on some
+            // file systems.
+            if !names.insert(model.name.to_ascii_lowercase()) {
+                return fail("listed twice (names are compared ignoring case)".into());
             }
             let repo_parts: Vec<&str> = model.repo.split('/').collect();
             if repo_parts.len() != 2 || repo_parts.iter().any(|p| p.is_empty()) {
@@ -189,10 +239,28 @@ impl Registry {
             }
             let mut locals = HashSet::new();
             for file in &model.files {
-                if !is_relative_path(&file.remote) || !is_relative_path(file.local()) {
+                match (&file.remote, &file.url) {
+                    (Some(remote), None) if is_relative_path(remote) => {}
+                    (None, Some(url)) if is_download_url(url) => {}
+                    (Some(_), Some(_)) | (None, None) => {
+                        return fail(format!(
+                            "file `{}` needs exactly one of `remote` and `url`",
+                            file.label()
+                        ))
+                    }
+                    (Some(remote), None) => {
+                        return fail(format!("file `{remote}` is not a plain relative path"))
+                    }
+                    (None, Some(url)) => {
+                        return fail(format!(
+                            "`{url}` is not an http(s) address ending in a file name"
+                        ))
+                    }
+                }
+                if !is_relative_path(file.local()) {
                     return fail(format!(
                         "file `{}` is not a plain relative path",
-                        file.remote
+                        file.local()
                     ));
                 }
                 if !locals.insert(file.local()) {
@@ -206,12 +274,12 @@ impl Registry {
                     if !hex {
                         return fail(format!(
                             "`{}`: sha256 is not 64 lower-case hex digits",
-                            file.remote
+                            file.label()
                         ));
                     }
                 }
                 if file.size == Some(0) {
-                    return fail(format!("`{}`: size 0", file.remote));
+                    return fail(format!("`{}`: size 0", file.label()));
                 }
             }
         }
@@ -224,7 +292,25 @@ fn is_safe_name(name: &str) -> bool {
         && !name.starts_with('.')
         && name
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// An `http(s)://host/…/name` address: the file name is the default local name.
+fn is_download_url(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    match rest.split_once('/') {
+        Some((host, path)) => {
+            !host.is_empty()
+                && !url.contains(char::is_whitespace)
+                && path.rsplit('/').next().is_some_and(|name| !name.is_empty())
+        }
+        None => false,
+    }
 }
 
 fn is_relative_path(path: &str) -> bool {
@@ -273,6 +359,79 @@ mod tests {
             registry.get("whisper-large-v3").unwrap().kind,
             ModelKind::Whisper
         );
+        for file in registry.models().iter().flat_map(|m| &m.files) {
+            if let Some(url) = &file.url {
+                assert!(url.starts_with("https://"), "{url}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_voices_and_their_runtime_are_registered() {
+        let registry = Registry::builtin();
+        let kokoro = registry.get("kokoro-82m").unwrap();
+        assert_eq!(
+            (kokoro.kind, kokoro.format),
+            (ModelKind::Tts, WeightFormat::Onnx)
+        );
+        let file = |model: &ModelEntry, local: &str| {
+            model
+                .files
+                .iter()
+                .find(|f| f.local() == local)
+                .unwrap_or_else(|| panic!("{}: no {local}", model.name))
+                .clone()
+        };
+        // The model comes from a release of its own, outside the hub repository.
+        let model = file(kokoro, "model.onnx");
+        assert_eq!(model.size, Some(92_361_271));
+        assert!(!model.on_hub());
+        assert_eq!(
+            kokoro.url("https://mirror.example", &model),
+            "https://github.com/thewh1teagle/kokoro-onnx/releases/download/model-files-v1.0/\
+             kokoro-v1.0.int8.onnx"
+        );
+        // The voices the product names are pinned files of the hub repository.
+        for voice in ["af_heart", "bm_george"] {
+            let local = format!("voices/{voice}.bin");
+            let entry = file(kokoro, &local);
+            assert_eq!(entry.size, Some(522_240));
+            assert!(entry.sha256.is_some() && entry.on_hub());
+            assert_eq!(
+                kokoro.url("https://huggingface.co", &entry),
+                format!(
+                    "https://huggingface.co/onnx-community/Kokoro-82M-v1.0-ONNX/resolve/main/{local}"
+                )
+            );
+        }
+        let voices = kokoro
+            .files
+            .iter()
+            .filter(|f| f.local().starts_with("voices/"))
+            .count();
+        assert_eq!(voices, 54);
+        assert!(file(kokoro, "lexicon/us_gold.json")
+            .url
+            .unwrap()
+            .starts_with("https://raw.githubusercontent.com/hexgrad/misaki/"));
+        assert_eq!(file(kokoro, "vocab.json").sha256, None);
+
+        let piper = registry.get("piper-en_US-joe-medium").unwrap();
+        let onnx = file(piper, "model.onnx");
+        assert_eq!(
+            piper.url("https://huggingface.co", &onnx),
+            "https://huggingface.co/rhasspy/piper-voices/resolve/v1.0.0/\
+             en/en_US/joe/medium/en_US-joe-medium.onnx"
+        );
+        assert!(file(piper, "model.onnx.json").sha256.is_some());
+
+        let runtime = registry.get("onnxruntime").unwrap();
+        assert_eq!(runtime.kind, ModelKind::Runtime);
+        assert_eq!(runtime.files[0].local(), "libonnxruntime.so");
+        let how = runtime.manual_instructions(std::path::Path::new("/m/onnxruntime"));
+        assert!(how.contains("/m/onnxruntime"), "{how}");
+        assert!(how.contains("onnxruntime-linux-x64-1.31.1.tgz"), "{how}");
+        assert!(!how.contains("huggingface.co"), "{how}");
     }
 
     fn one_model(extra: &str, files: &str) -> String {
@@ -286,6 +445,16 @@ mod tests {
     fn malformed_registries_are_rejected_with_the_reason() {
         let ok = one_model("", "{ remote = \"a.gguf\" }");
         assert!(Registry::parse(&ok).is_ok());
+        let elsewhere = Registry::parse(&one_model(
+            "manual = \"unpack it\"",
+            "{ url = \"https://example.org/dl/v1/tool.tgz\" }, { remote = \"lib/x.so\", local = \"x.so\" }",
+        ))
+        .unwrap();
+        let model = elsewhere.get("m").unwrap();
+        assert_eq!(model.files[0].local(), "tool.tgz");
+        assert_eq!(model.manual.as_deref(), Some("unpack it"));
+        // Upper case is allowed (Piper's voices are named so).
+        assert!(Registry::parse(&ok.replace("name = \"m\"", "name = \"en_US-m\"")).is_ok());
         let cases = [
             (one_model("", ""), "no files"),
             (one_model("", "{ remote = \"../a\" }"), "relative path"),
@@ -306,9 +475,24 @@ mod tests {
             (ok.replace("chat-llm", "vision"), "unknown variant"),
             (
                 ok.replace("name = \"m\"", "name = \"Big Model\""),
-                "lower-case",
+                "ASCII letters",
             ),
             (format!("{ok}{ok}"), "twice"),
+            (
+                format!("{ok}{}", ok.replace("name = \"m\"", "name = \"M\"")),
+                "ignoring case",
+            ),
+            (
+                one_model("", "{ remote = \"a\", url = \"https://h/a\" }"),
+                "exactly one",
+            ),
+            (one_model("", "{ local = \"a\" }"), "exactly one"),
+            (one_model("", "{ url = \"ftp://h/a\" }"), "http(s) address"),
+            (one_model("", "{ url = \"https://h/\" }"), "http(s) address"),
+            (
+                one_model("", "{ url = \"https://h/a\", local = \"../a\" }"),
+                "relative path",
+            ),
         ];
         for (text, reason) in cases {
             let err = Registry::parse(&text).unwrap_err().to_string();

@@ -428,3 +428,93 @@ fn a_missing_remote_file_is_not_retried() {
     assert_eq!(buf, weights);
     assert_eq!(server.requests.lock().unwrap().len(), 2);
 }
+
+#[test]
+fn a_file_kept_elsewhere_is_fetched_from_its_own_address_without_the_token() {
+    let weights = content(2000);
+    let hub = Server::start(files(&weights), Behaviour::Serve);
+    let elsewhere = Server::start(
+        HashMap::from([("/releases/v1/voice.bin".to_string(), b"voice".to_vec())]),
+        Behaviour::Serve,
+    );
+    let registry = Registry::parse(&format!(
+        r#"
+[[model]]
+name = "tiny"
+kind = "tts"
+format = "onnx"
+description = "test"
+repo = "owner/tiny"
+revision = "abc123"
+files = [
+  {{ remote = "tiny-q4.gguf", local = "model.gguf", size = {}, sha256 = "{}" }},
+  {{ url = "{}/releases/v1/voice.bin", local = "voices/a.bin", size = 5 }},
+]
+"#,
+        weights.len(),
+        sha(&weights),
+        elsewhere.endpoint
+    ))
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let store = Store::new(root.path(), &registry);
+    let with_token = DownloadOptions {
+        token: Some("hf_secret".into()),
+        ..options(&hub.endpoint)
+    };
+    let model = Downloader::new(with_token)
+        .download(&store, registry.get("tiny").unwrap(), &mut Silent)
+        .unwrap();
+    assert_eq!(
+        std::fs::read(model.file("a.bin").unwrap()).unwrap(),
+        b"voice"
+    );
+    let to_hub = hub.requests.lock().unwrap();
+    assert_eq!(to_hub.len(), 1);
+    assert!(to_hub[0].headers.contains_key("authorization"));
+    let to_elsewhere = elsewhere.requests.lock().unwrap();
+    assert_eq!(to_elsewhere.len(), 1);
+    assert_eq!(to_elsewhere[0].path, "/releases/v1/voice.bin");
+    assert!(!to_elsewhere[0].headers.contains_key("authorization"));
+}
+
+#[test]
+fn an_entry_placed_by_hand_is_never_downloaded() {
+    let registry = Registry::parse(
+        r#"
+[[model]]
+name = "runtime"
+kind = "runtime"
+format = "shared-library"
+description = "test"
+repo = "owner/runtime"
+revision = "v1"
+manual = "Unpack lib/libx.so from https://example.org/x-v1.tgz."
+files = [{ remote = "x-v1/lib/libx.so.1", local = "libx.so", size = 3 }]
+"#,
+    )
+    .unwrap();
+    let server = Server::start(HashMap::new(), Behaviour::Serve);
+    let root = tempfile::tempdir().unwrap();
+    let store = Store::new(root.path(), &registry);
+    let entry = registry.get("runtime").unwrap();
+    let downloader = Downloader::new(options(&server.endpoint));
+    let err = downloader.download(&store, entry, &mut Silent).unwrap_err();
+    assert!(matches!(err, Error::ManualOnly { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("https://example.org/x-v1.tgz"), "{text}");
+    assert!(text.contains("libx.so"), "{text}");
+    assert!(server.requests.lock().unwrap().is_empty());
+
+    // Placed by hand, it resolves; a wrong copy is still told apart.
+    std::fs::create_dir_all(root.path().join("runtime")).unwrap();
+    std::fs::write(root.path().join("runtime/libx.so"), b"elf").unwrap();
+    let files = downloader.download(&store, entry, &mut Silent).unwrap();
+    assert!(files.file("libx.so").is_some());
+    std::fs::write(root.path().join("runtime/libx.so"), b"elf64").unwrap();
+    assert!(matches!(
+        downloader.download(&store, entry, &mut Silent),
+        Err(Error::WrongSize { .. })
+    ));
+    assert!(server.requests.lock().unwrap().is_empty());
+}

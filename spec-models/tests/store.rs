@@ -213,3 +213,36 @@ fn evaluation_data_lives_under_data() {
         root.path().join("data/mt_bench/question.jsonl")
     );
 }
+
+#[test]
+#[ignore = "needs the real models (../shared/models/fetch)"]
+fn the_voices_and_their_runtime_resolve_in_the_models_folder() {
+    let store = Store::from_env().unwrap();
+    let kokoro = store.resolve("kokoro-82m").unwrap();
+    assert_eq!(kokoro.dir, store.root().join("kokoro-82m"));
+    assert!(kokoro.entry.is_some());
+    for name in [
+        "model.onnx",
+        "vocab.json",
+        "af_heart.bin",
+        "bm_george.bin",
+        "us_gold.json",
+    ] {
+        assert!(kokoro.file(name).is_some(), "kokoro-82m: {name}");
+    }
+    let piper = store.resolve("piper-en_US-joe-medium").unwrap();
+    assert!(piper.file("model.onnx.json").is_some());
+    let runtime = store.resolve("onnxruntime").unwrap();
+    assert!(runtime.file("libonnxruntime.so").is_some());
+    // Every pinned file matched its checksum (or was verified before and is unchanged).
+    for name in ["kokoro-82m", "piper-en_US-joe-medium"] {
+        let entry = store.registry().get(name).unwrap();
+        for (file, state) in store.check(entry, Check::Size).unwrap() {
+            let expected = match file.sha256 {
+                Some(_) => FileState::Verified,
+                None => state.clone(),
+            };
+            assert_eq!(state, expected, "{name}: {}", file.local());
+        }
+    }
+}

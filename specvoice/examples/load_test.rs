@@ -347,6 +347,7 @@ async fn converse(
     let (mut sink, mut stream) = socket.split();
     let start = ClientMessage::Start {
         mode: SessionMode::Chat,
+        voice: None,
     };
     sink.send(Message::Text(serde_json::to_string(&start)?.into()))
         .await?;

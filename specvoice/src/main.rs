@@ -9,6 +9,8 @@
 #[cfg(feature = "server")]
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+#[cfg(feature = "server")]
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -22,7 +24,7 @@ use spec_core::report::latency_speedup;
 use spec_models::{Registry, Store};
 use spec_voice::write_wav;
 #[cfg(feature = "server")]
-use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, SynthesizerFactory};
+use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, VoiceLoader, Voices};
 use specvoice::{
     play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
     VoiceChat, VoiceTurn,
@@ -246,9 +248,10 @@ struct ServeArgs {
     #[arg(long)]
     cascade: bool,
 
-    /// The voice: auto (Kokoro's af_heart when its files are in the models folder, espeak-ng
-    /// otherwise), kokoro:NAME, piper:NAME, espeak, or fixed (silence after a fixed 200 ms);
-    /// `list` lists the voices here
+    /// The sessions' voice unless a client picks another of the models folder's: auto
+    /// (Kokoro's af_heart when its files are in the models folder, espeak-ng otherwise),
+    /// kokoro:NAME, piper:NAME, espeak, or fixed (silence after a fixed 200 ms); `list` lists
+    /// the voices here
     #[arg(long, default_value = "auto")]
     voice: String,
 
@@ -271,11 +274,21 @@ fn main() -> Result<()> {
     }
 }
 
-/// A synthesizer the server's sessions share, one sentence at a time.
+/// The server's voice `name` (loaded now), and every voice of the models folder for the
+/// clients to pick (loaded when first picked); each shared by the sessions speaking with it,
+/// one sentence at a time.
 #[cfg(feature = "server")]
-fn synthesizer_factory(name: &str) -> Result<SynthesizerFactory> {
+fn server_voices(name: &str) -> Result<Voices> {
     let models = spec_models::models_dir()?;
-    Ok(copies_of(voices::open_shared(&name.parse()?, &models)?))
+    let choice: voices::VoiceChoice = name.parse()?;
+    let own = choice.resolve(&models)?;
+    let default = copies_of(voices::open_shared(&choice, &models)?);
+    let available = voices::available(&models)?;
+    let loader: VoiceLoader = Arc::new(move |name| {
+        let open = |name: &str| voices::open_shared(&name.parse()?, &models);
+        Ok(copies_of(open(name)?))
+    });
+    Ok(Voices::new(own.to_string(), default).with_choices(available, loader))
 }
 
 /// With `--voice list`: prints the voices of the models folder; whether it did.
@@ -314,7 +327,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         idle_timeout: Duration::from_secs(args.idle_secs),
         ..ServeConfig::default()
     };
-    let tts = synthesizer_factory(&args.voice)?;
+    let tts = server_voices(&args.voice)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,13 +1,17 @@
 //! The page of `specvoice serve` in headless Chromium (Debian's `chromium`), driven through
 //! the DevTools protocol: Chromium's fake microphone plays a question spoken by espeak-ng, the
-//! page streams it to a server on real weights (Whisper tiny.en, Qwen2.5-Coder 0.5B), and the
-//! question and the answer must appear on the page. Ignored by plain `cargo test`; CI runs it
-//! with the other real-model tests after installing `chromium` and `espeak-ng`.
+//! page streams it to a server on real weights (Whisper tiny.en, Qwen2.5-Coder 0.5B) in the
+//! voice picked from the server's list, and the question and the answer must appear on the
+//! page; a barge-in, then Stop, must silence the answer's audio at once, and audio arriving
+//! after Stop must not play. Ignored by plain `cargo test`; CI runs it with the other
+//! real-model tests after installing `chromium` and `espeak-ng`.
 //! `SPECVOICE_SCREENSHOT=path.png` keeps a screenshot of the page (the README's).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine_llm::PredGenConfig;
@@ -15,7 +19,8 @@ use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use spec_models::{Registry, Store};
-use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server};
+use spec_voice::FixedLatencySynthesizer;
+use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, VoiceLoader, Voices};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -193,7 +198,16 @@ fn the_page_answers_a_question_heard_through_the_microphone() {
             .expect("run ../shared/models/fetch")
             .dir;
         let engines = load_engines_from(whisper, "qwen2.5-coder-0.5b-instruct".to_string());
-        let tts = copies_of(EspeakSynthesizer::new(EspeakSettings::default()).unwrap());
+        // The server's own voice is `fixed` (silence); the page picks espeak-ng, which the
+        // server loads when it is picked.
+        let loads = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&loads);
+        let loader: VoiceLoader = Arc::new(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok(copies_of(EspeakSynthesizer::new(EspeakSettings::default())?))
+        });
+        let tts = Voices::new("fixed", copies_of(FixedLatencySynthesizer::default()))
+            .with_choices(vec!["espeak".into(), "fixed".into()], loader);
         let config = ServeConfig {
             predgen: PredGenConfig {
                 max_answer_tokens: 32,
@@ -219,16 +233,28 @@ fn the_page_answers_a_question_heard_through_the_microphone() {
             .await;
         let session = attached["sessionId"].as_str().unwrap().to_string();
         let started = Instant::now();
-        while devtools
-            .evaluate(&session, "document.readyState === 'complete' && !!document.getElementById('start')")
-            .await
-            != json!(true)
-        {
+        // The page has loaded, and filled its voice picker from the server's list.
+        let voices = "JSON.stringify([...document.querySelectorAll('#voice option')].map(o => [o.value, o.selected]))";
+        loop {
+            let ready = devtools
+                .evaluate(&session, "document.readyState === 'complete' && !!document.getElementById('start')")
+                .await;
+            if ready == json!(true) && devtools.evaluate(&session, voices).await.as_str() != Some("[[\"\",true]]") {
+                break;
+            }
             assert!(started.elapsed() < Duration::from_secs(20), "the page did not load");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        assert_eq!(
+            devtools.evaluate(&session, voices).await,
+            json!(r#"[["espeak",false],["fixed",true]]"#)
+        );
         devtools
-            .evaluate(&session, "document.getElementById('start').click(); true")
+            .evaluate(
+                &session,
+                "document.getElementById('voice').value = 'espeak'; \
+                 document.getElementById('start').click(); true",
+            )
             .await;
         // The question is one you-item, the answer another with the turn's latency under it.
         let shown = loop {
@@ -257,6 +283,8 @@ fn the_page_answers_a_question_heard_through_the_microphone() {
         assert!(question.contains("camping"), "{shown}");
         let log = shown["log"].as_str().unwrap();
         assert!(log.contains("first audio") && log.contains("ms after you stopped"), "{log}");
+        // The page asked for espeak-ng, which the server loaded for it.
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
 
         let screenshot = devtools
             .call(
@@ -270,6 +298,38 @@ fn the_page_answers_a_question_heard_through_the_microphone() {
         if let Some(path) = std::env::var_os("SPECVOICE_SCREENSHOT").map(PathBuf::from) {
             std::fs::write(&path, &png).unwrap();
         }
+
+        // The answer's audio is scheduled (a few seconds of it): a barge-in stops all of it at
+        // once and the next audio starts from now.
+        let playing = "window.specvoicePage.playingSources()";
+        assert!(devtools.evaluate(&session, playing).await.as_u64().unwrap() > 0);
+        let after = devtools
+            .evaluate(
+                &session,
+                "onMessage({type: 'barge_in', at_ms: 0}); \
+                 JSON.stringify([window.specvoicePage.playingSources(), playhead <= context.currentTime])",
+            )
+            .await;
+        assert_eq!(after, json!("[0,true]"));
+        // Audio of the next answer plays; Stop silences it, and audio arriving after Stop (the
+        // server completes the turn in progress) does not play.
+        let header = "{type: 'audio', sentence: 'x', sample_rate: 16000, samples: 16000}";
+        let after = devtools
+            .evaluate(
+                &session,
+                &format!(
+                    "(() => {{ \
+                       onMessage({header}); onAudio(new Int16Array(16000).buffer); \
+                       const before = window.specvoicePage.playingSources(); \
+                       document.getElementById('stop').click(); \
+                       onMessage({header}); onAudio(new Int16Array(16000).buffer); \
+                       return JSON.stringify([before, window.specvoicePage.playingSources()]); \
+                     }})()"
+                ),
+            )
+            .await;
+        assert_eq!(after, json!("[1,0]"));
+
         drop(devtools);
         drop(chromium);
         server.shutdown().await.unwrap();

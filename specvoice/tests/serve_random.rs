@@ -2,10 +2,11 @@
 //! tiny random-weight models: a random Whisper hears tone bursts as random words, a random chat
 //! model answers. What is tested is the server: the protocol's order of events, refusals of bad
 //! input that leave the connection (and the server) working, the bounded queue, a session that
-//! panics, graceful shutdown.
+//! panics, graceful shutdown, the voices a client picks, no audio of an answer dropped by a
+//! barge-in after the `barge_in`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use futures_util::{SinkExt, StreamExt};
 use spec_voice::{FixedLatencySynthesizer, SentenceSynthesizer, Synthesis};
 use specvoice::serve::protocol::{encode_pcm, ErrorCode, ServerMessage, SessionMode};
 use specvoice::serve::{
-    copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory,
+    copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory, VoiceLoader,
+    Voices,
 };
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -263,10 +265,12 @@ async fn a_chat_session_streams_transcripts_answer_and_audio() {
     match client.message().await {
         ServerMessage::Ready {
             mode,
+            voice,
             sample_rate,
             max_frame_samples,
         } => {
             assert_eq!(mode, SessionMode::Chat);
+            assert_eq!(voice.as_deref(), Some("default"));
             assert_eq!(sample_rate, 16_000);
             assert_eq!(max_frame_samples, 16_000);
         }
@@ -295,9 +299,11 @@ async fn the_page_is_served_at_the_root() {
     for needle in [
         "audioWorklet",
         "/ws",
+        "/voices",
         r#"type: "stop""#,
         "\"turn_done\"",
         "\"caption\"",
+        "\"barge_in\"",
     ] {
         assert!(response.contains(needle), "{needle}");
     }
@@ -564,4 +570,187 @@ async fn shutdown_tells_every_client_and_lets_the_turn_in_progress_finish() {
     assert!(tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
         .await
         .is_err());
+}
+
+/// Holds every sentence until `open`: the turn being answered stays in progress meanwhile.
+#[derive(Clone)]
+struct Gated {
+    open: Arc<AtomicBool>,
+    inner: FixedLatencySynthesizer,
+}
+
+impl SentenceSynthesizer for Gated {
+    fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
+        while !self.open.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.inner.synthesize(sentence)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_barge_in_no_audio_of_the_dropped_answer_follows() {
+    let open = Arc::new(AtomicBool::new(false));
+    let tts = copies_of(Gated {
+        open: Arc::clone(&open),
+        inner: FixedLatencySynthesizer::default(),
+    });
+    let (server, _dir) = start_with(config(1, 8), tts).await;
+    let mut client = Client::connect(&server).await;
+    client.start_chat().await;
+    client.expect_ready().await;
+    for frame in question().chunks(320) {
+        client.binary(encode_pcm(frame)).await;
+    }
+    let mut received = Vec::new();
+    loop {
+        let next = client.receive().await;
+        let heard = matches!(next, Received::Json(ServerMessage::Transcript { .. }));
+        received.push(next);
+        if heard {
+            break;
+        }
+    }
+    // The user speaks again while the answer is held back.
+    for frame in [voice(1.0), silence(0.8)].concat().chunks(320) {
+        client.binary(encode_pcm(frame)).await;
+    }
+    open.store(true, Ordering::SeqCst);
+    client.text(r#"{"type":"stop"}"#).await;
+    received.extend(client.rest().await);
+    let all = messages(&received);
+    let at = |wanted: &dyn Fn(&ServerMessage) -> bool, from: usize| {
+        from + all[from..]
+            .iter()
+            .position(|m| wanted(m))
+            .unwrap_or_else(|| panic!("missing a message after {from}: {all:#?}"))
+    };
+    let barge_in = at(&|m| matches!(m, ServerMessage::BargeIn { .. }), 0);
+    // The dropped answer had begun to speak: the client has audio of it to stop.
+    assert!(
+        all[..barge_in]
+            .iter()
+            .any(|m| matches!(m, ServerMessage::Audio { .. })),
+        "{all:#?}"
+    );
+    // None of its audio comes after the barge-in: every later `audio` is the next answer's,
+    // after the next question's transcript.
+    let next_question = at(&|m| matches!(m, ServerMessage::Transcript { .. }), barge_in);
+    assert!(
+        all[barge_in..next_question]
+            .iter()
+            .all(|m| !matches!(m, ServerMessage::Audio { .. })),
+        "{all:#?}"
+    );
+    let turns: Vec<usize> = (0..all.len())
+        .filter(|&i| matches!(all[i], ServerMessage::TurnDone { .. }))
+        .collect();
+    assert_eq!(turns.len(), 1, "{all:#?}");
+    assert!(turns[0] > next_question);
+    assert!(all[next_question..turns[0]]
+        .iter()
+        .any(|m| matches!(m, ServerMessage::Audio { .. })));
+    assert!(matches!(all.last(), Some(ServerMessage::Done)));
+    server.shutdown().await.unwrap();
+}
+
+/// Voices for the clients to pick: the server's own (`fixed`, 24 kHz), `slow` (8 kHz) loaded
+/// on first use; counts the loads.
+fn picked_voices(loads: &Arc<AtomicUsize>) -> Voices {
+    let counted = Arc::clone(loads);
+    let loader: VoiceLoader = Arc::new(move |name| {
+        assert_eq!(name, "slow");
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(copies_of(FixedLatencySynthesizer {
+            sample_rate: 8_000,
+            ..FixedLatencySynthesizer::default()
+        }))
+    });
+    Voices::new("fixed", fixed_tts()).with_choices(vec!["slow".into()], loader)
+}
+
+/// The sample rates of a session's audio messages.
+fn audio_rates(received: &[Received]) -> Vec<u32> {
+    messages(received)
+        .iter()
+        .filter_map(|m| match m {
+            ServerMessage::Audio { sample_rate, .. } => Some(*sample_rate),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_session_speaks_with_the_voice_it_picks() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let loads = Arc::new(AtomicUsize::new(0));
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31).unwrap();
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let server = Server::start(loopback, config(1, 8), engines(&dir), picked_voices(&loads))
+        .await
+        .unwrap();
+
+    let mut http = TcpStream::connect(server.local_addr()).await.unwrap();
+    http.write_all(b"GET /voices HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    http.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    assert!(
+        response.contains("content-type: application/json"),
+        "{response}"
+    );
+    let body: serde_json::Value =
+        serde_json::from_str(response.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"default": "fixed", "voices": ["fixed", "slow"]})
+    );
+
+    // An unknown voice is refused, and the connection goes on.
+    let mut client = Client::connect(&server).await;
+    client
+        .text(r#"{"type":"start","mode":"chat","voice":"kokoro:nobody"}"#)
+        .await;
+    match client.message().await {
+        ServerMessage::Error {
+            code: ErrorCode::UnknownVoice,
+            message,
+        } => assert!(message.contains("fixed, slow"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    client
+        .text(r#"{"type":"start","mode":"chat","voice":"slow"}"#)
+        .await;
+    match client.message().await {
+        ServerMessage::Ready { voice, .. } => assert_eq!(voice.as_deref(), Some("slow")),
+        other => panic!("{other:?}"),
+    }
+    client.speak(&question()).await;
+    let received = client.rest().await;
+    check_chat(&received);
+    let rates = audio_rates(&received);
+    assert!(
+        !rates.is_empty() && rates.iter().all(|&r| r == 8_000),
+        "{rates:?}"
+    );
+
+    // A second session picking it shares the loaded voice; one naming none speaks with the
+    // server's own.
+    for (start, rate) in [
+        (r#"{"type":"start","mode":"chat","voice":"slow"}"#, 8_000),
+        (r#"{"type":"start","mode":"chat"}"#, 24_000),
+    ] {
+        let mut client = Client::connect(&server).await;
+        client.text(start).await;
+        client.expect_ready().await;
+        client.speak(&question()).await;
+        let received = client.rest().await;
+        check_chat(&received);
+        assert!(audio_rates(&received).iter().all(|&r| r == rate));
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    server.shutdown().await.unwrap();
 }

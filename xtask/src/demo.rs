@@ -2,9 +2,10 @@
 //! PredGen at a speaking rate; each turn's timeline is printed, then the latency against the
 //! plain cascade (wait for the question, generate, synthesize) on the same model. Then the
 //! questions are spoken aloud by espeak-ng and answered from the audio by `specvoice chat`
-//! (Whisper → PredGen → speech), each question's and answer's audio written to a folder and,
-//! with `--play`, played. What is missing first (models, espeak-ng, the release build) is done
-//! by [`crate::setup`], saying so.
+//! (Whisper → PredGen → speech, in Kokoro's voice when its files and ONNX Runtime are in the
+//! models folder, espeak-ng's otherwise), each question's and answer's audio written to a
+//! folder and, with `--play`, played. What is missing first (models, espeak-ng, the release
+//! build) is done by [`crate::setup`], saying so.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +20,8 @@ use crate::setup::{self, CHAT_MODEL, WHISPER};
 const MAX_TOKENS: &str = "96";
 /// Audio players tried in turn for `--play`.
 const PLAYERS: [&str; 2] = ["aplay", "paplay"];
+/// The voice `auto` answers with when Kokoro can speak.
+const KOKORO_VOICE: &str = "kokoro:af_heart";
 
 const QUESTIONS: [&str; 3] = [
     "What is the capital of France, and what is it famous for?",
@@ -45,6 +48,12 @@ pub struct DemoArgs {
     #[arg(long)]
     play: bool,
 
+    /// The answers' voice: auto (Kokoro's af_heart when its files and ONNX Runtime are in the
+    /// models folder, espeak-ng otherwise), kokoro:NAME, piper:NAME or espeak; `list` lists the
+    /// voices here
+    #[arg(long, default_value = "auto")]
+    voice: String,
+
     /// Arguments passed on to the predgen example (after `--`)
     #[arg(last = true)]
     extra: Vec<String>,
@@ -65,6 +74,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     };
     let player = (spoken > 0 && args.play).then(player).flatten();
     let programs = setup::build_release()?;
+    if args.voice == "list" {
+        println!("{}", voices(&programs.specvoice)?.join("\n"));
+        return Ok(());
+    }
+    let voice = match spoken {
+        0 => args.voice.clone(),
+        _ => answer_voice(&args.voice, &programs.specvoice)?,
+    };
     println!(
         "\n== {} typed questions, spoken into PredGen at a speaking rate, then the plain cascade",
         QUESTIONS.len()
@@ -81,9 +98,47 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         bail!("the predgen example failed ({status})");
     }
     if spoken > 0 {
-        speak_questions(args, spoken, &programs.specvoice, player.as_deref())?;
+        speak_questions(args, spoken, &voice, &programs.specvoice, player.as_deref())?;
     }
     Ok(())
+}
+
+/// The voices `specvoice` finds in the models folder, by the names `--voice` takes.
+fn voices(specvoice: &Path) -> Result<Vec<String>> {
+    let output = Command::new(specvoice)
+        .args(["serve", "--voice", "list"])
+        .output()
+        .context("running specvoice serve --voice list")?;
+    if !output.status.success() {
+        bail!(
+            "specvoice serve --voice list failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+/// The voice the answers are spoken in, said once: `auto` is Kokoro's af_heart when Kokoro can
+/// speak (its files and ONNX Runtime are in the models folder), espeak-ng otherwise; any other
+/// name is taken as it is.
+fn answer_voice(choice: &str, specvoice: &Path) -> Result<String> {
+    if choice != "auto" {
+        println!("the answers are spoken by {choice}");
+        return Ok(choice.to_string());
+    }
+    if voices(specvoice)?.iter().any(|v| v == KOKORO_VOICE) {
+        println!("the answers are spoken by Kokoro ({KOKORO_VOICE})");
+        return Ok(KOKORO_VOICE.to_string());
+    }
+    println!(
+        "the answers are spoken by espeak-ng: Kokoro's files or ONNX Runtime are not in the \
+         models folder (`cargo xtask models` lists kokoro-82m and onnxruntime, and how to get them)"
+    );
+    Ok("espeak".to_string())
 }
 
 /// The first of [`PLAYERS`] on the `PATH`; None, saying so, when there is none.
@@ -104,10 +159,11 @@ fn player() -> Option<PathBuf> {
 }
 
 /// Speaks the first `spoken` questions into WAVs with espeak-ng, answers each with
-/// `specvoice chat`, and writes (and plays) the questions and answers.
+/// `specvoice chat` in `voice`, and writes (and plays) the questions and answers.
 fn speak_questions(
     args: &DemoArgs,
     spoken: u64,
+    voice: &str,
     specvoice: &Path,
     player: Option<&Path>,
 ) -> Result<()> {
@@ -128,7 +184,7 @@ fn speak_questions(
         }
         let status = Command::new(specvoice)
             .args(["chat", "--model", &args.model, "--asr", WHISPER])
-            .args(["--max-tokens", MAX_TOKENS, "--audio"])
+            .args(["--max-tokens", MAX_TOKENS, "--voice", voice, "--audio"])
             .arg(&question)
             .arg("--out")
             .arg(&answer)

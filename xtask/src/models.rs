@@ -12,7 +12,7 @@ pub fn list(verify: bool) -> Result<()> {
     let store = Store::from_env()?;
     println!("models folder: {}\n", store.root().display());
     println!(
-        "{:<30} {:<9} {:<12} {:>9}  local",
+        "{:<30} {:<9} {:<14} {:>9}  local",
         "name", "kind", "format", "size"
     );
     let mut known = BTreeSet::new();
@@ -20,7 +20,7 @@ pub fn list(verify: bool) -> Result<()> {
         known.insert(entry.name.clone());
         let states = store.check(entry, level)?;
         println!(
-            "{:<30} {:<9} {:<12} {:>9}  {}",
+            "{:<30} {:<9} {:<14} {:>9}  {}",
             entry.name,
             entry.kind.to_string(),
             entry.format.to_string(),

@@ -133,17 +133,18 @@ impl Connection {
                 .await;
             return;
         }
-        let Some(mode) = self.await_start().await else {
+        let Some((mode, voice)) = self.await_start().await else {
             return;
         };
         let Some(engine) = self.queue().await else {
             return;
         };
-        self.session(mode, engine).await;
+        self.session(mode, voice, engine).await;
     }
 
-    /// Waits for `start`; `None` when the connection ends first.
-    async fn await_start(&mut self) -> Option<SessionMode> {
+    /// Waits for a `start` (naming a voice the server offers, if any); `None` when the
+    /// connection ends first.
+    async fn await_start(&mut self) -> Option<(SessionMode, Option<String>)> {
         let idle = self.shared.config.idle_timeout;
         loop {
             let incoming = tokio::select! {
@@ -154,7 +155,19 @@ impl Connection {
                 }
             };
             match incoming {
-                Incoming::Client(Ok(ClientMessage::Start { mode })) => return Some(mode),
+                Incoming::Client(Ok(ClientMessage::Start {
+                    voice: Some(voice), ..
+                })) if !self.shared.voices.offers(&voice) => {
+                    let offered = self.shared.voices.names().join(", ");
+                    self.error(
+                        ErrorCode::UnknownVoice,
+                        format!("no voice `{voice}` here (the voices: {offered})"),
+                    )
+                    .await;
+                }
+                Incoming::Client(Ok(ClientMessage::Start { mode, voice })) => {
+                    return Some((mode, voice))
+                }
                 Incoming::Client(Ok(ClientMessage::Stop)) => {
                     self.error(ErrorCode::NotStarted, "`stop` before `start`")
                         .await;
@@ -240,10 +253,16 @@ impl Connection {
     }
 
     /// Runs the session on `engine`: audio to its thread, until the thread is done.
-    async fn session(&mut self, mode: SessionMode, engine: Engine) {
+    async fn session(&mut self, mode: SessionMode, voice: Option<String>, engine: Engine) {
         let config = Arc::clone(&self.shared.config);
+        let voices = &self.shared.voices;
+        let voice = match mode {
+            SessionMode::Chat => Some(voice.unwrap_or_else(|| voices.default_name().to_string())),
+            SessionMode::Caption { .. } => None,
+        };
         self.send(ServerMessage::Ready {
             mode: mode.clone(),
+            voice: voice.clone(),
             sample_rate: SAMPLE_RATE,
             max_frame_samples: config.max_frame_samples,
         })
@@ -253,7 +272,8 @@ impl Connection {
         let context = SessionContext {
             mode,
             config: Arc::clone(&config),
-            synthesizer: Arc::clone(&self.shared.synthesizer),
+            voices: self.shared.voices.clone(),
+            voice,
             pool: Arc::clone(&self.shared.pool),
             inputs: received,
             outputs: self.out.clone(),

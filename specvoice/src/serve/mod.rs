@@ -7,7 +7,8 @@
 //! latency) and the answer's audio. `PROTOCOL.md` in this crate is the protocol for client
 //! authors; [`protocol`] has its messages as types. `/` serves a page that is such a client
 //! in a browser: the microphone through an AudioWorklet, downsampled to 16 kHz, the events
-//! shown and the answer's audio played.
+//! shown and the answer's audio played, in a voice picked from `/voices` ([`Voices`]: a chat
+//! session may name one in its `start`).
 //!
 //! The models are loaded once, into a pool of [`Engine`]s (Whisper and the language model;
 //! they hold KV caches, so each serves one session at a time). A session takes a free engine
@@ -22,6 +23,7 @@ mod connection;
 mod pool;
 pub mod protocol;
 mod session;
+mod voices;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,7 +32,8 @@ use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
-use axum::response::{Html, Response};
+use axum::http::header;
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use engine_asr::{LoadOptions as AsrLoadOptions, Transcriber};
@@ -44,6 +47,7 @@ use crate::listener::{Listener, ListenerConfig};
 use crate::{Error, Result};
 
 use pool::Pool;
+pub use voices::{VoiceLoader, Voices, KEPT_VOICES};
 
 /// Most bytes of one WebSocket message the transport reads; longer messages close the
 /// connection (the protocol's own bound, [`ServeConfig::max_frame_samples`], is far lower and
@@ -157,7 +161,7 @@ impl ServeConfig {
 struct Shared {
     config: Arc<ServeConfig>,
     pool: Arc<Pool>,
-    synthesizer: SynthesizerFactory,
+    voices: Voices,
     /// Becomes `true` when the server shuts down.
     shutdown: watch::Receiver<bool>,
     /// Open WebSocket connections.
@@ -175,13 +179,15 @@ pub struct Server {
 impl Server {
     /// Loads `config.engines` engines with `engines` (on blocking threads), checks that the
     /// settings work with them, binds `addr` (port 0: any free port) and serves on the current
-    /// Tokio runtime until [`Server::shutdown`].
+    /// Tokio runtime until [`Server::shutdown`]. Chat sessions speak with `voices` (a
+    /// [`SynthesizerFactory`] alone: one voice for all).
     pub async fn start(
         addr: SocketAddr,
         config: ServeConfig,
         engines: EngineFactory,
-        synthesizer: SynthesizerFactory,
+        voices: impl Into<Voices>,
     ) -> Result<Self> {
+        let voices = voices.into();
         config.validate()?;
         let loaded = {
             let (factory, config) = (Arc::clone(&engines), config.clone());
@@ -200,12 +206,13 @@ impl Server {
         let shared = Arc::new(Shared {
             pool: Pool::new(loaded, config.queue, engines),
             config: Arc::new(config),
-            synthesizer,
+            voices,
             shutdown: shutdown_seen.clone(),
             connections: connections.clone(),
         });
         let router = Router::new()
             .route("/", get(page))
+            .route("/voices", get(voice_list))
             .route("/ws", get(upgrade))
             .with_state(shared);
         let mut stop = shutdown_seen;
@@ -271,6 +278,19 @@ fn load_engines(factory: &EngineFactory, config: &ServeConfig) -> Result<Vec<Eng
 /// The browser client: microphone in, transcripts, answers (spoken) and captions out.
 async fn page() -> Html<&'static str> {
     Html(include_str!("page.html"))
+}
+
+/// The voices a chat session may name: `{"default": NAME, "voices": [NAME, …]}`.
+async fn voice_list(State(shared): State<Arc<Shared>>) -> Response {
+    let body = serde_json::json!({
+        "default": shared.voices.default_name(),
+        "voices": shared.voices.names(),
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 async fn upgrade(socket: WebSocketUpgrade, State(shared): State<Arc<Shared>>) -> Response {

@@ -15,6 +15,9 @@ use spec_voice::SpeechEvent;
 /// Longest accepted target language name of a caption session, in characters.
 pub const MAX_LANGUAGE_CHARS: usize = 40;
 
+/// Longest accepted voice name, in characters.
+pub const MAX_VOICE_CHARS: usize = 64;
+
 /// What a session does with the audio.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
@@ -36,10 +39,13 @@ fn default_language() -> String {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ClientMessage {
-    /// Opens the session; audio may be sent once the server answers `ready`.
+    /// Opens the session; audio may be sent once the server answers `ready`. A chat session
+    /// may name its `voice` (one of the server's `/voices`; by default the server's own).
     Start {
         #[serde(flatten)]
         mode: SessionMode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        voice: Option<String>,
     },
     /// The audio ended: the server finishes the turn in progress, then sends `done`.
     Stop,
@@ -55,6 +61,8 @@ pub enum ErrorCode {
     UnknownType,
     /// A known `type` with missing or wrong fields.
     BadMessage,
+    /// A `start` naming a voice the server does not offer.
+    UnknownVoice,
     /// An audio frame that is empty or has an odd number of bytes.
     BadFrame,
     /// An audio frame longer than the server's `max_frame_samples`.
@@ -99,10 +107,13 @@ pub struct Breakdown {
 pub enum ServerMessage {
     /// The session is waiting for an engine, at `position` (1: next).
     Queued { position: usize },
-    /// The session has an engine: send audio now, frames of at most `max_frame_samples`.
+    /// The session has an engine: send audio now, frames of at most `max_frame_samples`. A
+    /// chat session's `voice` is the one it speaks with.
     Ready {
         #[serde(flatten)]
         mode: SessionMode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        voice: Option<String>,
         sample_rate: u32,
         max_frame_samples: usize,
     },
@@ -122,7 +133,8 @@ pub enum ServerMessage {
     Transcript { at_ms: Millis, text: String },
     /// An utterance without words (noise): ignored.
     NoWords { at_ms: Millis },
-    /// The user spoke while an answer was being made: that answer was dropped (chat).
+    /// The user spoke while an answer was being made: that answer was dropped, and no more of
+    /// its audio follows (chat).
     BargeIn { at_ms: Millis },
     /// The answer's first sentence is complete (chat).
     FirstSentence { at_ms: Millis, text: String },
@@ -234,13 +246,46 @@ pub fn parse_client(text: &str) -> Result<ClientMessage, ProtocolError> {
     }
     let message: ClientMessage = serde_json::from_value(value)
         .map_err(|e| ProtocolError::new(ErrorCode::BadMessage, format!("`{kind}`: {e}")))?;
-    if let ClientMessage::Start {
-        mode: SessionMode::Caption { to },
-    } = &message
-    {
-        check_language(to)?;
+    match &message {
+        ClientMessage::Start {
+            mode: SessionMode::Caption { .. },
+            voice: Some(_),
+        } => {
+            return Err(ProtocolError::new(
+                ErrorCode::BadMessage,
+                "`voice` is for chat sessions: captions are not spoken",
+            ))
+        }
+        ClientMessage::Start {
+            mode: SessionMode::Caption { to },
+            ..
+        } => check_language(to)?,
+        ClientMessage::Start {
+            voice: Some(voice), ..
+        } => check_voice(voice)?,
+        _ => {}
     }
     Ok(message)
+}
+
+/// A voice is named as `--voice` takes it (`kokoro:af_heart`): letters, digits, `:`, `_`, `-`
+/// and `.`.
+fn check_voice(voice: &str) -> Result<(), ProtocolError> {
+    let fits = !voice.is_empty()
+        && voice.chars().count() <= MAX_VOICE_CHARS
+        && voice
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":_-.".contains(c));
+    match fits {
+        true => Ok(()),
+        false => Err(ProtocolError::new(
+            ErrorCode::BadMessage,
+            format!(
+                "`voice` must be a voice name (letters, digits, `:`, `_`, `-`, `.`), at most \
+                 {MAX_VOICE_CHARS} characters"
+            ),
+        )),
+    }
 }
 
 /// A target language is a name (letters, spaces, hyphens), as it goes into the model's prompt.
@@ -420,7 +465,15 @@ mod tests {
         assert_eq!(
             parse_client(r#"{"type":"start","mode":"chat"}"#),
             Ok(ClientMessage::Start {
-                mode: SessionMode::Chat
+                mode: SessionMode::Chat,
+                voice: None
+            })
+        );
+        assert_eq!(
+            parse_client(r#"{"type":"start","mode":"chat","voice":"kokoro:bm_george"}"#),
+            Ok(ClientMessage::Start {
+                mode: SessionMode::Chat,
+                voice: Some("kokoro:bm_george".into())
             })
         );
         assert_eq!(
@@ -428,7 +481,8 @@ mod tests {
             Ok(ClientMessage::Start {
                 mode: SessionMode::Caption {
                     to: "French".into()
-                }
+                },
+                voice: None
             })
         );
         assert_eq!(
@@ -436,7 +490,8 @@ mod tests {
             Ok(ClientMessage::Start {
                 mode: SessionMode::Caption {
                     to: "German".into()
-                }
+                },
+                voice: None
             })
         );
         assert_eq!(parse_client(r#"{"type":"stop"}"#), Ok(ClientMessage::Stop));
@@ -456,6 +511,24 @@ mod tests {
         );
         assert_eq!(
             code(r#"{"type":"start","mode":"caption","to":""}"#),
+            ErrorCode::BadMessage
+        );
+        for voice in [
+            r#""""#,
+            "3",
+            r#""kokoro:af heart""#,
+            &format!("\"{}\"", "a".repeat(65)),
+        ] {
+            assert_eq!(
+                code(&format!(
+                    r#"{{"type":"start","mode":"chat","voice":{voice}}}"#
+                )),
+                ErrorCode::BadMessage,
+                "{voice}"
+            );
+        }
+        assert_eq!(
+            code(r#"{"type":"start","mode":"caption","voice":"espeak"}"#),
             ErrorCode::BadMessage
         );
     }
@@ -488,6 +561,7 @@ mod tests {
             mode: SessionMode::Caption {
                 to: "German".into(),
             },
+            voice: None,
             sample_rate: 16_000,
             max_frame_samples: 16_000,
         };
@@ -497,6 +571,19 @@ mod tests {
             serde_json::json!({"type": "ready", "mode": "caption", "to": "German",
                 "sample_rate": 16000, "max_frame_samples": 16000})
         );
+        let ready = ServerMessage::Ready {
+            mode: SessionMode::Chat,
+            voice: Some("espeak".into()),
+            sample_rate: 16_000,
+            max_frame_samples: 320,
+        };
+        let json = serde_json::to_string(&ready).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&json).unwrap(),
+            serde_json::json!({"type": "ready", "mode": "chat", "voice": "espeak",
+                "sample_rate": 16000, "max_frame_samples": 320})
+        );
+        assert_eq!(serde_json::from_str::<ServerMessage>(&json).unwrap(), ready);
         let caption = ServerMessage::Caption {
             at_ms: 5,
             source: "hi".into(),

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::pool::Pool;
 use super::protocol::{caption_messages, chat_messages, Outgoing, SessionMode};
-use super::{Engine, ServeConfig, SynthesizerFactory};
+use super::{Engine, ServeConfig, Voices};
 use crate::drive::{drive, Arrival, AudioSource, Ended, Pipeline};
 use crate::listener::Listener;
 use crate::{ClockKind, Error, LiveCaptions, Result, VoiceChat};
@@ -34,7 +34,9 @@ pub(crate) enum Input {
 pub(crate) struct SessionContext {
     pub mode: SessionMode,
     pub config: Arc<ServeConfig>,
-    pub synthesizer: SynthesizerFactory,
+    pub voices: Voices,
+    /// The voice a chat session speaks with (loaded here, on the session's thread).
+    pub voice: Option<String>,
     pub pool: Arc<Pool>,
     pub inputs: mpsc::Receiver<Input>,
     pub outputs: mpsc::Sender<Outgoing>,
@@ -89,7 +91,10 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
         SessionMode::Chat => {
             let parts = PredGen::new(&mut model, config.predgen.clone())
                 .map_err(Error::from)
-                .and_then(|predgen| Ok((predgen, (context.synthesizer)()?)));
+                .and_then(|predgen| {
+                    let voice = context.voices.get(context.voice.as_deref())?;
+                    Ok((predgen, voice()?))
+                });
             let (predgen, tts) = match parts {
                 Ok(parts) => parts,
                 Err(e) => {
