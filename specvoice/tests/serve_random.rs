@@ -611,10 +611,12 @@ async fn after_a_barge_in_no_audio_of_the_dropped_answer_follows() {
             break;
         }
     }
-    // The user speaks again while the answer is held back.
+    // The user speaks again while the answer is held back; the answer goes on once that audio
+    // is surely waiting for the session (which hears it before its next step).
     for frame in [voice(1.0), silence(0.8)].concat().chunks(320) {
         client.binary(encode_pcm(frame)).await;
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     open.store(true, Ordering::SeqCst);
     client.text(r#"{"type":"stop"}"#).await;
     received.extend(client.rest().await);

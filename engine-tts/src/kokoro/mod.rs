@@ -339,7 +339,10 @@ mod tests {
         let a = |n: usize| vec![1; n];
         // Within the model's 510 tokens: one run, commas and all.
         let ids = [a(20), vec![3], a(30)].concat();
-        assert_eq!(runs(&vocabulary, &ids), [0..51]);
+        assert_eq!(
+            runs(&vocabulary, &ids),
+            vec![std::ops::Range { start: 0, end: 51 }]
+        );
         // Past them: cut after the last pause that fits.
         let long = [a(400), vec![2], a(300)].concat();
         assert_eq!(runs(&vocabulary, &long), [0..401, 401..701]);
