@@ -627,14 +627,9 @@ async fn after_a_barge_in_no_audio_of_the_dropped_answer_follows() {
             .position(|m| wanted(m))
             .unwrap_or_else(|| panic!("missing a message after {from}: {all:#?}"))
     };
+    // The user spoke while the answer's voice was held (its first sentence, or a guess prepared
+    // at the pause): the answer is dropped.
     let barge_in = at(&|m| matches!(m, ServerMessage::BargeIn { .. }), 0);
-    // The dropped answer had begun to speak: the client has audio of it to stop.
-    assert!(
-        all[..barge_in]
-            .iter()
-            .any(|m| matches!(m, ServerMessage::Audio { .. })),
-        "{all:#?}"
-    );
     // None of its audio comes after the barge-in: every later `audio` is the next answer's,
     // after the next question's transcript.
     let next_question = at(&|m| matches!(m, ServerMessage::Transcript { .. }), barge_in);
