@@ -319,6 +319,15 @@ pub fn first_piece_end(sentence: &str) -> Option<usize> {
     })
 }
 
+/// A sentence's first piece and the rest (both trimmed) when it is spoken in two
+/// ([`first_piece_end`]); the whole sentence alone otherwise.
+pub fn split_first_piece(sentence: &str) -> (&str, Option<&str>) {
+    match first_piece_end(sentence) {
+        Some(end) => (sentence[..end].trim(), Some(sentence[end..].trim())),
+        None => (sentence, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

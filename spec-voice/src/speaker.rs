@@ -4,7 +4,7 @@
 //! preparing while the user still speaks, the answer's first sentence once it holds, each later
 //! sentence as it completes. A [`Speaker`] turns them into audio on the session's timeline.
 //!
-//! - A long first sentence is spoken in two pieces ([`first_piece_end`]): the audio of the
+//! - A long first sentence is spoken in two pieces ([`split_first_piece`]): the audio of the
 //!   first is ready after a fraction of the sentence's compute, and the second is made while it
 //!   plays.
 //! - A guessed first sentence's first piece is prepared ahead; when the answer's first sentence
@@ -16,7 +16,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{first_piece_end, Clock, PreparedAudio, Result, SentenceSynthesizer, Synthesis};
+use crate::{split_first_piece, Clock, PreparedAudio, Result, SentenceSynthesizer, Synthesis};
 
 /// What the speaker did, at a time of the session clock.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,7 +108,7 @@ impl Speaker {
             return Ok(None);
         }
         let sentence = sentence.trim();
-        let (first_piece, _) = pieces(sentence);
+        let (first_piece, _) = split_first_piece(sentence);
         let (start, synthesis) = self.synthesize(tts, first_piece, at)?;
         let ready_at = start + synthesis.first_audio_after;
         self.prepared.push(PreparedAudio {
@@ -144,7 +144,7 @@ impl Speaker {
             .position(|p| p.matches(sentence))
             .map(|i| self.prepared.swap_remove(i));
         self.speech.prepared_audio_used = prepared.is_some();
-        let (first_piece, rest) = pieces(sentence);
+        let (first_piece, rest) = split_first_piece(sentence);
         let (ready_at, mut audio) = match prepared {
             Some(p) => (p.ready_at, p.synthesis),
             None => {
@@ -209,14 +209,6 @@ impl Speaker {
         let synthesis = tts.synthesize(text)?;
         self.clock.charge(synthesis.compute);
         Ok((start, synthesis))
-    }
-}
-
-/// A sentence's first piece and the rest, when it is spoken in two ([`first_piece_end`]).
-fn pieces(sentence: &str) -> (&str, Option<&str>) {
-    match first_piece_end(sentence) {
-        Some(end) => (sentence[..end].trim(), Some(sentence[end..].trim())),
-        None => (sentence, None),
     }
 }
 

@@ -113,9 +113,9 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
     tts.synthesize("Hello.")?;
     let mut spoken = Vec::new();
     for (i, sentence) in sentences(args.voice_sentences).into_iter().enumerate() {
-        let pieces = match spec_voice::first_piece_end(sentence).filter(|_| !whole) {
-            Some(end) => vec![&sentence[..end], &sentence[end..]],
-            None => vec![sentence],
+        let pieces: Vec<&str> = match spec_voice::split_first_piece(sentence) {
+            (first, Some(rest)) if !whole => vec![first, rest],
+            _ => vec![sentence],
         };
         let started = Instant::now();
         let mut first_audio_seconds = None;
