@@ -8,9 +8,15 @@ mod common;
 use std::time::Duration;
 
 use common::predgen::{config, corrected_inputs, run_turns, tiny_chat_model};
+use engine_llm::predgen::PARTIAL_INPUT_SYSTEM_PROMPT;
 use engine_llm::predgen::{spoken_at_rate, Clock, FixedLatencySynthesizer, Partial};
 use engine_llm::predgen::{EventKind, SpeechEvent, Status};
-use engine_llm::{Continuation, Error, PredGen, PredGenConfig, SpokenTurn, Verifier};
+use engine_llm::{
+    Continuation, Error, LanguageModel, Message, PredGen, PredGenConfig, SpokenTurn, Verifier,
+};
+use spec_core::decoder::forward_tokens;
+use spec_core::math::softmax_in_place;
+use spec_core::{Decoder, LogitRows};
 
 #[test]
 fn greedy_predgen_with_the_same_budget_gives_the_cascade_answer_token_for_token() {
@@ -739,4 +745,129 @@ fn a_live_step_in_flight_is_abandoned_when_the_final_partial_is_sent() {
         interrupted > 0,
         "no step was in flight when a final partial was sent"
     );
+}
+
+/// P(end of the user's turn) straight from the model: its probability of an end token right
+/// after `words` in a fresh conversation's chat prompt.
+fn end_probability(model: &mut LanguageModel, words: &str) -> f32 {
+    let prompt = |text: &str| {
+        model
+            .chat_prompt(&[
+                Message::system(PARTIAL_INPUT_SYSTEM_PROMPT),
+                Message::user(text),
+            ])
+            .unwrap()
+    };
+    let (a, b) = (prompt("a"), prompt("b"));
+    let opening = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let context = prompt(words);
+    let context = &context[..context.len() - opening];
+    model.model.truncate(0).unwrap();
+    let mut row = forward_tokens(&mut model.model, context, LogitRows::Last(1))
+        .unwrap()
+        .into_last_row();
+    softmax_in_place(&mut row);
+    let ends = model.tokenizer.end_tokens().to_vec();
+    ends.iter().map(|&t| row[t as usize]).sum()
+}
+
+#[test]
+fn end_of_turn_estimates_are_the_models_probability_and_leave_answers_unchanged() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut reference_model = tiny_chat_model(scratch.path(), 13);
+    let mut model = tiny_chat_model(scratch.path(), 13);
+    let mut plain = config(Verifier::Greedy, Continuation::Lookup { max_draft: 4 });
+    plain.cost_aware = false;
+    let estimating = PredGenConfig {
+        estimate_end_of_turn: true,
+        ..plain.clone()
+    };
+    let inputs = corrected_inputs("what is 1 + 23?");
+    let mut tts = FixedLatencySynthesizer::default();
+    for cascade in [false, true] {
+        let mut reference = PredGen::new(&mut reference_model, plain.clone()).unwrap();
+        let mut session = PredGen::new(&mut model, estimating.clone()).unwrap();
+        let (expected, got) = if cascade {
+            (
+                reference.baseline_turn(&inputs, &mut tts).unwrap(),
+                session.baseline_turn(&inputs, &mut tts).unwrap(),
+            )
+        } else {
+            (
+                reference.turn(&inputs, &mut tts).unwrap(),
+                session.turn(&inputs, &mut tts).unwrap(),
+            )
+        };
+        assert_eq!(got.turn.answer, expected.turn.answer, "cascade {cascade}");
+        let estimates: Vec<(String, f32)> = got
+            .turn
+            .timeline
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::EndOfTurn { words, probability } => Some((words.clone(), *probability)),
+                _ => None,
+            })
+            .collect();
+        assert!(!estimates.is_empty(), "cascade {cascade}: no estimate");
+        assert!(expected
+            .turn
+            .timeline
+            .iter()
+            .all(|e| !matches!(e.kind, EventKind::EndOfTurn { .. })));
+        for (words, probability) in estimates {
+            let direct = end_probability(&mut reference_model, &words);
+            assert!(
+                (probability - direct).abs() < 1e-4,
+                "\"{words}\": {probability} against {direct}"
+            );
+        }
+    }
+    // Step by step, the newest estimate is the newest partial's.
+    let mut session = PredGen::new(&mut model, estimating).unwrap();
+    let clock = Clock::simulated();
+    session.begin_cascade_turn(&clock).unwrap();
+    assert_eq!(session.end_of_turn(), None);
+    for partial in &inputs[..inputs.len() - 1] {
+        clock.wait_until(partial.at);
+        session.hear(partial.clone()).unwrap();
+        while session.step().unwrap().status == Status::Working {}
+        let estimate = session.end_of_turn().unwrap();
+        assert_eq!(estimate.words, partial.text);
+        assert!((0.0..=1.0).contains(&estimate.probability));
+    }
+}
+
+#[test]
+fn a_retracted_turn_leaves_the_conversation_as_before_it() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut reference_model = tiny_chat_model(scratch.path(), 17);
+    let mut model = tiny_chat_model(scratch.path(), 17);
+    let cfg = config(Verifier::Greedy, Continuation::Autoregressive);
+    let mut reference = PredGen::new(&mut reference_model, cfg.clone()).unwrap();
+    let mut session = PredGen::new(&mut model, cfg).unwrap();
+    let mut tts = FixedLatencySynthesizer::default();
+    let first = spoken_at_rate("tell me about the sea", 900.0).unwrap();
+    let cut = spoken_at_rate("why is the", 900.0).unwrap();
+    let whole = spoken_at_rate("why is the sky blue", 900.0).unwrap();
+    assert_eq!(session.retract_last_turn().unwrap(), None);
+    for (name, inputs) in [("first", &first), ("whole", &whole)] {
+        let expected = reference.turn(inputs, &mut tts).unwrap();
+        if name == "whole" {
+            // A question cut short by a false end of turn, answered, then taken back.
+            session.turn(&cut, &mut tts).unwrap();
+            assert_eq!(
+                session.retract_last_turn().unwrap().as_deref(),
+                Some("why is the")
+            );
+            assert_eq!(session.history(), &reference.history()[..2]);
+        }
+        let got = session.turn(inputs, &mut tts).unwrap();
+        assert_eq!(got.turn.answer, expected.turn.answer, "{name}");
+    }
+    assert_eq!(session.history(), reference.history());
 }

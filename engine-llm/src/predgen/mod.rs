@@ -25,7 +25,9 @@
 mod session;
 mod voice;
 
-pub use session::{Event, EventKind, PredGen, Progress, Status, Turn, MAX_COMPLETION_TOKENS};
+pub use session::{
+    EndOfTurn, Event, EventKind, PredGen, Progress, Status, Turn, MAX_COMPLETION_TOKENS,
+};
 pub use spec_voice::{
     partial_channel, spoken_at_rate, AudioChunk, Clock, ClockKind, FinalSignal,
     FixedLatencySynthesizer, Partial, PartialReceiver, PartialSender, SentenceSynthesizer, Speech,
@@ -187,6 +189,11 @@ pub struct PredGenConfig {
     /// candidate's first sentence goes to TTS ahead of time. 1: the greedy completion alone,
     /// answered with the configured continuation and verifier.
     pub question_candidates: usize,
+    /// Estimate on every partial how likely the user's turn ends there ([`EndOfTurn`], beyond
+    /// the paper): one forward over the prompt up to the user's words, in cascade turns too,
+    /// whose most likely token starts the question's completion. A voice pipeline's
+    /// semantic end of turn reads it ([`PredGen::end_of_turn`]). Off by default.
+    pub estimate_end_of_turn: bool,
 }
 
 impl Default for PredGenConfig {
@@ -201,6 +208,7 @@ impl Default for PredGenConfig {
             cost_aware: true,
             complete_questions: true,
             question_candidates: 1,
+            estimate_end_of_turn: false,
         }
     }
 }

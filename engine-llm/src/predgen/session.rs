@@ -26,6 +26,7 @@ mod answer;
 mod candidates;
 mod completion;
 mod continuation;
+mod end_of_turn;
 mod guess;
 mod turn;
 mod verify;
@@ -33,6 +34,7 @@ mod verify;
 use candidates::Candidates;
 use completion::Completing;
 use continuation::{Drafting, RECYCLED_GUESSES};
+pub use end_of_turn::EndOfTurn;
 use turn::{check_inputs, heard_event, FinalArrival, Phase, TurnKind, TurnState};
 pub use turn::{Progress, Status};
 use verify::{verified_event, JudgeTokens};
@@ -50,6 +52,8 @@ pub struct Event {
 pub enum EventKind {
     /// The model completed the user's unfinished question; the guess answers this question.
     Completed { question: String },
+    /// The model's estimate that the user's turn ends after `words` (see [`EndOfTurn`]).
+    EndOfTurn { words: String, probability: f32 },
     /// A partial prompt was taken up (intermediate ones that arrived while the model was busy
     /// are skipped).
     Heard { text: String, is_final: bool },
@@ -99,6 +103,13 @@ impl fmt::Display for Event {
                     Some(yes) => write!(f, " (judge: {})", if *yes { "yes" } else { "no" }),
                     None => Ok(()),
                 }
+            }
+            EventKind::EndOfTurn { words, probability } => {
+                write!(
+                    f,
+                    "{:<14} P = {probability:.2} after \"{words}\"",
+                    "end of turn"
+                )
             }
             EventKind::Completed { question } => {
                 write!(f, "{:<14} \"{question}\"", "completed")
@@ -275,6 +286,12 @@ impl<'m> PredGen<'m> {
         &self.config
     }
 
+    /// Turns estimating the end of the user's turn on every partial on or off
+    /// ([`PredGenConfig::estimate_end_of_turn`]); from the next turn on.
+    pub fn set_estimate_end_of_turn(&mut self, on: bool) {
+        self.config.estimate_end_of_turn = on;
+    }
+
     /// The conversation so far (user and assistant turns).
     pub fn history(&self) -> &[Message] {
         &self.history
@@ -285,6 +302,22 @@ impl<'m> PredGen<'m> {
         self.cancel_turn()?;
         self.history.clear();
         Ok(())
+    }
+
+    /// Takes the last completed turn back, as if it had not been asked: a turn in progress is
+    /// cancelled, and the last question and answer leave the history (the user had not
+    /// finished: the question goes on in the next turn). Returns the question taken back,
+    /// `None` when the history has no turn.
+    pub fn retract_last_turn(&mut self) -> Result<Option<String>> {
+        self.cancel_turn()?;
+        let n = self.history.len();
+        if n < 2 {
+            return Ok(None);
+        }
+        let question = self.history[n - 2].content.clone();
+        self.history.truncate(n - 2);
+        self.start_turn()?;
+        Ok(Some(question))
     }
 
     /// The user starts speaking: a turn with input-time speculation begins on the session's
@@ -547,7 +580,9 @@ impl<'m> PredGen<'m> {
         }
     }
 
-    /// Before the final partial: work ahead of the user ([`PredGen::work_ahead`]), abandoning
+    /// Before the final partial: estimate the end of the user's turn after the newest partial
+    /// (when configured, in cascade turns too), and work ahead of the user
+    /// ([`PredGen::work_ahead`]), abandoning
     /// the step part-way through a forward once the final partial arrives, when the turn can
     /// tell ([`FinalArrival`]): the answer then starts within a layer's time of the last word
     /// instead of after what is left of the step (up to a forward and more).
@@ -557,13 +592,19 @@ impl<'m> PredGen<'m> {
             turn.phase = Phase::FirstSentence;
             return Ok(Status::Working);
         }
-        if turn.kind == TurnKind::Cascade {
+        let estimate = self.end_of_turn_wanted(turn);
+        if turn.kind == TurnKind::Cascade && estimate.is_none() {
             return Ok(Status::Idle);
         }
         let started = Instant::now();
         let clock_before = turn.clock.now();
         self.set_interrupt(turn.final_arrival.interrupt(started, clock_before));
-        let worked = self.work_ahead(turn);
+        let worked = match estimate {
+            Some(words) => self
+                .estimate_end_of_turn(turn, &words)
+                .map(|()| Status::Working),
+            None => self.work_ahead(turn),
+        };
         self.set_interrupt(None);
         match worked {
             Err(Error::Core(spec_core::Error::Interrupted)) => {

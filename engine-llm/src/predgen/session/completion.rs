@@ -45,22 +45,34 @@ impl PredGen<'_> {
             }
         };
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
-        let context: Vec<u32> = completing
-            .context
-            .iter()
-            .chain(&completing.tokens)
-            .copied()
-            .collect();
-        let gen = generate(
-            &mut self.model.model,
-            &context,
-            &SamplingConfig::greedy(),
-            &StopConditions::new(1),
-            &mut StdRng::seed_from_u64(0),
-            &mut |_| {},
-        )?;
-        turn.forwards_during_input += gen.stats.target_forwards;
-        let completed = match gen.tokens.first() {
+        let estimated = turn
+            .end_of_turn
+            .as_ref()
+            .filter(|e| completing.tokens.is_empty() && e.end_of_turn.words == completing.words)
+            .map(|e| e.next_token);
+        let token = match estimated {
+            // The end-of-turn estimate ran this very forward.
+            Some(token) => Some(token),
+            None => {
+                let context: Vec<u32> = completing
+                    .context
+                    .iter()
+                    .chain(&completing.tokens)
+                    .copied()
+                    .collect();
+                let gen = generate(
+                    &mut self.model.model,
+                    &context,
+                    &SamplingConfig::greedy(),
+                    &StopConditions::new(1),
+                    &mut StdRng::seed_from_u64(0),
+                    &mut |_| {},
+                )?;
+                turn.forwards_during_input += gen.stats.target_forwards;
+                gen.tokens.first().copied()
+            }
+        };
+        let completed = match token.as_ref() {
             Some(token) if end_tokens.contains(token) => {
                 self.completed_question(&completing.words, &completing.tokens)?
             }

@@ -6,6 +6,7 @@ use spec_core::Interrupt;
 
 use spec_voice::{keeps_words, Clock, FinalSignal, Partial};
 
+use super::end_of_turn::Estimate;
 use super::{Answer, Candidates, Completing, Event, EventKind, Turn, RECYCLED_GUESSES};
 use crate::predgen::{Continuation, PredGenConfig};
 use crate::{Error, Result};
@@ -100,6 +101,8 @@ pub(super) struct TurnState {
     pub(super) completion_tried: Option<String>,
     /// A completion in progress, a token a step.
     pub(super) completing: Option<Completing>,
+    /// The end of the user's turn after the newest partial estimated.
+    pub(super) end_of_turn: Option<Estimate>,
     /// The guess, and after the final partial the answer.
     pub(super) guess: Answer,
     /// The rejected part of the last guess: Jacobi's starting guess.
@@ -157,6 +160,7 @@ impl TurnState {
             completed: None,
             completion_tried: None,
             completing: None,
+            end_of_turn: None,
             guess: Answer::default(),
             rejected_tail: Vec::new(),
             recycled: Vec::new(),
