@@ -119,7 +119,8 @@ impl Pipeline for LiveCaptions<'_> {
     fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
         for item in heard {
             match item {
-                Heard::Started { at: started_at } => {
+                // Captions end utterances at the detector's silence only: none resumes.
+                Heard::Started { at: started_at } | Heard::Resumed { at: started_at, .. } => {
                     self.translator.reset();
                     self.last_source = None;
                     self.utterance.clear();

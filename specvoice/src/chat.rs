@@ -14,6 +14,7 @@ use spec_voice::{AudioChunk, Clock, ClockKind, Partial, SentenceSynthesizer, Spe
 
 use crate::drive::{play_recording, Pipeline};
 use crate::listener::{Heard, Listener};
+use crate::turn_end::TurnEnd;
 use crate::{Error, Result};
 
 /// How the language model answers.
@@ -39,8 +40,18 @@ pub enum ChatEventKind {
     SpeechStarted { started_at: Duration },
     /// A partial transcript.
     Partial { text: String },
-    /// The end-of-speech silence passed: the user stopped speaking at `speech_end`.
+    /// The chat model read the transcript of a pause: `probability` that the user's turn ends
+    /// there, so the turn ends after `wait` of silence (the semantic end of turn).
+    EndOfTurn { probability: f32, wait: Duration },
+    /// The end of the turn was declared (the silence passed, or the model judged the
+    /// question complete): the user stopped speaking at `speech_end`.
     SpeechEnded { speech_end: Duration },
+    /// The user spoke again soon after a turn ended early (at `paused_at`): the answer was
+    /// dropped, and the turn goes on with the utterance that started at `utterance_start`.
+    SpeechResumed {
+        utterance_start: Duration,
+        paused_at: Duration,
+    },
     /// The final transcript of the utterance.
     Transcript { text: String },
     /// An utterance without words (noise, a cough): ignored.
@@ -76,6 +87,20 @@ impl std::fmt::Display for ChatEvent {
                 "{:<14} (speech ended at {:.3} s)",
                 "end of speech",
                 speech_end.as_secs_f64()
+            ),
+            ChatEventKind::EndOfTurn { probability, wait } => write!(
+                f,
+                "{:<14} P = {probability:.2}: wait {:.0} ms of silence",
+                "end of turn?",
+                wait.as_secs_f64() * 1e3
+            ),
+            ChatEventKind::SpeechResumed {
+                utterance_start, ..
+            } => write!(
+                f,
+                "{:<14} (the answer was dropped; the utterance from {:.3} s goes on)",
+                "speech resumed",
+                utterance_start.as_secs_f64()
             ),
             ChatEventKind::Transcript { text } => write!(f, "{:<14} \"{text}\"", "transcript"),
             ChatEventKind::NoWords => write!(f, "{:<14} (no words: ignored)", "noise"),
@@ -172,6 +197,10 @@ pub struct VoiceChat<'m> {
     /// machine) reports a partial after the end of speech was detected, and the end of speech
     /// is then reported after it, so that events stay in order of time.
     last_partial_at: Duration,
+    /// The pause transcript whose end-of-turn estimate was reported last.
+    estimated: Option<String>,
+    /// When the speech of the last completed turn ended: speech resuming it takes it back.
+    last_turn_end: Option<Duration>,
 }
 
 impl<'m> VoiceChat<'m> {
@@ -184,6 +213,9 @@ impl<'m> VoiceChat<'m> {
         clock: ClockKind,
     ) -> Self {
         let clock = Clock::start(clock);
+        let mut predgen = predgen;
+        predgen
+            .set_estimate_end_of_turn(matches!(listener.config().turn_end, TurnEnd::Semantic(_)));
         Self {
             listener,
             predgen,
@@ -194,6 +226,8 @@ impl<'m> VoiceChat<'m> {
             turn: None,
             events: Vec::new(),
             last_partial_at: Duration::ZERO,
+            estimated: None,
+            last_turn_end: None,
         }
     }
 
@@ -251,6 +285,7 @@ impl<'m> VoiceChat<'m> {
             Status::Idle => Ok(false),
             Status::Done(turn) => {
                 self.turn = None;
+                self.last_turn_end = times.ended.map(|(speech_end, ..)| speech_end);
                 let (speech_end, endpoint_at, transcript_at) = times
                     .ended
                     .ok_or_else(|| Error::Input("a turn ended before its utterance did".into()))?;
@@ -273,6 +308,56 @@ impl<'m> VoiceChat<'m> {
                 Ok(false)
             }
         }
+    }
+
+    /// With the semantic end of turn, while the user pauses: reports the model's estimate for
+    /// the pause's transcript once, and ends the utterance when the silence has lasted the
+    /// wait it calls for.
+    fn end_turn_if_due(&mut self) -> Result<()> {
+        let TurnEnd::Semantic(policy) = &self.listener.config().turn_end else {
+            return Ok(());
+        };
+        let Some(pause) = self.listener.pause() else {
+            return Ok(());
+        };
+        let Some(estimate) = self
+            .predgen
+            .end_of_turn()
+            .filter(|e| e.words == pause.transcript)
+        else {
+            return Ok(());
+        };
+        let wait = policy.wait(estimate.probability);
+        if self.estimated.as_deref() != Some(pause.transcript) {
+            self.estimated = Some(pause.transcript.to_string());
+            self.events.push(ChatEvent {
+                at: self.clock.now(),
+                kind: ChatEventKind::EndOfTurn {
+                    probability: estimate.probability,
+                    wait,
+                },
+            });
+        }
+        if pause.silence >= wait {
+            let clock = self.clock.clone();
+            if let Some(heard) = self.listener.end_utterance(&clock)? {
+                self.on_heard(vec![heard])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a turn for speech that started at `speech_start`.
+    fn begin_turn(&mut self, speech_start: Duration) -> Result<()> {
+        match self.mode {
+            ChatMode::PredGen => self.predgen.begin_turn(&self.clock)?,
+            ChatMode::Cascade => self.predgen.begin_cascade_turn(&self.clock)?,
+        }
+        self.turn = Some(TurnTimes {
+            speech_start,
+            ended: None,
+        });
+        Ok(())
     }
 
     /// Hands a transcript to the turn in progress.
@@ -313,17 +398,34 @@ impl Pipeline for VoiceChat<'_> {
                             kind: ChatEventKind::BargeIn,
                         });
                     }
-                    match self.mode {
-                        ChatMode::PredGen => self.predgen.begin_turn(&self.clock)?,
-                        ChatMode::Cascade => self.predgen.begin_cascade_turn(&self.clock)?,
-                    }
-                    self.turn = Some(TurnTimes {
-                        speech_start: started_at,
-                        ended: None,
-                    });
+                    self.begin_turn(started_at)?;
                     self.events.push(ChatEvent {
                         at,
                         kind: ChatEventKind::SpeechStarted { started_at },
+                    });
+                }
+                Heard::Resumed {
+                    utterance_start,
+                    paused_at,
+                    ..
+                } => {
+                    // The end of the turn was declared too early: its answer is dropped (or,
+                    // complete already, taken back), and the turn goes on.
+                    if self.turn.take().is_some() {
+                        self.predgen.cancel_turn()?;
+                    } else if self.last_turn_end == Some(paused_at) {
+                        self.predgen.retract_last_turn()?;
+                    }
+                    self.voice.cancel();
+                    self.last_turn_end = None;
+                    self.estimated = None;
+                    self.begin_turn(utterance_start)?;
+                    self.events.push(ChatEvent {
+                        at,
+                        kind: ChatEventKind::SpeechResumed {
+                            utterance_start,
+                            paused_at,
+                        },
                     });
                 }
                 Heard::Partial(partial) => {
@@ -376,6 +478,7 @@ impl Pipeline for VoiceChat<'_> {
     /// sentence. A pause is when the question is most likely complete and the CPU otherwise
     /// idle, so that a synthesis that a later guess makes useless seldom delays the recognizer.
     fn step(&mut self) -> Result<bool> {
+        self.end_turn_if_due()?;
         if self.model_step()? {
             return Ok(true);
         }

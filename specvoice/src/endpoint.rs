@@ -185,6 +185,31 @@ impl EndpointDetector {
         boundaries
     }
 
+    /// In an utterance, how long it has been silent: from the end of its last voiced frame to
+    /// the audio measured so far.
+    pub fn silence(&self) -> Option<Duration> {
+        self.utterance_start
+            .map(|_| self.frame_time(self.frames - self.last_voiced_end))
+    }
+
+    /// Ends the utterance in progress now, before the configured silence has passed (the
+    /// caller judged the turn over): it ended at its last voiced frame.
+    pub fn end_now(&mut self) -> Option<Boundary> {
+        let boundary = self.finish();
+        self.voiced_run = 0;
+        boundary
+    }
+
+    /// The utterance in progress is the continuation of one that started at `at` (its
+    /// speaker paused, and a shorter silence ended it): the longest utterance counts from
+    /// there. Ignored outside an utterance or for a time after its start.
+    pub fn continue_from(&mut self, at: Duration) {
+        if let Some(start) = self.utterance_start {
+            let frame = (at.as_nanos() / self.config.frame.as_nanos().max(1)) as u64;
+            self.utterance_start = Some(start.min(frame));
+        }
+    }
+
     /// The stream ends: an utterance in progress ends at its last voiced frame.
     pub fn finish(&mut self) -> Option<Boundary> {
         self.utterance_start.take().map(|_| Boundary::Ended {

@@ -6,6 +6,12 @@
 //! silence, that pause's transcript is final: the final transcript is ready when the silence
 //! ends, with no recognition left to do, and everything downstream (PredGen) has had the
 //! rest of the silence to work on the whole question.
+//!
+//! With a semantic end of turn ([`TurnEnd::Semantic`]) the caller ends the utterance earlier
+//! ([`Listener::end_utterance`]) when the chat model reads the pause's transcript
+//! ([`Listener::pause`]) as a complete question, and speech that resumes within the longest
+//! silence continues the utterance it ended ([`Heard::Resumed`]): its audio is transcribed
+//! again from the first start, so the transcript is the one a long silence would have given.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +20,7 @@ use spec_voice::{Clock, Partial};
 
 use crate::drive::{play_recording, Pipeline};
 use crate::endpoint::{duration_of, samples_in, Boundary, EndpointConfig, EndpointDetector};
+use crate::turn_end::TurnEnd;
 use crate::{Error, Result};
 
 /// Settings of a [`Listener`].
@@ -32,6 +39,10 @@ pub struct ListenerConfig {
     pub final_margin: Duration,
     /// Whisper's settings (greedy); English by default.
     pub transcribe: TranscribeOptions,
+    /// How the end of the user's turn is decided: the endpoint detector's silence by default
+    /// ([`TurnEnd::Silence`]); with [`TurnEnd::Semantic`], the detector waits the semantic
+    /// policy's longest silence and the caller may end an utterance sooner.
+    pub turn_end: TurnEnd,
 }
 
 impl Default for ListenerConfig {
@@ -44,6 +55,30 @@ impl Default for ListenerConfig {
             transcribe: TranscribeOptions {
                 language: Some("en".to_string()),
                 ..TranscribeOptions::default()
+            },
+            turn_end: TurnEnd::Silence,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// The settings of a voice conversation: the semantic end of turn with its default
+    /// settings.
+    pub fn conversation() -> Self {
+        Self {
+            turn_end: TurnEnd::Semantic(Default::default()),
+            ..Self::default()
+        }
+    }
+
+    /// The endpoint detector's settings: with the semantic end of turn, its silence is the
+    /// longest wait.
+    pub fn detector(&self) -> EndpointConfig {
+        match &self.turn_end {
+            TurnEnd::Silence => self.endpoint.clone(),
+            TurnEnd::Semantic(policy) => EndpointConfig {
+                silence: policy.longest,
+                ..self.endpoint.clone()
             },
         }
     }
@@ -58,6 +93,15 @@ pub enum Heard {
     Started { at: Duration },
     /// A partial transcript of the utterance so far.
     Partial(Partial),
+    /// Speech resumed at `at`, within the longest silence after an utterance that the caller
+    /// ended early ([`Listener::end_utterance`]): it continues that utterance, which started at
+    /// `utterance_start` and whose speech ended at `paused_at`. Its partials and final
+    /// transcript hear the whole utterance from its first start.
+    Resumed {
+        at: Duration,
+        utterance_start: Duration,
+        paused_at: Duration,
+    },
     /// The utterance ended: speech stopped at `speech_end`, and the detector noticed at
     /// `detected_at`. `transcript` (final; its text empty for an utterance without words: a
     /// cough, noise) is stamped when it was ready.
@@ -81,6 +125,15 @@ enum Recognizer {
     Switching,
 }
 
+/// A pause in an utterance ([`Listener::pause`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pause<'a> {
+    /// The transcript of the utterance up to the pause (its final margin included).
+    pub transcript: &'a str,
+    /// How long the speaker has been silent.
+    pub silence: Duration,
+}
+
 /// Finds utterances in an audio stream and transcribes them as they arrive.
 #[derive(Debug)]
 pub struct Listener {
@@ -94,6 +147,22 @@ pub struct Listener {
     audio_start: usize,
     /// Why a call failed midway, after which the listener refuses more audio.
     failed: Option<String>,
+    /// With the semantic end of turn: the audio of the current utterance from its pre-roll
+    /// on, kept after an utterance ended early for as long as speech may resume it.
+    utterance: Option<KeptUtterance>,
+}
+
+/// The audio of an utterance that speech may continue.
+#[derive(Debug)]
+struct KeptUtterance {
+    /// Stream index of `audio[0]`, in samples.
+    start: usize,
+    audio: Vec<f32>,
+    /// When its speech started.
+    speech_start: Duration,
+    /// Once it ended early: when its speech ended (resumed speech must start within the
+    /// longest silence of it).
+    ended: Option<Duration>,
 }
 
 impl Listener {
@@ -121,13 +190,23 @@ impl Listener {
             config.transcribe.language.as_deref(),
             &[],
         )?;
+        if let TurnEnd::Semantic(policy) = &config.turn_end {
+            policy.validate()?;
+            if config.final_margin > policy.longest {
+                return Err(Error::Config(format!(
+                    "the final margin ({:?}) is longer than the longest end-of-turn silence ({:?})",
+                    config.final_margin, policy.longest
+                )));
+            }
+        }
         Ok(Self {
-            detector: EndpointDetector::new(config.endpoint.clone())?,
+            detector: EndpointDetector::new(config.detector())?,
             config,
             recognizer: Recognizer::Idle(Box::new(transcriber)),
             audio: Vec::new(),
             audio_start: 0,
             failed: None,
+            utterance: None,
         })
     }
 
@@ -146,6 +225,39 @@ impl Listener {
         self.detector
             .last_voiced_end()
             .is_none_or(|end| self.detector.now() >= end + self.config.final_margin)
+    }
+
+    /// While the speaker pauses in an utterance and the pause's transcript is made (it hears
+    /// the final margin after the last voiced audio: if the pause lasts, it is the final
+    /// transcript): that transcript and how long the silence has lasted.
+    pub fn pause(&self) -> Option<Pause<'_>> {
+        let voiced_end = self.detector.last_voiced_end()?;
+        let silence = self.detector.silence()?;
+        (silence >= self.config.final_margin
+            && self.covered() >= voiced_end + self.config.final_margin)
+            .then(|| Pause {
+                transcript: self.current_text(),
+                silence,
+            })
+    }
+
+    /// Ends the utterance in progress now, in a pause (see [`Listener::pause`]); its final
+    /// transcript is the pause's. With the semantic end of turn, speech that resumes within
+    /// its longest silence continues it ([`Heard::Resumed`]). `None` when no utterance is in
+    /// progress or the speaker is not pausing.
+    pub fn end_utterance(&mut self, clock: &Clock) -> Result<Option<Heard>> {
+        self.refuse_after_failure()?;
+        if self.pause().is_none() {
+            return Ok(None);
+        }
+        let Some(boundary) = self.detector.end_now() else {
+            return Ok(None);
+        };
+        let heard = self.on_boundary(boundary, clock);
+        if let (Ok(Heard::Final { speech_end, .. }), Some(kept)) = (&heard, &mut self.utterance) {
+            kept.ended = Some(*speech_end);
+        }
+        self.note_failure(heard).map(Some)
     }
 
     /// Stream time of the audio pushed so far.
@@ -210,6 +322,7 @@ impl Listener {
     /// [`Listener::push`] of finite samples.
     fn hear(&mut self, samples: &[f32], clock: &Clock) -> Result<Vec<Heard>> {
         self.audio.extend_from_slice(samples);
+        self.keep_utterance(samples);
         let mut heard = Vec::new();
         for boundary in self.detector.push(samples) {
             heard.push(self.on_boundary(boundary, clock)?);
@@ -238,10 +351,29 @@ impl Listener {
     fn on_boundary(&mut self, boundary: Boundary, clock: &Clock) -> Result<Heard> {
         match boundary {
             Boundary::Started { at } => {
-                let from = (samples_in(at).saturating_sub(samples_in(self.config.pre_roll)))
-                    .max(self.audio_start);
-                self.audio.drain(..from - self.audio_start);
-                self.audio_start = from;
+                let resumed = self.resumable(at);
+                match (resumed, &self.utterance) {
+                    (Some(_), Some(kept)) => {
+                        // The utterance goes on: Whisper hears it again from its start.
+                        self.audio = kept.audio.clone();
+                        self.audio_start = kept.start;
+                    }
+                    _ => {
+                        let from = (samples_in(at)
+                            .saturating_sub(samples_in(self.config.pre_roll)))
+                        .max(self.audio_start);
+                        self.audio.drain(..from - self.audio_start);
+                        self.audio_start = from;
+                        if matches!(self.config.turn_end, TurnEnd::Semantic(_)) {
+                            self.utterance = Some(KeptUtterance {
+                                start: from,
+                                audio: self.audio.clone(),
+                                speech_start: at,
+                                ended: None,
+                            });
+                        }
+                    }
+                }
                 let Recognizer::Idle(transcriber) =
                     std::mem::replace(&mut self.recognizer, Recognizer::Switching)
                 else {
@@ -254,7 +386,20 @@ impl Listener {
                     )?),
                     text: String::new(),
                 };
-                Ok(Heard::Started { at })
+                Ok(match resumed {
+                    Some((utterance_start, paused_at)) => {
+                        self.detector.continue_from(utterance_start);
+                        if let Some(kept) = &mut self.utterance {
+                            kept.ended = None;
+                        }
+                        Heard::Resumed {
+                            at,
+                            utterance_start,
+                            paused_at,
+                        }
+                    }
+                    None => Heard::Started { at },
+                })
             }
             Boundary::Ended {
                 speech_end,
@@ -281,6 +426,41 @@ impl Listener {
                     detected_at,
                 })
             }
+        }
+    }
+
+    /// Whether speech starting at `at` continues the utterance that ended early last: it
+    /// resumes within the longest silence, and the two together are shorter than the longest
+    /// utterance. Its start and the end of its speech.
+    fn resumable(&self, at: Duration) -> Option<(Duration, Duration)> {
+        let TurnEnd::Semantic(policy) = &self.config.turn_end else {
+            return None;
+        };
+        let kept = self.utterance.as_ref()?;
+        let paused_at = kept.ended?;
+        (at.saturating_sub(paused_at) < policy.longest
+            && at.saturating_sub(kept.speech_start) < self.config.endpoint.max_utterance)
+            .then_some((kept.speech_start, paused_at))
+    }
+
+    /// With the semantic end of turn, keeps the audio of the utterance in progress, and of one
+    /// that ended early while speech may still resume it; forgets it after.
+    fn keep_utterance(&mut self, samples: &[f32]) {
+        let TurnEnd::Semantic(policy) = &self.config.turn_end else {
+            return;
+        };
+        let now = self.audio_time();
+        let Some(kept) = &mut self.utterance else {
+            return;
+        };
+        let resumable = match kept.ended {
+            None => self.detector.in_speech(),
+            Some(paused_at) => now < paused_at + policy.longest,
+        };
+        if resumable {
+            kept.audio.extend_from_slice(samples);
+        } else {
+            self.utterance = None;
         }
     }
 
@@ -371,7 +551,7 @@ impl Pipeline for Transcription<'_> {
     fn on_heard(&mut self, heard: Vec<Heard>) -> Result<()> {
         for item in heard {
             match item {
-                Heard::Started { .. } => self.current.clear(),
+                Heard::Started { .. } | Heard::Resumed { .. } => self.current.clear(),
                 Heard::Partial(partial) => {
                     if !partial.text.trim().is_empty() {
                         self.current.push(partial);

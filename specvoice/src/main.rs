@@ -27,7 +27,7 @@ use spec_voice::write_wav;
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, VoiceLoader, Voices};
 use specvoice::{
     play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
-    VoiceChat, VoiceTurn,
+    TurnEnd, VoiceChat, VoiceTurn,
 };
 
 /// The SpecVoice voice pipeline: speech in, streaming Whisper, then an answer spoken back
@@ -59,7 +59,15 @@ struct RecognizerArgs {
     #[arg(long, default_value = "whisper-tiny.en-ct2")]
     asr: String,
 
-    /// Silence that ends an utterance, in milliseconds
+    /// When the user's turn is over: semantic (the chat model reads each pause's transcript;
+    /// the turn ends after 150 ms of silence when it judges the question complete, up to 1.2 s
+    /// when it expects more words, and speech resuming within 1.2 s continues it) or silence
+    /// (after --silence-ms). Captions always end utterances after --silence-ms.
+    #[arg(long, default_value = "semantic")]
+    turn_end: TurnEnd,
+
+    /// Silence that ends an utterance with `--turn-end silence`, and a caption's, in
+    /// milliseconds
     #[arg(long, default_value_t = 500)]
     silence_ms: u64,
 
@@ -76,7 +84,16 @@ impl RecognizerArgs {
                 ..EndpointConfig::default()
             },
             partial_every: Duration::from_millis(self.partial_ms),
+            turn_end: self.turn_end.clone(),
             ..ListenerConfig::default()
+        }
+    }
+
+    /// The settings of a caption listener: the end of an utterance after the silence.
+    fn caption_listener_config(&self) -> ListenerConfig {
+        ListenerConfig {
+            turn_end: TurnEnd::Silence,
+            ..self.listener_config()
         }
     }
 
@@ -135,9 +152,9 @@ impl HearingArgs {
         self.recognizer.open_whisper()
     }
 
-    /// Silence after the recording: the endpoint detector's silence and a margin.
+    /// Silence after the recording: the endpoint detector's longest silence and a margin.
     fn trailing_silence(&self) -> Duration {
-        Duration::from_millis(self.recognizer.silence_ms) + Duration::from_millis(300)
+        self.listener_config().detector().silence + Duration::from_millis(300)
     }
 }
 
@@ -502,7 +519,7 @@ fn caption(args: CaptionArgs) -> Result<()> {
     let mut run = |config: LiveConfig, show: bool| -> Result<StreamSummary> {
         let listener = Listener::new(
             whisper.take().expect("Whisper is back"),
-            hearing.listener_config(),
+            hearing.recognizer.caption_listener_config(),
         )?;
         let translator = LiveTranslator::new(&mut model, config)?;
         let mut captions = LiveCaptions::new(listener, translator, hearing.clock());

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use engine_asr::testing::write_hf;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
+use engine_llm::predgen::EventKind;
 use engine_llm::testing::tiny_chat_model;
-use engine_llm::{LanguageModel, PredGen};
+use engine_llm::{LanguageModel, Message, PredGen};
 use engine_mt::{LiveConfig, LiveTranslator};
 use spec_voice::{Clock, FixedLatencySynthesizer};
 use specvoice::{
     play_recording, utterances_of, CaptionEventKind, ChatEvent, ChatEventKind, ChatMode, ClockKind,
-    Error, Heard, Listener, ListenerConfig, LiveCaptions, Pipeline, VoiceChat, VoiceTurn,
+    Error, Heard, Listener, ListenerConfig, LiveCaptions, Pipeline, SemanticTurnEnd, TurnEnd,
+    VoiceChat, VoiceTurn,
 };
 
 mod common;
@@ -341,4 +343,153 @@ fn the_final_transcript_does_not_depend_on_how_the_audio_arrived() {
         .unwrap()
         .unwrap();
     assert_eq!(finals[0], expected.text);
+}
+
+/// A conversation hearing with `config`: the turns, every event, and the conversation's
+/// history afterwards.
+fn converse_with(
+    config: ListenerConfig,
+    whisper: Transcriber,
+    model: &mut LanguageModel,
+    mode: ChatMode,
+    audio: &[f32],
+) -> (Vec<VoiceTurn>, Vec<ChatEvent>, Vec<Message>, Transcriber) {
+    let mut chat = VoiceChat::new(
+        Listener::new(whisper, config).unwrap(),
+        predgen(model),
+        Box::new(FixedLatencySynthesizer::default()),
+        mode,
+        ClockKind::Simulated,
+    );
+    let mut events = Vec::new();
+    let turns = chat
+        .play(audio, Duration::from_millis(1500), &mut |e| {
+            events.push(e.clone());
+        })
+        .unwrap();
+    let (listener, session) = chat.into_parts();
+    let history = session.history().to_vec();
+    (turns, events, history, listener.into_transcriber())
+}
+
+fn semantic(policy: SemanticTurnEnd) -> ListenerConfig {
+    ListenerConfig {
+        turn_end: TurnEnd::Semantic(policy),
+        ..random_listener_config()
+    }
+}
+
+/// The reference of the semantic end of turn: a fixed silence as long as its longest wait.
+fn long_silence() -> ListenerConfig {
+    let mut config = random_listener_config();
+    config.endpoint.silence = SemanticTurnEnd::default().longest;
+    config
+}
+
+#[test]
+fn a_turn_ended_too_early_goes_on_when_speech_resumes_and_is_answered_as_one_question() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 34).unwrap();
+    let mut model = tiny_chat_model(8).unwrap();
+    // A question with a 700 ms pause in the middle.
+    let audio = [silence(0.5), voice(1.0), silence(0.7), voice(0.9)].concat();
+    // Confident of every transcript: the turn ends 150 ms into the pause, too early.
+    let hasty = SemanticTurnEnd {
+        confident: f32::MIN_POSITIVE,
+        ..SemanticTurnEnd::default()
+    };
+    let mut whisper = transcriber(&dir);
+    for mode in [ChatMode::PredGen, ChatMode::Cascade] {
+        let (reference, _, reference_history, w) =
+            converse_with(long_silence(), whisper, &mut model, mode, &audio);
+        let (turns, events, history, w) =
+            converse_with(semantic(hasty.clone()), w, &mut model, mode, &audio);
+        whisper = w;
+        assert_eq!(reference.len(), 1, "{mode:?}");
+        let (expected, got) = (&reference[0], turns.last().unwrap());
+        assert!(!expected.turn.question.is_empty());
+        assert_eq!(got.turn.question, expected.turn.question, "{mode:?}");
+        assert_eq!(got.turn.answer, expected.turn.answer, "{mode:?}");
+        assert_eq!(got.speech_start, expected.speech_start);
+        assert_eq!(got.speech_end, expected.speech_end);
+        assert_eq!(
+            history, reference_history,
+            "{mode:?}: the early turn stays taken back"
+        );
+        let kinds: Vec<&ChatEventKind> = events.iter().map(|e| &e.kind).collect();
+        let resumed = kinds
+            .iter()
+            .position(|k| matches!(k, ChatEventKind::SpeechResumed { .. }))
+            .unwrap_or_else(|| panic!("{mode:?}: no early end: {events:#?}"));
+        assert!(matches!(
+            kinds[resumed],
+            ChatEventKind::SpeechResumed { utterance_start, paused_at }
+                if *utterance_start == ms(500) && *paused_at == ms(1500)
+        ));
+        // Ended 150 ms into the pause, with the model's estimate of the pause's transcript.
+        assert!(kinds[..resumed]
+            .iter()
+            .any(|k| matches!(k, ChatEventKind::EndOfTurn { wait, .. } if *wait == ms(150))));
+        assert!(kinds[..resumed].iter().any(
+            |k| matches!(k, ChatEventKind::SpeechEnded { speech_end } if *speech_end == ms(1500))
+        ));
+        // After the user resumed, the only answer spoken is the whole question's.
+        let spoken_after: Vec<&str> = kinds[resumed..]
+            .iter()
+            .filter_map(|k| match k {
+                ChatEventKind::Answer(EventKind::FirstSentence { text }) => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(spoken_after, vec![expected.turn.first_sentence.as_str()]);
+    }
+}
+
+#[test]
+fn the_semantic_end_of_turn_waits_what_the_models_estimate_calls_for() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 35).unwrap();
+    let mut model = tiny_chat_model(9).unwrap();
+    let audio = [silence(0.5), voice(1.2)].concat();
+    let (reference, ..) = converse_with(
+        long_silence(),
+        transcriber(&dir),
+        &mut model,
+        ChatMode::PredGen,
+        &audio,
+    );
+    let (turns, events, ..) = converse_with(
+        semantic(SemanticTurnEnd::default()),
+        transcriber(&dir),
+        &mut model,
+        ChatMode::PredGen,
+        &audio,
+    );
+    assert_eq!(turns.len(), 1);
+    let turn = &turns[0];
+    assert_eq!(turn.turn.answer, reference[0].turn.answer);
+    let (estimated_at, wait) = events
+        .iter()
+        .find_map(|e| match e.kind {
+            ChatEventKind::EndOfTurn { probability, wait } => {
+                assert!((0.0..=1.0).contains(&probability));
+                assert_eq!(wait, SemanticTurnEnd::default().wait(probability));
+                Some((e.at, wait))
+            }
+            _ => None,
+        })
+        .expect("an estimate for the pause");
+    // The turn ends once the silence has lasted the wait, and not before the estimate.
+    let due = (turn.speech_end + wait).max(estimated_at);
+    assert!(
+        turn.endpoint_at >= due,
+        "{:?} before {due:?}",
+        turn.endpoint_at
+    );
+    assert!(
+        turn.endpoint_at <= due + ms(40),
+        "{:?} long after {due:?}",
+        turn.endpoint_at
+    );
+    assert!(turn.endpoint_at - turn.speech_end <= SemanticTurnEnd::default().longest);
 }

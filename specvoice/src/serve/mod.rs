@@ -104,7 +104,9 @@ pub struct ServeConfig {
     pub engines: usize,
     /// Sessions that may wait for an engine; more are refused. Default 8.
     pub queue: usize,
-    /// Hearing: the endpoint detector and streaming Whisper.
+    /// Hearing: the endpoint detector, streaming Whisper and the end of a chat turn (the
+    /// semantic one by default: [`ListenerConfig::conversation`]); captions end an utterance
+    /// after the detector's silence.
     pub listener: ListenerConfig,
     /// How chat sessions answer.
     pub predgen: PredGenConfig,
@@ -124,7 +126,7 @@ impl Default for ServeConfig {
         Self {
             engines: 1,
             queue: 8,
-            listener: ListenerConfig::default(),
+            listener: ListenerConfig::conversation(),
             predgen: PredGenConfig::default(),
             chat_mode: ChatMode::PredGen,
             caption_max_tokens: 64,

@@ -124,10 +124,24 @@ pub enum ServerMessage {
     },
     /// A partial transcript of the utterance so far (chat).
     Partial { at_ms: Millis, text: String },
-    /// The end-of-speech silence passed; speech ended at `speech_end_ms` (chat).
+    /// The chat model read the transcript of a pause: `probability` that the user's turn ends
+    /// there, so the turn ends after `wait_ms` of silence (chat, semantic end of turn).
+    EndOfTurn {
+        at_ms: Millis,
+        probability: f32,
+        wait_ms: Millis,
+    },
+    /// The end of the turn was declared; speech ended at `speech_end_ms` (chat).
     SpeechEnded {
         at_ms: Millis,
         speech_end_ms: Millis,
+    },
+    /// The user spoke again soon after a turn ended early: its answer was dropped (no more of
+    /// its audio follows; stop playing what came), and the turn goes on with the utterance
+    /// that started at `utterance_start_ms` (chat).
+    SpeechResumed {
+        at_ms: Millis,
+        utterance_start_ms: Millis,
     },
     /// The final transcript: the question (chat).
     Transcript { at_ms: Millis, text: String },
@@ -362,6 +376,17 @@ pub(crate) fn chat_messages(event: ChatEvent) -> Vec<Outgoing> {
             at_ms,
             speech_end_ms: ms(speech_end),
         },
+        ChatEventKind::EndOfTurn { probability, wait } => ServerMessage::EndOfTurn {
+            at_ms,
+            probability,
+            wait_ms: ms(wait),
+        },
+        ChatEventKind::SpeechResumed {
+            utterance_start, ..
+        } => ServerMessage::SpeechResumed {
+            at_ms,
+            utterance_start_ms: ms(utterance_start),
+        },
         ChatEventKind::Transcript { text } => ServerMessage::Transcript { at_ms, text },
         ChatEventKind::NoWords => ServerMessage::NoWords { at_ms },
         ChatEventKind::BargeIn => ServerMessage::BargeIn { at_ms },
@@ -388,6 +413,7 @@ fn answer_messages(at_ms: Millis, kind: EventKind) -> Vec<Outgoing> {
         // PredGen's own work (guesses, verifications, audio prepared ahead) stays inside the
         // server; a later sentence goes out with its audio.
         EventKind::Completed { .. }
+        | EventKind::EndOfTurn { .. }
         | EventKind::Heard { .. }
         | EventKind::Verified { .. }
         | EventKind::Generated { .. }

@@ -17,7 +17,8 @@ use super::pool::Pool;
 use super::protocol::{caption_messages, chat_messages, Outgoing, SessionMode};
 use super::{Engine, ServeConfig, Voices};
 use crate::drive::{drive, Arrival, AudioSource, Ended, Pipeline};
-use crate::listener::Listener;
+use crate::listener::{Listener, ListenerConfig};
+use crate::turn_end::TurnEnd;
 use crate::{ClockKind, Error, LiveCaptions, Result, VoiceChat};
 use spec_voice::Clock;
 
@@ -124,8 +125,13 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
                     return Err(e.into());
                 }
             };
+            // Captions end an utterance after the endpoint detector's silence.
+            let listener = ListenerConfig {
+                turn_end: TurnEnd::Silence,
+                ..config.listener.clone()
+            };
             let mut captions = LiveCaptions::new(
-                Listener::new(whisper, config.listener.clone())?,
+                Listener::new(whisper, listener)?,
                 translator,
                 ClockKind::Wall,
             );
