@@ -493,3 +493,75 @@ fn the_semantic_end_of_turn_waits_what_the_models_estimate_calls_for() {
     );
     assert!(turn.endpoint_at - turn.speech_end <= SemanticTurnEnd::default().longest);
 }
+
+#[test]
+fn the_semantic_end_of_turn_survives_noise_a_monologue_and_a_stream_cut_mid_word() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 36).unwrap();
+    let mut model = tiny_chat_model(10).unwrap();
+    let config = semantic(SemanticTurnEnd::default());
+    // Silence alone, and steady noise alone: nothing to answer.
+    let hum: Vec<f32> = (0..64_000)
+        .map(|i| 0.02 * (i as f32 * 0.07).sin())
+        .collect();
+    let mut whisper = transcriber(&dir);
+    for audio in [silence(3.0), hum] {
+        let (turns, events, history, w) = converse_with(
+            config.clone(),
+            whisper,
+            &mut model,
+            ChatMode::PredGen,
+            &audio,
+        );
+        whisper = w;
+        assert!(turns.is_empty() && history.is_empty(), "{events:?}");
+    }
+    // Speech without a long pause: cut at the longest utterance (4 s here, to fit the tiny
+    // model's context), each part a turn of its own that no resumed speech merges.
+    let mut long = config.clone();
+    long.endpoint.max_utterance = Duration::from_secs(4);
+    let burst = [voice(0.8), silence(0.1)].concat();
+    let monologue: Vec<f32> = std::iter::once(silence(0.3))
+        .chain(std::iter::repeat_n(burst, 10))
+        .flatten()
+        .collect();
+    let (turns, events, ..) =
+        converse_with(long, whisper, &mut model, ChatMode::Cascade, &monologue);
+    // (Each part's speech interrupts the answer to the one before: the last is answered.)
+    let ends = events
+        .iter()
+        .filter(|e| matches!(e.kind, ChatEventKind::SpeechEnded { .. }))
+        .count();
+    assert!(ends >= 2, "{ends} ends");
+    assert_eq!(turns.len(), 1);
+    assert!(turns[0].speech_end - turns[0].speech_start <= Duration::from_secs(4));
+    assert!(events
+        .iter()
+        .all(|e| !matches!(e.kind, ChatEventKind::SpeechResumed { .. })));
+    // Clipped audio cut off mid-word: the stream's end ends the turn.
+    let clipped: Vec<f32> = voice(1.0)
+        .iter()
+        .map(|s| (s * 4.0).clamp(-1.0, 1.0))
+        .collect();
+    let mut chat = VoiceChat::new(
+        Listener::new(transcriber(&dir), config).unwrap(),
+        predgen(&mut model),
+        Box::new(FixedLatencySynthesizer::default()),
+        ChatMode::PredGen,
+        ClockKind::Simulated,
+    );
+    let audio = [silence(0.3), clipped].concat();
+    for packet in audio.chunks(320) {
+        chat.hear_audio(packet).unwrap();
+        while chat.step().unwrap() {}
+    }
+    chat.end_of_audio().unwrap();
+    while chat.step().unwrap() {}
+    let events = chat.take_events();
+    assert!(events.iter().any(
+        |e| matches!(e.kind, ChatEventKind::SpeechEnded { speech_end } if speech_end == ms(1300))
+    ));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e.kind, ChatEventKind::TurnDone(_))));
+}
