@@ -1,0 +1,410 @@
+//! Issue 75's benchmark of end-of-turn policies, to come. For now `--make-set` makes the
+//! turn-taking set ([`set`]: `turns.txt` spoken by Kokoro voices and espeak-ng, clean and in
+//! white, pink and babble noise at 10 dB SNR) or loads it from its folder, checks it and prints
+//! a summary:
+//!
+//! ```sh
+//! cargo run --release -p specvoice --example bench_turns -- --make-set [--set-dir DIR]
+//!     [--voices kokoro:af_heart,kokoro:am_michael,kokoro:bf_emma,espeak]
+//!     [--asr whisper-base-ct2]
+//! ```
+//!
+//! The checks fail the program: each utterance is `turns.txt`'s line with its pauses of the
+//! marked length; in the clean version the audio reaches the voiced threshold at both ends of
+//! every voiced span and stays below it outside them (so the pauses and the end of speech are
+//! where the ground truth says); every noisy copy has the clean version's ground truth and an
+//! SNR of 10 ± 0.5 dB measured back from its samples. Whisper's word error rate on the clean
+//! versions is reported by voice.
+//!
+//! The pure parts (parsing, noise, mixing, the voiced extent) are tested by
+//! `cargo test --release -p specvoice --example bench_turns`.
+
+mod set;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
+use engine_asr::normalize::EnglishTextNormalizer;
+use engine_asr::wer::word_errors;
+use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
+use engine_tts::voices::VoiceChoice;
+use spec_cli::{init_logging, progress_bar};
+use spec_core::report::Table;
+use spec_models::{Registry, Store};
+use tracing::warn;
+
+use set::{Noise, TurnSet, TurnUtterance};
+
+#[derive(Parser)]
+struct Args {
+    /// Make the turn-taking set (or load it from its folder), check it and print a summary
+    #[arg(long)]
+    make_set: bool,
+
+    /// The set's folder (default: `turn-set` in the target folder this program was built in)
+    #[arg(long)]
+    set_dir: Option<PathBuf>,
+
+    /// The voices that speak the set, in rotation, by the names `specvoice --voice` takes
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_values = set::DEFAULT_VOICES)]
+    voices: Vec<String>,
+
+    /// The Whisper model that transcribes the clean versions
+    #[arg(long, default_value = "whisper-base-ct2")]
+    asr: String,
+}
+
+/// A voice whose clean versions Whisper gets more words wrong of than this is called badly
+/// intelligible.
+const BAD_WER: f64 = 0.15;
+
+/// How far from [`set::SNR_DB`] a noisy copy's measured SNR may be, in dB.
+const SNR_TOLERANCE_DB: f64 = 0.5;
+
+fn main() -> Result<()> {
+    init_logging();
+    let args = Args::parse();
+    ensure!(
+        args.make_set,
+        "nothing to do yet: `--make-set` makes the turn set and checks it"
+    );
+    let models = spec_models::models_dir()?;
+    let dir = match &args.set_dir {
+        Some(dir) => dir.clone(),
+        None => default_set_dir()?,
+    };
+    let voices = args
+        .voices
+        .iter()
+        .map(|name| name.parse::<VoiceChoice>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let set = set::load_or_make(&dir, &models, &voices)?;
+    let took = started.elapsed();
+
+    println!("{}\n", summary(&set, &dir, took));
+    check_ground_truth(&set)?;
+    println!(
+        "Ground truth checked: every utterance is its line of turns.txt with pauses of the \
+         marked length, its clean audio is voiced (within {} dB of its piece's peak) exactly \
+         between the edges of the ground truth, and its noisy copies share them.\n",
+        -set::VOICED_THRESHOLD_DB
+    );
+    println!("{}", check_snr(&set)?.markdown());
+    for table in transcribe(&set, &models, &args.asr)? {
+        if !table.rows.is_empty() {
+            println!("{}", table.markdown());
+        }
+    }
+    Ok(())
+}
+
+/// `turn-set` in the target folder of this program (`TARGET/release/examples/bench_turns`).
+fn default_set_dir() -> Result<PathBuf> {
+    let program = std::env::current_exe()?;
+    let target = program
+        .ancestors()
+        .nth(3)
+        .with_context(|| format!("no target folder above {}", program.display()))?;
+    Ok(target.join("turn-set"))
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// The set's size, make-up and pauses, and where it is.
+fn summary(set: &TurnSet, dir: &Path, took: Duration) -> String {
+    let clean: Vec<&TurnUtterance> = clean_versions(set).collect();
+    let seconds: f64 = set
+        .utterances
+        .iter()
+        .map(|u| u.samples.len() as f64 / f64::from(set::SAMPLE_RATE))
+        .sum();
+    let count_by = |key: &dyn Fn(&TurnUtterance) -> String| {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for u in &clean {
+            *counts.entry(key(u)).or_default() += 1;
+        }
+        counts
+            .iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let pauses: Vec<f64> = clean
+        .iter()
+        .flat_map(|u| u.pauses.iter().map(|&(start, end)| ms(end - start)))
+        .collect();
+    let speech: Vec<f64> = clean
+        .iter()
+        .map(|u| ms(u.speech_end - u.speech_start))
+        .collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let extreme = |values: &[f64], f: fn(f64, f64) -> f64| values.iter().copied().reduce(f);
+    format!(
+        "The turn set in {}: {} utterances × {} versions ({}) = {} recordings, {:.1} min of audio \
+         ({:.1} min clean), ready in {:.1} s. Kinds: {}. Voices: {}. Speech {:.1} s on average \
+         (from {:.0} ms of leading silence; {:.0} ms of silence after it); {} pauses of {:.0} to \
+         {:.0} ms, {:.0} ms on average.",
+        dir.display(),
+        clean.len(),
+        Noise::ALL.len(),
+        Noise::ALL.map(|n| n.to_string()).join(", "),
+        set.utterances.len(),
+        seconds / 60.0,
+        seconds / 60.0 / Noise::ALL.len() as f64,
+        took.as_secs_f64(),
+        count_by(&|u| u.kind.to_string()),
+        count_by(&|u| u.voice.clone()),
+        mean(&speech) / 1e3,
+        ms(set::LEAD),
+        ms(set::TAIL),
+        pauses.len(),
+        extreme(&pauses, f64::min).unwrap_or(0.0),
+        extreme(&pauses, f64::max).unwrap_or(0.0),
+        mean(&pauses),
+    )
+}
+
+fn clean_versions(set: &TurnSet) -> impl Iterator<Item = &TurnUtterance> {
+    set.utterances.iter().filter(|u| u.noise == Noise::Clean)
+}
+
+/// The set's utterances by id, each with its versions in the order of [`Noise::ALL`].
+fn by_utterance(set: &TurnSet) -> Result<Vec<&[TurnUtterance]>> {
+    let groups: Vec<&[TurnUtterance]> = set.utterances.chunks(Noise::ALL.len()).collect();
+    for group in &groups {
+        ensure!(
+            group.iter().map(|u| u.noise).eq(Noise::ALL)
+                && group.iter().all(|u| u.id == group[0].id),
+            "the versions of {} are not in order",
+            group[0].id
+        );
+    }
+    Ok(groups)
+}
+
+/// The silent parts of a recording of `len` samples whose voiced audio is `voiced`.
+fn silences(voiced: &[Range<usize>], len: usize) -> Vec<Range<usize>> {
+    let mut starts = vec![0];
+    let mut ends = Vec::new();
+    for range in voiced {
+        ends.push(range.start);
+        starts.push(range.end);
+    }
+    ends.push(len);
+    starts.into_iter().zip(ends).map(|(s, e)| s..e).collect()
+}
+
+/// Fails unless every utterance is its line of `turns.txt`, its clean audio is voiced exactly
+/// where the ground truth says, and its noisy copies share that ground truth.
+fn check_ground_truth(set: &TurnSet) -> Result<()> {
+    let turns = set::parse_turns(set::TURNS)?;
+    let groups = by_utterance(set)?;
+    ensure!(
+        groups.len() == turns.len(),
+        "{} utterances for {} lines",
+        groups.len(),
+        turns.len()
+    );
+    let threshold = 10f32.powf(set::VOICED_THRESHOLD_DB / 20.0);
+    for (group, turn) in groups.iter().zip(&turns) {
+        let clean = &group[0];
+        let id = &clean.id;
+        ensure!(
+            clean.kind == turn.kind && clean.question == turn.question(),
+            "{id} is not its line of turns.txt"
+        );
+        let lengths: Vec<Duration> = clean.pauses.iter().map(|&(s, e)| e - s).collect();
+        let marked: Vec<Duration> = turn
+            .pauses_ms
+            .iter()
+            .map(|&ms| Duration::from_millis(u64::from(ms)))
+            .collect();
+        ensure!(
+            lengths == marked,
+            "{id}: pauses of {lengths:?}, marked {marked:?}"
+        );
+        ensure!(
+            clean.speech_start == set::LEAD
+                && clean.speech_end + set::TAIL == set::duration_of(clean.samples.len()),
+            "{id}: the speech is not between the leading silence and the tail"
+        );
+        let voiced = clean.voiced();
+        for range in &voiced {
+            ensure!(
+                set::voiced_extent(&clean.samples[range.clone()], set::VOICED_THRESHOLD_DB)
+                    == Some(0..range.len()),
+                "{id}: the voiced audio at {range:?} does not reach the threshold at its ends"
+            );
+        }
+        let peak = |ranges: &[Range<usize>]| {
+            ranges
+                .iter()
+                .flat_map(|r| &clean.samples[r.clone()])
+                .fold(0f32, |peak, s| peak.max(s.abs()))
+        };
+        let (speech_peak, silence_peak) =
+            (peak(&voiced), peak(&silences(&voiced, clean.samples.len())));
+        ensure!(
+            silence_peak < speech_peak * threshold,
+            "{id}: voiced audio in the pauses or the silence around the speech"
+        );
+        for copy in &group[1..] {
+            ensure!(
+                copy.pauses == clean.pauses
+                    && copy.speech_start == clean.speech_start
+                    && copy.speech_end == clean.speech_end
+                    && copy.samples.len() == clean.samples.len()
+                    && copy.question == clean.question
+                    && copy.voice == clean.voice,
+                "{id}: the {} copy's ground truth is not the clean version's",
+                copy.noise
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The SNR of every noisy copy measured back from its samples, against the clean version
+/// (exact: the noise is the copy minus the clean version) and from the copy alone (the noise
+/// power in the silences, the speech power in the voiced audio less it); fails unless every
+/// exact one is within [`SNR_TOLERANCE_DB`] of [`set::SNR_DB`].
+fn check_snr(set: &TurnSet) -> Result<Table> {
+    let mut measured: BTreeMap<Noise, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for group in by_utterance(set)? {
+        let clean = &group[0];
+        let voiced = clean.voiced();
+        let silent = silences(&voiced, clean.samples.len());
+        for copy in &group[1..] {
+            let exact = set::snr_db(&clean.samples, &copy.samples, &voiced);
+            ensure!(
+                (exact - set::SNR_DB).abs() <= SNR_TOLERANCE_DB,
+                "{} {}: {exact:.2} dB SNR",
+                clean.id,
+                copy.noise
+            );
+            let noise = set::power(&copy.samples, &silent);
+            let speech = set::power(&copy.samples, &voiced) - noise;
+            let blind = 10.0 * (speech / noise).log10();
+            let (exacts, blinds) = measured.entry(copy.noise).or_default();
+            exacts.push(exact);
+            blinds.push(blind);
+        }
+    }
+    let mut table = Table::new(
+        format!(
+            "SNR of the noisy copies, measured back (target {} dB): against the clean version, \
+             and from the copy alone (noise power in the silences, speech power in the voiced \
+             audio less it)",
+            set::SNR_DB
+        ),
+        &[
+            "noise",
+            "copies",
+            "exact: min",
+            "exact: max",
+            "from the copy alone: mean",
+            "min",
+            "max",
+        ],
+    );
+    let stats = |values: &[f64]| {
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        (min, mean, max)
+    };
+    for (noise, (exacts, blinds)) in &measured {
+        let (exact_min, _, exact_max) = stats(exacts);
+        let (blind_min, blind_mean, blind_max) = stats(blinds);
+        table.push(vec![
+            noise.to_string(),
+            exacts.len().to_string(),
+            format!("{exact_min:.3}"),
+            format!("{exact_max:.3}"),
+            format!("{blind_mean:.2}"),
+            format!("{blind_min:.2}"),
+            format!("{blind_max:.2}"),
+        ]);
+    }
+    Ok(table)
+}
+
+/// Whisper's word error rate on the clean versions, by voice, and what it misheard.
+fn transcribe(set: &TurnSet, models: &Path, asr: &str) -> Result<[Table; 2]> {
+    let store = Store::new(models.to_path_buf(), Registry::builtin());
+    let files = store.resolve(asr)?;
+    let mut whisper = Transcriber::load(&files.dir, &LoadOptions::default())
+        .with_context(|| format!("loading {}", files.dir.display()))?;
+    let normalizer = EnglishTextNormalizer::from_file(&store.data_file("whisper/english.json")?)?;
+    let options = TranscribeOptions {
+        language: Some("en".into()),
+        ..TranscribeOptions::default()
+    };
+    let clean: Vec<&TurnUtterance> = clean_versions(set).collect();
+    let bar = progress_bar(clean.len(), format!("transcribing with {asr}"));
+    // Per voice: utterances, words, errors, utterances heard without an error.
+    let mut by_voice: BTreeMap<&str, (usize, usize, usize, usize)> = BTreeMap::new();
+    let mut misheard = Table::new(
+        format!("The clean versions {asr} did not hear word for word"),
+        &["id", "voice", "said", "heard", "word errors"],
+    );
+    for utterance in clean {
+        let heard = whisper.transcribe(&utterance.samples, &options)?.text;
+        let said = normalizer.normalize(&utterance.question);
+        let errors = word_errors(&said, &normalizer.normalize(&heard)).errors();
+        let counts = by_voice.entry(&utterance.voice).or_default();
+        counts.0 += 1;
+        counts.1 += said.split_whitespace().count();
+        counts.2 += errors;
+        if errors == 0 {
+            counts.3 += 1;
+        } else {
+            misheard.push(vec![
+                utterance.id.clone(),
+                utterance.voice.clone(),
+                utterance.question.clone(),
+                heard.trim().to_string(),
+                errors.to_string(),
+            ]);
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let mut table = Table::new(
+        format!(
+            "Intelligibility of the clean versions: {asr}'s transcript against the question, \
+             both through Whisper's English normalizer (which drops \"um\" and \"uh\")"
+        ),
+        &[
+            "voice",
+            "utterances",
+            "words",
+            "WER %",
+            "heard word for word",
+        ],
+    );
+    for (voice, (utterances, words, errors, exact)) in &by_voice {
+        let wer = *errors as f64 / (*words).max(1) as f64;
+        if wer > BAD_WER {
+            warn!(
+                "{voice} is badly intelligible: {asr} gets {:.0} % of its words wrong",
+                100.0 * wer
+            );
+        }
+        table.push(vec![
+            voice.to_string(),
+            utterances.to_string(),
+            words.to_string(),
+            format!("{:.1}", 100.0 * wer),
+            format!("{exact}/{utterances}"),
+        ]);
+    }
+    Ok([table, misheard])
+}
