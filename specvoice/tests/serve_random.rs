@@ -20,6 +20,7 @@ use specvoice::serve::{
     copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory, VoiceLoader,
     Voices,
 };
+use specvoice::{ListenerConfig, SemanticTurnEnd, TurnEnd};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -111,6 +112,16 @@ impl Client {
 
     async fn start_chat(&mut self) {
         self.text(r#"{"type":"start","mode":"chat"}"#).await;
+    }
+
+    /// Sends audio in 20 ms frames as a microphone does, one every 20 ms, then `stop`.
+    async fn speak_in_real_time(&mut self, audio: &[f32]) {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        for frame in audio.chunks(320) {
+            tick.tick().await;
+            self.binary(encode_pcm(frame)).await;
+        }
+        self.text(r#"{"type":"stop"}"#).await;
     }
 
     /// Sends audio in 20 ms frames, then `stop`.
@@ -749,5 +760,58 @@ async fn a_chat_session_speaks_with_the_voice_it_picks() {
         assert!(audio_rates(&received).iter().all(|&r| r == rate));
     }
     assert_eq!(loads.load(Ordering::SeqCst), 1);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semantic_end_of_turn_is_reported_before_the_end_of_speech_and_answers_the_same() {
+    let mut long_silence = random_listener_config();
+    long_silence.endpoint.silence = SemanticTurnEnd::default().longest;
+    let semantic = ListenerConfig {
+        turn_end: TurnEnd::Semantic(SemanticTurnEnd::default()),
+        ..random_listener_config()
+    };
+    let audio = [silence(0.4), voice(1.0), silence(1.6)].concat();
+    let (server, _dir) = start(ServeConfig {
+        listener: long_silence,
+        ..config(1, 8)
+    })
+    .await;
+    let expected = chat(&server, &audio).await;
+    server.shutdown().await.unwrap();
+    let (server, _dir) = start(ServeConfig {
+        listener: semantic,
+        ..config(1, 8)
+    })
+    .await;
+    let mut client = Client::connect(&server).await;
+    client.start_chat().await;
+    client.expect_ready().await;
+    client.speak_in_real_time(&audio).await;
+    let received = client.rest().await;
+    assert_eq!(check_chat(&received), expected);
+    let all = messages(&received);
+    let estimate = all
+        .iter()
+        .position(|m| matches!(m, ServerMessage::EndOfTurn { .. }))
+        .unwrap_or_else(|| panic!("no end_of_turn: {all:#?}"));
+    let ended = all
+        .iter()
+        .position(|m| matches!(m, ServerMessage::SpeechEnded { .. }))
+        .unwrap();
+    assert!(estimate < ended, "{all:#?}");
+    let ServerMessage::EndOfTurn {
+        probability,
+        wait_ms,
+        ..
+    } = all[estimate]
+    else {
+        unreachable!()
+    };
+    assert!((0.0..=1.0).contains(probability));
+    assert_eq!(
+        u128::from(*wait_ms),
+        SemanticTurnEnd::default().wait(*probability).as_millis()
+    );
     server.shutdown().await.unwrap();
 }

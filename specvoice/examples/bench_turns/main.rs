@@ -1,24 +1,37 @@
-//! Issue 75's benchmark of end-of-turn policies, to come. For now `--make-set` makes the
-//! turn-taking set ([`set`]: `turns.txt` spoken by Kokoro voices and espeak-ng, clean and in
-//! white, pink and babble noise at 10 dB SNR) or loads it from its folder, checks it and prints
-//! a summary:
+//! Benchmark of end-of-turn policies (issue 75), every policy on the same recordings in one
+//! run: the turn-taking set ([`set`]: `turns.txt`, everyday questions, a third complete, the
+//! rest with 300–900 ms pauses at hesitation points or fillers, spoken by three Kokoro voices
+//! and espeak-ng, clean and in white, pink and babble noise at 10 dB SNR) is played into the
+//! voice pipeline (streaming Whisper, the chat model, the answer's voice) on a simulated clock
+//! with each policy: a fixed 500 ms or 300 ms silence, and the semantic end of turn (the chat
+//! model's end-of-turn probability for each pause's transcript sets the silence), each with
+//! PredGen and the plain cascade. Measured: end of speech → first audio (median, p90), pauses
+//! cut by a declared end (cut-ins), answers begun to a cut question, late ends, answers equal
+//! to the reference (a fixed silence as long as the semantic policy's longest wait, which no
+//! pause reaches), and the voice-activity detector's cost on every copy.
 //!
 //! ```sh
+//! cargo run --release -p specvoice --example bench_turns -- [--limit N] [--noisy]
+//!     [--model NAME] [--whisper whisper-tiny.en-ct2] [--voice auto] [--json PATH]
 //! cargo run --release -p specvoice --example bench_turns -- --make-set [--set-dir DIR]
 //!     [--voices kokoro:af_heart,kokoro:am_michael,kokoro:bf_emma,espeak]
 //!     [--asr whisper-base-ct2]
 //! ```
 //!
-//! The checks fail the program: each utterance is `turns.txt`'s line with its pauses of the
-//! marked length; in the clean version the audio reaches the voiced threshold at both ends of
-//! every voiced span and stays below it outside them (so the pauses and the end of speech are
-//! where the ground truth says); every noisy copy has the clean version's ground truth and an
-//! SNR of 10 ± 0.5 dB measured back from its samples. Whisper's word error rate on the clean
-//! versions is reported by voice.
+//! `--make-set` makes the set (or loads it from its folder), checks it and prints a summary;
+//! the benchmark makes it too when it is missing. The checks fail the program: each utterance
+//! is `turns.txt`'s line with its pauses of the marked length; in the clean version the audio
+//! reaches the voiced threshold at both ends of every voiced span and stays below it outside
+//! them (so the pauses and the end of speech are where the ground truth says); every noisy copy
+//! has the clean version's ground truth and an SNR of 10 ± 0.5 dB measured back from its
+//! samples. Whisper's word error rate on the clean versions is reported by voice.
 //!
 //! The pure parts (parsing, noise, mixing, the voiced extent) are tested by
 //! `cargo test --release -p specvoice --example bench_turns`.
+//!
+//! `cargo xtask bench turns` runs it and files the results with the machine and date.
 
+mod policies;
 mod set;
 
 use std::collections::BTreeMap;
@@ -33,7 +46,7 @@ use engine_asr::wer::word_errors;
 use engine_asr::{LoadOptions, TranscribeOptions, Transcriber};
 use engine_tts::voices::VoiceChoice;
 use spec_cli::{init_logging, progress_bar};
-use spec_core::report::Table;
+use spec_core::report::{Report, Table};
 use spec_models::{Registry, Store};
 use tracing::warn;
 
@@ -53,9 +66,38 @@ struct Args {
     #[arg(long, num_args = 1.., value_delimiter = ',', default_values = set::DEFAULT_VOICES)]
     voices: Vec<String>,
 
-    /// The Whisper model that transcribes the clean versions
+    /// The Whisper model that transcribes the clean versions (`--make-set`)
     #[arg(long, default_value = "whisper-base-ct2")]
     asr: String,
+
+    /// The pipeline's Whisper model
+    #[arg(long, default_value = "whisper-tiny.en-ct2")]
+    whisper: String,
+
+    /// The chat model
+    #[arg(long, default_value = spec_cli::DEFAULT_MODEL)]
+    model: String,
+
+    /// The answers' voice: auto (Kokoro's af_heart when its files are in the models folder,
+    /// espeak-ng otherwise, as the pipeline's default), or a name `specvoice --voice` takes
+    #[arg(long, default_value = "auto")]
+    voice: String,
+
+    /// Most tokens per answer
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+
+    /// Play only N utterances of the set through the pipeline, evenly spread over it
+    #[arg(long)]
+    limit: Option<usize>,
+
+    /// Also play the noisy copies through the pipeline (the VAD is measured on them always)
+    #[arg(long)]
+    noisy: bool,
+
+    /// Also write the report as JSON here
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// A voice whose clean versions Whisper gets more words wrong of than this is called badly
@@ -68,10 +110,6 @@ const SNR_TOLERANCE_DB: f64 = 0.5;
 fn main() -> Result<()> {
     init_logging();
     let args = Args::parse();
-    ensure!(
-        args.make_set,
-        "nothing to do yet: `--make-set` makes the turn set and checks it"
-    );
     let models = spec_models::models_dir()?;
     let dir = match &args.set_dir {
         Some(dir) => dir.clone(),
@@ -85,6 +123,9 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let set = set::load_or_make(&dir, &models, &voices)?;
     let took = started.elapsed();
+    if !args.make_set {
+        return bench(&args, &set, &models);
+    }
 
     println!("{}\n", summary(&set, &dir, took));
     check_ground_truth(&set)?;
@@ -407,4 +448,302 @@ fn transcribe(set: &TurnSet, models: &Path, asr: &str) -> Result<[Table; 2]> {
         ]);
     }
     Ok([table, misheard])
+}
+
+/// The benchmark: the VAD on every copy, then every policy with PredGen and the cascade on the
+/// utterances played through the pipeline, against the long-silence reference.
+fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
+    let store = Store::new(models.to_path_buf(), Registry::builtin());
+    let whisper_dir = store.resolve(&args.whisper)?.dir;
+    let mut whisper = Some(
+        Transcriber::load(&whisper_dir, &LoadOptions::default())
+            .with_context(|| format!("loading {}", whisper_dir.display()))?,
+    );
+    let mut model = spec_cli::open_model(&args.model, &engine_llm::LoadOptions::default())?;
+    let voice_choice = args.voice.parse::<VoiceChoice>()?.resolve(models)?;
+    let voice = engine_tts::voices::open_shared(&voice_choice, models)
+        .with_context(|| format!("opening the voice {voice_choice}"))?;
+    let predgen = engine_llm::PredGenConfig {
+        max_answer_tokens: args.max_tokens,
+        ..engine_llm::PredGenConfig::default()
+    };
+    let base = specvoice::ListenerConfig::default();
+    let reference = policies::Policy::long_silence(&base);
+    let compared = [
+        policies::Policy::fixed(500, &base),
+        policies::Policy::fixed(300, &base),
+        policies::Policy::semantic(specvoice::SemanticTurnEnd::default(), &base),
+    ];
+    let candidates: Vec<&TurnUtterance> = set
+        .utterances
+        .iter()
+        .filter(|u| args.noisy || u.noise == Noise::Clean)
+        .collect();
+    // With a limit, utterances evenly spread over the set (its kinds come in blocks).
+    let wanted = args.limit.unwrap_or(candidates.len()).min(candidates.len());
+    let played: Vec<&TurnUtterance> = (0..wanted)
+        .map(|i| candidates[i * candidates.len() / wanted.max(1)])
+        .collect();
+    let modes = [specvoice::ChatMode::PredGen, specvoice::ChatMode::Cascade];
+    let bar = progress_bar(
+        played.len() * (1 + compared.len() * modes.len()),
+        "end-of-turn policies",
+    );
+    // outcomes[policy][mode][utterance]
+    let mut outcomes = vec![vec![Vec::new(); modes.len()]; compared.len()];
+    let mut references = Vec::new();
+    for utterance in &played {
+        let spoken = policies::Spoken {
+            samples: &utterance.samples,
+            pauses: &utterance.pauses,
+        };
+        let mut play = |policy: &policies::Policy, mode| {
+            policies::play(
+                policy,
+                mode,
+                &spoken,
+                &mut whisper,
+                &mut model,
+                &predgen,
+                Box::new(voice.clone()),
+            )
+        };
+        references.push(play(&reference, specvoice::ChatMode::Cascade)?);
+        bar.inc(1);
+        for (p, policy) in compared.iter().enumerate() {
+            for (m, &mode) in modes.iter().enumerate() {
+                outcomes[p][m].push(play(policy, mode)?);
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let mut report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        ..Report::default()
+    };
+    report.tables.push(policy_table(
+        &compared,
+        &modes,
+        &outcomes,
+        &references,
+        &played,
+        &voice_choice.to_string(),
+    ));
+    report.tables.push(estimate_table(&outcomes[2][0], &played));
+    report.tables.push(vad_table(set)?);
+    report.notes.push(format!(
+        "Every utterance is a fresh conversation played into the pipeline on a simulated clock: \
+         audio arrives in 20 ms packets at its real time, and Whisper ({}), the chat model ({}) \
+         and the voice ({voice_choice}) charge their measured compute to one timeline, as they \
+         share the CPU. Latency is from the end of speech (the end of the last voiced frame the \
+         endpoint detector heard) to the first audio of the answer to the whole question; \
+         endpointing is the part until the end of the turn was declared. A cut-in is an end of \
+         turn declared inside a pause of the speaker (per pause); an answer begun to a cut \
+         question is one whose audio was ready before the speaker went on. A late end is one \
+         declared a second or more after the speech. The reference is a fixed {} ms silence \
+         with the cascade: same answer counts the turns whose last answer is the reference's, \
+         word for word.",
+        args.whisper,
+        args.model,
+        reference.trailing().as_millis() - 300,
+    ));
+    print!("{}", report.markdown());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+/// The value at quantile `q` of `values` (nearest rank), `NaN` for none.
+fn quantile(mut values: Vec<f64>, q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+fn percent(count: usize, total: usize) -> String {
+    if total == 0 {
+        return "–".into();
+    }
+    format!(
+        "{count}/{total} ({:.0} %)",
+        100.0 * count as f64 / total as f64
+    )
+}
+
+fn policy_table(
+    policies: &[policies::Policy],
+    modes: &[specvoice::ChatMode],
+    outcomes: &[Vec<Vec<policies::Outcome>>],
+    references: &[policies::Outcome],
+    played: &[&TurnUtterance],
+    voice: &str,
+) -> Table {
+    let pauses: usize = played.iter().map(|u| u.pauses.len()).sum();
+    let mut table = Table::new(
+        format!(
+            "End-of-turn policies: end of speech → first audio, {} utterances ({} pauses), voice {voice}",
+            played.len(),
+            pauses
+        ),
+        &[
+            "policy",
+            "answered by",
+            "median latency (ms)",
+            "p90 latency (ms)",
+            "median endpointing (ms)",
+            "cut-ins (per pause)",
+            "answers begun to a cut question",
+            "late or missed ends",
+            "same answer as the reference",
+        ],
+    );
+    for (policy, by_mode) in policies.iter().zip(outcomes) {
+        for (mode, runs) in modes.iter().zip(by_mode) {
+            let turns: Vec<&specvoice::VoiceTurn> =
+                runs.iter().filter_map(|o| o.last_turn.as_ref()).collect();
+            let latencies: Vec<f64> = turns.iter().map(|t| ms(t.latency())).collect();
+            let endpointing: Vec<f64> = turns
+                .iter()
+                .map(|t| ms(t.breakdown().endpointing))
+                .collect();
+            let late = runs
+                .iter()
+                .filter(|o| {
+                    o.last_turn
+                        .as_ref()
+                        .is_none_or(|t| t.breakdown().endpointing >= Duration::from_secs(1))
+                })
+                .count();
+            let same = runs
+                .iter()
+                .zip(references)
+                .filter(|(o, r)| match (&o.last_turn, &r.last_turn) {
+                    (Some(a), Some(b)) => a.turn.answer == b.turn.answer,
+                    _ => false,
+                })
+                .count();
+            table.push(vec![
+                policy.name.clone(),
+                format!("{mode:?}"),
+                format!("{:.0}", quantile(latencies.clone(), 0.5)),
+                format!("{:.0}", quantile(latencies, 0.9)),
+                format!("{:.0}", quantile(endpointing, 0.5)),
+                percent(runs.iter().map(|o| o.cut_pauses).sum(), pauses),
+                runs.iter()
+                    .map(|o| o.wrong_answers_begun)
+                    .sum::<usize>()
+                    .to_string(),
+                percent(late, runs.len()),
+                percent(same, runs.len()),
+            ]);
+        }
+    }
+    table
+}
+
+/// The semantic policy's estimates: the end-of-turn probability the model gave the pauses'
+/// transcripts, by kind of utterance: at the last (the real end) and at the others.
+fn estimate_table(runs: &[policies::Outcome], played: &[&TurnUtterance]) -> Table {
+    let mut table = Table::new(
+        "Semantic end of turn: the model's end-of-turn probability for the transcripts of pauses",
+        &[
+            "utterances",
+            "estimates",
+            "median P at the real end",
+            "median P in mid-sentence pauses",
+            "median wait at the real end (ms)",
+        ],
+    );
+    let mut by_kind: BTreeMap<String, (Vec<f64>, Vec<f64>, Vec<f64>, usize)> = BTreeMap::new();
+    for (run, utterance) in runs.iter().zip(played) {
+        let entry = by_kind.entry(format!("{:?}", utterance.kind)).or_default();
+        entry.3 += run.estimates.len();
+        if let Some((&(p, wait), earlier)) = run.estimates.split_last() {
+            entry.0.push(f64::from(p));
+            entry.2.push(ms(wait));
+            entry.1.extend(earlier.iter().map(|&(p, _)| f64::from(p)));
+        }
+    }
+    for (kind, (end, pauses, waits, count)) in by_kind {
+        table.push(vec![
+            kind,
+            count.to_string(),
+            format!("{:.2}", quantile(end, 0.5)),
+            format!("{:.2}", quantile(pauses, 0.5)),
+            format!("{:.0}", quantile(waits, 0.5)),
+        ]);
+    }
+    table
+}
+
+/// The voice-activity detector with a fixed 500 ms silence on every copy: pauses cut, ends
+/// missed, utterances found beyond the one spoken, and its cost.
+fn vad_table(set: &TurnSet) -> Result<Table> {
+    let mut table = Table::new(
+        "Voice activity on clean and noisy copies (fixed 500 ms silence)",
+        &[
+            "VAD",
+            "copies",
+            "cut-ins (per pause)",
+            "ends found within 200 ms",
+            "extra utterances",
+            "CPU per second of audio (ms)",
+        ],
+    );
+    for noise in Noise::ALL {
+        let copies: Vec<&TurnUtterance> =
+            set.utterances.iter().filter(|u| u.noise == noise).collect();
+        let pauses: usize = copies.iter().map(|u| u.pauses.len()).sum();
+        let (mut cut, mut found, mut extra) = (0, 0, 0);
+        for copy in &copies {
+            let mut detector =
+                specvoice::EndpointDetector::new(specvoice::EndpointConfig::default())?;
+            let mut ends = Vec::new();
+            let mut starts = 0usize;
+            let mut boundaries: Vec<specvoice::Boundary> = copy
+                .samples
+                .chunks(320)
+                .flat_map(|packet| detector.push(packet))
+                .collect();
+            boundaries.extend(detector.finish());
+            for boundary in boundaries {
+                match boundary {
+                    specvoice::Boundary::Started { .. } => starts += 1,
+                    specvoice::Boundary::Ended { speech_end, .. } => ends.push(speech_end),
+                }
+            }
+            let cuts = copy
+                .pauses
+                .iter()
+                .filter(|&&(start, end)| {
+                    ends.iter()
+                        .any(|&e| e + Duration::from_millis(100) >= start && e < end)
+                })
+                .count();
+            cut += cuts;
+            if ends.iter().any(|&e| {
+                e.max(copy.speech_end) - e.min(copy.speech_end) <= Duration::from_millis(200)
+            }) {
+                found += 1;
+            }
+            // Each cut pause starts one more utterance; any other start is noise taken for speech.
+            extra += starts.saturating_sub(1 + cuts);
+        }
+        let audio: Vec<&[f32]> = copies.iter().map(|u| u.samples.as_slice()).collect();
+        table.push(vec![
+            "energy".to_string(),
+            format!("{noise:?} ({})", copies.len()),
+            percent(cut, pauses),
+            percent(found, copies.len()),
+            extra.to_string(),
+            format!("{:.2}", policies::energy_vad_cost(&audio)?),
+        ]);
+    }
+    Ok(table)
 }
