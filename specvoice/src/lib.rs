@@ -21,7 +21,7 @@ pub mod serve;
 pub use caption::{CaptionEvent, CaptionEventKind, LiveCaptions};
 pub use chat::{ChatEvent, ChatEventKind, ChatMode, LatencyBreakdown, VoiceChat, VoiceTurn};
 pub use drive::{drive, play_recording, Arrival, AudioSource, Ended, Pipeline, Recording, PACKET};
-pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SAMPLE_RATE};
+pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SileroSettings, Vad, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use listener::{utterances_of, Heard, Listener, ListenerConfig};
 pub use spec_voice::{Clock, ClockKind};
