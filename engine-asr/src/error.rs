@@ -62,6 +62,11 @@ pub enum Error {
     #[error("language `{0}` is not available for this model")]
     Language(String),
 
+    /// A voice-activity window of the wrong length (Silero VAD reads exactly
+    /// [`crate::vad::WINDOW`] samples at a time).
+    #[error("a voice-activity window is {expected} samples, not {got}")]
+    VadWindow { expected: usize, got: usize },
+
     /// The resampler refused the rates or the data.
     #[error("resampling from {from} Hz to {to} Hz: {reason}")]
     Resample { from: u32, to: u32, reason: String },

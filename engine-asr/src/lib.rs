@@ -13,6 +13,8 @@
 //!   window by window.
 //! - [`streaming`]: [`StreamingTranscriber`], partial transcripts of growing audio, each equal
 //!   to greedy decoding from scratch, the previous partial verified as a free draft.
+//! - [`vad`]: [`SileroVad`], Silero's voice activity detector (v5/v6, 16 kHz) in plain Rust:
+//!   the probability of speech in each 32 ms window of a stream.
 //! - [`normalize`] and [`wer`]: Whisper's English text normalizer and the word error rate.
 //! - `testing` (hidden): the tiny random-weight Whisper of the tests and of the example above.
 
@@ -23,6 +25,7 @@ pub mod normalize;
 pub mod streaming;
 #[doc(hidden)]
 pub mod testing;
+pub mod vad;
 pub mod wer;
 pub mod whisper;
 
@@ -30,6 +33,7 @@ pub use audio::{resample, Audio, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};
 pub use streaming::{StreamStats, StreamUpdate, StreamingTranscriber};
+pub use vad::SileroVad;
 pub use whisper::{
     EncoderLength, LoadOptions, Task, TranscribeOptions, Transcriber, Transcript, TranscriptStats,
     Whisper, WhisperTokenizer,

@@ -15,6 +15,8 @@ pub enum ModelKind {
     ChatLlm,
     Whisper,
     Tts,
+    /// Voice activity detection (Silero VAD).
+    Vad,
     /// Not a model: a library the engines load at run time (ONNX Runtime).
     Runtime,
 }
@@ -25,6 +27,7 @@ impl fmt::Display for ModelKind {
             ModelKind::ChatLlm => "chat-llm",
             ModelKind::Whisper => "whisper",
             ModelKind::Tts => "tts",
+            ModelKind::Vad => "vad",
             ModelKind::Runtime => "runtime",
         })
     }
@@ -424,6 +427,17 @@ mod tests {
              en/en_US/joe/medium/en_US-joe-medium.onnx"
         );
         assert!(file(piper, "model.onnx.json").sha256.is_some());
+
+        // Silero VAD comes from its GitHub repository at a tag.
+        let vad = registry.get("silero-vad").unwrap();
+        assert_eq!((vad.kind, vad.format), (ModelKind::Vad, WeightFormat::Onnx));
+        let weights = file(vad, "silero_vad_16k_op15.onnx");
+        assert_eq!(weights.size, Some(1_289_603));
+        assert!(!weights.on_hub() && weights.sha256.is_some());
+        assert!(weights
+            .url
+            .unwrap()
+            .starts_with("https://raw.githubusercontent.com/snakers4/silero-vad/v6.2.1/"));
 
         let runtime = registry.get("onnxruntime").unwrap();
         assert_eq!(runtime.kind, ModelKind::Runtime);

@@ -245,4 +245,9 @@ fn the_voices_and_their_runtime_resolve_in_the_models_folder() {
             assert_eq!(state, expected, "{name}: {}", file.local());
         }
     }
+    // Silero VAD's three files, every one pinned, match their checksums.
+    let vad = store.registry().get("silero-vad").unwrap();
+    for (file, state) in store.check(vad, Check::Checksum).unwrap() {
+        assert_eq!(state, FileState::Verified, "silero-vad: {}", file.local());
+    }
 }

@@ -1,15 +1,24 @@
-//! End of speech from the audio itself: an energy detector on 20 ms frames with an adaptive
-//! noise floor. An utterance starts after a run of voiced frames and ends after a configurable
-//! silence; the end of speech is the end of its last voiced frame, so the silence the detector
-//! waits for is visible in every latency measured from it.
+//! End of speech from the audio itself: each frame is voiced or not, by its energy above an
+//! adaptive noise floor (20 ms frames, the default) or by Silero VAD's network (32 ms frames,
+//! [`Vad::Silero`]). An utterance starts after a run of voiced frames and ends after a
+//! configurable silence; the end of speech is the end of its last voiced frame, so the silence
+//! the detector waits for is visible in every latency measured from it.
 //!
-//! The noise floor is the quietest frame of the last [`NOISE_WINDOW`] (minimum statistics):
-//! speech pauses between words often enough to show it, and a steady noise becomes the floor
-//! within the window. A stream that starts in the middle of speech is heard from its first
-//! pause on (the listener's pre-roll recovers the audio before it).
+//! The energy detector's noise floor is the quietest frame of the last [`NOISE_WINDOW`]
+//! (minimum statistics): speech pauses between words often enough to show it, and a steady
+//! noise becomes the floor within the window. A stream that starts in the middle of speech is
+//! heard from its first pause on (the listener's pre-roll recovers the audio before it).
+//!
+//! Silero VAD ([`engine_asr::SileroVad`]) tells speech from noise by its spectrum rather than
+//! its level: a frame becomes voiced when the speech probability reaches the threshold and
+//! stays voiced until it falls below the threshold less the hysteresis (Silero's own rule, 0.5
+//! and 0.35 by default), which holds an utterance together through the softer syllables.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use engine_asr::vad::{self as silero, SileroVad};
 
 use crate::{Error, Result};
 
@@ -22,12 +31,48 @@ const SILENCE_DB: f32 = -100.0;
 /// The noise floor is the quietest frame of this much recent audio.
 pub const NOISE_WINDOW: Duration = Duration::from_secs(2);
 
+/// How the [`EndpointDetector`] decides that a frame holds speech.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Vad {
+    /// The frame's energy above the adaptive noise floor ([`EndpointConfig::above_noise_db`],
+    /// [`EndpointConfig::min_level_dbfs`]), on frames of [`EndpointConfig::frame`]. The default.
+    #[default]
+    Energy,
+    /// Silero VAD's speech probability, on its 32 ms windows.
+    Silero(SileroSettings),
+}
+
+/// Settings of [`Vad::Silero`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SileroSettings {
+    /// The weights [`EndpointDetector::new`] loads (see [`SileroVad::load`]): normally
+    /// [`silero::MODEL_FILE`] in the models folder's `silero-vad/`.
+    pub model: PathBuf,
+    /// Speech probability at which an unvoiced frame becomes voiced. Default 0.5.
+    pub threshold: f32,
+    /// A voiced stream stays voiced until the probability falls below `threshold − hysteresis`.
+    /// Default 0.15.
+    pub hysteresis: f32,
+}
+
+impl SileroSettings {
+    /// The default threshold and hysteresis with the weights at `model`.
+    pub fn new(model: PathBuf) -> Self {
+        Self {
+            model,
+            threshold: 0.5,
+            hysteresis: 0.15,
+        }
+    }
+}
+
 /// Settings of the [`EndpointDetector`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndpointConfig {
     /// Length of the frames whose energy is measured: a whole number of samples at
     /// [`SAMPLE_RATE`] (a multiple of 62.5 µs), so that stream times counted in frames fall on
-    /// samples. Default 20 ms.
+    /// samples. Default 20 ms. With [`Vad::Silero`] the frames are its 32 ms windows whatever
+    /// this says (the detector's [`EndpointDetector::config`] shows 32 ms).
     pub frame: Duration,
     /// Silence that ends an utterance. Default 500 ms; shorter answers sooner but cuts
     /// speakers who pause mid-sentence.
@@ -43,6 +88,8 @@ pub struct EndpointConfig {
     /// Longest utterance: one this long ends even without a pause (Whisper hears at most
     /// 30 seconds at once). Default 30 s.
     pub max_utterance: Duration,
+    /// What decides that a frame is voiced. Default [`Vad::Energy`].
+    pub vad: Vad,
 }
 
 impl Default for EndpointConfig {
@@ -54,6 +101,7 @@ impl Default for EndpointConfig {
             above_noise_db: 12.0,
             min_level_dbfs: -50.0,
             max_utterance: Duration::from_secs(30),
+            vad: Vad::Energy,
         }
     }
 }
@@ -90,6 +138,20 @@ impl EndpointConfig {
         if !self.above_noise_db.is_finite() || !self.min_level_dbfs.is_finite() {
             return Err(Error::Config("endpoint levels must be finite".into()));
         }
+        if let Vad::Silero(settings) = &self.vad {
+            let release = settings.threshold - settings.hysteresis;
+            let usable = settings.threshold > 0.0
+                && settings.threshold <= 1.0
+                && settings.hysteresis >= 0.0
+                && release.is_finite();
+            if !usable {
+                return Err(Error::Config(format!(
+                    "a Silero VAD threshold of {} with a hysteresis of {} (a threshold in \
+                     (0, 1] and a hysteresis ≥ 0 are needed)",
+                    settings.threshold, settings.hysteresis
+                )));
+            }
+        }
         Ok(samples)
     }
 }
@@ -113,6 +175,8 @@ pub enum Boundary {
 #[derive(Clone, Debug)]
 pub struct EndpointDetector {
     config: EndpointConfig,
+    /// Silero VAD with its state, in [`Vad::Silero`] mode.
+    silero: Option<SileroVoicing>,
     frame_samples: usize,
     /// Samples of the frame being filled.
     partial_frame: Vec<f32>,
@@ -129,13 +193,84 @@ pub struct EndpointDetector {
     last_voiced_end: u64,
 }
 
+/// Silero VAD in the detector: the model and whether the last frame was voiced.
+#[derive(Clone, Debug)]
+struct SileroVoicing {
+    model: SileroVad,
+    threshold: f32,
+    /// The probability below which a voiced stream becomes unvoiced.
+    release: f32,
+    voiced: bool,
+}
+
+impl SileroVoicing {
+    /// Whether `window` (of [`silero::WINDOW`] samples) is voiced.
+    fn voiced(&mut self, window: &mut [f32]) -> bool {
+        // The network refuses NaN and infinite samples: they count as silence, as in the
+        // energy detector.
+        for sample in window.iter_mut().filter(|s| !s.is_finite()) {
+            *sample = 0.0;
+        }
+        // The window is whole and finite, so the network cannot fail; were it to, the frame
+        // would count as unvoiced.
+        let probability = self.model.push_window(window).unwrap_or(0.0);
+        self.voiced = with_hysteresis(self.voiced, probability, self.threshold, self.release);
+        self.voiced
+    }
+}
+
+/// Whether a frame of speech `probability` is voiced, after a frame that was (`was_voiced`) or
+/// was not: voicing starts at `threshold` and lasts down to `release`.
+fn with_hysteresis(was_voiced: bool, probability: f32, threshold: f32, release: f32) -> bool {
+    probability >= if was_voiced { release } else { threshold }
+}
+
 impl EndpointDetector {
+    /// A detector with `config`; with [`Vad::Silero`] it loads the model its settings name
+    /// (an [`Error::Asr`] when the file is missing or is not the model).
     pub fn new(config: EndpointConfig) -> Result<Self> {
+        config.frame_samples()?;
+        let model = match &config.vad {
+            Vad::Energy => None,
+            Vad::Silero(settings) => {
+                Some(SileroVad::load(&settings.model, &candle_core::Device::Cpu)?)
+            }
+        };
+        Self::build(config, model)
+    }
+
+    /// A detector deciding with `model` (Silero VAD, its state reset), with the threshold and
+    /// hysteresis of `config.vad`, which must be [`Vad::Silero`] (its `model` path is not
+    /// read): for a caller that has loaded the model already.
+    pub fn with_silero(config: EndpointConfig, mut model: SileroVad) -> Result<Self> {
+        if config.vad == Vad::Energy {
+            return Err(Error::Config(
+                "a detector with a Silero VAD model needs `vad: Vad::Silero` settings".into(),
+            ));
+        }
+        model.reset();
+        Self::build(config, Some(model))
+    }
+
+    fn build(mut config: EndpointConfig, model: Option<SileroVad>) -> Result<Self> {
+        let silero = match (&config.vad, model) {
+            (Vad::Silero(settings), Some(model)) => {
+                config.frame = silero_frame();
+                Some(SileroVoicing {
+                    model,
+                    threshold: settings.threshold,
+                    release: settings.threshold - settings.hysteresis,
+                    voiced: false,
+                })
+            }
+            _ => None,
+        };
         let frame_samples = config.frame_samples()?;
         let noise_window_frames =
             (NOISE_WINDOW.as_secs_f64() / config.frame.as_secs_f64()).ceil() as usize;
         Ok(Self {
             config,
+            silero,
             frame_samples,
             partial_frame: Vec::with_capacity(frame_samples),
             frames: 0,
@@ -177,9 +312,12 @@ impl EndpointDetector {
             self.partial_frame.extend_from_slice(now);
             rest = later;
             if self.partial_frame.len() == self.frame_samples {
-                let level = level_dbfs(&self.partial_frame);
+                let voiced = match &mut self.silero {
+                    Some(silero) => silero.voiced(&mut self.partial_frame),
+                    None => self.above_noise(level_dbfs(&self.partial_frame)),
+                };
                 self.partial_frame.clear();
-                boundaries.extend(self.measure(level));
+                boundaries.extend(self.measure(voiced));
             }
         }
         boundaries
@@ -218,10 +356,9 @@ impl EndpointDetector {
         })
     }
 
-    /// One frame at `level` dBFS.
-    fn measure(&mut self, level: f32) -> Option<Boundary> {
-        let frame = self.frames;
-        self.frames += 1;
+    /// Whether a frame at `level` dBFS is voiced, the energy detector's decision (which
+    /// updates the noise floor).
+    fn above_noise(&mut self, level: f32) -> bool {
         if self.recent_levels.len() == self.noise_window_frames {
             self.recent_levels.pop_front();
         }
@@ -232,7 +369,13 @@ impl EndpointDetector {
             .copied()
             .fold(f32::INFINITY, f32::min);
         let threshold = (noise_db + self.config.above_noise_db).max(self.config.min_level_dbfs);
-        let voiced = level > threshold;
+        level > threshold
+    }
+
+    /// One frame, `voiced` or not.
+    fn measure(&mut self, voiced: bool) -> Option<Boundary> {
+        let frame = self.frames;
+        self.frames += 1;
         if voiced {
             self.voiced_run += 1;
             self.last_voiced_end = self.frames;
@@ -269,6 +412,11 @@ impl EndpointDetector {
     fn frame_time(&self, frames: u64) -> Duration {
         self.config.frame * u32::try_from(frames).unwrap_or(u32::MAX)
     }
+}
+
+/// Silero VAD's frame: one window at [`SAMPLE_RATE`] (32 ms).
+fn silero_frame() -> Duration {
+    duration_of(silero::WINDOW)
 }
 
 /// Samples in `duration` at [`SAMPLE_RATE`].
@@ -475,6 +623,335 @@ mod tests {
             "{found:?}"
         );
         assert_eq!(found.len(), 2);
+    }
+
+    /// Silero VAD's network with hand-set weights that hear the loudness of a 250 Hz tone:
+    /// the transform keeps one bin (250 Hz, cosine and sine), the encoder passes it through on
+    /// one channel, the LSTM cell squashes it, and the head turns it into a probability —
+    /// 0.02 for silence, 0.98 for a tone of amplitude 0.3, 0.4 for one of 0.003.
+    fn loudness_model() -> SileroVad {
+        use candle_core::{Device, Tensor};
+        use std::collections::HashMap;
+
+        let mut weights = HashMap::new();
+        let mut put = |name: &str, shape: &[usize], set: &[(usize, f32)]| {
+            let mut values = vec![0.0f32; shape.iter().product()];
+            for &(at, value) in set {
+                values[at] = value;
+            }
+            let tensor = Tensor::from_vec(values, shape, &Device::Cpu).unwrap();
+            weights.insert(name.to_string(), tensor);
+        };
+        // Bin 4 of 256 samples at 16 kHz is 250 Hz: a cosine filter (real) and a sine one
+        // (imaginary, 129 filters later).
+        let basis: Vec<(usize, f32)> = (0..256)
+            .flat_map(|n| {
+                let phase = 2.0 * std::f32::consts::PI * 4.0 * n as f32 / 256.0;
+                [
+                    (4 * 256 + n, phase.cos()),
+                    ((129 + 4) * 256 + n, phase.sin()),
+                ]
+            })
+            .collect();
+        put("stft_conv.weight", &[258, 1, 256], &basis);
+        // Each convolution's centre tap copies one channel: bin 4, then channel 0.
+        put("conv1.weight", &[128, 129, 3], &[(4 * 3 + 1, 1.0)]);
+        put("conv2.weight", &[64, 128, 3], &[(1, 1.0)]);
+        put("conv3.weight", &[64, 64, 3], &[(1, 1.0)]);
+        put("conv4.weight", &[128, 64, 3], &[(1, 1.0)]);
+        for (name, channels) in [("conv1", 128), ("conv2", 64), ("conv3", 64), ("conv4", 128)] {
+            put(&format!("{name}.bias"), &[channels], &[]);
+        }
+        // Unit 0: input and output gates open, forget gate shut, candidate tanh(channel 0).
+        put("lstm_cell.weight_ih", &[512, 128], &[(256 * 128, 1.0)]);
+        put("lstm_cell.weight_hh", &[512, 128], &[]);
+        put(
+            "lstm_cell.bias_ih",
+            &[512],
+            &[(0, 10.0), (128, -10.0), (384, 10.0)],
+        );
+        put("lstm_cell.bias_hh", &[512], &[]);
+        put("final_conv.weight", &[1, 128, 1], &[(0, 10.0)]);
+        put("final_conv.bias", &[1], &[(0, -3.8)]);
+        let source = spec_nn::InMemoryWeights::dense(weights);
+        let loader = spec_nn::WeightLoader::new(source, &Device::Cpu, spec_nn::Requantize::Keep);
+        SileroVad::from_weights(loader).unwrap()
+    }
+
+    fn silero_config() -> EndpointConfig {
+        EndpointConfig {
+            vad: Vad::Silero(SileroSettings::new("unused.onnx".into())),
+            ..EndpointConfig::default()
+        }
+    }
+
+    fn tone_at(millis: u64, amplitude: f32, hertz: f32) -> Vec<f32> {
+        (0..samples_in(ms(millis)))
+            .map(|i| amplitude * (2.0 * std::f32::consts::PI * hertz * i as f32 / 16_000.0).sin())
+            .collect()
+    }
+
+    fn detect_silero(audio: &[f32], config: EndpointConfig, piece: usize) -> Vec<Boundary> {
+        let mut detector = EndpointDetector::with_silero(config, loudness_model()).unwrap();
+        let mut found: Vec<Boundary> = audio.chunks(piece).flat_map(|p| detector.push(p)).collect();
+        found.extend(detector.finish());
+        found
+    }
+
+    #[test]
+    fn silero_frames_are_its_32_ms_windows() {
+        let mut detector =
+            EndpointDetector::with_silero(silero_config(), loudness_model()).unwrap();
+        assert_eq!(detector.config().frame, ms(32));
+        assert!(detector.push(&[0.0; 1000]).is_empty());
+        assert_eq!(detector.now(), ms(32));
+        detector.push(&[0.0; 24]);
+        assert_eq!(detector.now(), ms(64));
+
+        // A tone between silences: its first voiced window is the one whose first transform
+        // frame (the 64 samples before the window and its first 192) lies in the tone.
+        let audio = [
+            vec![0.0; samples_in(ms(400))],
+            tone_at(1000, 0.3, 250.0),
+            vec![0.0; samples_in(ms(1000))],
+        ]
+        .concat();
+        let whole = detect_silero(&audio, silero_config(), audio.len());
+        assert_eq!(
+            whole,
+            vec![
+                Boundary::Started { at: ms(416) },
+                Boundary::Ended {
+                    speech_end: ms(1408),
+                    detected_at: ms(1920)
+                }
+            ]
+        );
+        for piece in [1, 160, 512, 1000, 4801] {
+            assert_eq!(
+                detect_silero(&audio, silero_config(), piece),
+                whole,
+                "piece {piece}"
+            );
+        }
+    }
+
+    #[test]
+    fn silero_voicing_holds_down_to_the_threshold_less_the_hysteresis() {
+        assert!(!with_hysteresis(false, 0.49, 0.5, 0.35));
+        assert!(with_hysteresis(false, 0.5, 0.5, 0.35));
+        assert!(with_hysteresis(true, 0.36, 0.5, 0.35));
+        assert!(!with_hysteresis(true, 0.34, 0.5, 0.35));
+
+        // The quiet tone (probability about 0.4) alone is not speech; after the loud one it
+        // holds the utterance until the silence.
+        let quiet = [
+            vec![0.0; samples_in(ms(320))],
+            tone_at(800, 0.003, 250.0),
+            vec![0.0; samples_in(ms(800))],
+        ]
+        .concat();
+        assert_eq!(detect_silero(&quiet, silero_config(), 512), vec![]);
+        let audio = [
+            vec![0.0; samples_in(ms(320))],
+            tone_at(320, 0.3, 250.0),
+            tone_at(800, 0.003, 250.0),
+            vec![0.0; samples_in(ms(800))],
+        ]
+        .concat();
+        let found = detect_silero(&audio, silero_config(), 512);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            matches!(found[1], Boundary::Ended { speech_end, .. } if speech_end > ms(1400)),
+            "{found:?}"
+        );
+        // Without the hysteresis the quiet tone ends the utterance.
+        let strict = EndpointConfig {
+            vad: Vad::Silero(SileroSettings {
+                hysteresis: 0.0,
+                ..SileroSettings::new("unused.onnx".into())
+            }),
+            ..EndpointConfig::default()
+        };
+        let found = detect_silero(&audio, strict, 512);
+        assert!(
+            matches!(found[1], Boundary::Ended { speech_end, .. } if speech_end < ms(700)),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn silero_settings_that_cannot_work_are_refused() {
+        let with = |threshold: f32, hysteresis: f32| EndpointConfig {
+            vad: Vad::Silero(SileroSettings {
+                threshold,
+                hysteresis,
+                ..SileroSettings::new("unused.onnx".into())
+            }),
+            ..EndpointConfig::default()
+        };
+        for config in [
+            with(0.0, 0.15),
+            with(1.5, 0.15),
+            with(f32::NAN, 0.15),
+            with(0.5, -0.1),
+            with(0.5, f32::INFINITY),
+            // Longer than the energy detector's frame, shorter than Silero's.
+            EndpointConfig {
+                silence: ms(25),
+                ..silero_config()
+            },
+        ] {
+            assert!(
+                matches!(
+                    EndpointDetector::with_silero(config.clone(), loudness_model()),
+                    Err(Error::Config(_))
+                ),
+                "{config:?}"
+            );
+        }
+        assert!(matches!(
+            EndpointDetector::with_silero(EndpointConfig::default(), loudness_model()),
+            Err(Error::Config(_))
+        ));
+        // `new` loads the model its settings name.
+        let missing = EndpointConfig {
+            vad: Vad::Silero(SileroSettings::new("/nonexistent/silero.onnx".into())),
+            ..EndpointConfig::default()
+        };
+        assert!(matches!(
+            EndpointDetector::new(missing),
+            Err(Error::Asr(engine_asr::Error::Io { .. }))
+        ));
+        // NaN samples count as silence, as in the energy detector.
+        let mut detector =
+            EndpointDetector::with_silero(silero_config(), loudness_model()).unwrap();
+        assert!(detector.push(&[f32::NAN; 2048]).is_empty());
+        assert_eq!(detector.now(), ms(128));
+    }
+
+    /// Deterministic white noise of `rms`, `len` samples.
+    fn white_noise(len: usize, rms: f32) -> Vec<f32> {
+        let mut state = 0x9e37_79b9_u32;
+        let half_width = rms * 3f32.sqrt();
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state as f32 / u32::MAX as f32 * 2.0 - 1.0) * half_width
+            })
+            .collect()
+    }
+
+    /// The first start and the last end of speech among `found`, and how many utterances.
+    fn span(found: &[Boundary]) -> (Option<Duration>, Option<Duration>, usize) {
+        let starts = found
+            .iter()
+            .filter_map(|b| match b {
+                Boundary::Started { at } => Some(*at),
+                Boundary::Ended { .. } => None,
+            })
+            .collect::<Vec<_>>();
+        let end = found.iter().rev().find_map(|b| match b {
+            Boundary::Ended { speech_end, .. } => Some(*speech_end),
+            Boundary::Started { .. } => None,
+        });
+        (starts.first().copied(), end, starts.len())
+    }
+
+    #[test]
+    #[ignore = "needs the models folder's silero-vad/ and speech clips"]
+    fn silero_finds_the_clean_clips_utterance_in_noise() {
+        let models = spec_models::models_dir().unwrap();
+        let model = models.join("silero-vad").join(silero::MODEL_FILE);
+        let clips = models.join("data/speech/librivox");
+        let mut wavs: Vec<_> = std::fs::read_dir(&clips)
+            .map(|dir| dir.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default();
+        wavs.retain(|p| p.extension().is_some_and(|e| e == "wav"));
+        wavs.sort();
+        if !model.is_file() || wavs.is_empty() {
+            eprintln!(
+                "skipped: needs {} and clips in {}",
+                model.display(),
+                clips.display()
+            );
+            return;
+        }
+        let silero = EndpointConfig {
+            vad: Vad::Silero(SileroSettings::new(model)),
+            ..EndpointConfig::default()
+        };
+        let run = |config: &EndpointConfig, audio: &[f32]| {
+            let mut detector = EndpointDetector::new(config.clone()).unwrap();
+            let mut found: Vec<Boundary> =
+                audio.chunks(320).flat_map(|p| detector.push(p)).collect();
+            found.extend(detector.finish());
+            found
+        };
+        let near = |a: Option<Duration>, b: Option<Duration>| {
+            a.zip(b).is_some_and(|(a, b)| a.abs_diff(b) <= ms(100))
+        };
+        let mut checked = 0;
+        for wav in &wavs {
+            let speech = engine_asr::Audio::read_wav(wav).unwrap().to_16k().unwrap();
+            // A second before and after at the recording's own noise floor (its quietest
+            // 100 ms), so that the energy detector's floor is the room's, not digital silence.
+            let floor = speech
+                .chunks(1600)
+                .map(|c| (c.iter().map(|s| s * s).sum::<f32>() / c.len() as f32).sqrt())
+                .fold(f32::INFINITY, f32::min);
+            let second = white_noise(SAMPLE_RATE as usize, floor);
+            let clean = [second.clone(), speech.clone(), second].concat();
+            // White noise 10 dB below the speech's power, over the whole stream.
+            let power = speech.iter().map(|s| s * s).sum::<f32>() / speech.len() as f32;
+            let noise = white_noise(clean.len(), (power / 10.0).sqrt());
+            let noisy: Vec<f32> = clean.iter().zip(&noise).map(|(s, n)| s + n).collect();
+
+            let energy_clean = run(&EndpointConfig::default(), &clean);
+            let energy_noisy = run(&EndpointConfig::default(), &noisy);
+            let silero_clean = run(&silero, &clean);
+            let silero_noisy = run(&silero, &noisy);
+            let name = wav.file_name().unwrap().to_string_lossy();
+            eprintln!(
+                "{name} ({:.2} s of speech):",
+                speech.len() as f32 / 16_000.0
+            );
+            for (what, found) in [
+                ("energy, clean", &energy_clean),
+                ("energy, noisy (10 dB SNR)", &energy_noisy),
+                ("silero, clean", &silero_clean),
+                ("silero, noisy (10 dB SNR)", &silero_noisy),
+            ] {
+                let (start, end, utterances) = span(found);
+                eprintln!("  {what}: {utterances} utterance(s), speech {start:?} .. {end:?}");
+            }
+            let (start, end, utterances) = span(&energy_clean);
+            if utterances != 1 {
+                eprintln!("  (the energy detector splits the clean clip: not compared)");
+                continue;
+            }
+            for found in [&silero_clean, &silero_noisy] {
+                let (silero_start, silero_end, silero_utterances) = span(found);
+                assert_eq!(silero_utterances, 1, "{name}: {found:?}");
+                assert!(
+                    near(silero_start, start),
+                    "{name}: start {silero_start:?} vs {start:?}"
+                );
+                // Silero's end is held by its hysteresis and lags the energy detector's by up
+                // to half a second in noise (reported above); it never cuts the speech short.
+                assert!(
+                    silero_end.zip(end).is_some_and(|(s, e)| s + ms(100) >= e),
+                    "{name}: end {silero_end:?} vs {end:?}"
+                );
+            }
+            checked += 1;
+        }
+        assert!(
+            checked > 0,
+            "no clip was one utterance for the energy detector"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub mod turn_end;
 pub use caption::{CaptionEvent, CaptionEventKind, LiveCaptions};
 pub use chat::{ChatEvent, ChatEventKind, ChatMode, LatencyBreakdown, VoiceChat, VoiceTurn};
 pub use drive::{drive, play_recording, Arrival, AudioSource, Ended, Pipeline, Recording, PACKET};
-pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SAMPLE_RATE};
+pub use endpoint::{Boundary, EndpointConfig, EndpointDetector, SileroSettings, Vad, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use listener::{utterances_of, Heard, Listener, ListenerConfig, Pause};
 pub use spec_voice::{Clock, ClockKind};

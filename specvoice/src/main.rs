@@ -27,7 +27,7 @@ use spec_voice::write_wav;
 use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, VoiceLoader, Voices};
 use specvoice::{
     play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
-    TurnEnd, VoiceChat, VoiceTurn,
+    SileroSettings, TurnEnd, Vad, VoiceChat, VoiceTurn,
 };
 
 /// The SpecVoice voice pipeline: speech in, streaming Whisper, then an answer spoken back
@@ -74,6 +74,32 @@ struct RecognizerArgs {
     /// Audio between partial transcripts, in milliseconds
     #[arg(long, default_value_t = 500)]
     partial_ms: u64,
+
+    /// What tells speech from silence: `energy` (level above the noise floor) or `silero`
+    /// (Silero VAD's network, from the models folder's silero-vad/)
+    #[arg(long, default_value = "energy", value_name = "energy|silero", value_parser = parse_vad)]
+    vad: Vad,
+}
+
+/// `--vad`: the energy detector, or Silero VAD with its weights from the models folder.
+fn parse_vad(name: &str) -> std::result::Result<Vad, String> {
+    match name {
+        "energy" => Ok(Vad::Energy),
+        "silero" => {
+            let folder = spec_models::models_dir()
+                .map_err(|e| e.to_string())?
+                .join("silero-vad");
+            let model = folder.join(engine_asr::vad::MODEL_FILE);
+            if !model.is_file() {
+                return Err(format!(
+                    "Silero VAD needs {} (`cargo xtask download silero-vad`)",
+                    model.display()
+                ));
+            }
+            Ok(Vad::Silero(SileroSettings::new(model)))
+        }
+        other => Err(format!("`{other}` is not `energy` or `silero`")),
+    }
 }
 
 impl RecognizerArgs {
@@ -81,6 +107,7 @@ impl RecognizerArgs {
         ListenerConfig {
             endpoint: EndpointConfig {
                 silence: Duration::from_millis(self.silence_ms),
+                vad: self.vad.clone(),
                 ..EndpointConfig::default()
             },
             partial_every: Duration::from_millis(self.partial_ms),
