@@ -327,6 +327,7 @@ impl Listener {
         for boundary in self.detector.push(samples) {
             heard.push(self.on_boundary(boundary, clock)?);
         }
+        self.forget_unresumable();
         if let Some(voiced_end) = self.detector.last_voiced_end() {
             // While the speaker pauses, one partial of the speech and the final margin (the
             // same audio, however it arrived, so that it can be final); while they speak, one
@@ -444,23 +445,31 @@ impl Listener {
     }
 
     /// With the semantic end of turn, keeps the audio of the utterance in progress, and of one
-    /// that ended early while speech may still resume it; forgets it after.
+    /// that ended early while speech may still resume it.
     fn keep_utterance(&mut self, samples: &[f32]) {
+        if let Some(kept) = &mut self.utterance {
+            kept.audio.extend_from_slice(samples);
+        }
+    }
+
+    /// Forgets the audio of an utterance that no speech can resume any more: it ended at the
+    /// detector's silence, or ended early longer than the longest silence ago. (Checked after
+    /// the audio's boundaries: a piece of audio that arrives late, all at once, may hold the
+    /// speech that resumes it.)
+    fn forget_unresumable(&mut self) {
         let TurnEnd::Semantic(policy) = &self.config.turn_end else {
             return;
         };
         let now = self.audio_time();
-        let Some(kept) = &mut self.utterance else {
-            return;
-        };
-        let resumable = match kept.ended {
-            None => self.detector.in_speech(),
-            Some(paused_at) => now < paused_at + policy.longest,
-        };
-        if resumable {
-            kept.audio.extend_from_slice(samples);
-        } else {
-            self.utterance = None;
+        let in_speech = self.detector.in_speech();
+        if let Some(kept) = &self.utterance {
+            let resumable = match kept.ended {
+                None => in_speech,
+                Some(paused_at) => in_speech || now < paused_at + policy.longest,
+            };
+            if !resumable {
+                self.utterance = None;
+            }
         }
     }
 
@@ -679,5 +688,86 @@ mod tests {
             matches!(heard.last(), Some(Heard::Final { .. })),
             "{heard:?}"
         );
+    }
+
+    #[test]
+    fn speech_resuming_an_early_end_continues_the_utterance_however_late_its_audio_arrives() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Clock::simulated();
+        let tone = |seconds: f32| -> Vec<f32> {
+            (0..(seconds * 16_000.0) as usize)
+                .map(|i| 0.3 * (2.0 * std::f32::consts::PI * 220.0 * i as f32 / 16_000.0).sin())
+                .collect()
+        };
+        let silence = |seconds: f32| vec![0.0; (seconds * 16_000.0) as usize];
+        let semantic = ListenerConfig {
+            turn_end: TurnEnd::Semantic(Default::default()),
+            ..config()
+        };
+        // The reference: one utterance across a 700 ms pause, as a long silence hears it.
+        let mut long = config();
+        long.endpoint.silence = Duration::from_millis(1200);
+        let audio = [
+            silence(0.5),
+            tone(0.8),
+            silence(0.7),
+            tone(0.8),
+            silence(1.5),
+        ]
+        .concat();
+        let mut reference = Listener::new(transcriber(&dir), long).unwrap();
+        let mut expected = reference.push(&audio, &clock).unwrap();
+        expected.extend(reference.finish(&clock).unwrap());
+        let Some(Heard::Final {
+            transcript: expected,
+            speech_end: expected_end,
+            ..
+        }) = expected.pop()
+        else {
+            panic!("no final transcript")
+        };
+        assert_eq!(expected_end, Duration::from_millis(2800));
+        for piece in [320, audio.len()] {
+            let mut listener = Listener::new(transcriber(&dir), semantic.clone()).unwrap();
+            // Up to 200 ms into the pause, where the turn is ended early.
+            let (before, after) = audio.split_at(16_000 * 3 / 2);
+            for chunk in before.chunks(320) {
+                listener.push(chunk, &clock).unwrap();
+            }
+            assert!(listener.pause().is_some());
+            let ended = listener.end_utterance(&clock).unwrap();
+            assert!(
+                matches!(ended, Some(Heard::Final { speech_end, .. }) if speech_end == Duration::from_millis(1300))
+            );
+            // The rest arrives in 20 ms packets, or all at once (a pipeline busy for a while).
+            let mut heard = Vec::new();
+            for chunk in after.chunks(piece) {
+                heard.extend(listener.push(chunk, &clock).unwrap());
+            }
+            heard.extend(listener.finish(&clock).unwrap());
+            assert!(
+                heard.iter().any(
+                    |h| matches!(h, Heard::Resumed { utterance_start, paused_at, .. }
+                    if *utterance_start == Duration::from_millis(500)
+                        && *paused_at == Duration::from_millis(1300))
+                ),
+                "piece {piece}: {heard:?}"
+            );
+            match heard.last() {
+                Some(Heard::Final {
+                    transcript,
+                    speech_end,
+                    ..
+                }) => {
+                    assert_eq!(transcript.text, expected.text, "piece {piece}");
+                    assert_eq!(*speech_end, expected_end);
+                }
+                other => panic!("piece {piece}: {other:?}"),
+            }
+        }
+        // With a fixed silence nothing resumes: the speech after the end is a new utterance.
+        let mut fixed = Listener::new(transcriber(&dir), config()).unwrap();
+        let heard = fixed.push(&audio, &clock).unwrap();
+        assert!(heard.iter().all(|h| !matches!(h, Heard::Resumed { .. })));
     }
 }

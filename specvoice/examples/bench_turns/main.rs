@@ -95,6 +95,15 @@ struct Args {
     #[arg(long)]
     noisy: bool,
 
+    /// The policies compared: fixed500, fixed300, silero500, semantic, silero-semantic (the
+    /// product's default)
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_values = ["fixed500", "fixed300", "silero500", "semantic", "silero-semantic"])]
+    policies: Vec<String>,
+
+    /// Only utterances of this kind (complete, paused, filler)
+    #[arg(long)]
+    kind: Option<String>,
+
     /// Also write the report as JSON here
     #[arg(long)]
     json: Option<PathBuf>,
@@ -469,15 +478,38 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
     };
     let base = specvoice::ListenerConfig::default();
     let reference = policies::Policy::long_silence(&base);
-    let compared = [
-        policies::Policy::fixed(500, &base),
-        policies::Policy::fixed(300, &base),
-        policies::Policy::semantic(specvoice::SemanticTurnEnd::default(), &base),
-    ];
+    let silero = models.join("silero-vad").join(engine_asr::vad::MODEL_FILE);
+    let compared = args
+        .policies
+        .iter()
+        .map(|name| {
+            Ok(match name.as_str() {
+                "fixed500" => policies::Policy::fixed(500, &base),
+                "fixed300" => policies::Policy::fixed(300, &base),
+                "silero500" => policies::Policy::silero_fixed(500, &silero, &base),
+                "semantic" => {
+                    policies::Policy::semantic(specvoice::SemanticTurnEnd::default(), &base)
+                }
+                "silero-semantic" => {
+                    let mut policy = policies::Policy::silero_fixed(500, &silero, &base);
+                    policy.listener.turn_end =
+                        specvoice::TurnEnd::Semantic(specvoice::SemanticTurnEnd::default());
+                    policy.name = "Silero + semantic".into();
+                    policy
+                }
+                other => anyhow::bail!("unknown policy `{other}`"),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let candidates: Vec<&TurnUtterance> = set
         .utterances
         .iter()
         .filter(|u| args.noisy || u.noise == Noise::Clean)
+        .filter(|u| {
+            args.kind
+                .as_ref()
+                .is_none_or(|kind| format!("{:?}", u.kind).eq_ignore_ascii_case(kind))
+        })
         .collect();
     // With a limit, utterances evenly spread over the set (its kinds come in blocks).
     let wanted = args.limit.unwrap_or(candidates.len()).min(candidates.len());
@@ -531,15 +563,22 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
         &played,
         &voice_choice.to_string(),
     ));
-    report.tables.push(estimate_table(&outcomes[2][0], &played));
-    report.tables.push(vad_table(set)?);
+    if let Some(semantic) = compared.iter().position(|p| p.name == "semantic") {
+        report
+            .tables
+            .push(estimate_table(&outcomes[semantic][0], &played));
+        report
+            .details
+            .push(detail_table(&outcomes[semantic][0], &references, &played));
+    }
+    report.tables.push(vad_table(set, &silero)?);
     report.notes.push(format!(
         "Every utterance is a fresh conversation played into the pipeline on a simulated clock: \
          audio arrives in 20 ms packets at its real time, and Whisper ({}), the chat model ({}) \
          and the voice ({voice_choice}) charge their measured compute to one timeline, as they \
-         share the CPU. Latency is from the end of speech (the end of the last voiced frame the \
-         endpoint detector heard) to the first audio of the answer to the whole question; \
-         endpointing is the part until the end of the turn was declared. A cut-in is an end of \
+         share the CPU. Latency is from the end of speech (the set's ground truth: the end of the \
+         last voiced audio, whatever the detector heard) to the first audio of the answer to the \
+         whole question; endpointing is the part until the end of the turn was declared. A cut-in is an end of \
          turn declared inside a pause of the speaker (per pause); an answer begun to a cut \
          question is one whose audio was ready before the speaker went on. A late end is one \
          declared a second or more after the speech. The reference is a fixed {} ms silence \
@@ -605,19 +644,27 @@ fn policy_table(
     );
     for (policy, by_mode) in policies.iter().zip(outcomes) {
         for (mode, runs) in modes.iter().zip(by_mode) {
-            let turns: Vec<&specvoice::VoiceTurn> =
-                runs.iter().filter_map(|o| o.last_turn.as_ref()).collect();
-            let latencies: Vec<f64> = turns.iter().map(|t| ms(t.latency())).collect();
+            // From the true end of speech (the set's ground truth), whatever the detector heard.
+            let turns: Vec<(&specvoice::VoiceTurn, Duration)> = runs
+                .iter()
+                .zip(played)
+                .filter_map(|(o, u)| o.last_turn.as_ref().map(|t| (t, u.speech_end)))
+                .collect();
+            let latencies: Vec<f64> = turns
+                .iter()
+                .map(|(t, end)| ms(t.first_audio_at.saturating_sub(*end)))
+                .collect();
             let endpointing: Vec<f64> = turns
                 .iter()
-                .map(|t| ms(t.breakdown().endpointing))
+                .map(|(t, end)| ms(t.endpoint_at.saturating_sub(*end)))
                 .collect();
             let late = runs
                 .iter()
-                .filter(|o| {
-                    o.last_turn
-                        .as_ref()
-                        .is_none_or(|t| t.breakdown().endpointing >= Duration::from_secs(1))
+                .zip(played)
+                .filter(|(o, u)| {
+                    o.last_turn.as_ref().is_none_or(|t| {
+                        t.endpoint_at.saturating_sub(u.speech_end) >= Duration::from_secs(1)
+                    })
                 })
                 .count();
             let same = runs
@@ -643,6 +690,59 @@ fn policy_table(
                 percent(same, runs.len()),
             ]);
         }
+    }
+    table
+}
+
+/// Every utterance with the semantic policy and PredGen: the question heard, the reference's,
+/// the pauses cut and the latency.
+fn detail_table(
+    runs: &[policies::Outcome],
+    references: &[policies::Outcome],
+    played: &[&TurnUtterance],
+) -> Table {
+    let mut table = Table::new(
+        "Every utterance, semantic end of turn with PredGen",
+        &[
+            "utterance",
+            "voice, noise",
+            "question heard",
+            "the reference heard",
+            "pauses cut",
+            "estimates (P)",
+            "latency (ms)",
+            "same answer",
+        ],
+    );
+    let question = |o: &policies::Outcome| {
+        o.last_turn
+            .as_ref()
+            .map_or_else(|| "(none)".to_string(), |t| t.turn.question.clone())
+    };
+    for ((run, reference), utterance) in runs.iter().zip(references).zip(played) {
+        let same = match (&run.last_turn, &reference.last_turn) {
+            (Some(a), Some(b)) => a.turn.answer == b.turn.answer,
+            _ => false,
+        };
+        table.push(vec![
+            utterance.id.clone(),
+            format!("{}, {:?}", utterance.voice, utterance.noise),
+            question(run),
+            question(reference),
+            format!("{}/{}", run.cut_pauses, utterance.pauses.len()),
+            run.estimates
+                .iter()
+                .map(|(p, _)| format!("{p:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            run.last_turn.as_ref().map_or("–".into(), |t| {
+                format!(
+                    "{:.0}",
+                    ms(t.first_audio_at.saturating_sub(utterance.speech_end))
+                )
+            }),
+            same.to_string(),
+        ]);
     }
     table
 }
@@ -682,9 +782,9 @@ fn estimate_table(runs: &[policies::Outcome], played: &[&TurnUtterance]) -> Tabl
     table
 }
 
-/// The voice-activity detector with a fixed 500 ms silence on every copy: pauses cut, ends
-/// missed, utterances found beyond the one spoken, and its cost.
-fn vad_table(set: &TurnSet) -> Result<Table> {
+/// Each voice-activity detector with a fixed 500 ms silence on every copy: pauses cut, ends
+/// found, utterances found beyond the one spoken, and its cost.
+fn vad_table(set: &TurnSet, silero: &Path) -> Result<Table> {
     let mut table = Table::new(
         "Voice activity on clean and noisy copies (fixed 500 ms silence)",
         &[
@@ -696,54 +796,62 @@ fn vad_table(set: &TurnSet) -> Result<Table> {
             "CPU per second of audio (ms)",
         ],
     );
-    for noise in Noise::ALL {
-        let copies: Vec<&TurnUtterance> =
-            set.utterances.iter().filter(|u| u.noise == noise).collect();
-        let pauses: usize = copies.iter().map(|u| u.pauses.len()).sum();
-        let (mut cut, mut found, mut extra) = (0, 0, 0);
-        for copy in &copies {
-            let mut detector =
-                specvoice::EndpointDetector::new(specvoice::EndpointConfig::default())?;
-            let mut ends = Vec::new();
-            let mut starts = 0usize;
-            let mut boundaries: Vec<specvoice::Boundary> = copy
-                .samples
-                .chunks(320)
-                .flat_map(|packet| detector.push(packet))
-                .collect();
-            boundaries.extend(detector.finish());
-            for boundary in boundaries {
-                match boundary {
-                    specvoice::Boundary::Started { .. } => starts += 1,
-                    specvoice::Boundary::Ended { speech_end, .. } => ends.push(speech_end),
+    let detectors = [
+        ("energy", specvoice::EndpointConfig::default()),
+        (
+            "Silero",
+            specvoice::EndpointConfig {
+                vad: specvoice::Vad::Silero(specvoice::SileroSettings::new(silero.to_path_buf())),
+                ..specvoice::EndpointConfig::default()
+            },
+        ),
+    ];
+    for (name, config) in &detectors {
+        for noise in Noise::ALL {
+            let copies: Vec<&TurnUtterance> =
+                set.utterances.iter().filter(|u| u.noise == noise).collect();
+            let pauses: usize = copies.iter().map(|u| u.pauses.len()).sum();
+            let (mut cut, mut found, mut extra) = (0, 0, 0);
+            let (mut compute, mut seconds) = (Duration::ZERO, 0.0);
+            for copy in &copies {
+                let (boundaries, took) = policies::detect(config, &copy.samples)?;
+                compute += took;
+                seconds += copy.samples.len() as f64 / 16_000.0;
+                let mut ends = Vec::new();
+                let mut starts = 0usize;
+                for boundary in boundaries {
+                    match boundary {
+                        specvoice::Boundary::Started { .. } => starts += 1,
+                        specvoice::Boundary::Ended { speech_end, .. } => ends.push(speech_end),
+                    }
                 }
+                let cuts = copy
+                    .pauses
+                    .iter()
+                    .filter(|&&(start, end)| {
+                        ends.iter()
+                            .any(|&e| e + Duration::from_millis(100) >= start && e < end)
+                    })
+                    .count();
+                cut += cuts;
+                if ends.iter().any(|&e| {
+                    e.max(copy.speech_end) - e.min(copy.speech_end) <= Duration::from_millis(200)
+                }) {
+                    found += 1;
+                }
+                // Each cut pause starts one more utterance; any other start is noise taken
+                // for speech.
+                extra += starts.saturating_sub(1 + cuts);
             }
-            let cuts = copy
-                .pauses
-                .iter()
-                .filter(|&&(start, end)| {
-                    ends.iter()
-                        .any(|&e| e + Duration::from_millis(100) >= start && e < end)
-                })
-                .count();
-            cut += cuts;
-            if ends.iter().any(|&e| {
-                e.max(copy.speech_end) - e.min(copy.speech_end) <= Duration::from_millis(200)
-            }) {
-                found += 1;
-            }
-            // Each cut pause starts one more utterance; any other start is noise taken for speech.
-            extra += starts.saturating_sub(1 + cuts);
+            table.push(vec![
+                name.to_string(),
+                format!("{noise:?} ({})", copies.len()),
+                percent(cut, pauses),
+                percent(found, copies.len()),
+                extra.to_string(),
+                format!("{:.2}", compute.as_secs_f64() * 1e3 / seconds.max(1e-9)),
+            ]);
         }
-        let audio: Vec<&[f32]> = copies.iter().map(|u| u.samples.as_slice()).collect();
-        table.push(vec![
-            "energy".to_string(),
-            format!("{noise:?} ({})", copies.len()),
-            percent(cut, pauses),
-            percent(found, copies.len()),
-            extra.to_string(),
-            format!("{:.2}", policies::energy_vad_cost(&audio)?),
-        ]);
     }
     Ok(table)
 }

@@ -9,8 +9,8 @@ use engine_llm::predgen::EventKind;
 use engine_llm::{LanguageModel, PredGen, PredGenConfig};
 use spec_voice::SentenceSynthesizer;
 use specvoice::{
-    ChatEventKind, ChatMode, ClockKind, EndpointConfig, EndpointDetector, Listener, ListenerConfig,
-    SemanticTurnEnd, TurnEnd, VoiceChat, VoiceTurn,
+    Boundary, ChatEventKind, ChatMode, ClockKind, EndpointConfig, EndpointDetector, Listener,
+    ListenerConfig, SemanticTurnEnd, SileroSettings, TurnEnd, Vad, VoiceChat, VoiceTurn,
 };
 
 /// How a turn's end is found.
@@ -32,6 +32,14 @@ impl Policy {
             name: format!("fixed {silence_ms} ms"),
             listener,
         }
+    }
+
+    /// A fixed silence after Silero VAD's last voiced window (weights at `model`).
+    pub fn silero_fixed(silence_ms: u64, model: &std::path::Path, base: &ListenerConfig) -> Self {
+        let mut policy = Self::fixed(silence_ms, base);
+        policy.listener.endpoint.vad = Vad::Silero(SileroSettings::new(model.to_path_buf()));
+        policy.name = format!("Silero + fixed {silence_ms} ms");
+        policy
     }
 
     /// The chat model's end-of-turn probability sets the silence.
@@ -157,16 +165,15 @@ pub fn play(
     })
 }
 
-/// Milliseconds of CPU the energy detector takes per second of `audio`.
-pub fn energy_vad_cost(audio: &[&[f32]]) -> Result<f64> {
+/// The boundaries `config`'s detector finds in `samples` pushed in 20 ms packets, and the
+/// time it took.
+pub fn detect(config: &EndpointConfig, samples: &[f32]) -> Result<(Vec<Boundary>, Duration)> {
+    let mut detector = EndpointDetector::new(config.clone())?;
     let started = Instant::now();
-    let mut seconds = 0.0;
-    for samples in audio {
-        let mut detector = EndpointDetector::new(EndpointConfig::default())?;
-        for packet in samples.chunks(320) {
-            std::hint::black_box(detector.push(packet));
-        }
-        seconds += samples.len() as f64 / 16_000.0;
-    }
-    Ok(started.elapsed().as_secs_f64() * 1e3 / seconds.max(1e-9))
+    let mut boundaries: Vec<Boundary> = samples
+        .chunks(320)
+        .flat_map(|packet| detector.push(packet))
+        .collect();
+    boundaries.extend(detector.finish());
+    Ok((boundaries, started.elapsed()))
 }
