@@ -477,7 +477,6 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
         ..engine_llm::PredGenConfig::default()
     };
     let base = specvoice::ListenerConfig::default();
-    let reference = policies::Policy::long_silence(&base);
     let silero = models.join("silero-vad").join(engine_asr::vad::MODEL_FILE);
     let compared = args
         .policies
@@ -501,6 +500,27 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // The reference of each voice-activity detector the policies use: a long fixed silence
+    // after that detector's speech (another detector hears other utterance bounds, so Whisper
+    // other audio).
+    let mut references: Vec<policies::Policy> = Vec::new();
+    for policy in &compared {
+        let vad = &policy.listener.endpoint.vad;
+        if !references.iter().any(|r| &r.listener.endpoint.vad == vad) {
+            let mut reference = policies::Policy::long_silence(&base);
+            reference.listener.endpoint.vad = vad.clone();
+            references.push(reference);
+        }
+    }
+    let reference_of: Vec<usize> = compared
+        .iter()
+        .map(|p| {
+            references
+                .iter()
+                .position(|r| r.listener.endpoint.vad == p.listener.endpoint.vad)
+                .expect("every detector has its reference")
+        })
+        .collect();
     let candidates: Vec<&TurnUtterance> = set
         .utterances
         .iter()
@@ -518,12 +538,12 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
         .collect();
     let modes = [specvoice::ChatMode::PredGen, specvoice::ChatMode::Cascade];
     let bar = progress_bar(
-        played.len() * (1 + compared.len() * modes.len()),
+        played.len() * (references.len() + compared.len() * modes.len()),
         "end-of-turn policies",
     );
-    // outcomes[policy][mode][utterance]
+    // outcomes[policy][mode][utterance], heard[reference][utterance]
     let mut outcomes = vec![vec![Vec::new(); modes.len()]; compared.len()];
-    let mut references = Vec::new();
+    let mut heard = vec![Vec::new(); references.len()];
     for utterance in &played {
         let spoken = policies::Spoken {
             samples: &utterance.samples,
@@ -540,8 +560,10 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
                 Box::new(voice.clone()),
             )
         };
-        references.push(play(&reference, specvoice::ChatMode::Cascade)?);
-        bar.inc(1);
+        for (reference, runs) in references.iter().zip(&mut heard) {
+            runs.push(play(reference, specvoice::ChatMode::Cascade)?);
+            bar.inc(1);
+        }
         for (p, policy) in compared.iter().enumerate() {
             for (m, &mode) in modes.iter().enumerate() {
                 outcomes[p][m].push(play(policy, mode)?);
@@ -555,11 +577,13 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         ..Report::default()
     };
+    let reference_runs: Vec<&[policies::Outcome]> =
+        reference_of.iter().map(|&r| heard[r].as_slice()).collect();
     report.tables.push(policy_table(
         &compared,
         &modes,
         &outcomes,
-        &references,
+        &reference_runs,
         &played,
         &voice_choice.to_string(),
     ));
@@ -567,9 +591,11 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
         report
             .tables
             .push(estimate_table(&outcomes[semantic][0], &played));
-        report
-            .details
-            .push(detail_table(&outcomes[semantic][0], &references, &played));
+        report.details.push(detail_table(
+            &outcomes[semantic][0],
+            reference_runs[semantic],
+            &played,
+        ));
     }
     report.tables.push(vad_table(set, &silero)?);
     report.notes.push(format!(
@@ -582,11 +608,11 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
          turn declared inside a pause of the speaker (per pause); an answer begun to a cut \
          question is one whose audio was ready before the speaker went on. A late end is one \
          declared a second or more after the speech. The reference is a fixed {} ms silence \
-         with the cascade: same answer counts the turns whose last answer is the reference's, \
-         word for word.",
+         after the same voice-activity detector, answered by the cascade: same answer counts the \
+         turns whose last answer is the reference's, word for word.",
         args.whisper,
         args.model,
-        reference.trailing().as_millis() - 300,
+        specvoice::SemanticTurnEnd::default().longest.as_millis(),
     ));
     print!("{}", report.markdown());
     if let Some(path) = &args.json {
@@ -619,7 +645,7 @@ fn policy_table(
     policies: &[policies::Policy],
     modes: &[specvoice::ChatMode],
     outcomes: &[Vec<Vec<policies::Outcome>>],
-    references: &[policies::Outcome],
+    references: &[&[policies::Outcome]],
     played: &[&TurnUtterance],
     voice: &str,
 ) -> Table {
@@ -642,7 +668,7 @@ fn policy_table(
             "same answer as the reference",
         ],
     );
-    for (policy, by_mode) in policies.iter().zip(outcomes) {
+    for ((policy, by_mode), references) in policies.iter().zip(outcomes).zip(references) {
         for (mode, runs) in modes.iter().zip(by_mode) {
             // From the true end of speech (the set's ground truth), whatever the detector heard.
             let turns: Vec<(&specvoice::VoiceTurn, Duration)> = runs
@@ -669,7 +695,7 @@ fn policy_table(
                 .count();
             let same = runs
                 .iter()
-                .zip(references)
+                .zip(references.iter())
                 .filter(|(o, r)| match (&o.last_turn, &r.last_turn) {
                     (Some(a), Some(b)) => a.turn.answer == b.turn.answer,
                     _ => false,
@@ -760,23 +786,33 @@ fn estimate_table(runs: &[policies::Outcome], played: &[&TurnUtterance]) -> Tabl
             "median wait at the real end (ms)",
         ],
     );
-    let mut by_kind: BTreeMap<String, (Vec<f64>, Vec<f64>, Vec<f64>, usize)> = BTreeMap::new();
+    /// One kind's estimates: at the real end, in pauses, the waits at the end, how many.
+    #[derive(Default)]
+    struct Estimates {
+        at_end: Vec<f64>,
+        in_pauses: Vec<f64>,
+        waits: Vec<f64>,
+        count: usize,
+    }
+    let mut by_kind: BTreeMap<String, Estimates> = BTreeMap::new();
     for (run, utterance) in runs.iter().zip(played) {
         let entry = by_kind.entry(format!("{:?}", utterance.kind)).or_default();
-        entry.3 += run.estimates.len();
+        entry.count += run.estimates.len();
         if let Some((&(p, wait), earlier)) = run.estimates.split_last() {
-            entry.0.push(f64::from(p));
-            entry.2.push(ms(wait));
-            entry.1.extend(earlier.iter().map(|&(p, _)| f64::from(p)));
+            entry.at_end.push(f64::from(p));
+            entry.waits.push(ms(wait));
+            entry
+                .in_pauses
+                .extend(earlier.iter().map(|&(p, _)| f64::from(p)));
         }
     }
-    for (kind, (end, pauses, waits, count)) in by_kind {
+    for (kind, estimates) in by_kind {
         table.push(vec![
             kind,
-            count.to_string(),
-            format!("{:.2}", quantile(end, 0.5)),
-            format!("{:.2}", quantile(pauses, 0.5)),
-            format!("{:.0}", quantile(waits, 0.5)),
+            estimates.count.to_string(),
+            format!("{:.2}", quantile(estimates.at_end, 0.5)),
+            format!("{:.2}", quantile(estimates.in_pauses, 0.5)),
+            format!("{:.0}", quantile(estimates.waits, 0.5)),
         ]);
     }
     table

@@ -139,7 +139,7 @@ pub fn play(
                 ..
             })) => audio_started = true,
             ChatEventKind::TurnDone(_) | ChatEventKind::SpeechStarted { .. } => {
-                audio_started = false
+                audio_started = false;
             }
             ChatEventKind::SpeechResumed { .. } => {
                 if audio_started {
