@@ -42,6 +42,21 @@ pub fn tones(seconds: f32, pitch: f32) -> Vec<f32> {
         .collect()
 }
 
+/// Deterministic white noise of `rms`, `len` samples (uniform on ±√3·rms, which has that
+/// RMS), from `seed`.
+pub fn white_noise(len: usize, rms: f32, seed: u32) -> Vec<f32> {
+    let mut state = seed | 1;
+    let half_width = rms * 3f32.sqrt();
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state as f32 / u32::MAX as f32 * 2.0 - 1.0) * half_width
+        })
+        .collect()
+}
+
 /// Width of the model (`d_model`).
 pub const HIDDEN: usize = 64;
 /// Attention heads of the encoder and the decoder.

@@ -547,21 +547,6 @@ mod tests {
         assert_eq!(run(&mut vad, &audio[1..]), run(&mut expected, &audio[1..]));
     }
 
-    /// Deterministic white noise of `rms` for `seconds`.
-    fn white_noise(seconds: f32, rms: f32, seed: u32) -> Vec<f32> {
-        let mut state = seed | 1;
-        // Uniform on ±√3·rms has that RMS.
-        let half_width = rms * 3f32.sqrt();
-        (0..(seconds * SAMPLE_RATE as f32) as usize)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state as f32 / u32::MAX as f32 * 2.0 - 1.0) * half_width
-            })
-            .collect()
-    }
-
     /// Nanoseconds of CPU time this thread has used (Linux), for costs that another process
     /// on the machine does not inflate.
     fn thread_cpu_nanos() -> Option<u64> {
@@ -645,7 +630,11 @@ mod tests {
         let mut audio = vec![0.0; SAMPLE_RATE as usize / 2];
         for (i, wav) in wavs.iter().enumerate() {
             audio.extend(crate::Audio::read_wav(wav).unwrap().to_16k().unwrap());
-            audio.extend(white_noise(1.0, 0.03, i as u32 + 1));
+            audio.extend(crate::testing::white_noise(
+                SAMPLE_RATE as usize,
+                0.03,
+                i as u32 + 1,
+            ));
             audio.extend(vec![0.0; SAMPLE_RATE as usize / 2]);
         }
         let windows = audio.len() / WINDOW;

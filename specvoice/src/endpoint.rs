@@ -441,6 +441,7 @@ fn level_dbfs(samples: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine_asr::testing::white_noise;
 
     fn ms(millis: u64) -> Duration {
         Duration::from_millis(millis)
@@ -830,20 +831,6 @@ mod tests {
         assert_eq!(detector.now(), ms(128));
     }
 
-    /// Deterministic white noise of `rms`, `len` samples.
-    fn white_noise(len: usize, rms: f32) -> Vec<f32> {
-        let mut state = 0x9e37_79b9_u32;
-        let half_width = rms * 3f32.sqrt();
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state as f32 / u32::MAX as f32 * 2.0 - 1.0) * half_width
-            })
-            .collect()
-    }
-
     /// The first start and the last end of speech among `found`, and how many utterances.
     fn span(found: &[Boundary]) -> (Option<Duration>, Option<Duration>, usize) {
         let starts = found
@@ -902,11 +889,11 @@ mod tests {
                 .chunks(1600)
                 .map(|c| (c.iter().map(|s| s * s).sum::<f32>() / c.len() as f32).sqrt())
                 .fold(f32::INFINITY, f32::min);
-            let second = white_noise(SAMPLE_RATE as usize, floor);
+            let second = white_noise(SAMPLE_RATE as usize, floor, 0x9e37_79b9);
             let clean = [second.clone(), speech.clone(), second].concat();
             // White noise 10 dB below the speech's power, over the whole stream.
             let power = speech.iter().map(|s| s * s).sum::<f32>() / speech.len() as f32;
-            let noise = white_noise(clean.len(), (power / 10.0).sqrt());
+            let noise = white_noise(clean.len(), (power / 10.0).sqrt(), 0x9e37_79b9);
             let noisy: Vec<f32> = clean.iter().zip(&noise).map(|(s, n)| s + n).collect();
 
             let energy_clean = run(&EndpointConfig::default(), &clean);
