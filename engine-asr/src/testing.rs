@@ -42,6 +42,17 @@ pub fn tones(seconds: f32, pitch: f32) -> Vec<f32> {
         .collect()
 }
 
+/// The WAV files in `dir`, sorted (none when it cannot be read): the real clips' folder for
+/// tests that skip without it.
+pub fn wav_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut wavs: Vec<_> = std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default();
+    wavs.retain(|p| p.extension().is_some_and(|e| e == "wav"));
+    wavs.sort();
+    wavs
+}
+
 /// Deterministic white noise of `rms`, `len` samples (uniform on ±√3·rms, which has that
 /// RMS), from `seed`.
 pub fn white_noise(len: usize, rms: f32, seed: u32) -> Vec<f32> {

@@ -611,11 +611,7 @@ mod tests {
         let tinygrad_weights = folder.join("silero_vad_16k.safetensors");
         let reference_model = folder.join("silero_vad.onnx");
         let clips = models.join("data/speech/librivox");
-        let mut wavs: Vec<_> = std::fs::read_dir(&clips)
-            .map(|dir| dir.filter_map(|e| Some(e.ok()?.path())).collect())
-            .unwrap_or_default();
-        wavs.retain(|p| p.extension().is_some_and(|e| e == "wav"));
-        wavs.sort();
+        let wavs = crate::testing::wav_files(&clips);
         if !onnx_weights.is_file() || !reference_model.is_file() || wavs.is_empty() {
             eprintln!(
                 "skipped: needs {}, {} and clips in {}",

@@ -853,11 +853,7 @@ mod tests {
         let models = spec_models::models_dir().unwrap();
         let model = models.join("silero-vad").join(silero::MODEL_FILE);
         let clips = models.join("data/speech/librivox");
-        let mut wavs: Vec<_> = std::fs::read_dir(&clips)
-            .map(|dir| dir.filter_map(|e| Some(e.ok()?.path())).collect())
-            .unwrap_or_default();
-        wavs.retain(|p| p.extension().is_some_and(|e| e == "wav"));
-        wavs.sort();
+        let wavs = engine_asr::testing::wav_files(&clips);
         if !model.is_file() || wavs.is_empty() {
             eprintln!(
                 "skipped: needs {} and clips in {}",
