@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use engine_llm::{heads_lookup, LanguageModel, LoadOptions, Message};
+use engine_llm::{lookup_drafter, LanguageModel, LoadOptions, Message};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_cli::open_heads;
@@ -142,7 +142,7 @@ fn main() -> Result<()> {
         ));
     }
     for &max_draft in &args.lookup {
-        heads_lookup(max_draft)?;
+        lookup_drafter(max_draft)?;
         for &depth in &args.lookup_chains {
             drafters.push((
                 format!("heads, chain of {depth} + lookup ≤ {max_draft}"),
@@ -184,7 +184,7 @@ fn main() -> Result<()> {
             lm.model.reset();
             let mut drafting = MergedDrafter {
                 first: drafter,
-                second: lookup.map(heads_lookup).transpose()?,
+                second: lookup.map(lookup_drafter).transpose()?,
             };
             let rule = AcceptanceRule::greedy();
             let out = speculate(

@@ -61,15 +61,20 @@ pub enum Speculation {
     /// Multi-token prediction heads given to [`LanguageModel::set_heads`]: their tree after each
     /// token is verified in the forward that also gives the hidden state they read next, with
     /// lookup chains of at most `lookup` tokens merged in (copied from where the last two or
-    /// three tokens occurred before in the prompt or answer, [`heads_lookup`]; 0: none).
+    /// three tokens occurred before in the prompt or answer, [`lookup_drafter`]; 0: none).
     /// Greedy only: the same tokens as plain greedy decoding.
     Heads { lookup: usize },
+    /// Prompt-lookup drafts ([`lookup_drafter`]): at most `max_draft` tokens copied from where
+    /// the last two or three tokens occurred before in the prompt or answer, verified in one
+    /// forward. Drafting costs no forward, so a turn without such repeats costs what plain
+    /// decoding does. Greedy only: the same tokens as plain greedy decoding.
+    Lookup { max_draft: usize },
 }
 
 /// The lookup drafts merged beside a chat model's heads ([`Speculation::Heads`]): at most
 /// `max_draft` tokens after the last two or three tokens' latest earlier occurrence (a single
 /// token's match is right too rarely to pay for its rows).
-pub fn heads_lookup(max_draft: usize) -> Result<LookupDrafter> {
+pub fn lookup_drafter(max_draft: usize) -> Result<LookupDrafter> {
     Ok(LookupDrafter::new(LookupConfig {
         max_ngram: 3,
         min_ngram: 2,
@@ -328,19 +333,13 @@ impl LanguageModel {
                 let heads = self.heads.as_ref().ok_or_else(|| {
                     Error::Config("heads speculation needs heads (set_heads)".into())
                 })?;
-                if !options.sampling.is_greedy() || options.sampling.has_penalty() {
-                    return Err(Error::Config(
-                        "heads speculation decodes greedily: set the temperature to 0 and no \
-                         repetition penalty"
-                            .into(),
-                    ));
-                }
+                check_greedy("heads", &options.sampling)?;
                 let greedy = AcceptanceRule::greedy();
                 let mut drafter = MergedDrafter {
                     first: heads,
                     second: match lookup {
                         0 => None,
-                        &most => Some(heads_lookup(most)?),
+                        &most => Some(lookup_drafter(most)?),
                     },
                 };
                 speculate(
@@ -348,6 +347,18 @@ impl LanguageModel {
                     &mut drafter,
                     prompt,
                     spec_core::Speculation::new(&greedy),
+                    &stop,
+                    &mut on_token,
+                )?
+            }
+            Speculation::Lookup { max_draft } => {
+                check_greedy("lookup", &options.sampling)?;
+                let mut drafter = lookup_drafter(*max_draft)?;
+                speculate(
+                    &mut self.model,
+                    &mut drafter,
+                    prompt,
+                    spec_core::Speculation::new(&AcceptanceRule::greedy()),
                     &stop,
                     &mut on_token,
                 )?
@@ -371,6 +382,17 @@ impl LanguageModel {
             stats: generation.stats,
         })
     }
+}
+
+/// Tree speculation here verifies greedily: it needs greedy sampling without a penalty.
+fn check_greedy(speculation: &str, sampling: &SamplingConfig) -> Result<()> {
+    if !sampling.is_greedy() || sampling.has_penalty() {
+        return Err(Error::Config(format!(
+            "{speculation} speculation decodes greedily: set the temperature to 0 and no \
+             repetition penalty"
+        )));
+    }
+    Ok(())
 }
 
 /// Turns generated ids into text deltas: each id is decoded once, and text that may begin a

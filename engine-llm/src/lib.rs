@@ -14,7 +14,7 @@ pub mod tokenizer;
 pub mod transformer;
 
 pub use answer::{
-    heads_lookup, Answer, CancelToken, FinishReason, Flow, GenerateOptions, Speculation,
+    lookup_drafter, Answer, CancelToken, FinishReason, Flow, GenerateOptions, Speculation,
 };
 pub use chat::{LanguageModel, Message, Role};
 pub use config::{Architecture, RopeLayout, TransformerConfig};

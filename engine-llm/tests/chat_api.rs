@@ -110,6 +110,33 @@ fn draft_speculation_gives_the_greedy_tokens() {
 }
 
 #[test]
+fn lookup_speculation_gives_the_greedy_tokens() {
+    let lookup = GenerateOptions::default()
+        .max_tokens(64)
+        .speculation(Speculation::Lookup { max_draft: 6 });
+    let mut accepted = 0;
+    for seed in [2, 6, 11] {
+        let mut model = tiny_chat_model(seed).unwrap();
+        let plain = model
+            .chat(&question(), &GenerateOptions::default().max_tokens(64))
+            .unwrap();
+        let (fast, deltas) = streamed(&mut model, &question(), &lookup);
+        assert_eq!(fast.tokens, plain.tokens, "model seed {seed}");
+        assert_eq!(deltas.concat(), plain.text);
+        assert_eq!(fast.stats.draft_forwards, 0);
+        accepted += fast.stats.accepted_tokens();
+    }
+    // Random models repeat themselves: some copied drafts were right.
+    assert!(accepted > 0);
+    let mut model = tiny_chat_model(2).unwrap();
+    let sampled = lookup.clone().temperature(0.7);
+    assert!(matches!(
+        model.chat(&question(), &sampled),
+        Err(Error::Config(_))
+    ));
+}
+
+#[test]
 fn stop_strings_cut_the_answer_before_them() {
     let mut model = tiny_chat_model(5).unwrap();
     let options = GenerateOptions::default()
