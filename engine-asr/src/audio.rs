@@ -27,19 +27,23 @@ impl Audio {
     /// Reads a WAV file (8-, 16-, 24- or 32-bit integer PCM, or 32-bit float), averaging its
     /// channels. A file without samples is an error.
     pub fn read_wav(path: &Path) -> Result<Self> {
-        let bad = |e: hound::Error| match e {
-            hound::Error::IoError(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                Error::Io {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            }
-            other => Error::BadAudio {
-                path: path.to_path_buf(),
-                reason: other.to_string(),
-            },
-        };
-        let mut reader = hound::WavReader::open(path).map_err(bad)?;
+        let reader = hound::WavReader::open(path).map_err(|e| wav_error(path, e))?;
+        Self::from_wav_reader(reader, path)
+    }
+
+    /// [`Audio::read_wav`] of a WAV file in memory (an upload); `name` names it in errors.
+    pub fn from_wav_bytes(bytes: &[u8], name: &str) -> Result<Self> {
+        let path = Path::new(name);
+        let reader =
+            hound::WavReader::new(std::io::Cursor::new(bytes)).map_err(|e| wav_error(path, e))?;
+        Self::from_wav_reader(reader, path)
+    }
+
+    fn from_wav_reader<R: std::io::Read>(
+        mut reader: hound::WavReader<R>,
+        path: &Path,
+    ) -> Result<Self> {
+        let bad = |e: hound::Error| wav_error(path, e);
         let spec = reader.spec();
         let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
             (hound::SampleFormat::Float, 32) => reader
@@ -83,6 +87,21 @@ impl Audio {
 
     pub fn duration_seconds(&self) -> f64 {
         self.samples.len() as f64 / self.sample_rate.max(1) as f64
+    }
+}
+
+fn wav_error(path: &Path, error: hound::Error) -> Error {
+    match error {
+        hound::Error::IoError(source) if source.kind() == std::io::ErrorKind::NotFound => {
+            Error::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+        other => Error::BadAudio {
+            path: path.to_path_buf(),
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -187,6 +206,8 @@ mod tests {
             let path = dir.path().join(format!("{bits}{format:?}.wav"));
             write_wav(&path, spec, &frames);
             let audio = Audio::read_wav(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(Audio::from_wav_bytes(&bytes, "upload").unwrap(), audio);
             assert_eq!((audio.sample_rate, audio.samples.len()), (8000, left.len()));
             for ((got, l), r) in audio.samples.iter().zip(&left).zip(&right) {
                 assert!(
@@ -225,6 +246,14 @@ mod tests {
         let bytes = std::fs::read(&cut).unwrap();
         std::fs::write(&cut, &bytes[..bytes.len() - 101]).unwrap();
         assert!(matches!(Audio::read_wav(&cut), Err(Error::BadAudio { .. })));
+        assert!(matches!(
+            Audio::from_wav_bytes(&bytes[..bytes.len() - 101], "upload"),
+            Err(Error::BadAudio { .. })
+        ));
+        assert!(matches!(
+            Audio::from_wav_bytes(b"ID3 an mp3", "upload"),
+            Err(Error::BadAudio { .. })
+        ));
         assert!(resample(&[0.0; 10], 0, 16000).is_err());
     }
 

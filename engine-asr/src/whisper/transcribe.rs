@@ -92,6 +92,9 @@ pub struct TranscribeOptions {
     pub max_initial_timestamp: Option<f32>,
     /// Put the previous window's text in the prompt.
     pub condition_on_previous_text: bool,
+    /// Text put in the first window's prompt as if it had been said before (Whisper's
+    /// `initial_prompt`: names, spellings, a style to follow).
+    pub initial_prompt: Option<String>,
     pub encoder_length: EncoderLength,
     /// Seed of the sampler used by the temperature fallback.
     pub seed: u64,
@@ -119,6 +122,7 @@ impl Default for TranscribeOptions {
             no_speech_threshold: Some(0.6),
             max_initial_timestamp: Some(1.0),
             condition_on_previous_text: true,
+            initial_prompt: None,
             encoder_length: EncoderLength::default(),
             seed: 0,
             heads: None,
@@ -621,7 +625,10 @@ impl Transcriber {
             ..TranscriptStats::default()
         };
         let mut segments = Vec::new();
-        let mut previous: Vec<u32> = Vec::new();
+        let mut previous: Vec<u32> = match options.initial_prompt.as_deref().map(str::trim) {
+            Some(text) if !text.is_empty() => self.tokenizer.encode(&format!(" {text}"))?,
+            _ => Vec::new(),
+        };
         let mut language = options.language.clone();
         let mut seek = 0;
         while seek < content {
@@ -666,7 +673,7 @@ impl Transcriber {
                 language = Some(self.detect_language()?);
                 stats.forwards += 1;
             }
-            let context = if options.condition_on_previous_text {
+            let context = if options.condition_on_previous_text || seek == 0 {
                 previous.as_slice()
             } else {
                 &[]

@@ -277,6 +277,7 @@ impl Connection {
             pool: Arc::clone(&self.shared.pool),
             inputs: received,
             outputs: self.out.clone(),
+            metrics: Arc::clone(&self.shared.metrics),
         };
         let spawned = std::thread::Builder::new()
             .name("specvoice-session".into())

@@ -19,7 +19,10 @@
 //! connections, tells every client, lets the turns in progress complete and waits for every
 //! session to end.
 
+mod access;
 mod connection;
+mod metrics;
+mod openai;
 mod pool;
 pub mod protocol;
 mod session;
@@ -31,13 +34,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use engine_asr::{LoadOptions as AsrLoadOptions, Transcriber};
-use engine_llm::{LanguageModel, LoadOptions, PredGen, PredGenConfig};
+use engine_llm::{LanguageModel, LoadOptions, PredGen, PredGenConfig, Speculation};
 use spec_voice::SentenceSynthesizer;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -46,6 +49,9 @@ use crate::chat::ChatMode;
 use crate::listener::{Listener, ListenerConfig};
 use crate::{Error, Result};
 
+use access::{Access, Client};
+use metrics::{Endpoint, Metrics};
+pub use openai::ServedModels;
 use pool::Pool;
 pub use voices::{VoiceLoader, Voices, KEPT_VOICES};
 
@@ -119,6 +125,27 @@ pub struct ServeConfig {
     /// How long the server waits for `start`, or for audio during a session, before it gives
     /// up on the client. Default 30 s.
     pub idle_timeout: Duration,
+    /// API keys; when there are any, every endpoint but the page and `/health` needs one
+    /// (`Authorization: Bearer KEY`, or from a browser the WebSocket subprotocol
+    /// `openai-insecure-api-key.KEY`) and answers 401 without. Default none.
+    pub api_keys: Vec<String>,
+    /// Origins (`https://host:port`) whose pages may use the server besides its own; a request
+    /// from any other page gets 403. Default none.
+    pub allowed_origins: Vec<String>,
+    /// Sessions and requests one key (or, without keys, one address) may hold at once;
+    /// more get 429. Default 4.
+    pub sessions_per_client: usize,
+    /// Most bytes of a request body (an upload). Default 25 MiB, OpenAI's bound.
+    pub max_body_bytes: usize,
+    /// Longest recording a transcription takes. Default 10 minutes.
+    pub max_audio: Duration,
+    /// The names of the served models in the OpenAI-compatible API.
+    pub models: ServedModels,
+    /// Most tokens of a chat completion that names no `max_tokens`. Default 512.
+    pub default_max_tokens: usize,
+    /// How greedy chat completions decode: prompt-lookup speculation by default (the greedy
+    /// tokens, drafts cost no forward).
+    pub chat_speculation: Speculation,
 }
 
 impl Default for ServeConfig {
@@ -132,6 +159,14 @@ impl Default for ServeConfig {
             caption_max_tokens: 64,
             max_frame_samples: 16_000,
             idle_timeout: Duration::from_secs(30),
+            api_keys: Vec::new(),
+            allowed_origins: Vec::new(),
+            sessions_per_client: 4,
+            max_body_bytes: 25 << 20,
+            max_audio: Duration::from_secs(600),
+            models: ServedModels::default(),
+            default_max_tokens: 512,
+            chat_speculation: Speculation::Lookup { max_draft: 8 },
         }
     }
 }
@@ -155,6 +190,20 @@ impl ServeConfig {
         if self.caption_max_tokens == 0 {
             return Err(Error::Config("captions need at least one token".into()));
         }
+        if self.sessions_per_client == 0 || self.default_max_tokens == 0 {
+            return Err(Error::Config(
+                "sessions per client and default max tokens must be at least 1".into(),
+            ));
+        }
+        if self
+            .api_keys
+            .iter()
+            .any(|k| k.trim().is_empty() || k.contains(char::is_whitespace))
+        {
+            return Err(Error::Config(
+                "an API key is empty or holds white space".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -168,6 +217,8 @@ struct Shared {
     shutdown: watch::Receiver<bool>,
     /// Open WebSocket connections.
     connections: watch::Sender<usize>,
+    access: Arc<Access>,
+    metrics: Arc<Metrics>,
 }
 
 /// A running server (see the [module documentation](self)).
@@ -207,16 +258,33 @@ impl Server {
         let connections = watch::Sender::new(0);
         let shared = Arc::new(Shared {
             pool: Pool::new(loaded, config.queue, engines),
+            access: Access::new(
+                &config.api_keys,
+                &config.allowed_origins,
+                config.sessions_per_client,
+            ),
             config: Arc::new(config),
             voices,
             shutdown: shutdown_seen.clone(),
             connections: connections.clone(),
+            metrics: Arc::default(),
         });
-        let router = Router::new()
-            .route("/", get(page))
+        let guarded = Router::new()
             .route("/voices", get(voice_list))
             .route("/ws", get(upgrade))
-            .with_state(shared);
+            .route("/metrics", get(metrics))
+            .merge(openai::routes())
+            .route_layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&shared),
+                access::require_access,
+            ));
+        let router = Router::new()
+            .route("/", get(page))
+            .route("/health", get(health))
+            .merge(guarded)
+            .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
+            .with_state(shared)
+            .into_make_service_with_connect_info::<SocketAddr>();
         let mut stop = shutdown_seen;
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
@@ -295,15 +363,47 @@ async fn voice_list(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-async fn upgrade(socket: WebSocketUpgrade, State(shared): State<Arc<Shared>>) -> Response {
+/// `200 ok` while the server accepts sessions, `503 shutting down` once it drains.
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    match *shared.shutdown.borrow() {
+        false => "ok\n".into_response(),
+        true => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down\n",
+        )
+            .into_response(),
+    }
+}
+
+/// The server's metrics in Prometheus' text format.
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let (free, waiting) = shared.pool.occupancy();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        shared.metrics.render(free, waiting),
+    )
+        .into_response()
+}
+
+async fn upgrade(
+    socket: WebSocketUpgrade,
+    State(shared): State<Arc<Shared>>,
+    Extension(client): Extension<Client>,
+) -> Response {
+    let held = match shared.access.hold(&client) {
+        Ok(held) => held,
+        Err(error) => return error.into_response(),
+    };
     // Counted from the upgrade, so that a shutdown also waits for connections being opened.
     let open = Open::new(&shared.connections);
     socket
         .max_message_size(MAX_MESSAGE_BYTES)
         .max_frame_size(MAX_MESSAGE_BYTES)
+        .protocols(["specvoice"])
         .on_upgrade(move |socket| async move {
-            connection::serve(socket, shared).await;
-            drop(open);
+            let active = shared.metrics.request(Endpoint::Native);
+            connection::serve(socket, Arc::clone(&shared)).await;
+            drop((active, held, open));
         })
 }
 

@@ -123,6 +123,12 @@ impl<E> Pool<E> {
         self.notify();
     }
 
+    /// Engines free now, and sessions waiting for one.
+    pub fn occupancy(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.free.len(), state.waiting.len())
+    }
+
     /// A session lost its engine: a new one is built in its place (on the calling thread), or
     /// the pool shrinks.
     pub fn rebuild(&self) {

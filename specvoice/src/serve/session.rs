@@ -13,8 +13,9 @@ use engine_llm::PredGen;
 use engine_mt::{LiveConfig, LiveTranslator};
 use tokio::sync::mpsc;
 
+use super::metrics::Metrics;
 use super::pool::Pool;
-use super::protocol::{caption_messages, chat_messages, Outgoing, SessionMode};
+use super::protocol::{caption_messages, chat_messages, Outgoing, ServerMessage, SessionMode};
 use super::{Engine, ServeConfig, Voices};
 use crate::drive::{drive, Arrival, AudioSource, Ended, Pipeline};
 use crate::listener::{Listener, ListenerConfig};
@@ -41,6 +42,7 @@ pub(crate) struct SessionContext {
     pub pool: Arc<Pool>,
     pub inputs: mpsc::Receiver<Input>,
     pub outputs: mpsc::Sender<Outgoing>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Runs a session on `engine` and gives the engine back to the pool (or, if the session
@@ -182,12 +184,16 @@ fn run_pipeline<P: Pipeline>(
     messages: fn(P::Event) -> Vec<Outgoing>,
 ) -> Result<Ended> {
     let outputs = context.outputs.clone();
+    let metrics = Arc::clone(&context.metrics);
     let mut connection = Connection {
         inputs: &mut context.inputs,
     };
     drive(pipeline, &mut connection, &mut |event| {
-        messages(event)
-            .into_iter()
-            .all(|out| outputs.blocking_send(out).is_ok())
+        messages(event).into_iter().all(|out| {
+            if let Outgoing::Message(ServerMessage::TurnDone { latency_ms, .. }) = &out {
+                metrics.turn_latency(std::time::Duration::from_millis(*latency_ms));
+            }
+            outputs.blocking_send(out).is_ok()
+        })
     })
 }

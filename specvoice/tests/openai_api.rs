@@ -1,0 +1,137 @@
+//! The OpenAI-compatible API over loopback, on tiny random-weight models: the official `openai`
+//! Python package (pinned, installed by the test into a virtual environment under the target
+//! directory; Python is only the client) drives every endpoint — `tests/openai_client.py` holds
+//! its checks — and the chat answers must be what plain greedy decoding of the same model gives.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use engine_asr::testing::write_hf;
+use engine_asr::{LoadOptions, Transcriber};
+use engine_llm::testing::tiny_chat_model;
+use engine_llm::{GenerateOptions, Message};
+use spec_voice::FixedLatencySynthesizer;
+use specvoice::serve::{copies_of, engines_from, ServeConfig, Server};
+
+mod common;
+
+use common::{random_listener_config, random_predgen_config, silence, voice};
+
+/// The official client's version the test pins.
+const OPENAI_PACKAGE: &str = "openai[realtime]==3.63.0";
+
+const KEY: &str = "sk-specvoice-test";
+
+const QUESTION: &str = "What is the capital of France?";
+
+const MAX_TOKENS: usize = 24;
+
+/// A virtual environment with the pinned `openai` package, made once per target directory.
+fn python_with_openai() -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let python = venv.join("bin").join("python");
+    let installed = Command::new(&python)
+        .args([
+            "-c",
+            "import openai, sys; sys.exit(openai.__version__ != '3.63.0')",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 runs");
+        assert!(made.success(), "python3 -m venv failed");
+        let pip = Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", OPENAI_PACKAGE])
+            .status()
+            .expect("pip runs");
+        assert!(pip.success(), "pip install {OPENAI_PACKAGE} failed");
+    }
+    python
+}
+
+/// The answer plain greedy decoding of the server's chat model gives to the client's question.
+fn plain_greedy_answer() -> String {
+    let mut model = tiny_chat_model(11).unwrap();
+    let messages = [Message::system("Answer briefly."), Message::user(QUESTION)];
+    let options = GenerateOptions::default().max_tokens(MAX_TOKENS);
+    model.chat(&messages, &options).unwrap().text
+}
+
+fn write_question_wav(path: &Path) {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut writer = hound::WavWriter::create(path, spec).unwrap();
+    for sample in [silence(0.3), voice(1.2), silence(0.3)].concat() {
+        writer
+            .write_sample((sample * f32::from(i16::MAX)) as i16)
+            .unwrap();
+    }
+    writer.finalize().unwrap();
+}
+
+#[test]
+#[ignore = "installs the openai Python package from PyPI into the target directory"]
+fn the_official_openai_client_speaks_to_every_endpoint() {
+    let python = python_with_openai();
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31).unwrap();
+    let wav = dir.path().join("question.wav");
+    write_question_wav(&wav);
+    let config = ServeConfig {
+        listener: random_listener_config(),
+        predgen: random_predgen_config(),
+        api_keys: vec![KEY.to_string()],
+        max_body_bytes: 4 << 20,
+        ..ServeConfig::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let whisper = dir.path().to_path_buf();
+    let engines = engines_from(
+        move || Transcriber::load(&whisper, &LoadOptions::default()),
+        || tiny_chat_model(11),
+    );
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let max_body_bytes = config.max_body_bytes;
+    let chat_model = config.models.chat.clone();
+    let server = runtime
+        .block_on(Server::start(
+            addr,
+            config,
+            engines,
+            copies_of(FixedLatencySynthesizer::default()),
+        ))
+        .unwrap();
+    let setup = serde_json::json!({
+        "base_url": format!("http://{}", server.local_addr()),
+        "key": KEY,
+        "chat_model": chat_model,
+        "question": QUESTION,
+        "expected": plain_greedy_answer(),
+        "max_tokens": MAX_TOKENS,
+        "wav": wav,
+        "voice": "default",
+        "max_body_bytes": max_body_bytes,
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .arg(setup.to_string())
+        .output()
+        .expect("the client runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.lines().last().is_some_and(|l| l.starts_with("ok ")),
+        "the client failed:\n{stdout}\n{stderr}"
+    );
+    runtime.block_on(server.shutdown()).unwrap();
+}
