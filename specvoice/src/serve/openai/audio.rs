@@ -482,7 +482,8 @@ fn synthesize(
 }
 
 /// The header of a 16-bit mono WAV stream whose length is not known yet: its sizes are the
-/// largest (as streaming servers write them; readers take the data up to the end).
+/// largest (the data's, the largest whole number of samples), as streaming servers write them;
+/// readers take the data up to the end.
 fn streaming_wav_header(sample_rate: u32) -> [u8; 44] {
     let mut header = [0u8; 44];
     let mut at = 0;
@@ -501,7 +502,7 @@ fn streaming_wav_header(sample_rate: u32) -> [u8; 44] {
     put(&2u16.to_le_bytes());
     put(&16u16.to_le_bytes());
     put(b"data");
-    put(&u32::MAX.to_le_bytes());
+    put(&(u32::MAX - 1).to_le_bytes());
     header
 }
 
