@@ -58,6 +58,8 @@ pub enum ChatEventKind {
     NoWords,
     /// The user spoke while an answer was still being generated: it was dropped.
     BargeIn,
+    /// The client dropped the answer being made ([`Pipeline::cancel_answer`]).
+    AnswerCancelled,
     /// The language model's side of the turn (PredGen's events).
     Answer(EventKind),
     /// A turn is complete.
@@ -105,6 +107,7 @@ impl std::fmt::Display for ChatEvent {
             ChatEventKind::Transcript { text } => write!(f, "{:<14} \"{text}\"", "transcript"),
             ChatEventKind::NoWords => write!(f, "{:<14} (no words: ignored)", "noise"),
             ChatEventKind::BargeIn => write!(f, "{:<14} (the answer was dropped)", "barge-in"),
+            ChatEventKind::AnswerCancelled => write!(f, "{:<14} (by the client)", "cancelled"),
             ChatEventKind::TurnDone(turn) => write!(
                 f,
                 "{:<14} first audio {:.0} ms after the end of speech",
@@ -492,6 +495,21 @@ impl Pipeline for VoiceChat<'_> {
             });
         }
         Ok(true)
+    }
+
+    /// Drops the answer being made, if the user's turn has ended; an utterance in progress
+    /// goes on.
+    fn cancel_answer(&mut self) -> Result<()> {
+        if self.turn.as_ref().is_some_and(|turn| turn.ended.is_some()) {
+            self.turn = None;
+            self.predgen.cancel_turn()?;
+            self.voice.cancel();
+            self.events.push(ChatEvent {
+                at: self.now(),
+                kind: ChatEventKind::AnswerCancelled,
+            });
+        }
+        Ok(())
     }
 
     /// A turn is in progress: the user speaking, or an answer being made.

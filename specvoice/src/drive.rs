@@ -54,6 +54,19 @@ pub trait Pipeline {
         self.on_heard(heard)
     }
 
+    /// The client says the utterance is complete (a Realtime client's commit): it ends now if
+    /// the speaker has paused, as after the detector's silence.
+    fn end_utterance(&mut self) -> Result<()> {
+        let clock = self.clock().clone();
+        let heard = self.listener_mut().end_utterance(&clock)?;
+        self.on_heard(heard.into_iter().collect())
+    }
+
+    /// The client drops the answer being made (a Realtime client's cancel). Nothing by default.
+    fn cancel_answer(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// The audio stream ended: an utterance in progress ends with it.
     fn end_of_audio(&mut self) -> Result<()> {
         let clock = self.clock().clone();
@@ -72,6 +85,10 @@ pub enum Arrival {
     Audio(Vec<f32>),
     /// The audio stream ended.
     End,
+    /// The client declares the utterance complete ([`Pipeline::end_utterance`]).
+    EndUtterance,
+    /// The client drops the answer being made ([`Pipeline::cancel_answer`]).
+    CancelAnswer,
     /// Nothing yet.
     Nothing,
     /// The other side is gone: no more audio will come, and events have nowhere to go.
@@ -155,7 +172,9 @@ fn hear<P: Pipeline + ?Sized>(
             *ended = true;
             pipeline.end_of_audio()?;
         }
-        Arrival::End | Arrival::Nothing => {}
+        Arrival::EndUtterance if !*ended => pipeline.end_utterance()?,
+        Arrival::CancelAnswer => pipeline.cancel_answer()?,
+        Arrival::End | Arrival::EndUtterance | Arrival::Nothing => {}
         Arrival::Gone => return Ok(false),
     }
     Ok(true)

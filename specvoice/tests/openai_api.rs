@@ -120,6 +120,7 @@ fn the_official_openai_client_speaks_to_every_endpoint() {
         "wav": wav,
         "voice": "default",
         "max_body_bytes": max_body_bytes,
+        "answer_tokens": random_predgen_config().max_answer_tokens,
     });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let output = Command::new(&python)
@@ -133,5 +134,6 @@ fn the_official_openai_client_speaks_to_every_endpoint() {
         output.status.success() && stdout.lines().last().is_some_and(|l| l.starts_with("ok ")),
         "the client failed:\n{stdout}\n{stderr}"
     );
+    eprintln!("{stdout}");
     runtime.block_on(server.shutdown()).unwrap();
 }

@@ -6,8 +6,10 @@ the server's address, key and models, a WAV file to transcribe, and the answer p
 decoding gives. Every check is an assertion; the last line printed is `ok` and a JSON summary.
 """
 
+import base64
 import json
 import sys
+import wave
 
 import httpx2 as httpx
 import openai
@@ -139,5 +141,54 @@ again = client.chat.completions.create(
     model=chat_model, messages=question, temperature=0, max_tokens=setup["max_tokens"]
 )
 assert again.choices[0].message.content == setup["expected"]
+
+# Realtime: a spoken question (16 kHz PCM, a rate the session sets) in, the spoken answer out.
+with wave.open(setup["wav"], "rb") as w:
+    question_pcm = w.readframes(w.getnframes())
+silence = b"\x00\x00" * 16000 * 2
+events = []
+with client.realtime.connect(model="gpt-realtime") as conn:
+    conn.session.update(session={
+        "type": "realtime",
+        "instructions": "Answer briefly.",
+        "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": 16000},
+                      "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}},
+            "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"},
+        },
+    })
+    conn.send({"type": "input_audio_buffer.append", "audio": "not base64!"})
+    audio = question_pcm + silence
+    for at in range(0, len(audio), 640):
+        conn.input_audio_buffer.append(audio=base64.b64encode(audio[at:at + 640]).decode())
+    answer_audio = b""
+    for event in conn:
+        events.append(event.type)
+        if event.type == "error":
+            summary.setdefault("realtime_errors", []).append(event.error.code)
+        elif event.type == "conversation.item.input_audio_transcription.completed":
+            heard = event.transcript
+        elif event.type == "response.output_audio.delta":
+            answer_audio += base64.b64decode(event.delta)
+        elif event.type == "response.output_audio_transcript.done":
+            spoken = event.transcript
+        elif event.type == "response.done":
+            assert event.response.status == "completed", event.response
+            break
+order = ["session.created", "session.updated", "input_audio_buffer.speech_started",
+         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+         "conversation.item.input_audio_transcription.completed", "response.created",
+         "response.output_audio.delta", "response.output_audio_transcript.done", "response.done"]
+positions = [events.index(kind) for kind in order]
+assert positions == sorted(positions), events
+assert summary["realtime_errors"] == ["invalid_base64"], summary
+assert len(answer_audio) > 0 and len(answer_audio) % 2 == 0
+# The spoken answer is the cascade's: the chat model's greedy answer to what was heard.
+cascade = client.chat.completions.create(
+    model=chat_model, temperature=0, max_tokens=setup["answer_tokens"],
+    messages=[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": heard}],
+).choices[0].message.content
+assert " ".join(spoken.split()) == " ".join(cascade.split()), (spoken, cascade)
+summary["realtime_events"] = len(events)
 
 print("ok " + json.dumps(summary))

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use super::pool::{Acquired, Refusal};
 use super::protocol::{
@@ -62,7 +62,7 @@ async fn receive(stream: &mut SplitStream<WebSocket>, idle: Option<Duration>) ->
 }
 
 /// Waits until the server shuts down.
-async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
+pub(crate) async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
     if shutdown.wait_for(|down| *down).await.is_err() {
         // The server is gone without a shutdown: it never comes.
         std::future::pending::<()>().await;
@@ -268,10 +268,11 @@ impl Connection {
         })
         .await;
         let (inputs, received) = mpsc::channel(INCOMING_FRAMES);
-        let (finished, mut done) = oneshot::channel();
         let context = SessionContext {
             mode,
             config: Arc::clone(&config),
+            listener: config.listener.clone(),
+            predgen: config.predgen.clone(),
             voices: self.shared.voices.clone(),
             voice,
             pool: Arc::clone(&self.shared.pool),
@@ -279,22 +280,17 @@ impl Connection {
             outputs: self.out.clone(),
             metrics: Arc::clone(&self.shared.metrics),
         };
-        let spawned = std::thread::Builder::new()
-            .name("specvoice-session".into())
-            .spawn(move || {
-                let _ = finished.send(session::run(engine, context));
-            });
-        if let Err(e) = spawned {
-            // The thread and the engine it was given are gone.
-            let pool = Arc::clone(&self.shared.pool);
-            let _ = tokio::task::spawn_blocking(move || pool.rebuild()).await;
-            self.error(
-                ErrorCode::SessionFailed,
-                format!("cannot start the session: {e}"),
-            )
-            .await;
-            return;
-        }
+        let mut done = match session::spawn(engine, context).await {
+            Ok(done) => done,
+            Err(e) => {
+                self.error(
+                    ErrorCode::SessionFailed,
+                    format!("cannot start the session: {e}"),
+                )
+                .await;
+                return;
+            }
+        };
         let mut ended = false;
         let mut notified = false;
         let outcome = loop {

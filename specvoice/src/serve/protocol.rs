@@ -150,6 +150,9 @@ pub enum ServerMessage {
     /// The user spoke while an answer was being made: that answer was dropped, and no more of
     /// its audio follows (chat).
     BargeIn { at_ms: Millis },
+    /// The client cancelled the answer being made: no more of its audio follows (chat; the
+    /// Realtime API's `response.cancel`).
+    AnswerCancelled { at_ms: Millis },
     /// The answer's first sentence is complete (chat).
     FirstSentence { at_ms: Millis, text: String },
     /// A later sentence of the answer is complete (chat).
@@ -390,6 +393,7 @@ pub(crate) fn chat_messages(event: ChatEvent) -> Vec<Outgoing> {
         ChatEventKind::Transcript { text } => ServerMessage::Transcript { at_ms, text },
         ChatEventKind::NoWords => ServerMessage::NoWords { at_ms },
         ChatEventKind::BargeIn => ServerMessage::BargeIn { at_ms },
+        ChatEventKind::AnswerCancelled => ServerMessage::AnswerCancelled { at_ms },
         ChatEventKind::TurnDone(turn) => turn_done(&turn),
         ChatEventKind::Answer(kind) => return answer_messages(at_ms, kind),
     };

@@ -9,9 +9,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use engine_llm::PredGen;
+use engine_llm::{PredGen, PredGenConfig};
 use engine_mt::{LiveConfig, LiveTranslator};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
 use super::pool::Pool;
@@ -30,12 +30,19 @@ pub(crate) enum Input {
     Audio(Vec<f32>),
     /// The audio stream ended.
     End,
+    /// The client declares the utterance complete.
+    EndUtterance,
+    /// The client drops the answer being made.
+    CancelAnswer,
 }
 
 /// Everything a session thread needs besides its engine.
 pub(crate) struct SessionContext {
     pub mode: SessionMode,
     pub config: Arc<ServeConfig>,
+    /// How this session hears and answers (the server's settings, or a Realtime client's).
+    pub listener: ListenerConfig,
+    pub predgen: PredGenConfig,
     pub voices: Voices,
     /// The voice a chat session speaks with (loaded here, on the session's thread).
     pub voice: Option<String>,
@@ -43,6 +50,29 @@ pub(crate) struct SessionContext {
     pub inputs: mpsc::Receiver<Input>,
     pub outputs: mpsc::Sender<Outgoing>,
     pub metrics: Arc<Metrics>,
+}
+
+/// Starts a session on a thread of its own ([`run`]); the receiver gets how it ended. When the
+/// thread cannot start, the engine it was given is rebuilt and the error returned.
+pub(crate) async fn spawn(
+    engine: Engine,
+    context: SessionContext,
+) -> std::io::Result<oneshot::Receiver<Result<Ended>>> {
+    let pool = Arc::clone(&context.pool);
+    let (finished, done) = oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("specvoice-session".into())
+        .spawn(move || {
+            let _ = finished.send(run(engine, context));
+        });
+    match spawned {
+        Ok(_) => Ok(done),
+        Err(e) => {
+            // The thread and the engine it was given are gone.
+            let _ = tokio::task::spawn_blocking(move || pool.rebuild()).await;
+            Err(e)
+        }
+    }
 }
 
 /// Runs a session on `engine` and gives the engine back to the pool (or, if the session
@@ -92,7 +122,7 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
     let config = Arc::clone(&context.config);
     let (listener, result) = match context.mode.clone() {
         SessionMode::Chat => {
-            let parts = PredGen::new(&mut model, config.predgen.clone())
+            let parts = PredGen::new(&mut model, context.predgen.clone())
                 .map_err(Error::from)
                 .and_then(|predgen| {
                     let voice = context.voices.get(context.voice.as_deref())?;
@@ -106,7 +136,7 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
                 }
             };
             let mut chat = VoiceChat::new(
-                Listener::new(whisper, config.listener.clone())?,
+                Listener::new(whisper, context.listener.clone())?,
                 predgen,
                 tts,
                 config.chat_mode,
@@ -130,7 +160,7 @@ fn session(slot: &mut Option<Engine>, context: &mut SessionContext) -> Result<En
             // Captions end an utterance after the endpoint detector's silence.
             let listener = ListenerConfig {
                 turn_end: TurnEnd::Silence,
-                ..config.listener.clone()
+                ..context.listener.clone()
             };
             let mut captions = LiveCaptions::new(
                 Listener::new(whisper, listener)?,
@@ -158,6 +188,8 @@ impl Connection<'_> {
         match input {
             Some(Input::Audio(samples)) => Arrival::Audio(samples),
             Some(Input::End) => Arrival::End,
+            Some(Input::EndUtterance) => Arrival::EndUtterance,
+            Some(Input::CancelAnswer) => Arrival::CancelAnswer,
             None => Arrival::Gone,
         }
     }

@@ -353,19 +353,7 @@ async fn speak(
         ))
         .param("input"));
     }
-    let voices = &shared.voices;
-    let voice = if voices.offers(&request.voice) {
-        request.voice.clone()
-    } else if OPENAI_VOICES.contains(&request.voice.as_str()) {
-        voices.default_name().to_string()
-    } else {
-        return Err(ApiError::invalid(format!(
-            "no voice `{}` here (the voices: {}, or OpenAI's names for the first)",
-            request.voice,
-            voices.names().join(", ")
-        ))
-        .param("voice"));
-    };
+    let voice = voice_for(&shared.voices, &request.voice)?;
     let format = match request.response_format.as_deref() {
         None | Some("wav") => AudioFormat::Wav,
         Some("pcm") => AudioFormat::Pcm,
@@ -394,7 +382,7 @@ async fn speak(
     }
     let held = shared.access.hold(client)?;
     let (chunks, mut receiver) = mpsc::channel::<Result<Bytes, ApiError>>(16);
-    let voices = voices.clone();
+    let voices = shared.voices.clone();
     tokio::task::spawn_blocking(move || {
         let _held = held;
         if let Err(error) = synthesize(&voices, &voice, &input, format, &chunks) {
@@ -436,6 +424,21 @@ async fn speak(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// The server's voice a request names: one of its own, or OpenAI's name for its default.
+pub(super) fn voice_for(voices: &crate::serve::Voices, name: &str) -> Result<String, ApiError> {
+    if voices.offers(name) {
+        Ok(name.to_string())
+    } else if OPENAI_VOICES.contains(&name) {
+        Ok(voices.default_name().to_string())
+    } else {
+        Err(ApiError::invalid(format!(
+            "no voice `{name}` here (the voices: {}, or OpenAI's names for the first)",
+            voices.names().join(", ")
+        ))
+        .param("voice"))
+    }
 }
 
 /// Synthesizes `input` sentence by sentence in `voice`, sending each sentence's audio as it is

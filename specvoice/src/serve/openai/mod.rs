@@ -7,6 +7,7 @@
 
 mod audio;
 mod chat;
+mod realtime;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -191,6 +192,7 @@ pub(super) fn routes() -> Router<Arc<Shared>> {
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/audio/transcriptions", post(audio::transcriptions))
         .route("/v1/audio/speech", post(audio::speech))
+        .route("/v1/realtime", get(realtime::upgrade))
 }
 
 /// Seconds since the Unix epoch, for the `created` fields.
