@@ -24,7 +24,9 @@ use spec_core::report::latency_speedup;
 use spec_models::{Registry, Store};
 use spec_voice::write_wav;
 #[cfg(feature = "server")]
-use specvoice::serve::{copies_of, load_engines_from, ServeConfig, Server, VoiceLoader, Voices};
+use specvoice::serve::{
+    copies_of, load_engines_from, ServeConfig, ServedModels, Server, VoiceLoader, Voices,
+};
 use specvoice::{
     play_recording, ChatMode, ClockKind, EndpointConfig, Listener, ListenerConfig, LiveCaptions,
     SileroSettings, TurnEnd, Vad, VoiceChat, VoiceTurn,
@@ -324,6 +326,33 @@ struct ServeArgs {
     /// Seconds the sessions get to finish on shutdown (Ctrl-C, SIGTERM)
     #[arg(long, default_value_t = 30)]
     grace_secs: u64,
+
+    /// API keys clients must present (`Authorization: Bearer KEY`; the page asks for one):
+    /// repeat the flag, or list them comma-separated in $SPECVOICE_API_KEYS. Without any, the
+    /// server is open to whoever reaches its address
+    #[arg(
+        long = "api-key",
+        env = "SPECVOICE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_keys: Vec<String>,
+
+    /// Origins (`https://host:port`) whose pages may use the server besides its own page
+    #[arg(long = "allowed-origin")]
+    allowed_origins: Vec<String>,
+
+    /// Sessions and requests one key (or, without keys, one address) may hold at once
+    #[arg(long, default_value_t = ServeConfig::default().sessions_per_client)]
+    sessions_per_client: usize,
+
+    /// Most megabytes of a request body (an upload to /v1/audio/transcriptions)
+    #[arg(long, default_value_t = 25)]
+    max_body_mb: usize,
+
+    /// Longest recording /v1/audio/transcriptions takes, in seconds
+    #[arg(long, default_value_t = 600)]
+    max_audio_secs: u64,
 }
 
 fn main() -> Result<()> {
@@ -387,8 +416,25 @@ fn serve(args: ServeArgs) -> Result<()> {
         },
         caption_max_tokens: args.caption_tokens,
         idle_timeout: Duration::from_secs(args.idle_secs),
+        api_keys: args.api_keys.clone(),
+        allowed_origins: args.allowed_origins.clone(),
+        sessions_per_client: args.sessions_per_client,
+        max_body_bytes: args.max_body_mb << 20,
+        max_audio: Duration::from_secs(args.max_audio_secs),
+        models: ServedModels {
+            chat: model_id(&args.model.model),
+            transcription: model_id(&args.recognizer.asr),
+            ..ServedModels::default()
+        },
         ..ServeConfig::default()
     };
+    if config.api_keys.is_empty() && !args.addr.ip().is_loopback() {
+        eprintln!(
+            "warning: serving on {} without an API key: anyone who reaches it can use it \
+             (--api-key or $SPECVOICE_API_KEYS)",
+            args.addr
+        );
+    }
     let tts = server_voices(&args.voice)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -401,7 +447,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         );
         let server = Server::start(args.addr, config, engines, tts).await?;
         let addr = server.local_addr();
-        eprintln!("listening: the page at http://{addr}/, the protocol at ws://{addr}/ws (Ctrl-C to stop)");
+        eprintln!(
+            "listening: the page at http://{addr}/, the protocol at ws://{addr}/ws, the OpenAI \
+             API at http://{addr}/v1 (Ctrl-C to stop)"
+        );
         shutdown_signal().await?;
         eprintln!("shutting down: letting the sessions finish their turns…");
         let grace = Duration::from_secs(args.grace_secs);
@@ -411,6 +460,17 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The name a model answers to in the OpenAI-compatible API: its name in the models folder,
+/// or its file (without `.gguf`) or folder name.
+#[cfg(feature = "server")]
+fn model_id(name_or_path: &str) -> String {
+    let name = Path::new(name_or_path)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or(name_or_path);
+    name.strip_suffix(".gguf").unwrap_or(name).to_string()
 }
 
 /// Waits for Ctrl-C or, on Unix, SIGTERM.

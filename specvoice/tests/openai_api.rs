@@ -137,3 +137,85 @@ fn the_official_openai_client_speaks_to_every_endpoint() {
     eprintln!("{stdout}");
     runtime.block_on(server.shutdown()).unwrap();
 }
+
+/// Connects to the server's own WebSocket with `headers`; the HTTP status of a refusal.
+async fn connect_ws(
+    server: &Server,
+    headers: &[(&str, &str)],
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    u16,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
+    use tokio_tungstenite::tungstenite::Error;
+    let url = format!("ws://{}/ws", server.local_addr());
+    let mut request = url.into_client_request().unwrap();
+    for (name, value) in headers {
+        request
+            .headers_mut()
+            .insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(Error::Http(response)) => Err(response.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31).unwrap();
+    let whisper = dir.path().to_path_buf();
+    let engines = engines_from(
+        move || Transcriber::load(&whisper, &LoadOptions::default()),
+        || tiny_chat_model(11),
+    );
+    let config = ServeConfig {
+        listener: random_listener_config(),
+        predgen: random_predgen_config(),
+        api_keys: vec![KEY.to_string()],
+        sessions_per_client: 1,
+        ..ServeConfig::default()
+    };
+    let server = Server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        config,
+        engines,
+        copies_of(FixedLatencySynthesizer::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(connect_ws(&server, &[]).await.err(), Some(401));
+    let wrong = [("authorization", "Bearer sk-wrong")];
+    assert_eq!(connect_ws(&server, &wrong).await.err(), Some(401));
+    let bearer = format!("Bearer {KEY}");
+    let foreign = [
+        ("authorization", bearer.as_str()),
+        ("origin", "http://evil.example"),
+    ];
+    assert_eq!(connect_ws(&server, &foreign).await.err(), Some(403));
+    // A browser names the key as a subprotocol; the server picks its own protocol's name.
+    let protocols = format!("specvoice, openai-insecure-api-key.{KEY}");
+    let page = [("sec-websocket-protocol", protocols.as_str())];
+    let first = connect_ws(&server, &page).await.expect("the key as a subprotocol");
+    // One place per key: a second connection waits for the first to close.
+    let by_header = [("authorization", bearer.as_str())];
+    assert_eq!(connect_ws(&server, &by_header).await.err(), Some(429));
+    drop(first);
+    let mut admitted = None;
+    for _ in 0..50 {
+        if let Ok(socket) = connect_ws(&server, &by_header).await {
+            admitted = Some(socket);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(admitted.is_some(), "the key's place came back");
+    drop(admitted);
+    server.shutdown().await.unwrap();
+}
