@@ -152,12 +152,10 @@ async fn connect_ws(
     let url = format!("ws://{}/ws", server.local_addr());
     let mut request = url.into_client_request().unwrap();
     for (name, value) in headers {
-        request
-            .headers_mut()
-            .insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
+        request.headers_mut().insert(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
     }
     match tokio_tungstenite::connect_async(request).await {
         Ok((socket, _)) => Ok(socket),
@@ -202,7 +200,9 @@ async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits()
     // A browser names the key as a subprotocol; the server picks its own protocol's name.
     let protocols = format!("specvoice, openai-insecure-api-key.{KEY}");
     let page = [("sec-websocket-protocol", protocols.as_str())];
-    let first = connect_ws(&server, &page).await.expect("the key as a subprotocol");
+    let first = connect_ws(&server, &page)
+        .await
+        .expect("the key as a subprotocol");
     // One place per key: a second connection waits for the first to close.
     let by_header = [("authorization", bearer.as_str())];
     assert_eq!(connect_ws(&server, &by_header).await.err(), Some(429));
@@ -217,5 +217,107 @@ async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits()
     }
     assert!(admitted.is_some(), "the key's place came back");
     drop(admitted);
+    server.shutdown().await.unwrap();
+}
+
+/// A server on the random models with the test's key, and the folder of its random Whisper.
+async fn keyed_server() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 31).unwrap();
+    let whisper = dir.path().to_path_buf();
+    let engines = engines_from(
+        move || Transcriber::load(&whisper, &LoadOptions::default()),
+        || tiny_chat_model(11),
+    );
+    let config = ServeConfig {
+        listener: random_listener_config(),
+        predgen: random_predgen_config(),
+        api_keys: vec![KEY.to_string()],
+        ..ServeConfig::default()
+    };
+    let server = Server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        config,
+        engines,
+        copies_of(FixedLatencySynthesizer::default()),
+    )
+    .await
+    .unwrap();
+    (server, dir)
+}
+
+#[tokio::test]
+async fn async_openai_chats_streams_and_transcribes() {
+    use async_openai::config::OpenAIConfig;
+    use async_openai::types::audio::{AudioInput, CreateTranscriptionRequestArgs};
+    use async_openai::types::chat::{
+        ChatCompletionRequestSystemMessageArgs, ChatCompletionRequestUserMessageArgs,
+        CreateChatCompletionRequestArgs,
+    };
+    use futures_util::StreamExt;
+
+    let (server, dir) = keyed_server().await;
+    let config = OpenAIConfig::new()
+        .with_api_base(format!("http://{}/v1", server.local_addr()))
+        .with_api_key(KEY);
+    let client = async_openai::Client::with_config(config);
+    let request = CreateChatCompletionRequestArgs::default()
+        .model(ServeConfig::default().models.chat)
+        .temperature(0.0)
+        .max_completion_tokens(MAX_TOKENS as u32)
+        .messages([
+            ChatCompletionRequestSystemMessageArgs::default()
+                .content("Answer briefly.")
+                .build()
+                .unwrap()
+                .into(),
+            ChatCompletionRequestUserMessageArgs::default()
+                .content(QUESTION)
+                .build()
+                .unwrap()
+                .into(),
+        ])
+        .build()
+        .unwrap();
+    let expected = tokio::task::spawn_blocking(plain_greedy_answer)
+        .await
+        .unwrap();
+    let whole = client.chat().create(request.clone()).await.unwrap();
+    assert_eq!(
+        whole.choices[0].message.content.as_deref(),
+        Some(expected.as_str())
+    );
+    let mut stream = client.chat().create_stream(request).await.unwrap();
+    let mut streamed = String::new();
+    while let Some(chunk) = stream.next().await {
+        for choice in chunk.unwrap().choices {
+            streamed.push_str(choice.delta.content.as_deref().unwrap_or(""));
+        }
+    }
+    assert_eq!(streamed, expected);
+
+    let wav = dir.path().join("question.wav");
+    write_question_wav(&wav);
+    let transcription = CreateTranscriptionRequestArgs::default()
+        .file(AudioInput::from_vec_u8(
+            "question.wav".into(),
+            std::fs::read(&wav).unwrap(),
+        ))
+        .model("whisper-1")
+        .build()
+        .unwrap();
+    let heard = client
+        .audio()
+        .transcription()
+        .create(transcription)
+        .await
+        .unwrap();
+    // The random Whisper hears the tones as some words: the endpoint gives what the engine does.
+    let mut whisper = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let samples = engine_asr::Audio::read_wav(&wav).unwrap().to_16k().unwrap();
+    let direct = whisper
+        .transcribe(&samples, &engine_asr::TranscribeOptions::default())
+        .unwrap();
+    assert_eq!(heard.text, direct.text);
     server.shutdown().await.unwrap();
 }

@@ -168,8 +168,8 @@ impl Connection {
                 Incoming::Client(Ok(ClientMessage::Start { mode, voice })) => {
                     return Some((mode, voice))
                 }
-                Incoming::Client(Ok(ClientMessage::Stop)) => {
-                    self.error(ErrorCode::NotStarted, "`stop` before `start`")
+                Incoming::Client(Ok(ClientMessage::Stop | ClientMessage::Cancel)) => {
+                    self.error(ErrorCode::NotStarted, "`stop` or `cancel` before `start`")
                         .await;
                 }
                 Incoming::Client(Err(e)) => self.send(e.into()).await,
@@ -225,6 +225,8 @@ impl Connection {
                     Incoming::Client(Ok(ClientMessage::Start { .. })) => {
                         self.error(ErrorCode::AlreadyStarted, "the session has started").await;
                     }
+                    // No answer is being made yet.
+                    Incoming::Client(Ok(ClientMessage::Cancel)) => {}
                     Incoming::Client(Err(e)) => self.send(e.into()).await,
                     Incoming::Audio(_) => {
                         self.error(ErrorCode::NotReady, "audio before `ready`: the session is queued")
@@ -311,6 +313,9 @@ impl Connection {
                             ended = true;
                             drop(inputs.send(Input::End).await);
                         }
+                    }
+                    Incoming::Client(Ok(ClientMessage::Cancel)) => {
+                        drop(inputs.send(Input::CancelAnswer).await);
                     }
                     Incoming::Client(Ok(ClientMessage::Start { .. })) => {
                         self.error(ErrorCode::AlreadyStarted, "the session has started").await;

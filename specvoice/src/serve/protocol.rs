@@ -49,6 +49,9 @@ pub enum ClientMessage {
     },
     /// The audio ended: the server finishes the turn in progress, then sends `done`.
     Stop,
+    /// Drops the answer being made (chat): the server sends `answer_cancelled`, and no more of
+    /// its audio. An utterance in progress goes on.
+    Cancel,
 }
 
 /// What went wrong, for the client's code to act on.
@@ -254,11 +257,11 @@ pub fn parse_client(text: &str) -> Result<ClientMessage, ProtocolError> {
                 "expected an object with a string `type`",
             )
         })?;
-    if !matches!(kind.as_str(), "start" | "stop") {
+    if !matches!(kind.as_str(), "start" | "stop" | "cancel") {
         let shown: String = kind.chars().take(40).collect();
         return Err(ProtocolError::new(
             ErrorCode::UnknownType,
-            format!("unknown message type `{shown}` (start, stop)"),
+            format!("unknown message type `{shown}` (start, stop, cancel)"),
         ));
     }
     let message: ClientMessage = serde_json::from_value(value)
@@ -525,6 +528,10 @@ mod tests {
             })
         );
         assert_eq!(parse_client(r#"{"type":"stop"}"#), Ok(ClientMessage::Stop));
+        assert_eq!(
+            parse_client(r#"{"type":"cancel"}"#),
+            Ok(ClientMessage::Cancel)
+        );
         let code = |text: &str| parse_client(text).unwrap_err().code;
         assert_eq!(code("{"), ErrorCode::BadJson);
         assert_eq!(code("[1,2]"), ErrorCode::BadJson);

@@ -208,8 +208,12 @@ fn render(transcript: &Transcript, format: TextFormat, seconds: f64) -> Response
     let text = |content_type: &'static str, body: String| {
         ([(header::CONTENT_TYPE, content_type)], body).into_response()
     };
+    // Whisper is billed by the audio's duration in OpenAI's API, and reports so.
+    let usage = serde_json::json!({"type": "duration", "seconds": seconds.ceil()});
     match format {
-        TextFormat::Json => Json(serde_json::json!({ "text": transcript.text })).into_response(),
+        TextFormat::Json => {
+            Json(serde_json::json!({ "text": transcript.text, "usage": usage })).into_response()
+        }
         TextFormat::Text => text(
             "text/plain; charset=utf-8",
             format!("{}\n", transcript.text),
@@ -241,10 +245,11 @@ fn render(transcript: &Transcript, format: TextFormat, seconds: f64) -> Response
                 .collect();
             Json(serde_json::json!({
                 "task": "transcribe",
-                "language": transcript.language.as_deref().map(language_name),
+                "language": transcript.language.as_deref().map_or("unknown", language_name),
                 "duration": seconds,
                 "text": transcript.text,
                 "segments": segments,
+                "usage": usage,
             }))
             .into_response()
         }

@@ -56,6 +56,9 @@ struct ChatRequest {
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
+    /// Padding against side channels on OpenAI's network; nothing to pad on a local server.
+    #[serde(rename = "include_obfuscation")]
+    _include_obfuscation: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

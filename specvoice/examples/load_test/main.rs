@@ -6,7 +6,7 @@
 //!
 //! Per round: p50/p95 of the latency from the end of speech to the first audio of the answer
 //! (as the client sees it: from sending the last voiced frame to receiving the first `audio`
-//! message, the end-of-speech silence included), of the server's own `latency_ms`, and of the
+//! message, the end-of-turn wait included), of the server's own `latency_ms`, and of the
 //! session's total time (connect to `done`); and the process's resident memory (VmRSS) after
 //! the round. Fails if a session gets no answer (a `turn_done` with text and audio), or if
 //! memory after any round exceeds memory after the first round by more than
@@ -17,7 +17,14 @@
 //!     [--engines 1] [--model qwen2.5-coder-0.5b-instruct] [--json PATH]
 //! ```
 //!
+//! Then the OpenAI-compatible API on the same server ([`openai`]): streamed chat completions
+//! against the plain engine in this process (time to first token, tokens/s, the same text),
+//! concurrent streams, transcriptions per minute, and Realtime sessions against this protocol on
+//! the same audio (`--api-questions 0`: none of it).
+//!
 //! `cargo xtask bench serve` runs it and files the results with the machine and date.
+
+mod openai;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -72,6 +79,14 @@ struct Args {
     /// The voice set (the first question of each conversation is spoken)
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../engine-llm/data/voice_questions.txt"))]
     voice_questions: PathBuf,
+
+    /// Questions asked of the OpenAI-compatible API after the rounds (0: none)
+    #[arg(long, default_value_t = 6)]
+    api_questions: usize,
+
+    /// Concurrent chat completion streams
+    #[arg(long, default_value_t = 4)]
+    api_streams: usize,
 
     /// Also write the report as JSON here
     #[arg(long)]
@@ -272,6 +287,19 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
             }
         }
     }
+    let api_tables = match args.api_questions {
+        0 => Vec::new(),
+        asked => {
+            let api = openai::ApiArgs {
+                model: args.model.clone(),
+                max_tokens: args.max_tokens,
+                questions: asked,
+                streams: args.api_streams,
+            };
+            let chat_model = ServeConfig::default().models.chat;
+            openai::measure(addr, &chat_model, &questions, &api).await?
+        }
+    };
     server.shutdown().await?;
 
     let first = rss_after[0];
@@ -285,7 +313,7 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
     }
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        tables: vec![rounds],
+        tables: std::iter::once(rounds).chain(api_tables).collect(),
         notes: vec![
             format!(
                 "Each round, {} WebSocket clients connect at once and each streams a spoken \
@@ -293,8 +321,9 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
                  this process, then `stop`. Sessions beyond the {} engine(s) wait in the \
                  server's queue: the session time includes that wait. End of speech → first \
                  audio is measured by the client, from sending the last voiced frame to \
-                 receiving the first `audio` message, and includes the 500 ms end-of-speech \
-                 silence; the server latency is the server's own measure (`turn_done`).",
+                 receiving the first `audio` message, and includes the end-of-turn wait (the \
+                 server's default: the semantic end of turn, 150 ms to 1.2 s of silence); the \
+                 server latency is the server's own measure (`turn_done`).",
                 args.sessions, args.engines
             ),
             format!(
@@ -466,7 +495,7 @@ fn rss_kib() -> Result<u64> {
     Ok(kib.parse()?)
 }
 
-/// The first `--sessions` questions of the voice set, spoken by espeak-ng at 16 kHz with
+/// The first `--sessions` (or `--api-questions`, if more) questions of the voice set, spoken by espeak-ng at 16 kHz with
 /// silence before and after.
 fn spoken_questions(args: &Args) -> Result<Vec<Arc<Question>>> {
     let mut espeak = EspeakSynthesizer::new(EspeakSettings::default())?;
@@ -479,7 +508,7 @@ fn spoken_questions(args: &Args) -> Result<Vec<Arc<Question>>> {
     let trailing = (TRAILING.as_secs_f64() * rate) as usize;
     texts
         .into_iter()
-        .take(args.sessions)
+        .take(args.sessions.max(args.api_questions))
         .map(|text| {
             let audio = espeak.synthesize(&text)?.joined()?;
             let speech = resample(&audio.samples, audio.sample_rate, SAMPLE_RATE)?;
