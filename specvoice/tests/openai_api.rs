@@ -100,7 +100,6 @@ fn the_official_openai_client_speaks_to_every_endpoint() {
         || tiny_chat_model(11),
     );
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let max_body_bytes = config.max_body_bytes;
     let chat_model = config.models.chat.clone();
     let server = runtime
         .block_on(Server::start(
@@ -119,7 +118,6 @@ fn the_official_openai_client_speaks_to_every_endpoint() {
         "max_tokens": MAX_TOKENS,
         "wav": wav,
         "voice": "default",
-        "max_body_bytes": max_body_bytes,
         "answer_tokens": random_predgen_config().max_answer_tokens,
     });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");

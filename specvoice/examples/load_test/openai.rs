@@ -50,6 +50,9 @@ impl Streamed {
     }
 }
 
+/// Silence streamed after a question in the Realtime comparison: 3 s at 16 kHz.
+const OPEN_MICROPHONE: usize = 48_000;
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -329,26 +332,45 @@ async fn transcription_table(
 async fn realtime_table(addr: SocketAddr, questions: &[Arc<Question>]) -> Result<Table> {
     let mut table = Table::new(
         "Realtime API against SpecVoice's own protocol on the same audio: end of speech → first \
-         answer audio, as the client sees it (one session at a time, alternating)",
+         answer audio, as the client sees it (one session at a time, each first on every other \
+         question; both stream 3 s of silence after the question, as an open microphone)",
         &["question", "native (ms)", "Realtime (ms)"],
     );
-    let (mut native, mut realtime) = (Vec::new(), Vec::new());
+    let (mut native_all, mut realtime_all) = (Vec::new(), Vec::new());
     for question in questions {
-        let mut outcome = Outcome::default();
-        converse(addr, question, Instant::now(), &mut outcome).await?;
-        let native_latency = outcome
-            .first_audio_after_speech
-            .with_context(|| format!("no native answer audio for \"{}\"", question.text))?;
-        let realtime_latency = realtime_session(addr, question).await?;
-        native.push(ms(native_latency));
-        realtime.push(ms(realtime_latency));
+        // A microphone stays open: both clients stream silence on after the question, until
+        // well after the answer starts, so that the server's end of turn (not the client's
+        // `stop` or `commit`) ends it on both sides.
+        let open_microphone = Question {
+            text: question.text.clone(),
+            samples: [question.samples.as_slice(), &[0.0; OPEN_MICROPHONE]].concat(),
+            speech_end: question.speech_end,
+        };
+        let question = &open_microphone;
+        let native = async {
+            let mut outcome = Outcome::default();
+            converse(addr, question, Instant::now(), &mut outcome).await?;
+            outcome
+                .first_audio_after_speech
+                .with_context(|| format!("no native answer audio for \"{}\"", question.text))
+        };
+        // Each goes first on every other question, so that neither gains from the order.
+        let (native_latency, realtime_latency) = if native_all.len() % 2 == 0 {
+            let native = native.await?;
+            (native, realtime_session(addr, question).await?)
+        } else {
+            let realtime = realtime_session(addr, question).await?;
+            (native.await?, realtime)
+        };
+        native_all.push(ms(native_latency));
+        realtime_all.push(ms(realtime_latency));
         table.push(vec![
             question.text.clone(),
             format!("{:.0}", ms(native_latency)),
             format!("{:.0}", ms(realtime_latency)),
         ]);
     }
-    let (native_median, realtime_median) = (median(&native), median(&realtime));
+    let (native_median, realtime_median) = (median(&native_all), median(&realtime_all));
     table.push(vec![
         format!(
             "median (Realtime {:+.1} %)",
@@ -360,9 +382,8 @@ async fn realtime_table(addr: SocketAddr, questions: &[Arc<Question>]) -> Result
     Ok(table)
 }
 
-/// A Realtime session: the question streamed in real time (16 kHz PCM, base64) and committed
-/// after its trailing silence (as the native client's `stop`), the time from its last voiced
-/// frame to the first `response.output_audio.delta`; reads to `response.done`.
+/// A Realtime session: the question streamed in real time (16 kHz PCM, base64), the time from
+/// its last voiced frame to the first `response.output_audio.delta`; reads to `response.done`.
 async fn realtime_session(addr: SocketAddr, question: &Question) -> Result<Duration> {
     let url = format!("ws://{addr}/v1/realtime?model=gpt-realtime");
     let (socket, _) = tokio_tungstenite::connect_async(url).await?;
