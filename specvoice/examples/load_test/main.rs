@@ -160,6 +160,8 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
     let config = ServeConfig {
         engines: args.engines,
         queue: args.sessions,
+        // Every client comes from the loopback address, as many users behind one proxy.
+        sessions_per_client: args.sessions.max(args.api_streams),
         predgen: PredGenConfig {
             max_answer_tokens: args.max_tokens,
             ..PredGenConfig::default()

@@ -411,7 +411,7 @@ impl Connection {
             .await;
         let mut engine = Some(engine);
         let mut running: Option<Running> = None;
-        let mut translator = Translator::new(self.settings.output_rate);
+        let mut translator = Translator::default();
         for event in backlog {
             if !self.handle(event, &mut engine, &mut running).await {
                 return self.finish(engine, running, &mut translator).await;
@@ -443,7 +443,7 @@ impl Connection {
                     }
                 },
                 Some(out) = next_output(outputs) => {
-                    for event in translator.translate(out) {
+                    for event in translator.translate(out, self.settings.output_rate) {
                         self.send(event).await;
                     }
                 }
@@ -476,7 +476,7 @@ impl Connection {
         };
         drop(run.inputs);
         while let Some(out) = run.outputs.recv().await {
-            for event in translator.translate(out) {
+            for event in translator.translate(out, self.settings.output_rate) {
                 self.send(event).await;
             }
         }
@@ -678,8 +678,8 @@ struct OpenResponse {
 }
 
 /// Turns the session's messages into Realtime events.
+#[derive(Default)]
 struct Translator {
-    output_rate: u32,
     /// The user's item of the utterance in progress or last heard.
     user_item: Option<String>,
     /// The last item added to the conversation.
@@ -692,26 +692,16 @@ struct Translator {
 }
 
 impl Translator {
-    fn new(output_rate: u32) -> Self {
-        Self {
-            output_rate,
-            user_item: None,
-            previous_item: None,
-            heard: String::new(),
-            response: None,
-            audio_rate: output_rate,
-        }
-    }
-
     fn user_item(&mut self) -> String {
         self.user_item
             .get_or_insert_with(|| object_id("item_"))
             .clone()
     }
 
-    fn translate(&mut self, out: Outgoing) -> Vec<Value> {
+    /// The events of a session's message; audio goes out at `output_rate`.
+    fn translate(&mut self, out: Outgoing, output_rate: u32) -> Vec<Value> {
         let message = match out {
-            Outgoing::Binary(bytes) => return self.audio(&bytes),
+            Outgoing::Binary(bytes) => return self.audio(&bytes, output_rate),
             Outgoing::Message(message) => message,
         };
         match message {
@@ -824,16 +814,16 @@ impl Translator {
         ]
     }
 
-    fn audio(&mut self, bytes: &[u8]) -> Vec<Value> {
+    fn audio(&mut self, bytes: &[u8], output_rate: u32) -> Vec<Value> {
         let Some(response) = &self.response else {
             return Vec::new();
         };
         let Ok(samples) = decode_frame(bytes, usize::MAX) else {
             return Vec::new();
         };
-        let samples = match self.audio_rate == self.output_rate {
+        let samples = match self.audio_rate == output_rate {
             true => samples,
-            false => match engine_asr::resample(&samples, self.audio_rate, self.output_rate) {
+            false => match engine_asr::resample(&samples, self.audio_rate, output_rate) {
                 Ok(samples) => samples,
                 Err(_) => return Vec::new(),
             },
@@ -965,4 +955,164 @@ fn assistant_message(id: &str, status: &str, transcript: &str) -> Value {
         "status": status,
         "content": [{"type": "output_audio", "transcript": transcript}],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::protocol::Breakdown;
+
+    fn message(message: ServerMessage) -> Outgoing {
+        Outgoing::Message(message)
+    }
+
+    fn types(events: &[Value]) -> Vec<&str> {
+        events.iter().filter_map(|e| e["type"].as_str()).collect()
+    }
+
+    fn turn_done() -> ServerMessage {
+        ServerMessage::TurnDone {
+            question: "Hello there?".into(),
+            answer: "Hi.".into(),
+            speech_end_ms: 900,
+            first_audio_at_ms: 1300,
+            latency_ms: 400,
+            breakdown: Breakdown {
+                endpointing_ms: 150,
+                asr_ms: 50,
+                llm_ms: 100,
+                tts_ms: 100,
+            },
+            prepared_audio_used: false,
+        }
+    }
+
+    #[test]
+    fn a_turn_becomes_the_realtime_events_in_order_with_audio_at_the_output_rate() {
+        let mut translator = Translator::default();
+        let mut events = Vec::new();
+        let samples = vec![0.25f32; 2_205];
+        for out in [
+            message(ServerMessage::SpeechStarted {
+                at_ms: 100,
+                started_at_ms: 80,
+            }),
+            message(ServerMessage::Partial {
+                at_ms: 500,
+                text: "Hel".into(),
+            }),
+            message(ServerMessage::Partial {
+                at_ms: 700,
+                text: "Hello".into(),
+            }),
+            // A partial that rewrites what was heard sends no delta.
+            message(ServerMessage::Partial {
+                at_ms: 800,
+                text: "Yellow".into(),
+            }),
+            message(ServerMessage::SpeechEnded {
+                at_ms: 1000,
+                speech_end_ms: 900,
+            }),
+            message(ServerMessage::Transcript {
+                at_ms: 1050,
+                text: "Hello there?".into(),
+            }),
+            message(ServerMessage::FirstSentence {
+                at_ms: 1200,
+                text: "Hi.".into(),
+            }),
+            message(ServerMessage::Audio {
+                sentence: "Hi.".into(),
+                sample_rate: 22_050,
+                samples: samples.len(),
+            }),
+            Outgoing::Binary(encode_pcm(&samples)),
+            message(turn_done()),
+        ] {
+            events.extend(translator.translate(out, 24_000));
+        }
+        assert_eq!(
+            types(&events),
+            [
+                "input_audio_buffer.speech_started",
+                "conversation.item.input_audio_transcription.delta",
+                "conversation.item.input_audio_transcription.delta",
+                "input_audio_buffer.speech_stopped",
+                "input_audio_buffer.committed",
+                "conversation.item.added",
+                "conversation.item.input_audio_transcription.completed",
+                "conversation.item.done",
+                "response.created",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_audio_transcript.delta",
+                "response.output_audio.delta",
+                "response.output_audio.done",
+                "response.output_audio_transcript.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.done",
+            ]
+        );
+        let deltas: Vec<&str> = events[1..3]
+            .iter()
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert_eq!(deltas, ["Hel", "lo"]);
+        let user_item = &events[0]["item_id"];
+        assert!(events[..8]
+            .iter()
+            .all(|e| e.get("item_id").is_none_or(|i| i == user_item)));
+        // 0.1 s at 22.05 kHz, resampled to 24 kHz.
+        let audio = BASE64
+            .decode(events[12]["delta"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(audio.len() / 2, 2_400);
+        let done = events.last().unwrap();
+        assert_eq!(done["response"]["status"], "completed");
+        assert_eq!(
+            done["response"]["output"][0]["content"][0]["transcript"],
+            "Hi."
+        );
+    }
+
+    #[test]
+    fn a_barge_in_or_a_cancel_ends_the_response_as_cancelled() {
+        for (stop, reason) in [
+            (ServerMessage::BargeIn { at_ms: 10 }, "turn_detected"),
+            (
+                ServerMessage::AnswerCancelled { at_ms: 10 },
+                "client_cancelled",
+            ),
+        ] {
+            let mut translator = Translator::default();
+            translator.translate(
+                message(ServerMessage::FirstSentence {
+                    at_ms: 1,
+                    text: "Sure.".into(),
+                }),
+                24_000,
+            );
+            let events = translator.translate(message(stop), 24_000);
+            assert_eq!(types(&events), ["response.done"]);
+            assert_eq!(events[0]["response"]["status"], "cancelled");
+            assert_eq!(events[0]["response"]["status_details"]["reason"], reason);
+            // Audio after the end has no response to go to.
+            let late = translator.translate(Outgoing::Binary(encode_pcm(&[0.1; 10])), 24_000);
+            assert!(late.is_empty());
+        }
+    }
+
+    #[test]
+    fn pcm_formats_and_base64_audio_are_checked() {
+        let format = json!({"type": "audio/pcm", "rate": 16000});
+        assert_eq!(pcm_rate(&format, "f").unwrap(), 16_000);
+        assert!(pcm_rate(&json!({"type": "audio/pcmu"}), "f").is_err());
+        assert!(pcm_rate(&json!({"type": "audio/pcm", "rate": 44100}), "f").is_err());
+        assert!(decode_audio("not base64!", 24_000).is_err());
+        assert!(decode_audio(&BASE64.encode([1u8, 2, 3]), 24_000).is_err());
+        let half_second = BASE64.encode(encode_pcm(&[0.1; 12_000]));
+        assert_eq!(decode_audio(&half_second, 24_000).unwrap().len(), 8_000);
+    }
 }
