@@ -565,3 +565,47 @@ fn the_semantic_end_of_turn_survives_noise_a_monologue_and_a_stream_cut_mid_word
         .iter()
         .any(|e| matches!(e.kind, ChatEventKind::TurnDone(_))));
 }
+
+#[test]
+fn a_cancelled_answer_stops_at_once_and_an_utterance_in_progress_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 32).unwrap();
+    let mut model = tiny_chat_model(6).unwrap();
+    let mut chat = VoiceChat::new(
+        listener(transcriber(&dir)),
+        predgen(&mut model),
+        Box::new(FixedLatencySynthesizer::default()),
+        ChatMode::Cascade,
+        ClockKind::Simulated,
+    );
+    // Mid-utterance a cancel drops nothing: there is no answer yet.
+    chat.hear_audio(&[silence(0.3), voice(0.8)].concat())
+        .unwrap();
+    chat.cancel_answer().unwrap();
+    assert!(chat.in_turn());
+    chat.hear_audio(&silence(1.5)).unwrap();
+    let heard = chat.take_events();
+    assert!(heard
+        .iter()
+        .any(|e| matches!(e.kind, ChatEventKind::Transcript { .. })));
+    assert!(!heard
+        .iter()
+        .any(|e| matches!(e.kind, ChatEventKind::AnswerCancelled)));
+    // The answer has begun: a cancel ends the turn, and no more of it comes.
+    assert!(chat.step().unwrap());
+    chat.cancel_answer().unwrap();
+    assert!(!chat.in_turn());
+    let events = chat.take_events();
+    let cancelled = events
+        .iter()
+        .position(|e| matches!(e.kind, ChatEventKind::AnswerCancelled))
+        .expect("the answer is cancelled");
+    assert_eq!(cancelled, events.len() - 1);
+    assert!(!chat.step().unwrap());
+    assert!(chat.take_events().is_empty());
+    // The next question is answered as usual.
+    let turns = chat
+        .play(&[voice(0.6), silence(0.2)].concat(), ms(1500), &mut |_| {})
+        .unwrap();
+    assert_eq!(turns.len(), 1);
+}

@@ -81,7 +81,7 @@ struct Args {
     voice_questions: PathBuf,
 
     /// Questions asked of the OpenAI-compatible API after the rounds (0: none)
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 12)]
     api_questions: usize,
 
     /// Concurrent chat completion streams
