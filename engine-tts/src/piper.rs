@@ -255,6 +255,13 @@ impl PiperSynthesizer {
 
 impl SentenceSynthesizer for PiperSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
+        self.synthesize_at(sentence, 1.0)
+    }
+
+    /// At `speed` (0.5 to 2) times the settings' pace.
+    fn synthesize_at(&mut self, sentence: &str, speed: f32) -> spec_voice::Result<Synthesis> {
+        onnx::check_speed(speed)?;
+        let speed = self.speed * speed;
         let sentence = spec_voice::sentence_to_speak(sentence)?;
         let started = Instant::now();
         let phonemes = self.model.phonemes(sentence)?;
@@ -263,7 +270,7 @@ impl SentenceSynthesizer for PiperSynthesizer {
             false => {
                 let ids = self.model.phoneme_ids(&phonemes);
                 vec![AudioChunk {
-                    samples: self.model.speak(&ids, 1.0 / self.speed)?,
+                    samples: self.model.speak(&ids, 1.0 / speed)?,
                     sample_rate: self.model.sample_rate(),
                 }]
             }

@@ -156,6 +156,14 @@ impl SentenceSynthesizer for Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         voice.synthesize(sentence)
     }
+
+    fn synthesize_at(&mut self, sentence: &str, speed: f32) -> spec_voice::Result<Synthesis> {
+        let mut voice = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        voice.synthesize_at(sentence, speed)
+    }
 }
 
 impl VoiceChoice {

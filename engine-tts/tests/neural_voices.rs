@@ -174,3 +174,46 @@ fn bad_input_is_a_typed_error_or_silence() {
         Err(VoiceError::Input(_))
     ));
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch) and espeak-ng"]
+fn both_voices_speak_faster_at_a_higher_speed_and_refuse_speeds_out_of_range() {
+    let piper = PiperSynthesizer::load(&models(), &PiperSettings::default()).unwrap();
+    let voices: [(&str, Box<dyn SentenceSynthesizer>); 2] = [
+        ("kokoro", Box::new(kokoro("af_heart"))),
+        ("piper", Box::new(piper)),
+    ];
+    for (name, mut voice) in voices {
+        let seconds = |voice: &mut Box<dyn SentenceSynthesizer>, speed: f32| {
+            let audio = voice
+                .synthesize_at(SENTENCES[1], speed)
+                .unwrap()
+                .joined()
+                .unwrap();
+            audio.samples.len() as f64 / f64::from(audio.sample_rate)
+        };
+        let (normal, fast) = (seconds(&mut voice, 1.0), seconds(&mut voice, 1.5));
+        let ratio = fast / normal;
+        assert!(
+            (0.55..0.8).contains(&ratio),
+            "{name}: 1.5× speed took {ratio:.2} of the time ({fast:.2} s against {normal:.2} s)"
+        );
+        // Speed 1 is the voice's own pace (Piper draws its noise afresh each time: compare
+        // lengths).
+        let own = voice.synthesize(SENTENCES[1]).unwrap().joined().unwrap();
+        let own = own.samples.len() as f64 / f64::from(own.sample_rate);
+        assert!(
+            (own / normal - 1.0).abs() < 0.1,
+            "{name}: {own:.2} s against {normal:.2} s at speed 1"
+        );
+        for bad in [0.2, 3.0] {
+            assert!(
+                matches!(
+                    voice.synthesize_at(SENTENCES[0], bad),
+                    Err(spec_voice::Error::Input(_))
+                ),
+                "{name} at {bad}"
+            );
+        }
+    }
+}

@@ -66,6 +66,17 @@ impl Synthesis {
 pub trait SentenceSynthesizer {
     /// Speech for `sentence`; an error for an empty or whitespace-only sentence.
     fn synthesize(&mut self, sentence: &str) -> Result<Synthesis>;
+
+    /// Speech for `sentence` at `speed` times the voice's pace (2: twice as fast). A voice that
+    /// cannot change its pace refuses any speed but 1.
+    fn synthesize_at(&mut self, sentence: &str, speed: f32) -> Result<Synthesis> {
+        if speed == 1.0 {
+            return self.synthesize(sentence);
+        }
+        Err(Error::Input(format!(
+            "this voice speaks at its own pace only, not at speed {speed}"
+        )))
+    }
 }
 
 /// The text a synthesizer speaks for `sentence`: trimmed; an error when nothing is left.
@@ -258,6 +269,19 @@ mod tests {
 
     fn total_samples(synthesis: &Synthesis) -> usize {
         synthesis.chunks.iter().map(|c| c.samples.len()).sum()
+    }
+
+    #[test]
+    fn a_voice_without_a_pace_of_its_own_refuses_other_speeds() {
+        let mut tts = FixedLatencySynthesizer::default();
+        assert_eq!(
+            tts.synthesize_at("Hello there.", 1.0).unwrap(),
+            tts.synthesize("Hello there.").unwrap()
+        );
+        assert!(matches!(
+            tts.synthesize_at("Hello there.", 1.5),
+            Err(Error::Input(_))
+        ));
     }
 
     #[test]

@@ -302,6 +302,13 @@ impl KokoroSynthesizer {
 
 impl SentenceSynthesizer for KokoroSynthesizer {
     fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
+        self.synthesize_at(sentence, 1.0)
+    }
+
+    /// At `speed` (0.5 to 2) times the settings' pace.
+    fn synthesize_at(&mut self, sentence: &str, speed: f32) -> spec_voice::Result<Synthesis> {
+        onnx::check_speed(speed)?;
+        let speed = self.speed * speed;
         let sentence = spec_voice::sentence_to_speak(sentence)?;
         let started = Instant::now();
         let phonemes = self.phonemizer.phonemes(sentence)?;
@@ -309,7 +316,7 @@ impl SentenceSynthesizer for KokoroSynthesizer {
         let mut chunks = Vec::new();
         let mut first_audio_after = None;
         for run in runs(&self.model.vocabulary, &ids) {
-            let samples = self.model.speak(&ids[run], &self.voice, self.speed)?;
+            let samples = self.model.speak(&ids[run], &self.voice, speed)?;
             first_audio_after.get_or_insert_with(|| started.elapsed());
             chunks.push(AudioChunk {
                 samples,

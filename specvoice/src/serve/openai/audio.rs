@@ -369,10 +369,9 @@ async fn speak(
             .param("response_format"))
         }
     };
-    if request.speed.is_some_and(|s| s != 1.0) {
-        return Err(
-            ApiError::invalid("only `speed` 1.0 is supported by these voices").param("speed"),
-        );
+    let speed = request.speed.unwrap_or(1.0);
+    if !(0.25..=4.0).contains(&speed) {
+        return Err(ApiError::invalid("`speed` must lie in 0.25..=4").param("speed"));
     }
     if request.instructions.is_some_and(|i| !i.trim().is_empty()) {
         return Err(
@@ -390,7 +389,7 @@ async fn speak(
     let voices = shared.voices.clone();
     tokio::task::spawn_blocking(move || {
         let _held = held;
-        if let Err(error) = synthesize(&voices, &voice, &input, format, &chunks) {
+        if let Err(error) = synthesize(&voices, &voice, &input, speed, format, &chunks) {
             let _ = chunks.blocking_send(Err(error));
         }
     });
@@ -446,12 +445,13 @@ pub(super) fn voice_for(voices: &crate::serve::Voices, name: &str) -> Result<Str
     }
 }
 
-/// Synthesizes `input` sentence by sentence in `voice`, sending each sentence's audio as it is
+/// Synthesizes `input` sentence by sentence in `voice` at `speed`, sending each sentence's audio as it is
 /// ready (after a WAV header for [`AudioFormat::Wav`]); stops when the client is gone.
 fn synthesize(
     voices: &crate::serve::Voices,
     voice: &str,
     input: &str,
+    speed: f32,
     format: AudioFormat,
     chunks: &mpsc::Sender<Result<Bytes, ApiError>>,
 ) -> Result<(), ApiError> {
@@ -463,7 +463,12 @@ fn synthesize(
     }
     let mut header_sent = false;
     for sentence in sentences.iter().filter(|s| !s.trim().is_empty()) {
-        let synthesis = synthesizer.synthesize(sentence).map_err(ApiError::server)?;
+        let synthesis = synthesizer
+            .synthesize_at(sentence, speed)
+            .map_err(|e| match e {
+                spec_voice::Error::Input(_) => ApiError::invalid(e.to_string()).param("speed"),
+                other => ApiError::server(other),
+            })?;
         for chunk in &synthesis.chunks {
             let mut bytes = Vec::new();
             let samples = match format {
