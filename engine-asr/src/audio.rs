@@ -16,6 +16,11 @@ pub const SAMPLE_RATE: u32 = 16_000;
 /// gigabytes or run for hours.
 pub const SAMPLE_RATES: RangeInclusive<u32> = 1_000..=768_000;
 
+/// The largest sample magnitude [`resample`] takes. Audio lies in [-1, 1] (a float WAV may
+/// exceed it a little); this bound is far above any real audio and far enough below `f32::MAX`
+/// that the resampler's FFT sums cannot overflow.
+pub const MAX_SAMPLE_MAGNITUDE: f32 = 1e12;
+
 /// Mono samples in [-1, 1] at a sample rate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Audio {
@@ -118,7 +123,8 @@ pub fn check_finite(samples: &[f32]) -> Result<()> {
 
 /// `samples` at rate `from` resampled to rate `to`: `⌈len · to / from⌉` samples, aligned with
 /// the input (the resampler's delay removed). Both rates must lie in [`SAMPLE_RATES`] and
-/// every sample must be finite.
+/// every sample must be finite ([`Error::NonFiniteSample`]) and at most
+/// [`MAX_SAMPLE_MAGNITUDE`] in magnitude ([`Error::SampleTooLarge`]).
 pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
     let failed = |reason: String| Error::Resample { from, to, reason };
     if !SAMPLE_RATES.contains(&from) || !SAMPLE_RATES.contains(&to) {
@@ -129,6 +135,12 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
         )));
     }
     check_finite(samples)?;
+    if let Some(index) = samples.iter().position(|s| s.abs() > MAX_SAMPLE_MAGNITUDE) {
+        return Err(Error::SampleTooLarge {
+            index,
+            value: samples[index],
+        });
+    }
     if from == to {
         return Ok(samples.to_vec());
     }
@@ -160,6 +172,19 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by `cargo xtask fuzz wav`: a float WAV of samples near `f32::MAX` overflowed the
+    /// resampler's FFT, which panicked.
+    #[test]
+    fn samples_near_the_largest_float_are_refused_not_a_panic() {
+        let samples = [0.0, 2.9e38, -2.9e38, 1.0].repeat(96);
+        assert!(matches!(
+            resample(&samples, 48_000, SAMPLE_RATE),
+            Err(Error::SampleTooLarge { index: 1, .. })
+        ));
+        let loud = [0.0, 2.0, -2.0, 1.0].repeat(96);
+        assert_eq!(resample(&loud, 48_000, SAMPLE_RATE).unwrap().len(), 128);
+    }
 
     fn tone(freq: f32, rate: u32, seconds: f32) -> Vec<f32> {
         (0..(rate as f32 * seconds) as usize)

@@ -25,6 +25,11 @@ pub enum Error {
     #[error("invalid audio: sample {index} is {value}, not a finite number")]
     NonFiniteSample { index: usize, value: f32 },
 
+    /// A sample far outside [-1, 1] (beyond [`crate::audio::MAX_SAMPLE_MAGNITUDE`]): a corrupt
+    /// file, whose values would overflow the resampler's FFTs.
+    #[error("invalid audio: sample {index} is {value}, where samples lie in [-1, 1]")]
+    SampleTooLarge { index: usize, value: f32 },
+
     #[error(transparent)]
     Nn(#[from] spec_nn::Error),
 

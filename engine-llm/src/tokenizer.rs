@@ -40,6 +40,17 @@ const END_TOKENS: [&str; 5] = [
     "<|eom_id|>",
 ];
 
+/// Reads a Hugging Face `tokenizer.json` ([`Error::Tokenizer`] naming the file when it cannot).
+/// The text is checked to be JSON first: `tokenizers` panics on a syntax error inside the
+/// `decoder` entry where it returns an error for one elsewhere.
+pub fn read_tokenizer_json(path: &Path) -> Result<Tokenizer> {
+    let fail = |reason: String| Error::Tokenizer(format!("{}: {reason}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    serde_json::from_str::<serde_json::Value>(&text).map_err(|e| fail(e.to_string()))?;
+    text.parse()
+        .map_err(|e: tokenizers::Error| fail(e.to_string()))
+}
+
 /// GGUF token types (llama.cpp's `llama_token_type`).
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
@@ -67,9 +78,7 @@ impl std::fmt::Debug for TextTokenizer {
 impl TextTokenizer {
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let inner = Tokenizer::from_file(path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        Ok(Self::with_end_tokens(inner, None))
+        Ok(Self::with_end_tokens(read_tokenizer_json(path)?, None))
     }
 
     /// Builds the tokenizer stored in a GGUF file.
@@ -440,6 +449,22 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by `cargo xtask fuzz tokenizer-json`: `tokenizers` panicked on a syntax error
+    /// inside the `decoder` entry instead of returning an error.
+    #[test]
+    fn a_tokenizer_json_broken_inside_its_decoder_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        for broken in [
+            r#"{"decoder":{"type","ByteLevel"}}"#,
+            r#"{"decoder":{"type":"ByteLevel","tr\ud800s":true}}"#,
+        ] {
+            std::fs::write(&path, broken).unwrap();
+            let err = TextTokenizer::from_file(&path).unwrap_err();
+            assert!(matches!(err, Error::Tokenizer(_)), "{err}");
+        }
+    }
 
     #[test]
     fn vocab_and_merges_files_build_the_tokenizer_with_its_added_tokens() {

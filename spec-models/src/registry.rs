@@ -145,9 +145,12 @@ impl ModelEntry {
         }
     }
 
-    /// Total size of the pinned files (`None` if any size is not pinned).
+    /// Total size of the pinned files (`None` if any size is not pinned, or the sizes add up
+    /// past `u64::MAX`, as only a corrupt registry's can).
     pub fn size(&self) -> Option<u64> {
-        self.files.iter().map(|f| f.size).sum()
+        self.files
+            .iter()
+            .try_fold(0u64, |total, f| total.checked_add(f.size?))
     }
 
     /// Instructions for placing the files by hand into `dir`.
@@ -328,6 +331,28 @@ fn is_relative_path(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two pinned sizes adding up past `u64::MAX` (a corrupt registry) overflowed the sum.
+    #[test]
+    fn sizes_adding_up_past_u64_have_no_total() {
+        let registry = Registry::parse(
+            r#"
+[[model]]
+name = "big"
+kind = "whisper"
+format = "gguf"
+description = "d"
+repo = "a/b"
+revision = "main"
+files = [
+    { remote = "a.bin", size = 18446744073709551615 },
+    { remote = "b.bin", size = 2 },
+]
+"#,
+        )
+        .unwrap();
+        assert_eq!(registry.models()[0].size(), None);
+    }
 
     #[test]
     fn builtin_registry_is_well_formed() {

@@ -237,6 +237,11 @@ impl Ct2File {
         &self.spec
     }
 
+    /// The names of the variables and aliases the file holds, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
     /// The stored data type of `name`.
     pub fn dtype(&self, name: &str) -> Option<Ct2DType> {
         self.entries.get(name).map(|e| e.dtype)

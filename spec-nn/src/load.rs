@@ -152,6 +152,11 @@ impl GgufFile {
         &self.content.metadata
     }
 
+    /// The names of the tensors the header lists, in no particular order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
     /// A metadata value that must be present.
     pub fn value(&self, key: &str) -> Result<&gguf_file::Value> {
         self.content.metadata.get(key).ok_or_else(|| {
@@ -238,6 +243,11 @@ impl SafetensorsFiles {
             path: first.clone(),
             tensors,
         })
+    }
+
+    /// The names of the tensors, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
     }
 }
 

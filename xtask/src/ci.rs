@@ -1,7 +1,7 @@
 //! `cargo xtask ci`: what `.ci/run` runs after fetching the real models.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -70,6 +70,11 @@ pub fn run(require_models: bool) -> Result<()> {
             missing.join("; ")
         ),
     }
+    // Every parser fuzzed briefly, in the release build the real-model tests made.
+    let harness = ["--seconds".to_string(), crate::fuzz::CI_SECONDS.to_string()];
+    let fuzz_args = crate::fuzz::cargo_args(true, &harness);
+    let fuzz_args: Vec<&str> = fuzz_args.iter().map(String::as_str).collect();
+    step(&fuzz_args, &[], None)?;
     println!("ci: {} passed, {} failed", tally.passed, tally.failed);
     Ok(())
 }
@@ -103,9 +108,7 @@ fn step(args: &[&str], env: &[(&str, &str)], tally: Option<&mut Tally>) -> Resul
 
 /// Prints how much disk the build directory takes: a clean CI build must fit the CI machine's disk.
 fn print_target_size() {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = crate::target_dir();
     let gib = directory_size(&target) as f64 / (1u64 << 30) as f64;
     println!("ci: {} holds {gib:.1} GiB", target.display());
 }

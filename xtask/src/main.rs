@@ -4,6 +4,7 @@ mod bench;
 mod ci;
 mod demo;
 mod docs;
+mod fuzz;
 mod machine;
 mod models;
 mod peers;
@@ -64,8 +65,13 @@ enum Command {
     /// Build llama.cpp's `llama-bench` (the peer `bench_llm` measures in the same run when
     /// SPECVOICE_LLAMA_BENCH names it) and print that setting
     LlamaBench(peers::LlamaBenchArgs),
+    /// Fuzz the parsers (WAV, GGUF, CTranslate2, safetensors, tokenizers, the registry, timed
+    /// partials, the WebSocket protocol) for a while each; fails on a crash, a hang, or memory
+    /// out of proportion to the input
+    Fuzz(fuzz::FuzzArgs),
     /// What CI runs: fmt check, clippy -D warnings, the docs with warnings as errors, the
-    /// workspace tests, and the real-model tests when the models are present
+    /// workspace tests, the real-model tests when the models are present, and a short fuzzing
+    /// run of every parser
     Ci {
         /// Fail when the real models are missing instead of skipping their tests
         #[arg(long)]
@@ -76,6 +82,13 @@ enum Command {
 /// The cargo that runs this command (or the one on the PATH).
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// The build directory: `CARGO_TARGET_DIR`, else the workspace's `target`.
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
 /// `cargo metadata` of the workspace's own packages.
@@ -110,6 +123,7 @@ fn main() -> Result<()> {
         Command::TrainHeads(args) => train::heads(&args),
         Command::TrainSsdDraft(args) => train::ssd_draft(&args),
         Command::LlamaBench(args) => peers::llama_bench(&args),
+        Command::Fuzz(args) => fuzz::run(&args),
         Command::Ci { require_models } => ci::run(require_models),
     }
 }

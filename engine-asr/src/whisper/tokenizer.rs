@@ -64,7 +64,13 @@ impl WhisperTokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no tokenizer.json"),
             });
         }
-        let inner = Tokenizer::from_file(path).map_err(|e| bad(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        // Checked to be JSON first: `tokenizers` panics on a syntax error inside the `decoder`
+        // entry where it returns an error for one elsewhere.
+        serde_json::from_str::<serde_json::Value>(&text).map_err(|e| bad(e.to_string()))?;
+        let inner: Tokenizer = text
+            .parse()
+            .map_err(|e: tokenizers::Error| bad(e.to_string()))?;
         let id = |token: &str| {
             inner
                 .token_to_id(token)
@@ -267,6 +273,27 @@ impl WhisperTokenizer {
         Error::TokenizerMismatch {
             path: self.path.clone(),
             reason,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by `cargo xtask fuzz tokenizer-json`: `tokenizers` panicked on a syntax error
+    /// inside the `decoder` entry instead of returning an error.
+    #[test]
+    fn a_tokenizer_json_broken_inside_its_decoder_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        for broken in [
+            r#"{"decoder":{"type","ByteLevel"}}"#,
+            r#"{"decoder":{"type":"ByteLevel","tr\ud800s":true}}"#,
+        ] {
+            std::fs::write(&path, broken).unwrap();
+            let err = WhisperTokenizer::from_file(&path).unwrap_err();
+            assert!(matches!(err, Error::Tokenizer { .. }), "{err}");
         }
     }
 }

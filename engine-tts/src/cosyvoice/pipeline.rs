@@ -561,7 +561,7 @@ pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
     let fail = |path: PathBuf, reason: String| CosyVoiceError::File { path, reason };
     let json = dir.join("tokenizer.json");
     if json.is_file() {
-        return tokenizers::Tokenizer::from_file(&json)
+        return engine_llm::tokenizer::read_tokenizer_json(&json)
             .map_err(|e| fail(json.clone(), e.to_string()));
     }
     let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
