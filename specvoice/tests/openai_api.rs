@@ -164,28 +164,7 @@ async fn connect_ws(
 
 #[tokio::test]
 async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits() {
-    let dir = tempfile::tempdir().unwrap();
-    write_hf(dir.path(), 31).unwrap();
-    let whisper = dir.path().to_path_buf();
-    let engines = engines_from(
-        move || Transcriber::load(&whisper, &LoadOptions::default()),
-        || tiny_chat_model(11),
-    );
-    let config = ServeConfig {
-        listener: random_listener_config(),
-        predgen: random_predgen_config(),
-        api_keys: vec![KEY.to_string()],
-        sessions_per_client: 1,
-        ..ServeConfig::default()
-    };
-    let server = Server::start(
-        "127.0.0.1:0".parse().unwrap(),
-        config,
-        engines,
-        copies_of(FixedLatencySynthesizer::default()),
-    )
-    .await
-    .unwrap();
+    let (server, _dir) = keyed_server(1).await;
     assert_eq!(connect_ws(&server, &[]).await.err(), Some(401));
     let wrong = [("authorization", "Bearer sk-wrong")];
     assert_eq!(connect_ws(&server, &wrong).await.err(), Some(401));
@@ -218,8 +197,9 @@ async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits()
     server.shutdown().await.unwrap();
 }
 
-/// A server on the random models with the test's key, and the folder of its random Whisper.
-async fn keyed_server() -> (Server, tempfile::TempDir) {
+/// A server on the random models with the test's key, each client holding at most
+/// `sessions_per_client` places, and the folder of its random Whisper.
+async fn keyed_server(sessions_per_client: usize) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     write_hf(dir.path(), 31).unwrap();
     let whisper = dir.path().to_path_buf();
@@ -231,6 +211,7 @@ async fn keyed_server() -> (Server, tempfile::TempDir) {
         listener: random_listener_config(),
         predgen: random_predgen_config(),
         api_keys: vec![KEY.to_string()],
+        sessions_per_client,
         ..ServeConfig::default()
     };
     let server = Server::start(
@@ -254,7 +235,7 @@ async fn async_openai_chats_streams_and_transcribes() {
     };
     use futures_util::StreamExt;
 
-    let (server, dir) = keyed_server().await;
+    let (server, dir) = keyed_server(4).await;
     let config = OpenAIConfig::new()
         .with_api_base(format!("http://{}/v1", server.local_addr()))
         .with_api_key(KEY);

@@ -390,19 +390,47 @@ async fn upgrade(
     State(shared): State<Arc<Shared>>,
     Extension(client): Extension<Client>,
 ) -> Response {
-    let held = match shared.access.hold(&client) {
+    accept(
+        socket,
+        shared,
+        &client,
+        ("specvoice", Endpoint::Native),
+        |socket, shared| async move {
+            connection::serve(socket, shared).await;
+            true
+        },
+    )
+}
+
+/// Upgrades to a WebSocket speaking `protocol` for `client` (429 when the client holds all its
+/// places). While `serve` runs, one of the client's places is held and the connection counted
+/// (from the upgrade, so that a shutdown also waits for connections being opened); `serve`
+/// returning `false` counts a failure of `endpoint`.
+fn accept<F, Served>(
+    socket: WebSocketUpgrade,
+    shared: Arc<Shared>,
+    client: &Client,
+    (protocol, endpoint): (&'static str, Endpoint),
+    serve: F,
+) -> Response
+where
+    F: FnOnce(axum::extract::ws::WebSocket, Arc<Shared>) -> Served + Send + 'static,
+    Served: std::future::Future<Output = bool> + Send + 'static,
+{
+    let held = match shared.access.hold(client) {
         Ok(held) => held,
         Err(error) => return error.into_response(),
     };
-    // Counted from the upgrade, so that a shutdown also waits for connections being opened.
     let open = Open::new(&shared.connections);
     socket
         .max_message_size(MAX_MESSAGE_BYTES)
         .max_frame_size(MAX_MESSAGE_BYTES)
-        .protocols(["specvoice"])
+        .protocols([protocol])
         .on_upgrade(move |socket| async move {
-            let active = shared.metrics.request(Endpoint::Native);
-            connection::serve(socket, Arc::clone(&shared)).await;
+            let active = shared.metrics.request(endpoint);
+            if !serve(socket, Arc::clone(&shared)).await {
+                shared.metrics.failed(endpoint);
+            }
             drop((active, held, open));
         })
 }

@@ -39,7 +39,7 @@ use crate::serve::metrics::Endpoint;
 use crate::serve::pool::{Acquired, Refusal};
 use crate::serve::protocol::{decode_frame, encode_pcm, Outgoing, ServerMessage, SessionMode};
 use crate::serve::session::{self, Input, SessionContext};
-use crate::serve::{Engine, Open, Shared, MAX_MESSAGE_BYTES};
+use crate::serve::{accept, Engine, Shared};
 use crate::turn_end::{SemanticTurnEnd, TurnEnd};
 use crate::{ListenerConfig, Result};
 
@@ -287,34 +287,28 @@ pub(super) async fn upgrade(
             }
         }
     }
-    let held = match shared.access.hold(&client) {
-        Ok(held) => held,
-        Err(error) => return error.into_response(),
-    };
-    let open = Open::new(&shared.connections);
-    socket
-        .max_message_size(MAX_MESSAGE_BYTES)
-        .max_frame_size(MAX_MESSAGE_BYTES)
-        .protocols(["realtime"])
-        .on_upgrade(move |socket| async move {
-            let active = shared.metrics.request(Endpoint::Realtime);
+    accept(
+        socket,
+        shared,
+        &client,
+        ("realtime", Endpoint::Realtime),
+        |socket, shared| async move {
             let (sink, stream) = socket.split();
             let (out, outgoing) = mpsc::channel(256);
             let writer = tokio::spawn(write(sink, outgoing));
             let mut connection = Connection {
                 settings: Settings::new(&shared),
-                shared: Arc::clone(&shared),
+                shared,
                 stream,
                 out,
                 next_event: 0,
             };
-            if !connection.run().await {
-                shared.metrics.failed(Endpoint::Realtime);
-            }
+            let served = connection.run().await;
             drop(connection);
             let _ = writer.await;
-            drop((active, held, open));
-        })
+            served
+        },
+    )
 }
 
 async fn write(mut sink: SplitSink<WebSocket, Message>, mut outgoing: mpsc::Receiver<Value>) {
