@@ -8,7 +8,7 @@
 #
 # See docs/openai.md for TLS behind a reverse proxy and several replicas behind a load balancer.
 
-FROM rust:1.89-bookworm AS build
+FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p specvoice --bin specvoice
