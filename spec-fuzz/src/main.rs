@@ -34,7 +34,7 @@ struct Args {
     /// Seconds one parse may take before it counts as a hang
     #[arg(long, default_value_t = 10.0)]
     timeout: f64,
-    /// Extra seeds: the files in DIR/<target>/
+    /// Extra seeds: the files in DIR/TARGET/
     #[arg(long, value_name = "DIR")]
     corpus: Option<PathBuf>,
     /// List the targets and what they cover

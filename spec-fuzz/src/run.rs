@@ -24,7 +24,7 @@ use crate::targets::Target;
 /// Most inputs a target's corpus grows to.
 const MAX_CORPUS: usize = 512;
 /// Findings kept per target; later ones of a target are counted, not saved.
-const MAX_FINDINGS: usize = 16;
+pub const MAX_FINDINGS: usize = 16;
 
 /// How long and how to fuzz.
 #[derive(Clone, Debug)]

@@ -24,7 +24,7 @@ pub struct FuzzArgs {
     /// Seed of the mutations
     #[arg(long)]
     seed: Option<u64>,
-    /// Extra seeds: the files in DIR/<target>/
+    /// Extra seeds: the files in DIR/TARGET/
     #[arg(long, value_name = "DIR")]
     corpus: Option<PathBuf>,
     /// Build without optimisation, with overflow checks (slower; catches wrapping arithmetic)
