@@ -170,8 +170,9 @@ fn spectrogram(samples: &[f32], trailing_silence: usize, filters: &MelFilters) -
 }
 
 /// A whole recording as Whisper reads it: the log-mel spectrogram of the audio followed by 30 s
-/// of silence (so the clamp at 8 below the maximum and the silence's floor are Whisper's), cut
-/// into 30-second windows at any frame ("seek") while decoding moves through the audio.
+/// of silence (so the frames near the end and the clamp at 8 below the maximum are Whisper's),
+/// cut into 30-second windows at any frame ("seek") while decoding moves through the audio,
+/// each padded with zeros past the audio's last frame as Whisper pads it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WhisperInput {
     mel: LogMel,
@@ -199,8 +200,10 @@ impl WhisperInput {
         self.content_frames
     }
 
-    /// The 30-second window `[n_mels, 3000]` starting at frame `seek` (< [`content_frames`]);
-    /// past the audio it holds the padding's silence.
+    /// The 30-second window `[n_mels, 3000]` starting at frame `seek` (< [`content_frames`]).
+    /// Past the audio it holds zeros, not the spectrogram of silence: Whisper's `transcribe`
+    /// (and faster-whisper's) cuts the spectrogram at the audio's last frame and pads that
+    /// segment with `pad_or_trim`, so the model reads 0.0 after the speech.
     ///
     /// [`content_frames`]: WhisperInput::content_frames
     pub fn window(&self, seek: usize) -> Result<LogMel> {
@@ -211,9 +214,15 @@ impl WhisperInput {
             )));
         }
         let mel = &self.mel;
+        let audio_end = self.content_frames.min(seek + WINDOW_FRAMES);
+        let padding = seek + WINDOW_FRAMES - audio_end;
         let data = (0..mel.n_mels)
-            .flat_map(|m| &mel.row(m)[seek..seek + WINDOW_FRAMES])
-            .copied()
+            .flat_map(|m| {
+                mel.row(m)[seek..audio_end]
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0.0, padding))
+            })
             .collect();
         Ok(LogMel {
             n_mels: mel.n_mels,
@@ -311,14 +320,20 @@ mod tests {
         for seek in [0, 3000, 4321, 7499] {
             let window = input.window(seek).unwrap();
             assert_eq!((window.n_mels, window.frames), (80, WINDOW_FRAMES));
+            let audio = (7500 - seek).min(WINDOW_FRAMES);
             for mel in [0, 40, 79] {
-                assert_eq!(window.row(mel), &whole.row(mel)[seek..seek + WINDOW_FRAMES]);
+                assert_eq!(
+                    &window.row(mel)[..audio],
+                    &whole.row(mel)[seek..seek + audio]
+                );
+                assert!(window.row(mel)[audio..].iter().all(|&v| v == 0.0));
             }
         }
-        // The silence after the audio sits at the clamp, 8 decades below the loudest value.
-        let last = input.window(7499).unwrap();
+        // The spectrogram's own silence after the audio sits at the clamp, 8 decades below
+        // the loudest value; the window holds zeros there (Whisper's padding of the log-mel).
         let max = whole.data.iter().copied().fold(f32::MIN, f32::max);
-        assert!((last.row(10)[2999] - (max - 2.0)).abs() < 1e-6);
+        assert!((whole.row(10)[7600] - (max - 2.0)).abs() < 1e-6);
+        assert_eq!(input.window(7499).unwrap().row(10)[1], 0.0);
         assert!(input.window(7500).is_err());
         assert!(WhisperInput::new(&[0.1; 200], &filters).is_err());
     }

@@ -1,6 +1,6 @@
 //! The audio front end against Whisper's Python implementation, and on the real speech clips.
 
-use engine_asr::{log_mel_spectrogram, Audio, MelFilters, SAMPLE_RATE};
+use engine_asr::{log_mel_spectrogram, Audio, MelFilters, WhisperInput, SAMPLE_RATE};
 
 /// Reference values made by `tests/data/make_mel_reference.py` (faster-whisper's numpy
 /// implementation of Whisper's log-mel spectrogram) on a fixed 0.25 s signal.
@@ -30,6 +30,39 @@ fn log_mel_matches_the_python_implementation() {
         // The values span about 2 units; both sides compute in f32 (numpy's FFT in complex64)
         // and the reference is rounded to 6 decimals: 1.2e-5 apart at most when written.
         assert!(worst < 5e-5, "{n_mels} mels: off by {worst}");
+    }
+}
+
+/// The encoder's window for a 0.25 s signal against faster-whisper's (`transcribe`: the
+/// spectrogram cut at the audio's last frame, padded to 3000 frames by `pad_or_trim`), made by
+/// `tests/data/make_mel_reference.py`: the audio frames agree and the padding is zeros, not the
+/// log-mel of silence (which sat 2 below the loudest value, and made Whisper base transcribe
+/// worse with the whole window encoded).
+#[test]
+fn the_window_past_the_audio_is_padded_as_faster_whisper_pads_it() {
+    let signal: Vec<f32> = {
+        let reference: serde_json::Value =
+            serde_json::from_str(include_str!("data/mel_reference.json")).unwrap();
+        serde_json::from_value(reference["signal"].clone()).unwrap()
+    };
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("data/window_reference.json")).unwrap();
+    let audio: Vec<Vec<f32>> = serde_json::from_value(reference["audio"].clone()).unwrap();
+    let audio_frames = reference["audio_frames"].as_u64().unwrap() as usize;
+    assert_eq!(reference["padding_values"], serde_json::json!([0.0]));
+    let input = WhisperInput::new(&signal, &MelFilters::new(80).unwrap()).unwrap();
+    assert_eq!(input.content_frames(), audio_frames);
+    let window = input.window(0).unwrap();
+    assert_eq!(
+        window.frames,
+        reference["frames"].as_u64().unwrap() as usize
+    );
+    for (mel, expected) in audio.iter().enumerate() {
+        let row = window.row(mel);
+        for (frame, &want) in expected.iter().enumerate() {
+            assert!((row[frame] - want).abs() < 5e-5, "mel {mel}, frame {frame}");
+        }
+        assert!(row[audio_frames..].iter().all(|&v| v == 0.0), "mel {mel}");
     }
 }
 

@@ -729,14 +729,24 @@ fn an_improbable_window_is_decoded_again_at_each_higher_temperature() {
     };
     let transcript = transcriber.transcribe(&audio, &options).unwrap();
     assert_eq!(transcript.stats.fallbacks, 2);
-    assert_eq!(transcript.segments[0].temperature, 1.0);
+    let kept = &transcript.segments[0];
+    assert!([0.0, 0.5, 1.0].contains(&kept.temperature));
     // The same seed samples the same text.
     let again = transcriber.transcribe(&audio, &options).unwrap();
     assert_eq!(again.text, transcript.text);
     // Without thresholds the greedy decoding stands.
     let plain = transcriber.transcribe(&audio, &greedy_options()).unwrap();
     assert_eq!(plain.stats.fallbacks, 0);
-    assert_eq!(plain.segments[0].temperature, 0.0);
+    let greedy = &plain.segments[0];
+    assert_eq!(greedy.temperature, 0.0);
+    // All three failed: the most probable attempt that is no repetition loop is kept
+    // (faster-whisper), so never one less probable than the greedy one when that passed.
+    if greedy.compression_ratio <= 2.4 {
+        assert!(
+            kept.avg_logprob >= greedy.avg_logprob,
+            "{kept:?} {greedy:?}"
+        );
+    }
 }
 
 #[test]

@@ -228,6 +228,45 @@ fn folder_configs(folder: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>> {
     Ok(configs)
 }
 
+/// One decoding of a window at one temperature of the fallback.
+struct Attempt {
+    candidate: Candidate,
+    temperature: f32,
+    no_speech: f32,
+    /// A compression-ratio threshold is set and the text compresses no better than it.
+    below_compression_threshold: bool,
+}
+
+/// The attempt kept when every temperature failed the checks, as faster-whisper's
+/// `generate_with_fallback` keeps it: the best average log-probability among the attempts
+/// that passed the compression-ratio check, or among all of them if none did (the first of
+/// equals).
+fn best_failed_attempt(attempts: &[Attempt]) -> usize {
+    let passed: Vec<usize> = (0..attempts.len())
+        .filter(|&i| attempts[i].below_compression_threshold)
+        .collect();
+    let pool = if passed.is_empty() {
+        (0..attempts.len()).collect()
+    } else {
+        passed
+    };
+    let mut best = pool[0];
+    for &i in &pool[1..] {
+        if attempts[i].candidate.avg_logprob() > attempts[best].candidate.avg_logprob() {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Whether a decoded window is skipped as silence: likely no speech, unless the text is
+/// probable enough (faster-whisper's `generate_segments`: a no-speech probability above its
+/// threshold, and no average log-probability above the log-probability threshold).
+fn is_silence(options: &TranscribeOptions, no_speech: f32, avg_logprob: f32) -> bool {
+    options.no_speech_threshold.is_some_and(|t| no_speech > t)
+        && !options.log_prob_threshold.is_some_and(|t| avg_logprob > t)
+}
+
 /// A Whisper model with its tokenizer and mel filters: audio in, text out.
 #[derive(Debug)]
 pub struct Transcriber {
@@ -454,7 +493,7 @@ impl Transcriber {
         } else {
             options.temperatures.clone()
         };
-        let mut last = None;
+        let mut attempts: Vec<Attempt> = Vec::with_capacity(temperatures.len());
         for (attempt, &temperature) in temperatures.iter().enumerate() {
             let (no_speech, next) = run_prompt(
                 &mut self.model,
@@ -569,9 +608,10 @@ impl Transcriber {
                 sample_window(&mut self.model, &rules, next, end, max_tokens, 0.0, rng)?
             };
             let text = self.tokenizer.decode(&candidate.tokens)?;
+            let ratio = compression_ratio(text.trim());
             let too_repetitive = options
                 .compression_ratio_threshold
-                .is_some_and(|t| compression_ratio(&text) > t);
+                .is_some_and(|t| ratio > t);
             let improbable = options
                 .log_prob_threshold
                 .is_some_and(|t| candidate.avg_logprob() < t);
@@ -579,12 +619,22 @@ impl Transcriber {
                 .no_speech_threshold
                 .is_some_and(|t| no_speech > t && improbable);
             let done = silent || !(too_repetitive || improbable);
-            last = Some((candidate, temperature, no_speech, attempt));
+            attempts.push(Attempt {
+                candidate,
+                temperature,
+                no_speech,
+                below_compression_threshold: options
+                    .compression_ratio_threshold
+                    .is_some_and(|_| !too_repetitive),
+            });
             if done {
-                break;
+                let last = attempts.pop().expect("just pushed");
+                return Ok((last.candidate, last.temperature, last.no_speech, attempt));
             }
         }
-        Ok(last.expect("at least one temperature"))
+        let fallbacks = attempts.len() - 1;
+        let best = attempts.swap_remove(best_failed_attempt(&attempts));
+        Ok((best.candidate, best.temperature, best.no_speech, fallbacks))
     }
 
     /// Transcribes 16 kHz mono `samples`.
@@ -696,11 +746,7 @@ impl Transcriber {
             stats.forwards += candidate.forwards;
             stats.fallbacks += fallbacks;
             let window_start = seek as f32 / FRAMES_PER_SECOND;
-            let skip = options.no_speech_threshold.is_some_and(|t| no_speech > t)
-                && options
-                    .log_prob_threshold
-                    .is_some_and(|t| candidate.avg_logprob() < t);
-            if skip {
+            if is_silence(options, no_speech, candidate.avg_logprob()) {
                 seek += audio_frames;
                 continue;
             }
@@ -875,5 +921,66 @@ impl Transcriber {
             let last_timestamp = tokens[last - 1];
             Ok((t.timestamp_seconds(last_timestamp) * FRAMES_PER_SECOND).round() as usize)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(sum_logprob: f32, tokens: usize, below_compression_threshold: bool) -> Attempt {
+        Attempt {
+            candidate: Candidate {
+                tokens: vec![1; tokens],
+                sum_logprob,
+                finished: true,
+                forwards: tokens,
+            },
+            temperature: 0.0,
+            no_speech: 0.0,
+            below_compression_threshold,
+        }
+    }
+
+    /// When every temperature fails, the most probable text that is not a repetition loop is
+    /// kept, not the last attempt (this engine used to keep the last).
+    #[test]
+    fn all_failed_keeps_the_most_probable_attempt_below_the_compression_threshold() {
+        // Average log-probabilities: -1.5, -2.0, -0.5 (a loop), -1.2, -3.0.
+        let attempts = [
+            attempt(-3.0, 1, true),
+            attempt(-4.0, 1, true),
+            attempt(-1.0, 1, false),
+            attempt(-2.4, 1, true),
+            attempt(-6.0, 1, true),
+        ];
+        assert_eq!(best_failed_attempt(&attempts), 3);
+        // All loops (or no compression threshold): the most probable of all.
+        let loops = [attempt(-3.0, 2, false), attempt(-1.0, 2, false)];
+        assert_eq!(best_failed_attempt(&loops), 1);
+        // Ties keep the first.
+        let equal = [attempt(-2.0, 1, true), attempt(-2.0, 1, true)];
+        assert_eq!(best_failed_attempt(&equal), 0);
+    }
+
+    /// A window is skipped when it is probably silence unless its text is probable enough; with
+    /// no log-probability threshold the no-speech probability alone decides (faster-whisper).
+    #[test]
+    fn silence_needs_a_likely_no_speech_and_no_probable_text() {
+        let options = TranscribeOptions::default();
+        assert!(is_silence(&options, 0.7, -1.5));
+        assert!(is_silence(&options, 0.7, -1.0));
+        assert!(!is_silence(&options, 0.7, -0.5));
+        assert!(!is_silence(&options, 0.5, -1.5));
+        let no_log_prob = TranscribeOptions {
+            log_prob_threshold: None,
+            ..TranscribeOptions::default()
+        };
+        assert!(is_silence(&no_log_prob, 0.7, -0.1));
+        let no_threshold = TranscribeOptions {
+            no_speech_threshold: None,
+            ..TranscribeOptions::default()
+        };
+        assert!(!is_silence(&no_threshold, 0.99, -5.0));
     }
 }

@@ -39,3 +39,21 @@ for n_mels in (80, 128):
 with open("mel_reference.json", "w") as f:
     json.dump(reference, f)
 print({k: np.array(v).shape for k, v in reference.items() if k.startswith("mel")})
+
+# The encoder's 30-second window for this signal as faster-whisper's transcribe builds it:
+# the spectrogram with its default 160 samples of padding, cut at the audio's last frame and
+# padded to 3000 frames by pad_or_trim. Written as its audio frames and the padding's values.
+from faster_whisper.audio import pad_or_trim
+
+features = FeatureExtractor(feature_size=80)(waveform)
+content_frames = features.shape[-1] - 1
+window = pad_or_trim(features[:, :content_frames])
+window_reference = {
+    "frames": int(window.shape[-1]),
+    "audio_frames": content_frames,
+    "audio": [[round(float(v), 6) for v in row[:content_frames]] for row in window],
+    "padding_values": sorted(set(float(v) for v in window[:, content_frames:].ravel())),
+}
+with open("window_reference.json", "w") as f:
+    json.dump(window_reference, f)
+print({"window": window.shape, "padding": window_reference["padding_values"]})

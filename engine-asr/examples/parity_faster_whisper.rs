@@ -1,0 +1,376 @@
+//! Token-for-token parity with faster-whisper 1.2.1: both decode the very same 16 kHz samples
+//! with the same weights and settings (the whole 30-second window encoded, f32 matrices,
+//! greedy, no timestamps, language en, blank and non-speech suppression, no VAD, no
+//! previous-text conditioning) and their token ids are compared clip by clip; WER with
+//! Whisper's English normalizer on both sides.
+//!
+//! The clips: the real recordings of `$SPECVOICE_MODELS/data/speech` and the sentences of
+//! `engine-asr/data/parity_sentences.txt` spoken by `espeak-ng` in two voices (American at 160
+//! words a minute, British RP at 140), cached with the raw samples both sides read under
+//! `--dir` (default `$CARGO_TARGET_DIR/parity`).
+//!
+//! ```sh
+//! SPECVOICE_FASTER_WHISPER=/path/to/venv/bin/python \
+//!   cargo run --release -p engine-asr --example parity_faster_whisper -- \
+//!   [--models whisper-tiny.en-ct2,whisper-base-ct2] [--fallback]
+//! ```
+//!
+//! faster-whisper's answers are cached beside the clips (delete them after changing its
+//! version or the set).
+//!
+//! `--fallback` runs both with the default temperature fallback (0, 0.2 … 1.0, one sample per
+//! temperature) instead of temperature 0 only: windows that fall back are sampled, so they
+//! match only by chance; the table then counts the windows each side re-decoded.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use engine_asr::normalize::EnglishTextNormalizer;
+use engine_asr::wer::{word_errors, WordErrors};
+use engine_asr::{Audio, EncoderLength, LoadOptions, TranscribeOptions, Transcriber};
+use serde::Deserialize;
+use spec_core::report::{Report, Table};
+use spec_models::{Registry, Store};
+use spec_nn::Requantize;
+
+#[derive(Parser, Debug)]
+#[command(about = "Whisper token parity with faster-whisper")]
+struct Args {
+    /// Models (names in the models folder or folders).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "whisper-tiny.en-ct2,whisper-base-ct2"
+    )]
+    models: Vec<String>,
+    /// The default temperature fallback on both sides instead of temperature 0 only.
+    #[arg(long)]
+    fallback: bool,
+    /// Where the clips' raw samples are cached.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Only the first N clips (a quick check).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write every differing clip's raw samples path and both sides' tokens here (JSON lines),
+    /// to study the first difference.
+    #[arg(long)]
+    differences: Option<PathBuf>,
+}
+
+/// A clip of the set: its raw 16 kHz f32 samples on disk (what faster-whisper reads) and in
+/// memory, with the reference transcript.
+struct Clip {
+    name: String,
+    raw: PathBuf,
+    samples: Vec<f32>,
+    reference: String,
+}
+
+/// The espeak-ng voices the written sentences are spoken in: (voice, words per minute).
+const VOICES: [(&str, &str); 2] = [("en-us", "160"), ("en-gb-x-rp", "140")];
+
+fn write_raw(path: &Path, samples: &[f32]) -> Result<()> {
+    let bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
+    std::fs::write(path, bytes).with_context(|| path.display().to_string())
+}
+
+fn clip_set(store: &Store<'_>, dir: &Path) -> Result<Vec<Clip>> {
+    std::fs::create_dir_all(dir)?;
+    let mut clips = Vec::new();
+    for clip in spec_models::speech::clips(store)? {
+        let samples = Audio::read_wav(&clip.wav)?.to_16k()?;
+        let stem = clip.wav.file_stem().unwrap_or_default().to_string_lossy();
+        let parent = clip
+            .wav
+            .parent()
+            .and_then(Path::file_name)
+            .unwrap_or_default()
+            .to_string_lossy();
+        let name = format!("{parent}/{stem}");
+        let raw = dir.join(format!("{parent}-{stem}.f32"));
+        write_raw(&raw, &samples)?;
+        clips.push(Clip {
+            name,
+            raw,
+            samples,
+            reference: clip.transcript,
+        });
+    }
+    let sentences = include_str!("../data/parity_sentences.txt");
+    for (voice, rate) in VOICES {
+        for (i, sentence) in sentences
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+        {
+            let wav = dir.join(format!("{voice}-{i:02}.wav"));
+            if !wav.is_file() {
+                let status = Command::new("espeak-ng")
+                    .args(["-v", voice, "-s", rate, "-w"])
+                    .arg(&wav)
+                    .arg(sentence)
+                    .status()
+                    .context("espeak-ng (apt-get install espeak-ng)")?;
+                if !status.success() {
+                    bail!("espeak-ng failed on {sentence:?}");
+                }
+            }
+            let samples = Audio::read_wav(&wav)?.to_16k()?;
+            let raw = wav.with_extension("f32");
+            write_raw(&raw, &samples)?;
+            clips.push(Clip {
+                name: format!("{voice}/{i:02}"),
+                raw,
+                samples,
+                reference: sentence.to_string(),
+            });
+        }
+    }
+    Ok(clips)
+}
+
+#[derive(Deserialize)]
+struct PeerOutput {
+    results: Vec<PeerClip>,
+}
+
+#[derive(Deserialize)]
+struct PeerClip {
+    clip: String,
+    tokens: Vec<u32>,
+    text: String,
+    temperatures: Vec<f32>,
+}
+
+/// faster-whisper's output on `clips`, cached in `cache` (its run is most of the harness's
+/// time, and its answer depends only on the model, the clips and the settings).
+fn faster_whisper(
+    python: &Path,
+    model: &Path,
+    clips: &[Clip],
+    fallback: bool,
+    cache: &Path,
+) -> Result<Vec<PeerClip>> {
+    if let Ok(text) = std::fs::read(cache) {
+        let cached: PeerOutput = serde_json::from_slice(&text)?;
+        let raws: Vec<String> = clips.iter().map(|c| c.raw.display().to_string()).collect();
+        let cached_raws: Vec<&String> = cached.results.iter().map(|r| &r.clip).collect();
+        if cached_raws
+            .iter()
+            .eq(raws.iter().collect::<Vec<_>>().iter())
+        {
+            return Ok(cached.results);
+        }
+    }
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/peers/parity_faster_whisper.py");
+    let mut command = Command::new(python);
+    command.arg(&script).arg("--model").arg(model);
+    if fallback {
+        command.arg("--fallback");
+    }
+    command.args(clips.iter().map(|c| &c.raw));
+    let output = command.output().context("running faster-whisper")?;
+    if !output.status.success() {
+        bail!(
+            "faster-whisper failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let parsed: PeerOutput = serde_json::from_slice(&output.stdout)?;
+    std::fs::write(cache, &output.stdout).with_context(|| cache.display().to_string())?;
+    if parsed.results.len() != clips.len() {
+        bail!(
+            "faster-whisper answered for {} clips of {}",
+            parsed.results.len(),
+            clips.len()
+        );
+    }
+    Ok(parsed.results)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let python = std::env::var_os("SPECVOICE_FASTER_WHISPER")
+        .map(PathBuf::from)
+        .context("set SPECVOICE_FASTER_WHISPER to a Python with faster-whisper 1.2.1")?;
+    let store = Store::new(spec_models::models_dir()?, Registry::builtin());
+    let normalizer = EnglishTextNormalizer::from_file(&store.data_file("whisper/english.json")?)?;
+    let dir = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => {
+            PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
+                .join("parity")
+        }
+    };
+    let mut clips = clip_set(&store, &dir)?;
+    if let Some(limit) = args.limit {
+        clips.truncate(limit);
+    }
+    let options = TranscribeOptions {
+        language: Some("en".into()),
+        best_of: 1,
+        condition_on_previous_text: false,
+        encoder_length: EncoderLength::Full,
+        ..if args.fallback {
+            TranscribeOptions::default()
+        } else {
+            TranscribeOptions {
+                temperatures: vec![0.0],
+                ..TranscribeOptions::default()
+            }
+        }
+    };
+    // The library's defaults (Q8_0 decoder, audio + 10 s encoder, temperature fallback) for
+    // the last column.
+    let default_options = TranscribeOptions {
+        language: Some("en".into()),
+        ..TranscribeOptions::default()
+    };
+    let load = LoadOptions {
+        requantize: Requantize::Keep,
+        ..LoadOptions::default()
+    };
+    let mut table = Table::new(
+        format!(
+            "Token parity with faster-whisper 1.2.1 (float32), {} clips, {}",
+            clips.len(),
+            if args.fallback {
+                "temperature fallback 0, 0.2 … 1.0 (one sample each)"
+            } else {
+                "greedy (temperature 0 only)"
+            }
+        ),
+        &[
+            "model",
+            "identical tokens",
+            "differing",
+            "WER % SpecVoice",
+            "WER % faster-whisper",
+            "windows re-decoded SpecVoice / faster-whisper",
+            "WER % SpecVoice default settings",
+        ],
+    );
+    let mut details = Table::new(
+        "Clips whose tokens differ",
+        &[
+            "model",
+            "clip",
+            "first difference at token",
+            "SpecVoice",
+            "faster-whisper",
+        ],
+    );
+    let mut differences = Vec::new();
+    for name in &args.models {
+        let model = store.resolve(name)?;
+        eprintln!("== {name}: faster-whisper");
+        let cache = dir.join(format!(
+            "faster-whisper-{}-{}.json",
+            name.replace('/', "_"),
+            if args.fallback { "fallback" } else { "greedy" }
+        ));
+        let peers = faster_whisper(&python, &model.dir, &clips, args.fallback, &cache)?;
+        eprintln!("== {name}: SpecVoice");
+        let mut transcriber = Transcriber::load(&model.dir, &load)?;
+        let mut default_transcriber = Transcriber::load(&model.dir, &LoadOptions::default())?;
+        let mut default_errors = WordErrors::default();
+        let (mut identical, mut ours_errors, mut peer_errors) =
+            (0, WordErrors::default(), WordErrors::default());
+        let (mut ours_fallbacks, mut peer_fallbacks) = (0, 0);
+        for (clip, peer) in clips.iter().zip(&peers) {
+            let transcript = transcriber.transcribe(&clip.samples, &options)?;
+            let tokens: Vec<u32> = transcript
+                .segments
+                .iter()
+                .flat_map(|s| s.tokens.iter().copied())
+                .collect();
+            ours_fallbacks += transcript.stats.fallbacks;
+            peer_fallbacks += peer.temperatures.iter().filter(|&&t| t > 0.0).count();
+            let reference = normalizer.normalize(&clip.reference);
+            let default = default_transcriber.transcribe(&clip.samples, &default_options)?;
+            default_errors += word_errors(&reference, &normalizer.normalize(&default.text));
+            ours_errors += word_errors(&reference, &normalizer.normalize(&transcript.text));
+            peer_errors += word_errors(&reference, &normalizer.normalize(&peer.text));
+            if tokens == peer.tokens {
+                identical += 1;
+                continue;
+            }
+            let first = tokens
+                .iter()
+                .zip(&peer.tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            eprintln!(
+                "{name} {}: differs at token {first}\n  ours: {}\n  peer: {}",
+                clip.name, transcript.text, peer.text
+            );
+            differences.push(serde_json::json!({
+                "model": model.dir,
+                "clip": clip.raw,
+                "ours": tokens,
+                "peer": peer.tokens,
+            }));
+            details.push(vec![
+                name.clone(),
+                clip.name.clone(),
+                first.to_string(),
+                transcript.text.clone(),
+                peer.text.clone(),
+            ]);
+        }
+        table.push(vec![
+            name.clone(),
+            identical.to_string(),
+            (clips.len() - identical).to_string(),
+            format!("{:.2}", 100.0 * ours_errors.rate()),
+            format!("{:.2}", 100.0 * peer_errors.rate()),
+            format!("{ours_fallbacks} / {peer_fallbacks}"),
+            format!("{:.2}", 100.0 * default_errors.rate()),
+        ]);
+    }
+    let report = Report {
+        command: format!(
+            "cargo run --release -p engine-asr --example parity_faster_whisper -- --models {}{}",
+            args.models.join(","),
+            if args.fallback { " --fallback" } else { "" }
+        ),
+        tables: vec![table, details],
+        notes: vec![
+            "Both sides: the whole 30-second window encoded, f32 weights (faster-whisper's \
+             compute_type float32, SpecVoice's Requantize::Keep), beam 1, best_of 1, no \
+             timestamps, language en, suppress_blank, suppress_tokens [-1], no VAD, no \
+             previous-text conditioning. The last column is SpecVoice with its defaults (Q8_0 \
+             decoder, the audio and 10 s of padding encoded, temperature fallback)."
+                .into(),
+            format!(
+                "Clips: the {} real recordings of data/speech and {} sentences of \
+             engine-asr/data/parity_sentences.txt spoken by espeak-ng ({}).",
+                clips.iter().filter(|c| !c.name.starts_with("en-")).count(),
+                clips.iter().filter(|c| c.name.starts_with("en-")).count(),
+                VOICES
+                    .iter()
+                    .map(|(v, r)| format!("{v} at {r} words a minute"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ],
+        ..Report::default()
+    };
+    print!("{}", report.markdown());
+    if let Some(path) = &args.differences {
+        let lines: Vec<String> = differences.iter().map(|d| d.to_string()).collect();
+        std::fs::write(path, lines.join("\n")).with_context(|| path.display().to_string())?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| path.display().to_string())?;
+    }
+    Ok(())
+}
