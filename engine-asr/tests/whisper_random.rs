@@ -698,6 +698,67 @@ fn a_huge_encoder_margin_reads_the_whole_window() {
     assert_eq!(got.text, expected.text);
 }
 
+/// The window past the audio is zeros, where the model may still put timestamps (tiny.en ended
+/// a segment at 2.0 s of a 1.1 s clip): segment times stay within the audio.
+#[test]
+fn timestamps_in_the_padding_are_clamped_to_the_audio() {
+    let audio = tones(0.25, 220.0);
+    let options = TranscribeOptions {
+        timestamps: true,
+        encoder_length: EncoderLength::Full,
+        ..greedy_options()
+    };
+    let mut segments = 0;
+    for seed in 0..6 {
+        let dir = tempfile::tempdir().unwrap();
+        write_hf(dir.path(), seed).unwrap();
+        let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+        let transcript = transcriber.transcribe(&audio, &options).unwrap();
+        for segment in &transcript.segments {
+            assert!(
+                0.0 <= segment.start && segment.start <= segment.end && segment.end <= 0.25,
+                "seed {seed}: {segment:?}"
+            );
+            segments += 1;
+        }
+    }
+    assert!(segments > 0, "no segment checked");
+}
+
+/// A window whose decoding is still a repetition loop after the fallback, with the encoder cut
+/// short of the window, is decoded again from the whole window (a threshold of 0 makes every
+/// text a loop): the transcript of the 30-second encoder.
+#[test]
+fn a_loop_under_a_short_encoder_is_decoded_again_from_the_whole_window() {
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), 11).unwrap();
+    let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let audio = tones(0.3, 330.0);
+    let options = |encoder_length, compression_ratio_threshold| TranscribeOptions {
+        encoder_length,
+        compression_ratio_threshold,
+        ..greedy_options()
+    };
+    let short = EncoderLength::Audio { margin_frames: 10 };
+    let full = transcriber
+        .transcribe(&audio, &options(EncoderLength::Full, None))
+        .unwrap();
+    let plain = transcriber
+        .transcribe(&audio, &options(short, None))
+        .unwrap();
+    assert_ne!(plain.segments[0].tokens, full.segments[0].tokens);
+    let retried = transcriber
+        .transcribe(&audio, &options(short, Some(0.0)))
+        .unwrap();
+    assert_eq!(retried.segments[0].tokens, full.segments[0].tokens);
+    assert_eq!(retried.stats.fallbacks, 1);
+    // With the whole window from the start there is nothing to retry.
+    let whole = transcriber
+        .transcribe(&audio, &options(EncoderLength::Full, Some(0.0)))
+        .unwrap();
+    assert_eq!(whole.stats.fallbacks, 0);
+}
+
 #[test]
 fn streaming_refuses_beam_search() {
     let dir = tempfile::tempdir().unwrap();

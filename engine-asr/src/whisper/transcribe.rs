@@ -48,7 +48,8 @@ pub enum EncoderLength {
     Full,
     /// The audio in the window plus `margin_frames` of padding (whisper.cpp's `audio_ctx`): a
     /// 3 s clip costs under half the encoder work. With too little padding the decoder does
-    /// not see the speech end and loops (tiny.en with 5 s: 248 % WER on the real clips).
+    /// not see the speech end and loops (tiny.en with 5 s: 248 % WER on the real clips); a
+    /// window still looping after the temperature fallback is decoded again from all 30 s.
     Audio { margin_frames: usize },
 }
 
@@ -637,6 +638,19 @@ impl Transcriber {
         Ok((best.candidate, best.temperature, best.no_speech, fallbacks))
     }
 
+    /// Whether the decoded text compresses better than the compression-ratio threshold allows.
+    fn is_repetition_loop(
+        &self,
+        options: &TranscribeOptions,
+        candidate: &Candidate,
+    ) -> Result<bool> {
+        let Some(threshold) = options.compression_ratio_threshold else {
+            return Ok(false);
+        };
+        let text = self.tokenizer.decode(&candidate.tokens)?;
+        Ok(compression_ratio(text.trim()) > threshold)
+    }
+
     /// Transcribes 16 kHz mono `samples`.
     pub fn transcribe(
         &mut self,
@@ -730,18 +744,43 @@ impl Transcriber {
             };
             let (prompt, sot) = self.prompt(window_options, language.as_deref(), context)?;
             let mut window_draft = DecodeStats::default();
-            let (candidate, temperature, no_speech, fallbacks) = self.decode_window(
-                window_options,
-                &prompt,
-                sot,
-                &mut rng,
-                &mut stats.heads,
-                &mut window_draft,
-            )?;
+            let (mut candidate, mut temperature, mut no_speech, mut fallbacks) = self
+                .decode_window(
+                    window_options,
+                    &prompt,
+                    sot,
+                    &mut rng,
+                    &mut stats.heads,
+                    &mut window_draft,
+                )?;
             if let (true, Some(draft)) = (drafting, self.draft.as_mut()) {
                 draft.economics.observe(&window_draft, draft_encoder_time);
             }
             stats.draft.merge(&window_draft);
+            // An encoder cut short of the window can hide where the speech ends: the decoder
+            // then repeats the last words at every temperature (tiny.en with 5 s of padding,
+            // "10 of clubs" to the length limit). A window still looping after the fallback is
+            // decoded again from the whole 30 s, faster-whisper's condition.
+            if mel.frames < window_frames && self.is_repetition_loop(options, &candidate)? {
+                let full = TranscribeOptions {
+                    encoder_length: EncoderLength::Full,
+                    draft: None,
+                    ..window_options.clone()
+                };
+                let mel =
+                    self.encoder_input(input.window(seek)?, audio_frames, full.encoder_length);
+                stats.encoder_time += self.encode(&mel)?;
+                stats.forwards += candidate.forwards;
+                stats.fallbacks += fallbacks + 1;
+                (candidate, temperature, no_speech, fallbacks) = self.decode_window(
+                    &full,
+                    &prompt,
+                    sot,
+                    &mut rng,
+                    &mut stats.heads,
+                    &mut DecodeStats::default(),
+                )?;
+            }
             stats.decoder_time += decode_start.elapsed();
             stats.forwards += candidate.forwards;
             stats.fallbacks += fallbacks;
@@ -859,6 +898,9 @@ impl Transcriber {
             })
         };
         let window_seconds = audio_frames as f32 / FRAMES_PER_SECOND;
+        // The window past the audio is padding: a timestamp there marks no speech, so times
+        // are clamped to the audio's end.
+        let seconds = |token: u32| t.timestamp_seconds(token).clamp(0.0, window_seconds);
         let ends_with_single_timestamp = tokens.len() >= 2
             && t.is_timestamp(tokens[tokens.len() - 1])
             && !t.is_timestamp(tokens[tokens.len() - 2]);
@@ -870,7 +912,7 @@ impl Transcriber {
                 .iter()
                 .rev()
                 .find(|&&x| t.is_timestamp(x))
-                .map_or(window_seconds, |&x| t.timestamp_seconds(x).max(0.0));
+                .map_or(window_seconds, |&x| seconds(x));
             let end = if candidate.tokens.iter().any(|&x| t.is_timestamp(x)) {
                 end
             } else {
@@ -900,12 +942,12 @@ impl Transcriber {
                     .filter(|&x| !t.is_timestamp(x))
                     .collect();
                 let start = if t.is_timestamp(first) {
-                    t.timestamp_seconds(first)
+                    seconds(first)
                 } else {
                     0.0
                 };
                 let stop = if t.is_timestamp(closing) {
-                    t.timestamp_seconds(closing)
+                    seconds(closing)
                 } else {
                     start
                 };
