@@ -319,9 +319,13 @@ struct ServeArgs {
     #[arg(long, default_value = "auto")]
     voice: String,
 
-    /// Seconds the server waits for a client's `start`, or for audio in a session
+    /// Seconds the server waits for audio in a session
     #[arg(long, default_value_t = 30)]
     idle_secs: u64,
+
+    /// Seconds a client may take to send a request's head, or a WebSocket session's `start`
+    #[arg(long, default_value_t = ServeConfig::default().handshake_timeout.as_secs())]
+    handshake_secs: u64,
 
     /// Seconds the sessions get to finish on shutdown (Ctrl-C, SIGTERM)
     #[arg(long, default_value_t = 30)]
@@ -345,6 +349,20 @@ struct ServeArgs {
     /// Sessions and requests one key (or, without keys, one address) may hold at once
     #[arg(long, default_value_t = ServeConfig::default().sessions_per_client)]
     sessions_per_client: usize,
+
+    /// Connections one address may have open at once (behind a reverse proxy, every client
+    /// has the proxy's address: raise it there)
+    #[arg(long, default_value_t = ServeConfig::default().connections_per_address)]
+    connections_per_address: usize,
+
+    /// Requests (WebSocket connections included) one key, or one address without keys, may
+    /// make a minute
+    #[arg(long, default_value_t = ServeConfig::default().requests_per_minute)]
+    requests_per_minute: u32,
+
+    /// Messages a second a WebSocket client may send on average (bursts of five seconds' worth)
+    #[arg(long, default_value_t = ServeConfig::default().messages_per_second)]
+    messages_per_second: u32,
 
     /// Most megabytes of a request body (an upload to /v1/audio/transcriptions)
     #[arg(long, default_value_t = 25)]
@@ -416,6 +434,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         },
         caption_max_tokens: args.caption_tokens,
         idle_timeout: Duration::from_secs(args.idle_secs),
+        handshake_timeout: Duration::from_secs(args.handshake_secs),
+        connections_per_address: args.connections_per_address,
+        requests_per_minute: args.requests_per_minute,
+        messages_per_second: args.messages_per_second,
         api_keys: args.api_keys.clone(),
         allowed_origins: args.allowed_origins.clone(),
         sessions_per_client: args.sessions_per_client,

@@ -3,7 +3,9 @@
 //! model answers. What is tested is the server: the protocol's order of events, refusals of bad
 //! input that leave the connection (and the server) working, the bounded queue, a session that
 //! panics, graceful shutdown, the voices a client picks, no audio of an answer dropped by a
-//! barge-in after the `barge_in`.
+//! barge-in after the `barge_in`, and what bounds abusive clients: the handshake deadline (slow
+//! request heads), connections per address, requests a minute, messages a second, the body
+//! deadline, and the write deadline for a client that stops reading.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,13 +16,14 @@ use engine_asr::testing::write_hf;
 use engine_asr::{LoadOptions, Transcriber};
 use engine_llm::testing::tiny_chat_model;
 use futures_util::{SinkExt, StreamExt};
-use spec_voice::{FixedLatencySynthesizer, SentenceSynthesizer, Synthesis};
+use spec_voice::{AudioChunk, FixedLatencySynthesizer, SentenceSynthesizer, Synthesis};
 use specvoice::serve::protocol::{encode_pcm, ErrorCode, ServerMessage, SessionMode};
 use specvoice::serve::{
     copies_of, engines_from, EngineFactory, ServeConfig, Server, SynthesizerFactory, VoiceLoader,
     Voices,
 };
 use specvoice::{ListenerConfig, SemanticTurnEnd, TurnEnd};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -502,6 +505,7 @@ async fn a_session_that_panics_reports_it_and_the_engine_is_rebuilt() {
 async fn clients_that_send_nothing_are_timed_out() {
     let config = ServeConfig {
         idle_timeout: Duration::from_millis(300),
+        handshake_timeout: Duration::from_millis(300),
         ..config(1, 8)
     };
     let (server, _dir) = start(config).await;
@@ -813,5 +817,243 @@ async fn a_semantic_end_of_turn_is_reported_before_the_end_of_speech_and_answers
         u128::from(*wait_ms),
         SemanticTurnEnd::default().wait(*probability).as_millis()
     );
+    server.shutdown().await.unwrap();
+}
+
+/// Reads until the server closes the connection, which must happen within `within`: what the
+/// server sent.
+async fn read_to_close(stream: &mut TcpStream, within: Duration) -> String {
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server kept the connection open");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// A request over a new connection: the status and the body.
+async fn http(server: &Server, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(server.local_addr()).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let response = read_to_close(&mut stream, PATIENCE).await;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_at_the_handshake_deadline() {
+    let config = ServeConfig {
+        handshake_timeout: Duration::from_millis(300),
+        ..config(1, 8)
+    };
+    let (server, _dir) = start(config).await;
+    let began = std::time::Instant::now();
+    let mut silent = TcpStream::connect(server.local_addr()).await.unwrap();
+    read_to_close(&mut silent, Duration::from_secs(3)).await;
+    // A request head trickled a byte every 100 ms would take 4 s to complete.
+    let mut trickling = TcpStream::connect(server.local_addr()).await.unwrap();
+    let head = get("/health");
+    let (mut reader, mut writer) = trickling.split();
+    let trickle = async {
+        for byte in head.as_bytes() {
+            if writer.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let cut = async {
+        let mut buffer = [0u8; 256];
+        while let Ok(n) = reader.read(&mut buffer).await {
+            if n == 0 {
+                break;
+            }
+        }
+        began.elapsed()
+    };
+    let (_, cut_at) = tokio::join!(trickle, cut);
+    assert!(
+        cut_at < Duration::from_secs(3),
+        "a trickled head held its connection for {cut_at:?}"
+    );
+    // Clients that keep to the deadline are served.
+    assert_eq!(http(&server, &get("/health")).await.0, 200);
+    chat(&server, &question()).await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_an_address_bound_are_refused_before_any_request() {
+    let config = ServeConfig {
+        connections_per_address: 3,
+        ..config(1, 8)
+    };
+    let (server, _dir) = start(config).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(TcpStream::connect(server.local_addr()).await.unwrap());
+    }
+    // Let the server accept all three before the fourth comes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut fourth = TcpStream::connect(server.local_addr()).await.unwrap();
+    let refused = read_to_close(&mut fourth, Duration::from_secs(5)).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused:?}");
+    // A place comes free when a connection closes.
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    chat(&server, &question()).await;
+    drop(held);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_a_clients_rate_get_429_and_health_stays_open() {
+    let config = ServeConfig {
+        // Bursts of a tenth of the minute's: six requests at once.
+        requests_per_minute: 60,
+        ..config(1, 8)
+    };
+    let (server, _dir) = start(config).await;
+    for _ in 0..6 {
+        assert_eq!(http(&server, &get("/voices")).await.0, 200);
+    }
+    let (status, body) = http(&server, &get("/v1/models")).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("rate_limit_exceeded"), "{body}");
+    // A WebSocket is a request too.
+    let url = format!("ws://{}/ws", server.local_addr());
+    assert!(tokio_tungstenite::connect_async(url).await.is_err());
+    // The health check is outside the budget.
+    assert_eq!(http(&server, &get("/health")).await.0, 200);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_gets_408() {
+    let config = ServeConfig {
+        body_timeout: Duration::from_millis(300),
+        ..config(1, 8)
+    };
+    let (server, _dir) = start(config).await;
+    let (status, body) = http(
+        &server,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"",
+    )
+    .await;
+    assert_eq!(status, 408, "{body}");
+    assert!(body.contains("request_timeout"), "{body}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_flooding_messages_is_told_and_disconnected() {
+    let config = ServeConfig {
+        // Bursts of five seconds' worth: 300 messages, more than a question sent at once.
+        messages_per_second: 60,
+        ..config(1, 8)
+    };
+    let (server, _dir) = start(config).await;
+    let mut flooding = Client::connect(&server).await;
+    flooding.start_chat().await;
+    flooding.expect_ready().await;
+    for _ in 0..2000 {
+        if flooding
+            .socket
+            .send(Message::Text(r#"{"type":"cancel"}"#.into()))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let rest = flooding.rest().await;
+    let limited = rest.iter().any(|r| {
+        matches!(
+            r,
+            Received::Json(ServerMessage::Error {
+                code: ErrorCode::RateLimited,
+                ..
+            })
+        )
+    });
+    assert!(limited, "{rest:?}");
+    // The engine is free again for the next client.
+    chat(&server, &question()).await;
+    server.shutdown().await.unwrap();
+}
+
+/// Three minutes of audio for every sentence: more than a client's socket buffers hold.
+#[derive(Clone)]
+struct Lengthy;
+
+impl SentenceSynthesizer for Lengthy {
+    fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<Synthesis> {
+        let mut synthesis = FixedLatencySynthesizer::default().synthesize(sentence)?;
+        let second = AudioChunk {
+            samples: vec![0.0; 24_000],
+            sample_rate: 24_000,
+        };
+        synthesis.chunks = vec![second; 180];
+        Ok(synthesis)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_dropped_and_its_engine_serves_the_next() {
+    let config = ServeConfig {
+        write_timeout: Duration::from_millis(500),
+        // Only the write deadline can end the deaf client's session in this test's time.
+        idle_timeout: Duration::from_secs(600),
+        ..config(1, 8)
+    };
+    let (server, _dir) = start_with(config, copies_of(Lengthy)).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(server.local_addr()).await.unwrap();
+    let url = format!("ws://{}/ws", server.local_addr());
+    let (socket, _) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
+        .await
+        .unwrap();
+    let mut deaf = Client { socket };
+    deaf.start_chat().await;
+    deaf.expect_ready().await;
+    // It asks, and never reads again.
+    for frame in question().chunks(320) {
+        deaf.binary(encode_pcm(frame)).await;
+    }
+    // The next client waits in the queue until the deaf one is dropped.
+    let next = async {
+        let mut client = Client::connect(&server).await;
+        client.start_chat().await;
+        while let ServerMessage::Queued { .. } = client.message().await {}
+        client.speak(&question()).await;
+        check_chat(&client.rest().await)
+    };
+    let next = tokio::time::timeout(PATIENCE, next).await;
+    assert!(
+        next.is_ok(),
+        "the client that stopped reading kept the engine"
+    );
+    drop(deaf);
     server.shutdown().await.unwrap();
 }

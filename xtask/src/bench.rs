@@ -136,6 +136,18 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// A full run of the benchmark `name` with `extra` arguments after its own (later ones
+    /// win), refreshing its docs section if `update_docs`.
+    pub fn full(name: &str, extra: Vec<String>, update_docs: bool) -> Self {
+        Self {
+            names: vec![name.to_string()],
+            quick: false,
+            update_readme: update_docs,
+            out: None,
+            extra,
+        }
+    }
+
     /// Where this run files its reports.
     fn out(&self) -> PathBuf {
         match (&self.out, self.quick) {

@@ -69,6 +69,18 @@ enum Command {
     /// partials, the WebSocket protocol) for a while each; fails on a crash, a hang, or memory
     /// out of proportion to the input
     Fuzz(fuzz::FuzzArgs),
+    /// The server for an hour (or --minutes) under `--sessions` real-time clients: chat and
+    /// caption sessions, random barge-ins and disconnects; errors, latency per slice, memory and
+    /// open files over time, filed as results/soak.{json,md,svg} (`bench soak` with these settings)
+    Soak {
+        #[arg(long, default_value_t = 60.0)]
+        minutes: f64,
+        #[arg(long, default_value_t = 8)]
+        sessions: usize,
+        /// Then rewrite docs/soak.md's generated section from results/
+        #[arg(long)]
+        update_docs: bool,
+    },
     /// What CI runs: fmt check, clippy -D warnings, the docs with warnings as errors, the
     /// workspace tests, the real-model tests when the models are present, and a short fuzzing
     /// run of every parser
@@ -124,6 +136,20 @@ fn main() -> Result<()> {
         Command::TrainSsdDraft(args) => train::ssd_draft(&args),
         Command::LlamaBench(args) => peers::llama_bench(&args),
         Command::Fuzz(args) => fuzz::run(&args),
+        Command::Soak {
+            minutes,
+            sessions,
+            update_docs,
+        } => bench::run(&bench::BenchArgs::full(
+            "soak",
+            vec![
+                "--soak-minutes".into(),
+                minutes.to_string(),
+                "--sessions".into(),
+                sessions.to_string(),
+            ],
+            update_docs,
+        )),
         Command::Ci { require_models } => ci::run(require_models),
     }
 }

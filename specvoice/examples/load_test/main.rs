@@ -22,9 +22,14 @@
 //! concurrent streams, transcriptions per minute, and Realtime sessions against this protocol on
 //! the same audio (`--api-questions 0`: none of it).
 //!
+//! With `--soak-minutes M` it runs the soak instead ([`soak`]): `--sessions` clients that never
+//! stop for M minutes, chat and caption sessions with random barge-ins and disconnects, reported
+//! per slice with memory and open files over time (`cargo xtask soak`).
+//!
 //! `cargo xtask bench serve` runs it and files the results with the machine and date.
 
 mod openai;
+mod soak;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,6 +52,7 @@ use specvoice::SAMPLE_RATE;
 use tokio_tungstenite::tungstenite::Message;
 
 #[derive(Parser)]
+#[command(args_override_self = true)]
 struct Args {
     /// Rounds of concurrent sessions
     #[arg(long, default_value_t = 6)]
@@ -91,6 +97,9 @@ struct Args {
     /// Also write the report as JSON here
     #[arg(long)]
     json: Option<PathBuf>,
+
+    #[command(flatten)]
+    soak: soak::SoakArgs,
 }
 
 /// Silence before each question, so the endpoint detector hears the room first.
@@ -160,8 +169,11 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
     let config = ServeConfig {
         engines: args.engines,
         queue: args.sessions,
-        // Every client comes from the loopback address, as many users behind one proxy.
-        sessions_per_client: args.sessions.max(args.api_streams),
+        // Every client comes from the loopback address, as many users behind one proxy: the
+        // per-client bounds are the proxy's (twice the sessions: a client that reconnects at
+        // once may find its last session still ending).
+        sessions_per_client: 2 * args.sessions.max(args.api_streams),
+        requests_per_minute: 60_000,
         predgen: PredGenConfig {
             max_answer_tokens: args.max_tokens,
             ..PredGenConfig::default()
@@ -177,6 +189,28 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
         args.engines,
         loaded_rss / 1024
     );
+    if let Some(minutes) = args.soak.soak_minutes {
+        let soaked = soak::soak(addr, &questions, args.sessions, &args.soak, minutes).await?;
+        server.shutdown().await?;
+        let mut notes = soaked.notes;
+        notes.push(format!(
+            "{} engine(s) of {} + {} + espeak-ng, {} MiB resident with the models loaded.",
+            args.engines,
+            args.asr,
+            args.model,
+            loaded_rss / 1024
+        ));
+        return finish(
+            &args,
+            Report {
+                command: std::env::args().collect::<Vec<_>>().join(" "),
+                tables: soaked.tables,
+                notes,
+                details: Vec::new(),
+            },
+            soaked.failures,
+        );
+    }
 
     let mut rounds = Table::new(
         format!(
@@ -342,6 +376,11 @@ async fn run(args: Args, questions: Vec<Arc<Question>>) -> Result<()> {
         ],
         details: vec![details],
     };
+    finish(&args, report, failures)
+}
+
+/// Prints the report, writes it as JSON if asked, and fails on `failures`.
+fn finish(args: &Args, report: Report, failures: Vec<String>) -> Result<()> {
     println!("{}", report.markdown());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

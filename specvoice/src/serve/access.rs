@@ -1,6 +1,6 @@
 //! Who may use the server: API keys on every endpoint but the page and `/health`, an origin
-//! check for browsers, and a bound on the sessions and requests one key (or, without keys, one
-//! address) holds at once.
+//! check for browsers, and bounds on what one key (or, without keys, one address) does: the
+//! sessions and requests it holds at once, and the requests it makes a minute.
 //!
 //! A key comes as `Authorization: Bearer KEY` (the OpenAI clients), or, from a browser, whose
 //! WebSocket cannot set headers, as the subprotocol `openai-insecure-api-key.KEY` (the
@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap};
@@ -30,16 +31,69 @@ pub(crate) enum Client {
     Address(IpAddr),
 }
 
-/// The server's keys, allowed origins, and what each client holds now.
+/// Clients whose request budgets are tracked at the most: beyond, the full ones are forgotten
+/// (a full budget is what a new client gets anyway), then the longest idle.
+const TRACKED_CLIENTS: usize = 1024;
+
+/// A token bucket: `rate` tokens a second, at most `burst` saved; each message or request
+/// takes one.
+#[derive(Clone, Debug)]
+pub(crate) struct Budget {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Budget {
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes a token if there is one.
+    pub fn take(&mut self) -> bool {
+        self.take_at(Instant::now())
+    }
+
+    fn take_at(&mut self, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.last).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + earned).min(self.burst);
+        self.last = now;
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+
+    fn full_at(&self, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.last).as_secs_f64() * self.rate;
+        self.tokens + earned >= self.burst
+    }
+}
+
+/// The server's keys, allowed origins, and what each client holds and spends now.
 pub(crate) struct Access {
     keys: Vec<Arc<str>>,
     origins: Vec<String>,
     per_client: usize,
     held: Mutex<HashMap<Client, usize>>,
+    requests_per_minute: u32,
+    budgets: Mutex<HashMap<Client, Budget>>,
 }
 
 impl Access {
-    pub fn new(keys: &[String], origins: &[String], per_client: usize) -> Arc<Self> {
+    pub fn new(
+        keys: &[String],
+        origins: &[String],
+        per_client: usize,
+        requests_per_minute: u32,
+    ) -> Arc<Self> {
         Arc::new(Self {
             keys: keys.iter().map(|k| Arc::from(k.as_str())).collect(),
             origins: origins
@@ -48,7 +102,38 @@ impl Access {
                 .collect(),
             per_client,
             held: Mutex::default(),
+            requests_per_minute,
+            budgets: Mutex::default(),
         })
+    }
+
+    /// Spends one of the client's requests of the minute (bursts of up to a tenth of the
+    /// minute's); an error when none is left.
+    fn spend_request(&self, client: &Client) -> Result<(), ApiError> {
+        let per_minute = f64::from(self.requests_per_minute);
+        let now = Instant::now();
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        if budgets.len() >= TRACKED_CLIENTS && !budgets.contains_key(client) {
+            budgets.retain(|_, budget| !budget.full_at(now));
+            if budgets.len() >= TRACKED_CLIENTS {
+                // New clients come faster than budgets refill: forget the longest idle half
+                // (they start again with the budget a new client gets).
+                let mut lasts: Vec<Instant> = budgets.values().map(|b| b.last).collect();
+                lasts.sort_unstable();
+                let cut = lasts[lasts.len() / 2];
+                budgets.retain(|_, budget| budget.last > cut);
+            }
+        }
+        let budget = budgets
+            .entry(client.clone())
+            .or_insert_with(|| Budget::new(per_minute / 60.0, (per_minute / 10.0).max(1.0)));
+        match budget.take_at(now) {
+            true => Ok(()),
+            false => Err(ApiError::rate_limited(format!(
+                "more than {} requests a minute",
+                self.requests_per_minute
+            ))),
+        }
     }
 
     /// The client of a request, or why it may not go on.
@@ -141,14 +226,19 @@ fn subprotocol_key(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The middleware in front of every endpoint but the page and `/health`: a request without a
-/// valid key gets 401, one from a foreign page 403, and nothing is done for either.
+/// valid key gets 401, one from a foreign page 403, one over the client's requests a minute
+/// 429, and nothing is done for any of them.
 pub(crate) async fn require_access(
     State(shared): State<Arc<Shared>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    match shared.access.admit(request.headers(), peer.ip()) {
+    let admitted = shared
+        .access
+        .admit(request.headers(), peer.ip())
+        .and_then(|client| shared.access.spend_request(&client).map(|()| client));
+    match admitted {
         Ok(client) => {
             request.extensions_mut().insert(client);
             next.run(request).await
@@ -178,7 +268,7 @@ mod tests {
 
     #[test]
     fn keys_come_as_bearer_or_subprotocol_and_others_are_refused() {
-        let access = Access::new(&["k1".into(), "k2".into()], &[], 2);
+        let access = Access::new(&["k1".into(), "k2".into()], &[], 2, 60);
         let bearer = headers(&[(header::AUTHORIZATION, "Bearer k2")]);
         assert_eq!(
             access.admit(&bearer, PEER).unwrap(),
@@ -201,7 +291,7 @@ mod tests {
             let error = access.admit(&refused, PEER).unwrap_err();
             assert_eq!(error.status, StatusCode::UNAUTHORIZED);
         }
-        let open = Access::new(&[], &[], 2);
+        let open = Access::new(&[], &[], 2, 60);
         assert_eq!(
             open.admit(&headers(&[]), PEER).unwrap(),
             Client::Address(PEER)
@@ -210,7 +300,7 @@ mod tests {
 
     #[test]
     fn pages_of_other_origins_are_refused_unless_listed() {
-        let access = Access::new(&[], &["https://app.example.com/".into()], 2);
+        let access = Access::new(&[], &["https://app.example.com/".into()], 2, 60);
         let page =
             |origin: &str| headers(&[(header::HOST, "localhost:8080"), (header::ORIGIN, origin)]);
         assert!(access.admit(&page("http://localhost:8080"), PEER).is_ok());
@@ -223,7 +313,7 @@ mod tests {
 
     #[test]
     fn a_client_holds_at_most_its_places() {
-        let access = Access::new(&[], &[], 2);
+        let access = Access::new(&[], &[], 2, 60);
         let client = Client::Address(PEER);
         let first = access.hold(&client).unwrap();
         let _second = access.hold(&client).unwrap();
@@ -233,5 +323,40 @@ mod tests {
         assert!(access.hold(&Client::Key("other".into())).is_ok());
         drop(first);
         assert!(access.hold(&client).is_ok());
+    }
+
+    #[test]
+    fn a_budget_allows_its_burst_then_its_rate() {
+        let start = Instant::now();
+        let mut budget = Budget::new(10.0, 3.0);
+        budget.last = start;
+        assert!((0..3).all(|_| budget.take_at(start)));
+        assert!(!budget.take_at(start));
+        let later = start + std::time::Duration::from_millis(100);
+        assert!(budget.take_at(later));
+        assert!(!budget.take_at(later));
+        let idle = start + std::time::Duration::from_secs(60);
+        assert!(budget.full_at(idle));
+        assert!((0..3).all(|_| budget.take_at(idle)));
+        assert!(!budget.take_at(idle));
+    }
+
+    #[test]
+    fn a_client_over_its_requests_a_minute_is_refused_and_others_are_not() {
+        let access = Access::new(&[], &[], 2, 60);
+        let flooding = Client::Address(PEER);
+        // 60 a minute: bursts of 6.
+        for _ in 0..6 {
+            access.spend_request(&flooding).unwrap();
+        }
+        let error = access.spend_request(&flooding).unwrap_err();
+        assert_eq!(error.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(access.spend_request(&Client::Key("other".into())).is_ok());
+        // Many clients come and go: full budgets are forgotten, the map stays bounded.
+        for i in 0..3 * TRACKED_CLIENTS as u32 {
+            let address = IpAddr::V4(std::net::Ipv4Addr::from(i + 10));
+            access.spend_request(&Client::Address(address)).unwrap();
+        }
+        assert!(access.budgets.lock().unwrap().len() <= TRACKED_CLIENTS + 1);
     }
 }

@@ -2,7 +2,8 @@
 //! events out. Whatever a client sends, the answer is at worst an `error` message: a message
 //! the client can recover from (bad JSON, an unknown type, a bad frame) is refused and the
 //! connection goes on; the connection closes only when the session cannot go on (the server
-//! is busy or shutting down, the pipeline failed).
+//! is busy or shutting down, the pipeline failed) or the client abuses it: no `start` within
+//! the handshake deadline, more messages than its budget, or not reading what it is sent.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 
+use super::access::Budget;
 use super::pool::{Acquired, Refusal};
 use super::protocol::{
     decode_frame, parse_client, ClientMessage, ErrorCode, Outgoing, ProtocolError, ServerMessage,
@@ -40,10 +42,26 @@ enum Incoming {
     Closed,
     /// Nothing arrived for the idle timeout.
     Idle,
+    /// The client sent more messages than its budget.
+    Flooding,
 }
 
-/// The next message of the client, waiting at most `idle` (ping and pong are the transport's).
-async fn receive(stream: &mut SplitStream<WebSocket>, idle: Option<Duration>) -> Incoming {
+/// Seconds of a WebSocket client's message rate it may send at once.
+pub(crate) const MESSAGE_BURST_SECONDS: u32 = 5;
+
+/// A WebSocket client's message budget under `config`.
+pub(crate) fn message_budget(config: &super::ServeConfig) -> Budget {
+    let rate = f64::from(config.messages_per_second);
+    Budget::new(rate, rate * f64::from(MESSAGE_BURST_SECONDS))
+}
+
+/// The next message of the client, waiting at most `idle` (ping and pong are the transport's,
+/// but spend the budget as any message does).
+async fn receive(
+    stream: &mut SplitStream<WebSocket>,
+    idle: Option<Duration>,
+    budget: &mut Budget,
+) -> Incoming {
     loop {
         let next = match idle {
             Some(idle) => match tokio::time::timeout(idle, stream.next()).await {
@@ -52,6 +70,9 @@ async fn receive(stream: &mut SplitStream<WebSocket>, idle: Option<Duration>) ->
             },
             None => stream.next().await,
         };
+        if next.is_some() && !budget.take() {
+            return Incoming::Flooding;
+        }
         match next {
             None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Incoming::Closed,
             Some(Ok(Message::Text(text))) => return Incoming::Client(parse_client(&text)),
@@ -69,8 +90,13 @@ pub(crate) async fn shutting_down(shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Sends what the session says until every sender is gone, then closes the connection.
-async fn write(mut sink: SplitSink<WebSocket, Message>, mut outgoing: mpsc::Receiver<Outgoing>) {
+/// Sends what the session says until every sender is gone, then closes the connection; gives
+/// up (dropping what is left) when the client has not taken a message within `deadline`.
+async fn write(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut outgoing: mpsc::Receiver<Outgoing>,
+    deadline: Duration,
+) {
     while let Some(out) = outgoing.recv().await {
         let message = match out {
             Outgoing::Message(message) => match serde_json::to_string(&message) {
@@ -82,7 +108,7 @@ async fn write(mut sink: SplitSink<WebSocket, Message>, mut outgoing: mpsc::Rece
             },
             Outgoing::Binary(bytes) => Message::Binary(bytes.into()),
         };
-        if sink.send(message).await.is_err() {
+        if !send_within(&mut sink, message, deadline).await {
             return;
         }
     }
@@ -94,24 +120,57 @@ async fn write(mut sink: SplitSink<WebSocket, Message>, mut outgoing: mpsc::Rece
     let _ = sink.close().await;
 }
 
+/// Sends `message` unless the client is gone or has not taken it within `deadline` (a client
+/// that stops reading); `false` then, and the caller drops the connection.
+pub(crate) async fn send_within(
+    sink: &mut SplitSink<WebSocket, Message>,
+    message: Message,
+    deadline: Duration,
+) -> bool {
+    match tokio::time::timeout(deadline, sink.send(message)).await {
+        Ok(sent) => sent.is_ok(),
+        Err(_) => {
+            tracing::info!(
+                "a client read nothing for {} s: dropped",
+                deadline.as_secs_f64()
+            );
+            false
+        }
+    }
+}
+
 /// Serves one WebSocket connection to its end.
 pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
     let (sink, stream) = socket.split();
     let (out, outgoing) = mpsc::channel(OUTGOING_MESSAGES);
-    let writer = tokio::spawn(write(sink, outgoing));
+    let writer = tokio::spawn(write(sink, outgoing, shared.config.write_timeout));
     let mut connection = Connection {
         stream,
+        budget: message_budget(&shared.config),
         out,
         shutdown: shared.shutdown.clone(),
         shared: Arc::clone(&shared),
     };
     connection.run().await;
-    drop(connection);
+    let Connection { stream, out, .. } = connection;
+    drop(out);
     let _ = writer.await;
+    close_gently(stream).await;
+}
+
+/// How long a closed connection still reads what its client sends.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Reads (and drops) what the client still sends until it answers the close, for at most
+/// [`CLOSE_GRACE`]: a socket closed with unread data is reset, and the client would lose the
+/// last messages on their way to it (the error that says why, say).
+pub(crate) async fn close_gently(stream: SplitStream<WebSocket>) {
+    let _ = tokio::time::timeout(CLOSE_GRACE, stream.for_each(|_| async {})).await;
 }
 
 struct Connection {
     stream: SplitStream<WebSocket>,
+    budget: Budget,
     out: mpsc::Sender<Outgoing>,
     shutdown: watch::Receiver<bool>,
     shared: Arc<Shared>,
@@ -125,6 +184,15 @@ impl Connection {
 
     async fn error(&self, code: ErrorCode, message: impl Into<String>) {
         self.send(ServerMessage::error(code, message)).await;
+    }
+
+    async fn flooded(&self) {
+        let rate = self.shared.config.messages_per_second;
+        self.error(
+            ErrorCode::RateLimited,
+            format!("more than {rate} messages a second: the connection closes"),
+        )
+        .await;
     }
 
     async fn run(&mut self) {
@@ -145,14 +213,16 @@ impl Connection {
     /// Waits for a `start` (naming a voice the server offers, if any); `None` when the
     /// connection ends first.
     async fn await_start(&mut self) -> Option<(SessionMode, Option<String>)> {
-        let idle = self.shared.config.idle_timeout;
+        let deadline = tokio::time::Instant::now() + self.shared.config.handshake_timeout;
         loop {
+            let idle = deadline.saturating_duration_since(tokio::time::Instant::now());
             let incoming = tokio::select! {
-                incoming = receive(&mut self.stream, Some(idle)) => incoming,
+                incoming = receive(&mut self.stream, Some(idle), &mut self.budget) => incoming,
                 _ = shutting_down(&mut self.shutdown) => {
                     self.error(ErrorCode::ShuttingDown, "the server is shutting down").await;
                     return None;
                 }
+                _ = self.out.closed() => return None,
             };
             match incoming {
                 Incoming::Client(Ok(ClientMessage::Start {
@@ -178,12 +248,14 @@ impl Connection {
                         .await;
                 }
                 Incoming::Closed => return None,
+                Incoming::Flooding => {
+                    self.flooded().await;
+                    return None;
+                }
                 Incoming::Idle => {
-                    self.error(
-                        ErrorCode::Timeout,
-                        format!("no `start` within {} s", idle.as_secs_f64()),
-                    )
-                    .await;
+                    let seconds = self.shared.config.handshake_timeout.as_secs_f64();
+                    self.error(ErrorCode::Timeout, format!("no `start` within {seconds} s"))
+                        .await;
                     return None;
                 }
             }
@@ -217,7 +289,7 @@ impl Connection {
                     }
                     None => {}
                 },
-                incoming = receive(&mut self.stream, None) => match incoming {
+                incoming = receive(&mut self.stream, None, &mut self.budget) => match incoming {
                     Incoming::Client(Ok(ClientMessage::Stop)) => {
                         self.send(ServerMessage::Done).await;
                         return None;
@@ -233,11 +305,16 @@ impl Connection {
                             .await;
                     }
                     Incoming::Closed | Incoming::Idle => return None,
+                    Incoming::Flooding => {
+                        self.flooded().await;
+                        return None;
+                    }
                 },
                 _ = shutting_down(&mut self.shutdown) => {
                     self.error(ErrorCode::ShuttingDown, "the server is shutting down").await;
                     return None;
                 }
+                _ = self.out.closed() => return None,
             }
         }
     }
@@ -299,7 +376,7 @@ impl Connection {
             let idle = (!ended).then_some(config.idle_timeout);
             tokio::select! {
                 outcome = &mut done => break Some(outcome),
-                incoming = receive(&mut self.stream, idle) => match incoming {
+                incoming = receive(&mut self.stream, idle, &mut self.budget) => match incoming {
                     Incoming::Audio(_) if ended => {
                         self.error(ErrorCode::StreamEnded, "audio after `stop`").await;
                     }
@@ -329,7 +406,13 @@ impl Connection {
                         drop(inputs.send(Input::End).await);
                     }
                     Incoming::Closed => break None,
+                    Incoming::Flooding => {
+                        self.flooded().await;
+                        break None;
+                    }
                 },
+                // The writer gave up on a client that does not read.
+                _ = self.out.closed() => break None,
                 _ = shutting_down(&mut self.shutdown), if !notified => {
                     notified = true;
                     self.send(ServerMessage::ShuttingDown).await;

@@ -21,6 +21,7 @@
 
 mod access;
 mod connection;
+mod listen;
 mod metrics;
 mod openai;
 mod pool;
@@ -122,9 +123,22 @@ pub struct ServeConfig {
     pub caption_max_tokens: usize,
     /// Most samples in one audio frame. Default 16 000 (1 s).
     pub max_frame_samples: usize,
-    /// How long the server waits for `start`, or for audio during a session, before it gives
-    /// up on the client. Default 30 s.
+    /// How long the server waits for audio during a session before it gives up on the client.
+    /// Default 30 s.
     pub idle_timeout: Duration,
+    /// How long a client may take to send a request's head (and, on SpecVoice's WebSocket, its
+    /// `start`) before the server closes the connection: slow clients (slow-loris) hold
+    /// nothing for longer. Default 10 s.
+    pub handshake_timeout: Duration,
+    /// How long a request's body may take to arrive (408 after). Default 60 s.
+    pub body_timeout: Duration,
+    /// How long one message to a client may wait for the client to read it before the
+    /// server drops the connection (a client that stops reading holds no engine). Default 20 s.
+    pub write_timeout: Duration,
+    /// Connections one address may have open at once; more are refused (429) before any
+    /// request is read. Behind a reverse proxy every client has the proxy's address: raise it
+    /// there. Default 64.
+    pub connections_per_address: usize,
     /// API keys; when there are any, every endpoint but the page and `/health` needs one
     /// (`Authorization: Bearer KEY`, or from a browser the WebSocket subprotocol
     /// `openai-insecure-api-key.KEY`) and answers 401 without. Default none.
@@ -135,6 +149,13 @@ pub struct ServeConfig {
     /// Sessions and requests one key (or, without keys, one address) may hold at once;
     /// more get 429. Default 4.
     pub sessions_per_client: usize,
+    /// Requests (WebSocket connections included) one key, or one address without keys, may
+    /// make a minute, in bursts of up to a tenth of it; more get 429. Default 600.
+    pub requests_per_minute: u32,
+    /// Messages a second a WebSocket client may send on average (bursts of up to five
+    /// seconds' worth); a client sending more is told `rate_limited` and disconnected.
+    /// Default 200 (audio in 20 ms frames is 50).
+    pub messages_per_second: u32,
     /// Most bytes of a request body (an upload). Default 25 MiB, OpenAI's bound.
     pub max_body_bytes: usize,
     /// Longest recording a transcription takes. Default 10 minutes.
@@ -159,9 +180,15 @@ impl Default for ServeConfig {
             caption_max_tokens: 64,
             max_frame_samples: 16_000,
             idle_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(20),
+            connections_per_address: 64,
             api_keys: Vec::new(),
             allowed_origins: Vec::new(),
             sessions_per_client: 4,
+            requests_per_minute: 600,
+            messages_per_second: 200,
             max_body_bytes: 25 << 20,
             max_audio: Duration::from_secs(600),
             models: ServedModels::default(),
@@ -182,9 +209,25 @@ impl ServeConfig {
                 MAX_MESSAGE_BYTES / 2
             )));
         }
-        if self.idle_timeout.is_zero() {
+        let timeouts = [
+            self.idle_timeout,
+            self.handshake_timeout,
+            self.body_timeout,
+            self.write_timeout,
+        ];
+        if timeouts.iter().any(Duration::is_zero) {
             return Err(Error::Config(
-                "the idle timeout must be longer than zero".into(),
+                "the idle, handshake, body and write timeouts must be longer than zero".into(),
+            ));
+        }
+        if self.connections_per_address == 0
+            || self.requests_per_minute == 0
+            || self.messages_per_second == 0
+        {
+            return Err(Error::Config(
+                "connections per address, requests per minute and messages per second must be \
+                 at least 1"
+                    .into(),
             ));
         }
         if self.caption_max_tokens == 0 {
@@ -226,7 +269,7 @@ pub struct Server {
     addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     connections: watch::Sender<usize>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
 }
 
 impl Server {
@@ -262,6 +305,7 @@ impl Server {
                 &config.api_keys,
                 &config.allowed_origins,
                 config.sessions_per_client,
+                config.requests_per_minute,
             ),
             config: Arc::new(config),
             voices,
@@ -276,23 +320,23 @@ impl Server {
             .merge(openai::routes())
             .route_layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&shared),
+                listen::body_in_time,
+            ))
+            .route_layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&shared),
                 access::require_access,
             ));
+        let limits = listen::Limits {
+            handshake: shared.config.handshake_timeout,
+            per_address: shared.config.connections_per_address,
+        };
         let router = Router::new()
             .route("/", get(page))
             .route("/health", get(health))
             .merge(guarded)
             .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
-            .with_state(shared)
-            .into_make_service_with_connect_info::<SocketAddr>();
-        let mut stop = shutdown_seen;
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|down| *down).await;
-                })
-                .await
-        });
+            .with_state(shared);
+        let task = tokio::spawn(listen::serve(listener, router, limits, shutdown_seen));
         tracing::info!("serving on ws://{addr}/ws");
         Ok(Self {
             addr,
@@ -317,11 +361,9 @@ impl Server {
     /// ends and its turn in progress completes; returns once every connection has closed.
     pub async fn shutdown(self) -> Result<()> {
         self.shutdown.send_replace(true);
-        let served = self
-            .task
+        self.task
             .await
             .map_err(|e| Error::Serve(format!("the server task: {e}")))?;
-        served.map_err(|e| Error::Serve(format!("accepting connections: {e}")))?;
         let mut open = self.connections.subscribe();
         let _ = open.wait_for(|n| *n == 0).await;
         Ok(())

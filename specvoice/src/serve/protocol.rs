@@ -82,8 +82,11 @@ pub enum ErrorCode {
     Busy,
     /// The server is shutting down: no new session starts.
     ShuttingDown,
-    /// Nothing arrived for the server's idle timeout.
+    /// Nothing arrived for the server's idle timeout, or no `start` within its handshake
+    /// deadline.
     Timeout,
+    /// More messages a second than the server takes: the connection closes.
+    RateLimited,
     /// The session's pipeline failed; the connection closes.
     SessionFailed,
 }

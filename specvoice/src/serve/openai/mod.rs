@@ -125,6 +125,16 @@ impl ApiError {
         .code("request_too_large")
     }
 
+    /// A request whose body did not arrive in time (408).
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            message,
+        )
+        .code("request_timeout")
+    }
+
     /// The server failed (500).
     pub fn server(error: impl std::fmt::Display) -> Self {
         Self::new(

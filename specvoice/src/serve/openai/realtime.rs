@@ -33,8 +33,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{object_id, ApiError};
 use crate::drive::Ended;
-use crate::serve::access::Client;
-use crate::serve::connection::shutting_down;
+use crate::serve::access::{Budget, Client};
+use crate::serve::connection::{close_gently, message_budget, send_within, shutting_down};
 use crate::serve::metrics::Endpoint;
 use crate::serve::pool::{Acquired, Refusal};
 use crate::serve::protocol::{decode_frame, encode_pcm, Outgoing, ServerMessage, SessionMode};
@@ -295,8 +295,9 @@ pub(super) async fn upgrade(
         |socket, shared| async move {
             let (sink, stream) = socket.split();
             let (out, outgoing) = mpsc::channel(256);
-            let writer = tokio::spawn(write(sink, outgoing));
+            let writer = tokio::spawn(write(sink, outgoing, shared.config.write_timeout));
             let mut connection = Connection {
+                budget: message_budget(&shared.config),
                 settings: Settings::new(&shared),
                 shared,
                 stream,
@@ -304,20 +305,23 @@ pub(super) async fn upgrade(
                 next_event: 0,
             };
             let served = connection.run().await;
-            drop(connection);
+            let Connection { stream, out, .. } = connection;
+            drop(out);
             let _ = writer.await;
+            close_gently(stream).await;
             served
         },
     )
 }
 
-async fn write(mut sink: SplitSink<WebSocket, Message>, mut outgoing: mpsc::Receiver<Value>) {
+async fn write(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut outgoing: mpsc::Receiver<Value>,
+    deadline: Duration,
+) {
     while let Some(event) = outgoing.recv().await {
-        if sink
-            .send(Message::Text(event.to_string().into()))
-            .await
-            .is_err()
-        {
+        let message = Message::Text(event.to_string().into());
+        if !send_within(&mut sink, message, deadline).await {
             return;
         }
     }
@@ -329,11 +333,14 @@ enum Incoming {
     Event(Value),
     Closed,
     Idle,
+    /// The client sent more messages than its budget.
+    Flooding,
 }
 
 struct Connection {
     shared: Arc<Shared>,
     stream: SplitStream<WebSocket>,
+    budget: Budget,
     out: mpsc::Sender<Value>,
     settings: Settings,
     next_event: u64,
@@ -362,6 +369,14 @@ impl Connection {
         self.send(json!({"type": "error", "error": body})).await;
     }
 
+    async fn flooded(&mut self) {
+        let rate = self.shared.config.messages_per_second;
+        let error = ApiError::rate_limited(format!(
+            "more than {rate} events a second: the connection closes"
+        ));
+        self.error(&error, None).await;
+    }
+
     async fn receive(&mut self, idle: Option<Duration>) -> Incoming {
         loop {
             let next = match idle {
@@ -371,6 +386,9 @@ impl Connection {
                 },
                 None => self.stream.next().await,
             };
+            if next.is_some() && !self.budget.take() {
+                return Incoming::Flooding;
+            }
             match next {
                 None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Incoming::Closed,
                 Some(Ok(Message::Text(text))) => match serde_json::from_str::<Value>(&text) {
@@ -414,6 +432,7 @@ impl Connection {
         let idle = self.shared.config.idle_timeout;
         let mut shutdown = self.shared.shutdown.clone();
         let mut draining = false;
+        let writer_gone = self.out.clone();
         loop {
             let outputs = running.as_mut().map(|r| &mut r.outputs);
             tokio::select! {
@@ -435,7 +454,17 @@ impl Connection {
                         self.error(&error, None).await;
                         break;
                     }
+                    Incoming::Flooding => {
+                        self.flooded().await;
+                        drop(running.take());
+                        break;
+                    }
                 },
+                // The writer gave up on a client that does not read.
+                _ = writer_gone.closed() => {
+                    drop(running.take());
+                    break;
+                }
                 Some(out) = next_output(outputs) => {
                     for event in translator.translate(out, self.settings.output_rate) {
                         self.send(event).await;
@@ -514,6 +543,10 @@ impl Connection {
                         return None;
                     }
                     Incoming::Closed | Incoming::Idle => return None,
+                    Incoming::Flooding => {
+                        self.flooded().await;
+                        return None;
+                    }
                 },
             }
         }
