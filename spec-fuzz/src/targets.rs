@@ -271,8 +271,59 @@ pub fn all() -> Vec<Target> {
             memory_per_byte: 64,
             memory_base: MIB,
         },
+        Target {
+            name: "openai",
+            covers: "the OpenAI-compatible API's request bodies through the server's router \
+                     (access checks, body deadline, the handlers' parsing and checks): chat \
+                     completions and speech JSON, transcription multipart forms with their \
+                     WAV; the first byte picks the endpoint",
+            prepare: openai_router,
+            seeds: openai_seeds,
+            parse: openai,
+            dictionary: OPENAI_TOKENS,
+            max_len: 16 << 10,
+            memory_per_byte: 64,
+            memory_base: 4 * MIB,
+        },
     ]
 }
+
+const OPENAI_TOKENS: &[&[u8]] = &[
+    b"\"model\"",
+    b"\"messages\"",
+    b"\"role\"",
+    b"\"content\"",
+    b"\"user\"",
+    b"\"system\"",
+    b"\"developer\"",
+    b"\"assistant\"",
+    b"\"text\"",
+    b"\"stream\"",
+    b"\"stream_options\"",
+    b"\"max_tokens\"",
+    b"\"temperature\"",
+    b"\"top_p\"",
+    b"\"stop\"",
+    b"\"seed\"",
+    b"\"input\"",
+    b"\"voice\"",
+    b"\"speed\"",
+    b"\"response_format\"",
+    b"\"pcm\"",
+    b"\"alloy\"",
+    b"\"specvoice-chat\"",
+    b"\"tts-1\"",
+    b"--specvoice-fuzz\r\n",
+    b"--specvoice-fuzz--\r\n",
+    b"Content-Disposition: form-data; name=\"",
+    b"\"; filename=\"a.wav\"\r\n",
+    b"\r\n\r\n",
+    b"RIFF",
+    b"WAVE",
+    b"verbose_json",
+    b"1e999",
+    b"-1",
+];
 
 const JSON_TOKENS: &[&[u8]] = &[
     b"{",
@@ -862,6 +913,163 @@ fn protocol(_: &Path, bytes: &[u8]) -> Trace {
     }
     trace.step("frame", decode_frame(bytes, 4096));
     trace.step("server", serde_json::from_slice::<ServerMessage>(bytes));
+    trace
+}
+
+/// The multipart boundary of the fuzzed transcription forms.
+const BOUNDARY: &str = "specvoice-fuzz";
+
+/// The endpoint an `openai` input's first byte picks: method, path and content type.
+const OPENAI_ENDPOINTS: [(&str, &str, &str); 4] = [
+    ("POST", "/v1/chat/completions", "application/json"),
+    ("POST", "/v1/audio/speech", "application/json"),
+    (
+        "POST",
+        "/v1/audio/transcriptions",
+        "multipart/form-data; boundary=specvoice-fuzz",
+    ),
+    ("GET", "/v1/models", "text/plain"),
+];
+
+/// A voice that makes a millisecond of silence for any sentence: the speech endpoint runs to
+/// its end without the input's length deciding the audio's.
+#[derive(Clone)]
+struct Murmur;
+
+impl spec_voice::SentenceSynthesizer for Murmur {
+    fn synthesize(&mut self, sentence: &str) -> spec_voice::Result<spec_voice::Synthesis> {
+        Ok(spec_voice::Synthesis {
+            sentence: spec_voice::sentence_to_speak(sentence)?.to_string(),
+            chunks: vec![spec_voice::AudioChunk {
+                samples: vec![0.0; 24],
+                sample_rate: 24_000,
+            }],
+            first_audio_after: std::time::Duration::ZERO,
+            compute: std::time::Duration::ZERO,
+        })
+    }
+}
+
+thread_local! {
+    /// The runtime and router the `openai` target's requests go through, made by its
+    /// `prepare` (before the memory of a case is counted).
+    static OPENAI: std::cell::OnceCell<(tokio::runtime::Runtime, axum::Router)> =
+        const { std::cell::OnceCell::new() };
+}
+
+fn openai_router(_: &Path) -> Result<()> {
+    use specvoice::serve::{copies_of, router_without_engines, ServeConfig};
+    let config = ServeConfig {
+        // One client sends every case: its budgets must not be what answers.
+        requests_per_minute: u32::MAX,
+        sessions_per_client: usize::MAX,
+        ..ServeConfig::default()
+    };
+    let router = router_without_engines(config, copies_of(Murmur))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    OPENAI.with(|cell| {
+        cell.get_or_init(move || (runtime, router));
+    });
+    Ok(())
+}
+
+fn openai_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
+    let chat = br#"{"model":"specvoice-chat","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi?"}]}],"max_tokens":8,"temperature":0,"stop":["."],"stream":true,"stream_options":{"include_usage":true}}"#;
+    let speech = br#"{"model":"tts-1","input":"Hello there.","voice":"alloy","response_format":"pcm","speed":1.5}"#;
+    let mut wav = Vec::new();
+    {
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 16_000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut writer = hound::WavWriter::new(Cursor::new(&mut wav), spec)?;
+        for i in 0..160 {
+            writer.write_sample((i * 97 % 2000) as i16)?;
+        }
+        writer.finalize()?;
+    }
+    let field = |name: &str, value: &str| {
+        format!(
+            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+        )
+    };
+    let mut form = field("model", "whisper-1").into_bytes();
+    form.extend(field("response_format", "verbose_json").into_bytes());
+    form.extend(field("language", "en").into_bytes());
+    form.extend(
+        format!(
+            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+        )
+        .into_bytes(),
+    );
+    form.extend(wav);
+    form.extend(format!("\r\n--{BOUNDARY}--\r\n").into_bytes());
+    Ok([&chat[..], speech, &form, b""]
+        .iter()
+        .enumerate()
+        .map(|(endpoint, body)| [&[endpoint as u8][..], body].concat())
+        .collect())
+}
+
+fn openai(_: &Path, bytes: &[u8]) -> Trace {
+    use axum::extract::ConnectInfo;
+    use axum::http::{header, Request, StatusCode};
+    use tower_service::Service;
+    let mut trace = Trace::default();
+    let Some((&pick, body)) = bytes.split_first() else {
+        trace.step("endpoint", Err::<(), _>("empty input"));
+        return trace;
+    };
+    let (method, path, content_type) = OPENAI_ENDPOINTS[usize::from(pick) % OPENAI_ENDPOINTS.len()];
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, "localhost")
+        .header(header::CONTENT_TYPE, content_type)
+        .extension(ConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 9))))
+        .body(axum::body::Body::from(body.to_vec()));
+    let Some(request) = trace.step("request", request) else {
+        return trace;
+    };
+    OPENAI.with(|cell| {
+        let (runtime, router) = cell.get().expect("the openai target is prepared");
+        let mut router = router.clone();
+        let (status, body) = runtime.block_on(async move {
+            let response = match router.call(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            let status = response.status();
+            // The whole response: a streamed one runs its handler to the end.
+            let body = axum::body::to_bytes(response.into_body(), 64 << 20).await;
+            (status, body)
+        });
+        assert_ne!(
+            status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a request must not fail the server: {body:?}"
+        );
+        let Some(body) = trace.step("body", body) else {
+            return;
+        };
+        // The error's message tells the ways a request is refused apart (its numbers aside).
+        let answered: Result<(), String> = match status.is_success() {
+            true => Ok(()),
+            false => Err(serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|error| error["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned())
+                .chars()
+                .take(160)
+                .collect()),
+        };
+        trace.step(path, answered);
+    });
     trace
 }
 

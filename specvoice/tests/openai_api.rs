@@ -164,7 +164,7 @@ async fn connect_ws(
 
 #[tokio::test]
 async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits() {
-    let (server, _dir) = keyed_server(1).await;
+    let (server, _dir) = keyed_server(1, 200).await;
     assert_eq!(connect_ws(&server, &[]).await.err(), Some(401));
     let wrong = [("authorization", "Bearer sk-wrong")];
     assert_eq!(connect_ws(&server, &wrong).await.err(), Some(401));
@@ -197,9 +197,58 @@ async fn the_native_protocol_takes_the_same_keys_and_checks_origins_and_limits()
     server.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn the_realtime_api_disconnects_a_client_flooding_events() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message as Frame;
+    // Bursts of five seconds' worth: 100 events.
+    let (server, _dir) = keyed_server(4, 20).await;
+    let url = format!("ws://{}/v1/realtime", server.local_addr());
+    let mut request = url.into_client_request().unwrap();
+    let bearer = format!("Bearer {KEY}").parse().unwrap();
+    request.headers_mut().insert("authorization", bearer);
+    let (socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let (mut sink, mut stream) = socket.split();
+    let flood = async move {
+        for _ in 0..1000 {
+            let clear = r#"{"type":"input_audio_buffer.clear"}"#;
+            if sink.send(Frame::Text(clear.into())).await.is_err() {
+                break;
+            }
+        }
+    };
+    let read = async {
+        let mut codes = Vec::new();
+        while let Some(Ok(frame)) = stream.next().await {
+            if let Frame::Text(text) = frame {
+                let event: serde_json::Value = serde_json::from_str(&text).unwrap();
+                if event["type"] == "error" {
+                    codes.push(event["error"]["code"].as_str().unwrap_or("").to_string());
+                }
+            }
+        }
+        codes
+    };
+    let ((), codes) = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        tokio::join!(flood, read)
+    })
+    .await
+    .expect("the server closes the flooding connection");
+    assert!(
+        codes.iter().any(|c| c == "rate_limit_exceeded"),
+        "{codes:?}"
+    );
+    server.shutdown().await.unwrap();
+}
+
 /// A server on the random models with the test's key, each client holding at most
-/// `sessions_per_client` places, and the folder of its random Whisper.
-async fn keyed_server(sessions_per_client: usize) -> (Server, tempfile::TempDir) {
+/// `sessions_per_client` places and sending at most `messages_per_second` WebSocket messages,
+/// and the folder of its random Whisper.
+async fn keyed_server(
+    sessions_per_client: usize,
+    messages_per_second: u32,
+) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     write_hf(dir.path(), 31).unwrap();
     let whisper = dir.path().to_path_buf();
@@ -212,6 +261,7 @@ async fn keyed_server(sessions_per_client: usize) -> (Server, tempfile::TempDir)
         predgen: random_predgen_config(),
         api_keys: vec![KEY.to_string()],
         sessions_per_client,
+        messages_per_second,
         ..ServeConfig::default()
     };
     let server = Server::start(
@@ -235,7 +285,7 @@ async fn async_openai_chats_streams_and_transcribes() {
     };
     use futures_util::StreamExt;
 
-    let (server, dir) = keyed_server(4).await;
+    let (server, dir) = keyed_server(4, 200).await;
     let config = OpenAIConfig::new()
         .with_api_base(format!("http://{}/v1", server.local_addr()))
         .with_api_key(KEY);

@@ -264,6 +264,71 @@ struct Shared {
     metrics: Arc<Metrics>,
 }
 
+impl Shared {
+    fn new(
+        config: ServeConfig,
+        pool: Arc<Pool>,
+        voices: Voices,
+        (shutdown, connections): (watch::Receiver<bool>, watch::Sender<usize>),
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            access: Access::new(
+                &config.api_keys,
+                &config.allowed_origins,
+                config.sessions_per_client,
+                config.requests_per_minute,
+            ),
+            config: Arc::new(config),
+            voices,
+            shutdown,
+            connections,
+            metrics: Arc::default(),
+        })
+    }
+}
+
+/// The server's endpoints: the page and `/health` open, the rest behind the access checks and
+/// the body deadline.
+fn router(shared: Arc<Shared>) -> Router {
+    let guarded = Router::new()
+        .route("/voices", get(voice_list))
+        .route("/ws", get(upgrade))
+        .route("/metrics", get(metrics))
+        .merge(openai::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            listen::body_in_time,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            access::require_access,
+        ));
+    Router::new()
+        .route("/", get(page))
+        .route("/health", get(health))
+        .merge(guarded)
+        .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
+        .with_state(shared)
+}
+
+/// The server's endpoints without engines, for `spec-fuzz`: every request is read and checked
+/// by the real handlers (a request carries its peer as `ConnectInfo<SocketAddr>`), and one
+/// that needs an engine is then refused. Not part of the API.
+#[doc(hidden)]
+pub fn router_without_engines(config: ServeConfig, voices: impl Into<Voices>) -> Result<Router> {
+    config.validate()?;
+    let no_engines: EngineFactory =
+        Arc::new(|| Err(Error::Serve("a router without engines".into())));
+    let shared = Shared::new(
+        config,
+        Pool::new(Vec::new(), 0, no_engines),
+        voices.into(),
+        (watch::channel(false).1, watch::Sender::new(0)),
+    );
+    Ok(router(shared))
+}
+
 /// A running server (see the [module documentation](self)).
 pub struct Server {
     addr: SocketAddr,
@@ -299,43 +364,18 @@ impl Server {
             .map_err(|source| Error::Listen { addr, source })?;
         let (shutdown, shutdown_seen) = watch::channel(false);
         let connections = watch::Sender::new(0);
-        let shared = Arc::new(Shared {
-            pool: Pool::new(loaded, config.queue, engines),
-            access: Access::new(
-                &config.api_keys,
-                &config.allowed_origins,
-                config.sessions_per_client,
-                config.requests_per_minute,
-            ),
-            config: Arc::new(config),
-            voices,
-            shutdown: shutdown_seen.clone(),
-            connections: connections.clone(),
-            metrics: Arc::default(),
-        });
-        let guarded = Router::new()
-            .route("/voices", get(voice_list))
-            .route("/ws", get(upgrade))
-            .route("/metrics", get(metrics))
-            .merge(openai::routes())
-            .route_layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&shared),
-                listen::body_in_time,
-            ))
-            .route_layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&shared),
-                access::require_access,
-            ));
         let limits = listen::Limits {
-            handshake: shared.config.handshake_timeout,
-            per_address: shared.config.connections_per_address,
+            handshake: config.handshake_timeout,
+            per_address: config.connections_per_address,
         };
-        let router = Router::new()
-            .route("/", get(page))
-            .route("/health", get(health))
-            .merge(guarded)
-            .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
-            .with_state(shared);
+        let pool = Pool::new(loaded, config.queue, engines);
+        let shared = Shared::new(
+            config,
+            pool,
+            voices,
+            (shutdown_seen.clone(), connections.clone()),
+        );
+        let router = router(shared);
         let task = tokio::spawn(listen::serve(listener, router, limits, shutdown_seen));
         tracing::info!("serving on ws://{addr}/ws");
         Ok(Self {
