@@ -52,6 +52,10 @@ pub(crate) struct SessionContext {
     pub metrics: Arc<Metrics>,
 }
 
+/// A session thread's stack: the main thread's 8 MiB. Whisper, the model and the voice run
+/// deep on it, and a debug build's frames overflow the 2 MiB a spawned thread gets by default.
+const SESSION_STACK_BYTES: usize = 8 << 20;
+
 /// Starts a session on a thread of its own ([`run`]); the receiver gets how it ended. When the
 /// thread cannot start, the engine it was given is rebuilt and the error returned.
 pub(crate) async fn spawn(
@@ -62,6 +66,7 @@ pub(crate) async fn spawn(
     let (finished, done) = oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name("specvoice-session".into())
+        .stack_size(SESSION_STACK_BYTES)
         .spawn(move || {
             let _ = finished.send(run(engine, context));
         });
