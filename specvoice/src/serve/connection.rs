@@ -47,7 +47,7 @@ enum Incoming {
 }
 
 /// Seconds of a WebSocket client's message rate it may send at once.
-pub(crate) const MESSAGE_BURST_SECONDS: u32 = 5;
+const MESSAGE_BURST_SECONDS: u32 = 5;
 
 /// A WebSocket client's message budget under `config`.
 pub(crate) fn message_budget(config: &super::ServeConfig) -> Budget {
