@@ -95,6 +95,48 @@ impl Audio {
     }
 }
 
+/// Mono 16 kHz samples read piece by piece, so that a long recording is never held whole
+/// (long-form transcription keeps only the window it decodes).
+pub trait SampleSource {
+    /// Appends up to `max` samples to `out` and returns how many; `Ok(0)` at the end.
+    fn read(&mut self, out: &mut Vec<f32>, max: usize) -> Result<usize>;
+
+    /// Starts again from the first sample. Long-form transcription reads its audio twice: once
+    /// for the spectrogram's maximum (Whisper clamps every frame to 8 below it), once to decode.
+    fn rewind(&mut self) -> Result<()>;
+}
+
+/// A [`SampleSource`] over 16 kHz samples in memory.
+#[derive(Clone, Debug)]
+pub struct Samples<'a> {
+    samples: &'a [f32],
+    position: usize,
+}
+
+impl<'a> Samples<'a> {
+    pub fn new(samples: &'a [f32]) -> Self {
+        Self {
+            samples,
+            position: 0,
+        }
+    }
+}
+
+impl SampleSource for Samples<'_> {
+    fn read(&mut self, out: &mut Vec<f32>, max: usize) -> Result<usize> {
+        let piece = &self.samples[self.position..];
+        let piece = &piece[..piece.len().min(max)];
+        out.extend_from_slice(piece);
+        self.position += piece.len();
+        Ok(piece.len())
+    }
+
+    fn rewind(&mut self) -> Result<()> {
+        self.position = 0;
+        Ok(())
+    }
+}
+
 fn wav_error(path: &Path, error: hound::Error) -> Error {
     match error {
         hound::Error::IoError(source) if source.kind() == std::io::ErrorKind::NotFound => {

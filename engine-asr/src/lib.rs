@@ -29,7 +29,7 @@ pub mod vad;
 pub mod wer;
 pub mod whisper;
 
-pub use audio::{resample, Audio, SAMPLE_RATE};
+pub use audio::{resample, Audio, SampleSource, Samples, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};
 pub use streaming::{StreamStats, StreamUpdate, StreamingTranscriber};
