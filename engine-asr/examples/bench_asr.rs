@@ -158,7 +158,7 @@ fn candle(
         let mut best: Option<(String, Duration, Duration, Duration, usize)> = None;
         for _ in 0..repeats.max(1) {
             let start = Instant::now();
-            let input = WhisperInput::new(&clip.samples, transcriber.filters())?;
+            let mut input = WhisperInput::from_samples(&clip.samples, transcriber.filters())?;
             let window = input.window(0)?;
             let mel = Tensor::from_vec(window.data, (1, window.n_mels, window.frames), &device)?;
             let encode_start = Instant::now();

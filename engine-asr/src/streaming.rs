@@ -174,7 +174,7 @@ impl StreamingTranscriber {
             return Ok(None);
         }
         let start = Instant::now();
-        let input = WhisperInput::new(&self.samples, self.transcriber.filters())?;
+        let mut input = WhisperInput::from_samples(&self.samples, self.transcriber.filters())?;
         let audio_frames = input
             .content_frames()
             .min(self.transcriber.model().config().window_frames());

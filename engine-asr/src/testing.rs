@@ -492,3 +492,96 @@ pub fn mel(frames: usize, seed: u64) -> Result<LogMel> {
         data,
     })
 }
+
+/// A long recording of clips joined by silences, made as it is read: a
+/// [`SampleSource`](crate::SampleSource) holding only the clips, for long-form tests and
+/// benchmarks of any length.
+#[derive(Clone, Debug)]
+pub struct JoinedSpeech {
+    clips: Vec<Vec<f32>>,
+    /// Clip index (or `None`: silence) and length of each piece, in order.
+    pieces: Vec<(Option<usize>, usize)>,
+    piece: usize,
+    offset: usize,
+}
+
+impl JoinedSpeech {
+    /// The 16 kHz `clips` in turn, each followed by the next of `gap_seconds` of silence (in
+    /// turn), until the recording lasts at least `seconds` (whole clips).
+    pub fn new(clips: Vec<Vec<f32>>, gap_seconds: &[f32], seconds: f64) -> Result<Self> {
+        if clips.iter().all(Vec::is_empty) || gap_seconds.is_empty() {
+            return Err(Error::Audio(
+                "a joined recording needs a clip with samples and a gap".into(),
+            ));
+        }
+        let mut pieces = Vec::new();
+        let mut length = 0;
+        let mut turn = 0;
+        while (length as f64) < seconds * 16_000.0 {
+            let clip = turn % clips.len();
+            let gap = (gap_seconds[turn % gap_seconds.len()].max(0.0) * 16_000.0) as usize;
+            pieces.push((Some(clip), clips[clip].len()));
+            pieces.push((None, gap));
+            length += clips[clip].len() + gap;
+            turn += 1;
+        }
+        Ok(Self {
+            clips,
+            pieces,
+            piece: 0,
+            offset: 0,
+        })
+    }
+
+    /// Samples in the recording.
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(|(_, n)| n).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The clips in the order they are heard.
+    pub fn order(&self) -> Vec<usize> {
+        self.pieces.iter().filter_map(|(clip, _)| *clip).collect()
+    }
+
+    /// The whole recording in memory.
+    pub fn samples(&self) -> Vec<f32> {
+        self.pieces
+            .iter()
+            .flat_map(|&(clip, n)| match clip {
+                Some(c) => self.clips[c].clone(),
+                None => vec![0.0; n],
+            })
+            .collect()
+    }
+}
+
+impl crate::SampleSource for JoinedSpeech {
+    fn read(&mut self, out: &mut Vec<f32>, max: usize) -> Result<usize> {
+        let mut given = 0;
+        while given < max {
+            let Some(&(clip, n)) = self.pieces.get(self.piece) else {
+                break;
+            };
+            let take = (n - self.offset).min(max - given);
+            match clip {
+                Some(c) => out.extend_from_slice(&self.clips[c][self.offset..self.offset + take]),
+                None => out.resize(out.len() + take, 0.0),
+            }
+            given += take;
+            self.offset += take;
+            if self.offset == n {
+                (self.piece, self.offset) = (self.piece + 1, 0);
+            }
+        }
+        Ok(given)
+    }
+
+    fn rewind(&mut self) -> Result<()> {
+        (self.piece, self.offset) = (0, 0);
+        Ok(())
+    }
+}

@@ -50,8 +50,10 @@ use spec_nn::{Requantize, SafetensorsFiles, WeightLoader, WeightSource};
 use crate::{Error, Result};
 
 mod onnx;
+mod speech;
 
 use onnx::OnnxInitializers;
+pub use speech::{speech_spans, SpeechOnly, SpeechOptions, SpeechTimeline};
 
 /// The file [`SileroVad::load`] reads by default, in the models folder's `silero-vad/`: the
 /// 16 kHz network of Silero VAD v6.2 as ONNX (the weights of `silero_vad.onnx`, which ONNX

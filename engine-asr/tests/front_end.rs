@@ -50,7 +50,7 @@ fn the_window_past_the_audio_is_padded_as_faster_whisper_pads_it() {
     let audio: Vec<Vec<f32>> = serde_json::from_value(reference["audio"].clone()).unwrap();
     let audio_frames = reference["audio_frames"].as_u64().unwrap() as usize;
     assert_eq!(reference["padding_values"], serde_json::json!([0.0]));
-    let input = WhisperInput::new(&signal, &MelFilters::new(80).unwrap()).unwrap();
+    let mut input = WhisperInput::from_samples(&signal, &MelFilters::new(80).unwrap()).unwrap();
     assert_eq!(input.content_frames(), audio_frames);
     let window = input.window(0).unwrap();
     assert_eq!(

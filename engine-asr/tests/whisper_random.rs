@@ -677,7 +677,7 @@ fn a_huge_encoder_margin_reads_the_whole_window() {
     write_hf(dir.path(), 26).unwrap();
     let mut transcriber = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
     let audio = tones(1.0, 220.0);
-    let window = engine_asr::WhisperInput::new(&audio, transcriber.filters())
+    let window = engine_asr::WhisperInput::from_samples(&audio, transcriber.filters())
         .unwrap()
         .window(0)
         .unwrap();

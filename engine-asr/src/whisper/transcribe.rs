@@ -15,18 +15,22 @@ use spec_core::{AcceptanceRule, DecodeStats, Decoder, LogitRows, SpecAsrConfig};
 use spec_core::{TreeDrafter, Verification};
 use spec_nn::heads::MultiTokenHeads;
 
-use crate::mel::{LogMel, MelFilters, WhisperInput};
+use crate::audio::{SampleSource, Samples};
+use crate::mel::{LogMel, MelFilters, WhisperInput, N_FFT};
+use crate::vad::{speech_spans, SileroVad, SpeechOnly, SpeechOptions, SpeechTimeline};
 use crate::whisper::decode::{
     beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
     Candidate,
 };
 use crate::whisper::load::LoadOptions;
+use crate::whisper::alignment::Word;
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
 use crate::whisper::tokenizer::WhisperTokenizer;
 use crate::{Error, Result};
 
 mod drafts;
+mod words;
 
 use drafts::{TextDrafter, WhisperDraft};
 
@@ -107,6 +111,10 @@ pub struct TranscribeOptions {
     /// to [`Transcriber::set_draft`], drafting as this says; verification is greedy, so the
     /// transcript is exactly the greedy one.
     pub draft: Option<SpecAsrConfig>,
+    /// Time every word of the segments ([`Segment::words`]) from the cross-attention of the
+    /// model's alignment heads, as Whisper and faster-whisper do; the segments' spans move to
+    /// their words, and past a window the seek follows the last word.
+    pub word_timestamps: bool,
 }
 
 impl Default for TranscribeOptions {
@@ -128,6 +136,7 @@ impl Default for TranscribeOptions {
             seed: 0,
             heads: None,
             draft: None,
+            word_timestamps: false,
         }
     }
 }
@@ -143,6 +152,8 @@ pub struct Segment {
     pub avg_logprob: f32,
     pub compression_ratio: f32,
     pub no_speech_probability: f32,
+    /// The words with their times ([`TranscribeOptions::word_timestamps`]; empty otherwise).
+    pub words: Vec<Word>,
 }
 
 /// Where the time went.
@@ -150,6 +161,8 @@ pub struct Segment {
 pub struct TranscriptStats {
     /// The log-mel spectrogram.
     pub front_end_time: Duration,
+    /// Finding the speech ([`Transcriber::transcribe_speech`]).
+    pub vad_time: Duration,
     pub encoder_time: Duration,
     /// The draft model's encoder (SpecASR).
     pub draft_encoder_time: Duration,
@@ -173,9 +186,13 @@ pub struct TranscriptStats {
 }
 
 impl TranscriptStats {
-    /// Front end, encoders and decoder together.
+    /// VAD, front end, encoders and decoder together.
     pub fn total_time(&self) -> Duration {
-        self.front_end_time + self.encoder_time + self.draft_encoder_time + self.decoder_time
+        self.vad_time
+            + self.front_end_time
+            + self.encoder_time
+            + self.draft_encoder_time
+            + self.decoder_time
     }
 }
 
@@ -657,9 +674,83 @@ impl Transcriber {
         samples: &[f32],
         options: &TranscribeOptions,
     ) -> Result<Transcript> {
+        self.transcribe_source(Samples::new(samples), options)
+    }
+
+    /// Transcribes only the speech of a recording (faster-whisper's `vad_filter`): Silero VAD
+    /// finds the speech spans ([`speech_spans`], one reading of `source`), the spans are
+    /// joined and transcribed as one recording ([`Transcriber::transcribe_source`]), and the
+    /// times of segments and words are mapped back to the recording's. A recording without
+    /// speech gives an empty transcript.
+    pub fn transcribe_speech<S: SampleSource>(
+        &mut self,
+        mut source: S,
+        vad: &mut SileroVad,
+        speech: &SpeechOptions,
+        options: &TranscribeOptions,
+    ) -> Result<Transcript> {
+        let vad_start = Instant::now();
+        let (spans, _) = speech_spans(vad, &mut source, speech)?;
+        let vad_time = vad_start.elapsed();
+        source.rewind()?;
+        let joined = SpeechOnly::new(source, spans.clone());
+        if joined.len() <= N_FFT / 2 {
+            return Ok(Transcript {
+                text: String::new(),
+                segments: Vec::new(),
+                language: options.language.clone(),
+                stats: TranscriptStats {
+                    vad_time,
+                    ..TranscriptStats::default()
+                },
+            });
+        }
+        let mut transcript = self.transcribe_source(joined, options)?;
+        transcript.stats.vad_time = vad_time;
+        let timeline = SpeechTimeline::new(&spans);
+        for segment in &mut transcript.segments {
+            if !segment.words.is_empty() {
+                for word in &mut segment.words {
+                    // A word's start and end are mapped through the span of its middle.
+                    let span = timeline.span_of((word.start + word.end) / 2.0, false);
+                    word.start = timeline.original_time(word.start, span);
+                    word.end = timeline.original_time(word.end, span);
+                }
+                segment.start = segment.words[0].start;
+                segment.end = segment.words[segment.words.len() - 1].end;
+            } else {
+                segment.start =
+                    timeline.original_time(segment.start, timeline.span_of(segment.start, false));
+                segment.end =
+                    timeline.original_time(segment.end, timeline.span_of(segment.end, true));
+            }
+        }
+        Ok(transcript)
+    }
+
+    /// Transcribes a recording of any length read from `source` (16 kHz mono), window by
+    /// window: memory is bounded by the 30-second window, not by the recording.
+    pub fn transcribe_source<S: SampleSource>(
+        &mut self,
+        source: S,
+        options: &TranscribeOptions,
+    ) -> Result<Transcript> {
         let front_end_start = Instant::now();
-        let input = WhisperInput::new(samples, &self.filters)?;
-        let front_end_time = front_end_start.elapsed();
+        // A draft with other mel bins (large-v3's 128) reads the recording through its
+        // filters too (the input's second bank).
+        let draft_bank = match &self.draft {
+            Some(draft)
+                if options.draft.is_some() && draft.filters.n_mels() != self.filters.n_mels() =>
+            {
+                Some(draft.filters.clone())
+            }
+            _ => None,
+        };
+        let banks: Vec<MelFilters> = std::iter::once(self.filters.clone())
+            .chain(draft_bank.clone())
+            .collect();
+        let mut input = WhisperInput::new(source, &banks)?;
+        let mut front_end_time = front_end_start.elapsed();
         let window_frames = self.model.config().window_frames();
         let content = input.content_frames();
         // Past one window the seek follows the last timestamp (a window's text can end before
@@ -674,20 +765,8 @@ impl Transcriber {
         } else {
             options
         };
-        // A draft with other mel bins (large-v3's 128) gets the recording through its filters.
-        let draft_input = match &self.draft {
-            Some(draft)
-                if options.draft.is_some() && draft.filters.n_mels() != self.filters.n_mels() =>
-            {
-                Some(WhisperInput::new(samples, &draft.filters)?)
-            }
-            _ => None,
-        };
         let mut rng = StdRng::seed_from_u64(options.seed);
-        let mut stats = TranscriptStats {
-            front_end_time,
-            ..TranscriptStats::default()
-        };
+        let mut stats = TranscriptStats::default();
         let mut segments = Vec::new();
         let mut previous: Vec<u32> = match options.initial_prompt.as_deref().map(str::trim) {
             Some(text) if !text.is_empty() => self.tokenizer.encode(&format!(" {text}"))?,
@@ -697,7 +776,13 @@ impl Transcriber {
         let mut seek = 0;
         while seek < content {
             let audio_frames = (content - seek).min(window_frames);
+            let window_start_time = Instant::now();
             let window = input.window(seek)?;
+            let draft_window = match draft_bank {
+                Some(_) => Some(input.window_of_bank(1, seek)?),
+                None => None,
+            };
+            front_end_time += window_start_time.elapsed();
             let mel = self.encoder_input(window, audio_frames, options.encoder_length);
             // SpecASR only where it pays (the draft's encoder included), if so configured.
             let drafting = match (options.draft, &self.draft) {
@@ -706,13 +791,7 @@ impl Transcriber {
             };
             let draft_encoder_time = if drafting {
                 stats.drafted_windows += 1;
-                self.encode_draft(
-                    &mel,
-                    draft_input.as_ref(),
-                    seek,
-                    audio_frames,
-                    options.encoder_length,
-                )?
+                self.encode_draft(&mel, draft_window, audio_frames, options.encoder_length)?
             } else {
                 Duration::ZERO
             };
@@ -789,7 +868,8 @@ impl Transcriber {
                 seek += audio_frames;
                 continue;
             }
-            let advance = self.add_segments(
+            let window_segments = segments.len();
+            let mut advance = self.add_segments(
                 &candidate,
                 temperature,
                 no_speech,
@@ -797,6 +877,18 @@ impl Transcriber {
                 audio_frames,
                 &mut segments,
             )?;
+            if options.word_timestamps {
+                advance = self.add_word_timestamps(
+                    &candidate,
+                    &mut segments,
+                    window_segments,
+                    window_start,
+                    audio_frames,
+                    options,
+                    language.as_deref(),
+                    advance,
+                )?;
+            }
             stats.tokens += candidate.tokens.len();
             previous = if temperature < 0.5 {
                 candidate
@@ -816,6 +908,7 @@ impl Transcriber {
             .collect::<String>()
             .trim()
             .to_string();
+        stats.front_end_time = front_end_time;
         Ok(Transcript {
             text,
             segments,
@@ -895,6 +988,7 @@ impl Transcriber {
                 temperature,
                 avg_logprob: candidate.avg_logprob(),
                 no_speech_probability: no_speech,
+                words: Vec::new(),
             })
         };
         let window_seconds = audio_frames as f32 / FRAMES_PER_SECOND;

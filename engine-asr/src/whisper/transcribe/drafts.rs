@@ -12,7 +12,7 @@ use spec_core::{
 use spec_nn::heads::MultiTokenHeads;
 
 use super::{EncoderLength, Suppression, Transcriber};
-use crate::mel::{LogMel, MelFilters, WhisperInput};
+use crate::mel::{LogMel, MelFilters};
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
 use crate::whisper::tokenizer::WhisperTokenizer;
@@ -233,21 +233,17 @@ impl Transcriber {
     }
 
     /// Encodes a window with the draft model and returns the time it took: `mel` (the
-    /// target's input) when the draft has as many mel bins, else the same span of
-    /// `own_input` (the recording through the draft's filters).
+    /// target's input) when the draft has as many mel bins, else `own_window` (the same span
+    /// of the recording through the draft's filters).
     pub(super) fn encode_draft(
         &mut self,
         mel: &LogMel,
-        own_input: Option<&WhisperInput>,
-        seek: usize,
+        own_window: Option<LogMel>,
         audio_frames: usize,
         length: EncoderLength,
     ) -> Result<Duration> {
         let start = Instant::now();
-        let own_mel = match own_input {
-            Some(input) => Some(self.encoder_input(input.window(seek)?, audio_frames, length)),
-            None => None,
-        };
+        let own_mel = own_window.map(|window| self.encoder_input(window, audio_frames, length));
         let draft = self.draft.as_mut().ok_or_else(|| {
             Error::Config(
                 "a draft model was asked for, but none was set (Transcriber::set_draft)".into(),
