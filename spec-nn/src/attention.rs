@@ -854,6 +854,35 @@ impl CrossAttention {
         let out = h.attend(&q, keys, &encoded.values, None)?;
         Ok(self.o.forward(&out)?)
     }
+
+    /// The attention scores of `x` `[1, n, hidden]` over the encoded frames for the query
+    /// heads `heads`, scaled by 1/√head_dim and before the softmax: `[heads.len(), n, frames]`
+    /// (what Whisper's word alignment reads from its alignment heads).
+    pub fn scores(&self, x: &Tensor, encoded: &CrossKv, heads: &[usize]) -> Result<Tensor> {
+        let h = self.heads;
+        if let Some(bad) = heads.iter().find(|&&head| head >= h.heads) {
+            return Err(Error::Config(format!(
+                "attention head {bad} asked of a layer with {} heads",
+                h.heads
+            )));
+        }
+        let q = h.split(&self.q.forward(x)?, h.heads)?;
+        let scale = 1.0 / (h.head_dim as f64).sqrt();
+        let group = h.heads / h.kv_heads;
+        let rows = heads
+            .iter()
+            .map(|&head| {
+                let q = (q.get(0)?.get(head)? * scale)?;
+                let k = encoded.keys.get(0)?.get(head / group)?;
+                q.matmul(&k.t()?)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        if rows.is_empty() {
+            let (n, frames) = (x.dim(1)?, encoded.frames());
+            return Ok(Tensor::zeros((0, n, frames), DType::F32, x.device())?);
+        }
+        Ok(Tensor::stack(&rows, 0)?)
+    }
 }
 
 #[cfg(test)]

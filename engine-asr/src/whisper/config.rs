@@ -133,4 +133,40 @@ impl WhisperConfig {
     pub fn window_frames(&self) -> usize {
         2 * self.max_source_positions
     }
+
+    /// Multiply-adds of the encoder on `mel_frames` frames (the two convolutions, then per
+    /// layer the attention's projections and scores and the MLP): what compares two
+    /// encoders' costs.
+    pub fn encoder_cost(&self, mel_frames: usize) -> f64 {
+        let (frames, width) = ((mel_frames / 2) as f64, self.hidden_size as f64);
+        let stem = 3.0 * mel_frames as f64 * self.n_mels as f64 * width + 3.0 * frames * width * width;
+        let layer = frames * (4.0 * width * width + 2.0 * width * self.encoder_ffn_dim as f64)
+            + 2.0 * frames * frames * width;
+        stem + self.encoder_layers as f64 * layer
+    }
+}
+
+/// The alignment heads a model folder names, `(decoder layer, head)` pairs: the
+/// `alignment_heads` of Hugging Face's `generation_config.json` or of CTranslate2's
+/// `config.json`; `None` when neither lists them.
+pub fn read_alignment_heads(folder: &Path) -> Result<Option<Vec<(usize, usize)>>> {
+    for name in ["generation_config.json", "config.json"] {
+        let path = folder.join(name);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let bad = |e: String| Error::Config(format!("{}: {e}", path.display()));
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let Some(heads) = value.get("alignment_heads") else {
+            continue;
+        };
+        let heads: Vec<(usize, usize)> = serde_json::from_value(heads.clone()).map_err(|e| {
+            bad(format!(
+                "`alignment_heads` is not a list of [layer, head]: {e}"
+            ))
+        })?;
+        return Ok(Some(heads));
+    }
+    Ok(None)
 }

@@ -87,6 +87,15 @@ pub fn model_fingerprint(folder: &Path) -> Result<String> {
 }
 
 pub(crate) fn load(folder: &Path, options: &LoadOptions) -> Result<Whisper> {
+    let mut model = load_weights(folder, options)?;
+    if let Some(heads) = crate::whisper::config::read_alignment_heads(folder)? {
+        model.set_alignment_heads(heads)?;
+    }
+    Ok(model)
+}
+
+/// The model of `folder` without its alignment heads (the default ones).
+fn load_weights(folder: &Path, options: &LoadOptions) -> Result<Whisper> {
     let device = &options.device;
     match ModelFiles::find(folder)? {
         ModelFiles::Ct2 { model } => {

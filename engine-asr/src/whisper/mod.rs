@@ -2,6 +2,7 @@
 //! ([`load`]: CTranslate2 or Hugging Face), tokenizer, logit rules, window decoding (greedy,
 //! sampling, beam search) and the transcription loop ([`Transcriber`]).
 
+pub mod alignment;
 pub mod config;
 pub mod decode;
 pub mod load;
@@ -10,6 +11,7 @@ pub mod rules;
 pub mod tokenizer;
 pub mod transcribe;
 
+pub use alignment::Word;
 pub use config::WhisperConfig;
 pub use decode::{compression_ratio, Candidate};
 pub use load::{hugging_face_tensors, model_fingerprint, LoadOptions, ModelFiles};

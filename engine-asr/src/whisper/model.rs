@@ -13,7 +13,7 @@
 
 use candle_core::{Device, Tensor};
 use spec_core::decoder::check_token_range;
-use spec_core::{Decoder, DecoderCache, DecoderInput, Forward, HiddenStates, Logits};
+use spec_core::{Decoder, DecoderCache, DecoderInput, Forward, HiddenStates, LogitRows, Logits};
 use spec_nn::elementwise::add;
 use spec_nn::SelfAttention;
 use spec_nn::{
@@ -116,7 +116,18 @@ pub struct Whisper {
     cross: Option<Vec<CrossKv>>,
     /// The last forward's final hidden states, one per new position (for prediction heads).
     hidden: Option<Tensor>,
+    /// The cross-attention heads `(layer, head)` whose attention follows the speech in time
+    /// (word timestamps read them, [`Whisper::alignment_forward`]).
+    alignment_heads: Vec<(usize, usize)>,
     device: Device,
+}
+
+/// Whisper's alignment heads when a model does not name its own: every head of the second
+/// half of the decoder layers (openai-whisper's `set_alignment_heads` default).
+pub fn default_alignment_heads(config: &WhisperConfig) -> Vec<(usize, usize)> {
+    (config.decoder_layers / 2..config.decoder_layers)
+        .flat_map(|layer| (0..config.decoder_attention_heads).map(move |head| (layer, head)))
+        .collect()
 }
 
 impl Whisper {
@@ -132,6 +143,7 @@ impl Whisper {
             TREE_ROOM * config.max_target_positions,
         );
         Self {
+            alignment_heads: default_alignment_heads(&config),
             config,
             encoder,
             decoder,
@@ -140,6 +152,78 @@ impl Whisper {
             hidden: None,
             device: device.clone(),
         }
+    }
+
+    /// The cross-attention heads `(layer, head)` word timestamps are read from.
+    pub fn alignment_heads(&self) -> &[(usize, usize)] {
+        &self.alignment_heads
+    }
+
+    /// Sets the alignment heads (a model's `alignment_heads`, as its configuration lists
+    /// them); fails on an empty list or a head the decoder does not have.
+    pub fn set_alignment_heads(&mut self, heads: Vec<(usize, usize)>) -> Result<()> {
+        let (layers, per_layer) = (
+            self.config.decoder_layers,
+            self.config.decoder_attention_heads,
+        );
+        if heads.is_empty() {
+            return Err(Error::Config("an empty list of alignment heads".into()));
+        }
+        if let Some((layer, head)) = heads
+            .iter()
+            .find(|&&(layer, head)| layer >= layers || head >= per_layer)
+        {
+            return Err(Error::Config(format!(
+                "alignment head ({layer}, {head}) is not among the decoder's {layers} layers of \
+                 {per_layer} heads"
+            )));
+        }
+        self.alignment_heads = heads;
+        Ok(())
+    }
+
+    /// Teacher-forced forward of `tokens` from an empty cache over the encoded window, for
+    /// word alignment: the logits of every position `[n, vocab]` and the cross-attention
+    /// scores (scaled query·key, before the softmax) of the alignment heads,
+    /// `[heads, n, encoded frames]` in the order of [`Whisper::alignment_heads`]. Leaves the
+    /// tokens in the cache, as any forward does.
+    pub fn alignment_forward(&mut self, tokens: &[u32]) -> Result<(Logits, Tensor)> {
+        if tokens.is_empty() {
+            return Err(Error::Config("word alignment of no tokens".into()));
+        }
+        self.reset();
+        let positions: Vec<usize> = (0..tokens.len()).collect();
+        let step = Forward {
+            logits: LogitRows::All,
+            ..Forward::tokens(tokens, &positions)
+        };
+        let mut scores = Vec::new();
+        let logits = DecoderCache::forward(
+            self,
+            |model| &mut model.cache,
+            &step.input,
+            |model| model.forward_inner(&step, Some(&mut scores)),
+        )?;
+        // Captured layer by layer; put back in the configured order of the heads.
+        let captured: Vec<(usize, usize)> = (0..self.config.decoder_layers)
+            .flat_map(|layer| {
+                self.alignment_heads
+                    .iter()
+                    .filter(move |h| h.0 == layer)
+                    .copied()
+            })
+            .collect();
+        let rows = self
+            .alignment_heads
+            .iter()
+            .map(|head| {
+                let index = captured.iter().position(|c| c == head).unwrap_or(0);
+                scores[index].clone()
+            })
+            .collect::<Vec<_>>();
+        let scores = Tensor::stack(&rows, 0)?;
+        let logits = Logits::from_tensor(&logits, tokens.len(), self.config.vocab_size)?;
+        Ok((logits, scores))
     }
 
     /// Loads a model folder: CTranslate2 (`model.bin`) or Hugging Face (`model.safetensors` +
@@ -201,11 +285,17 @@ impl Whisper {
             self,
             |model| &mut model.cache,
             &step.input,
-            |model| model.forward_inner(step),
+            |model| model.forward_inner(step, None),
         )
     }
 
-    fn forward_inner(&mut self, step: &Forward<'_>) -> Result<Tensor> {
+    /// A decoder forward; with `alignment`, the alignment heads' cross-attention scores are
+    /// pushed there, `[n, frames]` per head, layer by layer.
+    fn forward_inner(
+        &mut self,
+        step: &Forward<'_>,
+        mut alignment: Option<&mut Vec<Tensor>>,
+    ) -> Result<Tensor> {
         let cached = self.cache.len();
         let rows = step.validate(cached)?;
         let n = step.input.len()?;
@@ -230,6 +320,20 @@ impl Whisper {
                 &layer.self_attention.forward(&normed, None, &mask, cache)?,
             )?;
             let normed = layer.cross_attention_norm.forward(&x)?;
+            if let Some(scores) = alignment.as_deref_mut() {
+                let heads: Vec<usize> = self
+                    .alignment_heads
+                    .iter()
+                    .filter(|h| h.0 == index)
+                    .map(|h| h.1)
+                    .collect();
+                if !heads.is_empty() {
+                    let layer_scores = layer.cross_attention.scores(&normed, cross, &heads)?;
+                    for row in 0..heads.len() {
+                        scores.push(layer_scores.get(row)?);
+                    }
+                }
+            }
             x = add(&x, &layer.cross_attention.forward(&normed, cross)?)?;
             let normed = layer.mlp_norm.forward(&x)?;
             x = add(&x, &layer.mlp.forward(&normed)?)?;

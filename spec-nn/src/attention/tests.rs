@@ -478,6 +478,7 @@ fn check_cross_attention(n_heads: usize, head_dim: usize) {
         .reshape((83, n_heads, head_dim))
         .unwrap();
     let mut merged = Vec::new();
+    let mut direct_scores = Vec::new();
     for head in 0..n_heads {
         let pick = |t: &Tensor| t.narrow(1, head, 1).unwrap().squeeze(1).unwrap();
         let scores = (pick(&queries).matmul(&pick(&keys).t().unwrap()).unwrap()
@@ -485,7 +486,19 @@ fn check_cross_attention(n_heads: usize, head_dim: usize) {
         .unwrap();
         let weights = candle_nn::ops::softmax_last_dim(&scores).unwrap();
         merged.push(weights.matmul(&pick(&vals)).unwrap());
+        direct_scores.push(scores);
     }
+    // The scores of chosen heads (in the order asked) are the direct ones, before the softmax.
+    let chosen: Vec<usize> = (0..n_heads).rev().collect();
+    let scores = cross.scores(&x, &kv, &chosen).unwrap();
+    assert_eq!(scores.dims(), [n_heads, 70, 83]);
+    for (i, &head) in chosen.iter().enumerate() {
+        let got = values(&scores.get(i).unwrap());
+        for (a, b) in got.iter().zip(values(&direct_scores[head])) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+    assert!(cross.scores(&x, &kv, &[n_heads]).is_err());
     let expected = cross
         .o
         .forward(&Tensor::cat(&merged, 1).unwrap().unsqueeze(0).unwrap())
