@@ -30,6 +30,8 @@ use spec_core::report::{ratio, Report, Table};
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
 
+#[path = "bench_asr/long_form.rs"]
+mod long_form;
 #[path = "common/speech_sets.rs"]
 mod speech_sets;
 use speech_sets::{clips, fastest_transcript, spoken_set, Clip};
@@ -60,6 +62,20 @@ struct Args {
     /// `espeak-ng` at 22.05 kHz); 0 or no `espeak-ng` skips it.
     #[arg(long, default_value_t = 40)]
     spoken_sentences: usize,
+    /// Minutes of the long recording (the real clips joined by silences), transcribed whole
+    /// with and without the VAD filter; 0 skips it.
+    #[arg(long, default_value_t = 5.0)]
+    long_minutes: f64,
+    /// Recording lengths (minutes) whose peak memory is measured, each in a process of its
+    /// own, with the first model; none skips it.
+    #[arg(long, value_delimiter = ',', default_value = "1,30")]
+    memory_minutes: Vec<f64>,
+    /// Internal: transcribe this many minutes of the long recording and print the peak memory.
+    #[arg(long, hide = true)]
+    memory_probe: Option<f64>,
+    /// Internal: the memory probe uses the VAD filter.
+    #[arg(long, hide = true)]
+    probe_vad: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -445,6 +461,10 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let store = Store::new(spec_models::models_dir()?, Registry::builtin());
     let clips = clips(&store)?;
+    if let Some(minutes) = args.memory_probe {
+        let model = store.resolve(&args.models[0])?;
+        return long_form::probe(&store, &model.dir, &clips, minutes, args.probe_vad);
+    }
     let normalizer = EnglishTextNormalizer::from_file(&store.data_file("whisper/english.json")?)?;
     let python = std::env::var_os("SPECVOICE_FASTER_WHISPER").map(PathBuf::from);
     let spoken_dir = tempfile::tempdir()?;
@@ -482,6 +502,42 @@ fn main() -> Result<()> {
             push_rows(table, name, &rows, set, &normalizer);
         }
     }
+    let mut long = None;
+    if args.long_minutes > 0.0 {
+        let (joined, reference) = long_form::recording(&clips, args.long_minutes)?;
+        let mut table = Table::new(
+            format!(
+                "Long-form: the real clips joined by silences of 0.6–6 s into {:.1} minutes ({} clips), transcribed whole, one run each, 2 threads",
+                joined.len() as f64 / 16_000.0 / 60.0,
+                joined.order().len()
+            ),
+            &long_form::COLUMNS,
+        );
+        for name in &args.models {
+            let model = store.resolve(name)?;
+            eprintln!("== {name}, long-form");
+            long_form::measure(
+                &store,
+                name,
+                &model.dir,
+                &joined,
+                &reference,
+                &normalizer,
+                python.as_deref(),
+                &mut table,
+            )?;
+        }
+        long = Some(table);
+    }
+    let mut memory = None;
+    if !args.memory_minutes.is_empty() {
+        let mut table = Table::new(
+            "Peak memory of long-form transcription (the whole process: model, runtime, recording read piece by piece)",
+            &long_form::MEMORY_COLUMNS,
+        );
+        long_form::memory(&args.models[0], &args.memory_minutes, &mut table)?;
+        memory = Some(table);
+    }
     let mut notes = Vec::new();
     if python.is_none() {
         notes.push("faster-whisper was not measured: set SPECVOICE_FASTER_WHISPER to a Python with faster-whisper 1.2.1 installed.".into());
@@ -490,9 +546,12 @@ fn main() -> Result<()> {
         notes.push("The espeak-ng set was skipped: `apt-get install espeak-ng` adds it.".into());
     }
     notes.push("RTF = processing time ÷ audio duration, front end (log-mel) included; faster-whisper's time is its `transcribe` call on the decoded audio (greedy, language en, no timestamps, no previous-text conditioning, no VAD). WER uses Whisper's English normalizer on both sides. \"Audio + N s encoder\" encodes the audio and N s of the padding instead of the whole 30-second window (whisper.cpp's `audio_ctx`). Beam search and candle-transformers run on the real clips only.".into());
+    if args.long_minutes > 0.0 {
+        notes.push("Long-form: both sides transcribe the same samples with timestamps, previous-text conditioning and the temperature fallback (their long-audio defaults), greedy, language en; faster-whisper's time excludes loading and a warm-up. With VAD: Silero VAD v6 and faster-whisper's `vad_filter` defaults (threshold 0.5, 2 s of silence ends speech, 400 ms of padding) on both sides; only the speech is transcribed and times are mapped back.".into());
+    }
     let report = Report {
         command: format!(
-            "cargo run --release -p engine-asr --example bench_asr -- --models {} --repeats {} --margins {} --spoken-sentences {}",
+            "cargo run --release -p engine-asr --example bench_asr -- --models {} --repeats {} --margins {} --spoken-sentences {} --long-minutes {} --memory-minutes {}",
             args.models.join(","),
             args.repeats,
             args.margins
@@ -500,9 +559,19 @@ fn main() -> Result<()> {
                 .map(|m| m.to_string())
                 .collect::<Vec<_>>()
                 .join(","),
-            args.spoken_sentences
+            args.spoken_sentences,
+            args.long_minutes,
+            args.memory_minutes
+                .iter()
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
         ),
-        tables: std::iter::once(real).chain(synthetic).collect(),
+        tables: std::iter::once(real)
+            .chain(synthetic)
+            .chain(long)
+            .chain(memory)
+            .collect(),
         notes,
         ..Report::default()
     };

@@ -784,9 +784,23 @@ impl Transcriber {
             };
             front_end_time += window_start_time.elapsed();
             let mel = self.encoder_input(window, audio_frames, options.encoder_length);
-            // SpecASR only where it pays (the draft's encoder included), if so configured.
+            let target_encoder_time = self.encode(&mel)?;
+            stats.encoder_time += target_encoder_time;
+            stats.windows += 1;
+            // SpecASR only where it can pay and has paid (the draft's encoder included), if
+            // so configured.
+            let max_tokens = (self.model.config().max_target_positions / 2 * audio_frames)
+                .div_ceil(window_frames);
             let drafting = match (options.draft, &self.draft) {
-                (Some(config), Some(draft)) => !config.cost_aware || draft.economics.pays(),
+                (Some(config), Some(draft)) => {
+                    !config.cost_aware
+                        || (draft.economics.could_pay(
+                            max_tokens,
+                            target_encoder_time,
+                            draft.drafter.model().config().encoder_cost(mel.frames)
+                                / self.model.config().encoder_cost(mel.frames),
+                        ) && draft.economics.pays())
+                }
                 (draft, _) => draft.is_some(),
             };
             let draft_encoder_time = if drafting {
@@ -796,8 +810,6 @@ impl Transcriber {
                 Duration::ZERO
             };
             stats.draft_encoder_time += draft_encoder_time;
-            stats.encoder_time += self.encode(&mel)?;
-            stats.windows += 1;
             let decode_start = Instant::now();
             if drafting && options.draft.is_some_and(|c| c.cost_aware) {
                 self.measure_greedy_step()?;
@@ -832,8 +844,14 @@ impl Transcriber {
                     &mut stats.heads,
                     &mut window_draft,
                 )?;
-            if let (true, Some(draft)) = (drafting, self.draft.as_mut()) {
-                draft.economics.observe(&window_draft, draft_encoder_time);
+            if let Some(draft) = self.draft.as_mut().filter(|_| options.draft.is_some()) {
+                if drafting {
+                    draft.economics.observe(&window_draft, draft_encoder_time, target_encoder_time);
+                } else {
+                    draft
+                        .economics
+                        .observe_greedy(decode_start.elapsed(), candidate.forwards);
+                }
             }
             stats.draft.merge(&window_draft);
             // An encoder cut short of the window can hide where the speech ends: the decoder

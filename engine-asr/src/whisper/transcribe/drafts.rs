@@ -118,19 +118,48 @@ impl TreeDrafter for TextDrafter<'_> {
     }
 }
 
-/// Whether SpecASR pays on this machine, for [`SpecAsrConfig::cost_aware`]: the target's
-/// one-token step, measured once on the first drafted window, against the drafted windows'
-/// time per token (drafting, verifying and the draft's encoder), decayed over windows.
+/// Whether SpecASR pays on this machine, for [`SpecAsrConfig::cost_aware`]. A window is
+/// drafted only if drafting could pay for it at all, and only while drafted windows have paid:
+///
+/// - **Could pay**: even a perfect draft saves less than one target step per token, and a
+///   window has at most `max_tokens` (224 for 30 s, in proportion for less audio). So when the
+///   draft's encoder alone costs more than `max_tokens` target steps, the window is decoded
+///   greedily without touching the draft. The draft's encoder is estimated from the target's
+///   (just measured on the same window) by the two encoders' multiply-adds, then by the ratio
+///   drafted windows measured. The target's step is the time per token of the first window,
+///   decoded greedily (free), or measured on the first drafted window.
+/// - **Has paid**: the drafted windows' time per token (drafting, verifying and the draft's
+///   encoder), decayed over windows, against the target's one-token step.
 #[derive(Debug, Default)]
 pub(super) struct DraftEconomics {
     pub(super) greedy_step: Option<f64>,
     pub(super) seconds: f64,
     pub(super) tokens: f64,
+    /// The draft's encoder time ÷ the target's, measured on drafted windows.
+    pub(super) encoder_ratio: Option<f64>,
 }
 
 impl DraftEconomics {
     /// Weight of the previous windows against the newest.
     const DECAY: f64 = 0.8;
+
+    /// Whether drafting a window of at most `max_tokens` tokens, whose target encoder took
+    /// `target_encoder`, could save more than the draft's encoder costs; `estimated_ratio` is
+    /// the draft encoder's cost ÷ the target's by their multiply-adds. False until the
+    /// target's step is known (the first window is decoded greedily and measures it).
+    pub(super) fn could_pay(
+        &self,
+        max_tokens: usize,
+        target_encoder: Duration,
+        estimated_ratio: f64,
+    ) -> bool {
+        let Some(step) = self.greedy_step else {
+            return false;
+        };
+        let draft_encoder =
+            target_encoder.as_secs_f64() * self.encoder_ratio.unwrap_or(estimated_ratio);
+        draft_encoder < max_tokens as f64 * step
+    }
 
     /// True until a drafted window has been seen, then while drafting costs less per token
     /// than greedy decoding's one forward per token.
@@ -141,11 +170,28 @@ impl DraftEconomics {
         }
     }
 
-    pub(super) fn observe(&mut self, window: &DecodeStats, draft_encoder_time: Duration) {
+    pub(super) fn observe(
+        &mut self,
+        window: &DecodeStats,
+        draft_encoder_time: Duration,
+        target_encoder_time: Duration,
+    ) {
         let tokens: usize = window.steps.iter().map(|s| s.accepted + 1).sum();
         let seconds = (window.draft_time + window.target_time + draft_encoder_time).as_secs_f64();
         self.seconds = self.seconds * Self::DECAY + seconds;
         self.tokens = self.tokens * Self::DECAY + tokens as f64;
+        if !target_encoder_time.is_zero() {
+            self.encoder_ratio =
+                Some(draft_encoder_time.as_secs_f64() / target_encoder_time.as_secs_f64());
+        }
+    }
+
+    /// A window decoded greedily in `decoder_time` with `forwards` forwards gives the
+    /// target's step, if none is known yet.
+    pub(super) fn observe_greedy(&mut self, decoder_time: Duration, forwards: usize) {
+        if self.greedy_step.is_none() && forwards > 0 {
+            self.greedy_step = Some(decoder_time.as_secs_f64() / forwards as f64);
+        }
     }
 }
 
