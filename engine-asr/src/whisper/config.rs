@@ -139,7 +139,8 @@ impl WhisperConfig {
     /// encoders' costs.
     pub fn encoder_cost(&self, mel_frames: usize) -> f64 {
         let (frames, width) = ((mel_frames / 2) as f64, self.hidden_size as f64);
-        let stem = 3.0 * mel_frames as f64 * self.n_mels as f64 * width + 3.0 * frames * width * width;
+        let stem =
+            3.0 * mel_frames as f64 * self.n_mels as f64 * width + 3.0 * frames * width * width;
         let layer = frames * (4.0 * width * width + 2.0 * width * self.encoder_ffn_dim as f64)
             + 2.0 * frames * frames * width;
         stem + self.encoder_layers as f64 * layer
