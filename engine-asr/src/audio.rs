@@ -1,5 +1,6 @@
-//! Audio in: WAV files in any common PCM encoding, mixed down to mono and resampled to the
-//! 16 kHz Whisper listens at.
+//! Audio in: WAV, FLAC, MP3, OGG/Vorbis and M4A/AAC files (through symphonia; WAV also through
+//! hound), mixed down to mono and resampled to the 16 kHz Whisper listens at, whole
+//! ([`Audio`]) or piece by piece ([`AudioFile`], a [`SampleSource`]).
 
 use std::ops::RangeInclusive;
 use std::path::Path;
@@ -7,6 +8,10 @@ use std::path::Path;
 use rubato::{FftFixedInOut, Resampler};
 
 use crate::{Error, Result};
+
+mod decode;
+
+pub use decode::{AudioDecoder, AudioFile};
 
 /// The sample rate of Whisper's front end.
 pub const SAMPLE_RATE: u32 = 16_000;
@@ -24,11 +29,57 @@ pub const MAX_SAMPLE_MAGNITUDE: f32 = 1e12;
 /// Mono samples in [-1, 1] at a sample rate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Audio {
+    /// The samples, mono.
     pub samples: Vec<f32>,
+    /// Samples per second.
     pub sample_rate: u32,
 }
 
 impl Audio {
+    /// Reads an audio file: WAV, FLAC, MP3, OGG/Vorbis or M4A/AAC, found from its content (the
+    /// extension is only a hint), its first audio track mixed down to mono (the mean of the
+    /// channels) at its own sample rate. An unsupported container or codec is an
+    /// [`Error::UnsupportedAudio`]; a corrupt, truncated or empty file an [`Error::BadAudio`].
+    pub fn read(path: &Path) -> Result<Self> {
+        Self::decode(AudioDecoder::open(path)?, None)
+    }
+
+    /// [`Audio::read`] of a file in memory (an upload); `name` names it in errors, and its
+    /// extension is a hint to the format.
+    pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Self> {
+        Self::decode(AudioDecoder::from_bytes(bytes, name)?, None)
+    }
+
+    /// [`Audio::from_bytes`] that stops with [`Error::AudioTooLong`] as soon as more than
+    /// `max_seconds` are decoded: a compressed upload can hold hours of silence in a few
+    /// kilobytes, and is refused before they are all in memory.
+    pub fn from_bytes_at_most(bytes: &[u8], name: &str, max_seconds: f64) -> Result<Self> {
+        Self::decode(AudioDecoder::from_bytes(bytes, name)?, Some(max_seconds))
+    }
+
+    /// Everything `decoder` decodes, at most `max_seconds` of it.
+    fn decode(mut decoder: AudioDecoder<'_>, max_seconds: Option<f64>) -> Result<Self> {
+        let mut samples = Vec::new();
+        while decoder.next_packet(&mut samples)?.is_some() {
+            if let Some(limit) = max_seconds.filter(|&l| decoder.decoded_seconds() > l) {
+                return Err(Error::AudioTooLong {
+                    path: decoder.name().to_path_buf(),
+                    limit_seconds: limit,
+                });
+            }
+        }
+        if samples.is_empty() {
+            return Err(Error::Audio(format!(
+                "{} holds no samples",
+                decoder.name().display()
+            )));
+        }
+        Ok(Self {
+            samples,
+            sample_rate: decoder.sample_rate(),
+        })
+    }
+
     /// Reads a WAV file (8-, 16-, 24- or 32-bit integer PCM, or 32-bit float), averaging its
     /// channels. A file without samples is an error.
     pub fn read_wav(path: &Path) -> Result<Self> {
@@ -90,6 +141,7 @@ impl Audio {
         resample(&self.samples, self.sample_rate, SAMPLE_RATE)
     }
 
+    /// The length in seconds.
     pub fn duration_seconds(&self) -> f64 {
         self.samples.len() as f64 / self.sample_rate.max(1) as f64
     }
@@ -114,6 +166,7 @@ pub struct Samples<'a> {
 }
 
 impl<'a> Samples<'a> {
+    /// A source of `samples` (16 kHz), from the first.
     pub fn new(samples: &'a [f32]) -> Self {
         Self {
             samples,
@@ -168,47 +221,170 @@ pub fn check_finite(samples: &[f32]) -> Result<()> {
 /// every sample must be finite ([`Error::NonFiniteSample`]) and at most
 /// [`MAX_SAMPLE_MAGNITUDE`] in magnitude ([`Error::SampleTooLarge`]).
 pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
-    let failed = |reason: String| Error::Resample { from, to, reason };
-    if !SAMPLE_RATES.contains(&from) || !SAMPLE_RATES.contains(&to) {
-        return Err(failed(format!(
-            "sample rates must lie in {}..={} Hz",
-            SAMPLE_RATES.start(),
-            SAMPLE_RATES.end()
-        )));
+    let mut resampler = StreamResampler::new(from, to)?;
+    let mut out = Vec::with_capacity(
+        (samples.len() as u64 * u64::from(to)).div_ceil(u64::from(from)) as usize,
+    );
+    resampler.push(samples, &mut out)?;
+    resampler.finish(&mut out)?;
+    Ok(out)
+}
+
+/// [`resample`] of a signal given piece by piece: the output of all the pieces is that of
+/// `resample` on the whole, to the bit, and the resampler holds at most one chunk of input
+/// (about 1024 samples; a sample rate prime to the target's needs a chunk of one second).
+pub(crate) struct StreamResampler {
+    from: u32,
+    to: u32,
+    /// `None` when the rates are equal.
+    inner: Option<FftFixedInOut<f32>>,
+    /// Input short of a whole chunk.
+    pending: Vec<f32>,
+    /// Leading outputs still to drop (the resampler's delay).
+    delay_left: usize,
+    /// Samples pushed so far.
+    consumed: u64,
+    /// Samples given out so far.
+    produced: u64,
+}
+
+impl std::fmt::Debug for StreamResampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamResampler")
+            .field("from", &self.from)
+            .field("to", &self.to)
+            .field("consumed", &self.consumed)
+            .field("produced", &self.produced)
+            .finish()
     }
-    check_finite(samples)?;
-    if let Some(index) = samples.iter().position(|s| s.abs() > MAX_SAMPLE_MAGNITUDE) {
-        return Err(Error::SampleTooLarge {
-            index,
-            value: samples[index],
-        });
-    }
-    if from == to {
-        return Ok(samples.to_vec());
-    }
-    let mut resampler = FftFixedInOut::<f32>::new(from as usize, to as usize, 1024, 1)
-        .map_err(|e| failed(e.to_string()))?;
-    let expected = (samples.len() as u64 * u64::from(to)).div_ceil(u64::from(from)) as usize;
-    let delay = resampler.output_delay();
-    let mut out = Vec::with_capacity(expected + delay + resampler.output_frames_max());
-    let mut rest = samples;
-    // Whole chunks, then the partial last one, then zeros until the delayed output is out.
-    while out.len() < expected + delay {
-        let need = resampler.input_frames_next();
-        let produced = if rest.len() >= need {
-            let (chunk, tail) = rest.split_at(need);
-            rest = tail;
-            resampler.process(&[chunk], None)
-        } else if !rest.is_empty() {
-            let chunk = std::mem::take(&mut rest);
-            resampler.process_partial(Some(&[chunk]), None)
-        } else {
-            resampler.process_partial::<&[f32]>(None, None)
+}
+
+impl StreamResampler {
+    /// A resampler from rate `from` to rate `to`, both in [`SAMPLE_RATES`].
+    pub(crate) fn new(from: u32, to: u32) -> Result<Self> {
+        let failed = |reason: String| Error::Resample { from, to, reason };
+        if !SAMPLE_RATES.contains(&from) || !SAMPLE_RATES.contains(&to) {
+            return Err(failed(format!(
+                "sample rates must lie in {}..={} Hz",
+                SAMPLE_RATES.start(),
+                SAMPLE_RATES.end()
+            )));
         }
-        .map_err(|e| failed(e.to_string()))?;
-        out.extend_from_slice(&produced[0]);
+        let inner = if from == to {
+            None
+        } else {
+            Some(
+                FftFixedInOut::<f32>::new(from as usize, to as usize, 1024, 1)
+                    .map_err(|e| failed(e.to_string()))?,
+            )
+        };
+        Ok(Self {
+            from,
+            to,
+            delay_left: inner.as_ref().map_or(0, |r| r.output_delay()),
+            inner,
+            pending: Vec::new(),
+            consumed: 0,
+            produced: 0,
+        })
     }
-    Ok(out[delay..delay + expected].to_vec())
+
+    fn failed(&self, error: impl std::fmt::Display) -> Error {
+        Error::Resample {
+            from: self.from,
+            to: self.to,
+            reason: error.to_string(),
+        }
+    }
+
+    /// Resamples the next `samples`, appending what is ready to `out`. A sample that is not
+    /// finite or is too large fails with its index counted from the first sample pushed.
+    pub(crate) fn push(&mut self, samples: &[f32], out: &mut Vec<f32>) -> Result<()> {
+        let at = |index: usize| index + self.consumed as usize;
+        if let Err(Error::NonFiniteSample { index, value }) = check_finite(samples) {
+            return Err(Error::NonFiniteSample {
+                index: at(index),
+                value,
+            });
+        }
+        if let Some(index) = samples.iter().position(|s| s.abs() > MAX_SAMPLE_MAGNITUDE) {
+            return Err(Error::SampleTooLarge {
+                index: at(index),
+                value: samples[index],
+            });
+        }
+        self.consumed += samples.len() as u64;
+        let Some(inner) = self.inner.as_mut() else {
+            out.extend_from_slice(samples);
+            self.produced += samples.len() as u64;
+            return Ok(());
+        };
+        let need = inner.input_frames_next();
+        let mut rest = samples;
+        // Whole chunks straight from the input once the pending ones are out.
+        if !self.pending.is_empty() {
+            let take = (need - self.pending.len()).min(rest.len());
+            self.pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.pending.len() < need {
+                return Ok(());
+            }
+            let chunk = std::mem::take(&mut self.pending);
+            self.process(Some(&chunk), false, out)?;
+            self.pending = chunk;
+            self.pending.clear();
+        }
+        while rest.len() >= need {
+            let (chunk, tail) = rest.split_at(need);
+            self.process(Some(chunk), false, out)?;
+            rest = tail;
+        }
+        self.pending.extend_from_slice(rest);
+        Ok(())
+    }
+
+    /// Ends the signal: appends the rest of the output, `⌈pushed · to / from⌉` samples in all.
+    pub(crate) fn finish(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        let expected = (self.consumed * u64::from(self.to)).div_ceil(u64::from(self.from));
+        if self.inner.is_none() {
+            return Ok(());
+        }
+        if !self.pending.is_empty() {
+            let chunk = std::mem::take(&mut self.pending);
+            self.process(Some(&chunk), true, out)?;
+        }
+        // Zeros until the delayed output is out.
+        while self.produced < expected {
+            self.process(None, true, out)?;
+        }
+        let extra = (self.produced - expected) as usize;
+        out.truncate(out.len() - extra);
+        self.produced = expected;
+        Ok(())
+    }
+
+    /// One chunk through the resampler (a partial one at the end), its output after the delay
+    /// appended to `out`.
+    fn process(&mut self, chunk: Option<&[f32]>, partial: bool, out: &mut Vec<f32>) -> Result<()> {
+        let inner = self.inner.as_mut().expect("resampling");
+        let produced = match (chunk, partial) {
+            (Some(chunk), false) => inner.process(&[chunk], None),
+            (Some(chunk), true) => inner.process_partial(Some(&[chunk]), None),
+            (None, _) => inner.process_partial::<&[f32]>(None, None),
+        }
+        .map_err(|e| self.failed(e))?;
+        let produced = &produced[0];
+        let skip = self.delay_left.min(produced.len());
+        self.delay_left -= skip;
+        out.extend_from_slice(&produced[skip..]);
+        self.produced += (produced.len() - skip) as u64;
+        Ok(())
+    }
+
+    /// Samples its buffer can hold (its allocated capacity).
+    pub(crate) fn buffer_capacity(&self) -> usize {
+        self.pending.capacity()
+    }
 }
 
 #[cfg(test)]

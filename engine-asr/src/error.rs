@@ -12,10 +12,21 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// A file that is not a WAV file this engine can read (corrupt, truncated, an unsupported
-    /// encoding).
-    #[error("{path}: not a readable WAV file: {reason}")]
+    /// An audio file this engine cannot read: corrupt, truncated, empty, without an audio
+    /// track, or with impossible parameters (no channels, no sample rate).
+    #[error("{path}: not a readable audio file: {reason}")]
     BadAudio { path: PathBuf, reason: String },
+
+    /// An audio file in a container or codec this engine has no decoder for (Opus, WMA, a
+    /// video file…): the readable ones are WAV, FLAC, MP3, OGG/Vorbis and M4A/AAC.
+    #[error(
+        "{path}: unsupported audio: {reason} (readable: WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC)"
+    )]
+    UnsupportedAudio { path: PathBuf, reason: String },
+
+    /// Audio longer than a caller's limit (found while decoding, before all of it is held).
+    #[error("{path}: the audio lasts more than {limit_seconds} s, the most accepted")]
+    AudioTooLong { path: PathBuf, limit_seconds: f64 },
 
     /// Audio that cannot be used: no samples, a zero sample rate, too short for one frame.
     #[error("invalid audio: {0}")]

@@ -2,7 +2,8 @@
 //!
 //! ## Modules
 //!
-//! - [`audio`]: WAV reading in any common PCM encoding, mono downmix, resampling to 16 kHz;
+//! - [`audio`]: WAV, FLAC, MP3, OGG/Vorbis and M4A/AAC files (symphonia), mono downmix,
+//!   resampling to 16 kHz, whole or piece by piece ([`AudioFile`]);
 //!   [`mel`]: Whisper's log-mel spectrogram (checked against the Python implementation) and
 //!   [`WhisperInput`], a recording padded as Whisper pads it and cut into 30-second windows.
 //! - [`whisper`]: the model ([`Whisper`], a `spec_core::Decoder`: KV cache with rollback and
@@ -15,6 +16,7 @@
 //!   to greedy decoding from scratch, the previous partial verified as a free draft.
 //! - [`vad`]: [`SileroVad`], Silero's voice activity detector (v5/v6, 16 kHz) in plain Rust:
 //!   the probability of speech in each 32 ms window of a stream.
+//! - [`subtitles`]: a transcript as text, SubRip, WebVTT or JSON ([`OutputFormat`]).
 //! - [`normalize`] and [`wer`]: Whisper's English text normalizer and the word error rate.
 //! - `testing` (hidden): the tiny random-weight Whisper of the tests and of the example above.
 
@@ -23,16 +25,18 @@ mod error;
 pub mod mel;
 pub mod normalize;
 pub mod streaming;
+pub mod subtitles;
 #[doc(hidden)]
 pub mod testing;
 pub mod vad;
 pub mod wer;
 pub mod whisper;
 
-pub use audio::{resample, Audio, SampleSource, Samples, SAMPLE_RATE};
+pub use audio::{resample, Audio, AudioDecoder, AudioFile, SampleSource, Samples, SAMPLE_RATE};
 pub use error::{Error, Result};
 pub use mel::{log_mel_spectrogram, LogMel, MelFilters, WhisperInput};
 pub use streaming::{StreamStats, StreamUpdate, StreamingTranscriber};
+pub use subtitles::OutputFormat;
 pub use vad::SileroVad;
 pub use whisper::{
     EncoderLength, LoadOptions, Task, TranscribeOptions, Transcriber, Transcript, TranscriptStats,

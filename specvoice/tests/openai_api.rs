@@ -350,3 +350,56 @@ async fn async_openai_chats_streams_and_transcribes() {
     assert_eq!(heard.text, direct.text);
     server.shutdown().await.unwrap();
 }
+
+/// Transcription uploads in the formats engine-asr decodes (its FLAC and 44.1 kHz stereo
+/// M4A/AAC fixtures of one real clip; `engine-asr/tests/formats.rs` checks every format): each
+/// gives what the engine gives on the decoded file; an Opus file is refused as a bad request
+/// that names the codec.
+#[tokio::test]
+async fn transcriptions_take_compressed_uploads() {
+    use async_openai::config::OpenAIConfig;
+    use async_openai::types::audio::{AudioInput, CreateTranscriptionRequestArgs};
+
+    let (server, dir) = keyed_server(4, 200).await;
+    let config = OpenAIConfig::new()
+        .with_api_base(format!("http://{}/v1", server.local_addr()))
+        .with_api_key(KEY);
+    let client = async_openai::Client::with_config(config);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine-asr/tests/data/audio");
+    let mut whisper = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+    let upload = |name: &str| {
+        CreateTranscriptionRequestArgs::default()
+            .file(AudioInput::from_vec_u8(
+                name.into(),
+                std::fs::read(fixtures.join(name)).unwrap(),
+            ))
+            .model("whisper-1")
+            .build()
+            .unwrap()
+    };
+    for name in ["cards-003.flac", "cards-003-44k-stereo.m4a"] {
+        let heard = client
+            .audio()
+            .transcription()
+            .create(upload(name))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let samples = engine_asr::Audio::read(&fixtures.join(name))
+            .unwrap()
+            .to_16k()
+            .unwrap();
+        let direct = whisper
+            .transcribe(&samples, &engine_asr::TranscribeOptions::default())
+            .unwrap();
+        assert_eq!(heard.text, direct.text, "{name}");
+    }
+    let refused = client
+        .audio()
+        .transcription()
+        .create(upload("unsupported-opus.ogg"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("Opus"), "{refused}");
+    server.shutdown().await.unwrap();
+}

@@ -2,7 +2,6 @@
 //! segments out) and `POST /v1/audio/speech` (text in, speech out in one of the server's
 //! voices, streamed sentence by sentence as it is synthesized).
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -13,7 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use engine_asr::audio::check_finite;
-use engine_asr::whisper::Segment;
+use engine_asr::subtitles::{to_srt, to_vtt};
 use engine_asr::{Audio, TranscribeOptions, Transcript};
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -170,16 +169,17 @@ async fn transcribe(
     let (file_name, bytes) = upload
         .file
         .ok_or_else(|| ApiError::invalid("`file` is missing").param("file"))?;
-    let audio = Audio::from_wav_bytes(&bytes, &file_name)
-        .map_err(|e| ApiError::invalid(format!("{e} (WAV files are read)")).param("file"))?;
-    let seconds = audio.duration_seconds();
+    // Decoded up to the longest audio transcribed: a compressed upload can hold hours of
+    // silence in a few kilobytes.
     let longest = shared.config.max_audio.as_secs_f64();
-    if seconds > longest {
-        return Err(ApiError::invalid(format!(
-            "the audio lasts {seconds:.0} s; at most {longest:.0} s are transcribed"
+    let audio = Audio::from_bytes_at_most(&bytes, &file_name, longest).map_err(|e| match e {
+        engine_asr::Error::AudioTooLong { .. } => ApiError::invalid(format!(
+            "the audio lasts more than {longest:.0} s, the most transcribed"
         ))
-        .param("file"));
-    }
+        .param("file"),
+        other => ApiError::invalid(other.to_string()).param("file"),
+    })?;
+    let seconds = audio.duration_seconds();
     let samples: Vec<f32> = check_finite(&audio.samples)
         .and_then(|()| audio.to_16k())
         .map_err(|e| ApiError::invalid(e.to_string()).param("file"))?;
@@ -218,11 +218,8 @@ fn render(transcript: &Transcript, format: TextFormat, seconds: f64) -> Response
             "text/plain; charset=utf-8",
             format!("{}\n", transcript.text),
         ),
-        TextFormat::Srt => text(
-            "application/x-subrip",
-            subtitles(&transcript.segments, false),
-        ),
-        TextFormat::Vtt => text("text/vtt", subtitles(&transcript.segments, true)),
+        TextFormat::Srt => text("application/x-subrip", to_srt(&transcript.segments)),
+        TextFormat::Vtt => text("text/vtt", to_vtt(&transcript.segments)),
         TextFormat::VerboseJson => {
             let segments: Vec<serde_json::Value> = transcript
                 .segments
@@ -271,40 +268,6 @@ fn language_name(code: &str) -> &str {
         "ru" => "russian",
         other => other,
     }
-}
-
-/// SubRip (`vtt: false`) or WebVTT subtitles of the segments.
-fn subtitles(segments: &[Segment], vtt: bool) -> String {
-    let stamp = |seconds: f32| {
-        let millis = (f64::from(seconds.max(0.0)) * 1000.0).round() as u64;
-        let (h, m, s, ms) = (
-            millis / 3_600_000,
-            millis / 60_000 % 60,
-            millis / 1000 % 60,
-            millis % 1000,
-        );
-        match vtt {
-            true => format!("{h:02}:{m:02}:{s:02}.{ms:03}"),
-            false => format!("{h:02}:{m:02}:{s:02},{ms:03}"),
-        }
-    };
-    let mut out = String::new();
-    if vtt {
-        out.push_str("WEBVTT\n\n");
-    }
-    for (i, segment) in segments.iter().enumerate() {
-        if !vtt {
-            let _ = writeln!(out, "{}", i + 1);
-        }
-        let _ = writeln!(
-            out,
-            "{} --> {}\n{}\n",
-            stamp(segment.start),
-            stamp(segment.end),
-            segment.text.trim()
-        );
-    }
-    out
 }
 
 #[derive(Debug, Deserialize)]
@@ -522,37 +485,6 @@ fn streaming_wav_header(sample_rate: u32) -> [u8; 44] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn segment(start: f32, end: f32, text: &str) -> Segment {
-        Segment {
-            start,
-            end,
-            text: text.into(),
-            tokens: Vec::new(),
-            temperature: 0.0,
-            avg_logprob: 0.0,
-            compression_ratio: 1.0,
-            no_speech_probability: 0.0,
-        }
-    }
-
-    #[test]
-    fn subtitles_number_srt_cues_and_head_vtt() {
-        let segments = [
-            segment(0.0, 2.5, " Hello there."),
-            segment(62.04, 3725.5, " Bye."),
-        ];
-        assert_eq!(
-            subtitles(&segments, false),
-            "1\n00:00:00,000 --> 00:00:02,500\nHello there.\n\n\
-             2\n00:01:02,040 --> 01:02:05,500\nBye.\n\n"
-        );
-        assert_eq!(
-            subtitles(&segments, true),
-            "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello there.\n\n\
-             00:01:02.040 --> 01:02:05.500\nBye.\n\n"
-        );
-    }
 
     #[test]
     fn the_streaming_wav_header_reads_as_16_bit_mono() {
