@@ -1,22 +1,29 @@
-//! Transcribes WAV files with Whisper.
+//! Transcribes (or translates to English) audio files with Whisper, and writes the transcript
+//! as text, SubRip or WebVTT subtitles, or JSON.
 //!
 //! ```text
-//! cargo run --release -p engine-asr --example transcribe -- clip.wav
-//! cargo run --release -p engine-asr --example transcribe -- --model whisper-base-ct2 --beam 5 --timestamps clip.wav
+//! cargo run --release -p engine-asr --example transcribe -- clip.flac
+//! cargo run --release -p engine-asr --example transcribe -- --model whisper-base-ct2 --format srt talk.mp3
+//! cargo run --release -p engine-asr --example transcribe -- --model whisper-base-ct2 --task translate --format vtt --output-dir subs/ interview.m4a
 //! cargo run --release -p engine-asr --example transcribe -- --stream 0.5 clip.wav
 //! ```
 //!
-//! `--model` is a name in the models folder (`$SPECVOICE_MODELS`, see `cargo xtask models`) or
-//! a folder holding `model.bin` (CTranslate2) or `model.safetensors` + `config.json`, with
-//! `tokenizer.json`.
+//! Files: WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC (found from the content), read piece by piece, so
+//! a recording of any length is never held whole. `--model` is a name in the models folder
+//! (`$SPECVOICE_MODELS`, see `cargo xtask models`) or a folder holding `model.bin`
+//! (CTranslate2) or `model.safetensors` + `config.json`, with `tokenizer.json`. The transcript
+//! goes to standard output, or with `--output-dir` to `<dir>/<file stem>.<format>`; the
+//! language (detected when not given, on multilingual models) and the timings go to standard
+//! error.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::quantized::GgmlDType;
 use clap::{Parser, ValueEnum};
 use engine_asr::{
-    Audio, EncoderLength, LoadOptions, StreamingTranscriber, TranscribeOptions, Transcriber,
+    Audio, AudioFile, EncoderLength, LoadOptions, OutputFormat, StreamingTranscriber, Task,
+    TranscribeOptions, Transcriber,
 };
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
@@ -31,21 +38,65 @@ enum Precision {
     Stored,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// The text (with `--timestamps`, one timed segment a line).
+    Txt,
+    /// SubRip subtitles.
+    Srt,
+    /// WebVTT subtitles.
+    Vtt,
+    /// The text, the language and the timed segments (and words, with --word-timestamps).
+    Json,
+}
+
+impl From<Format> for OutputFormat {
+    fn from(format: Format) -> Self {
+        match format {
+            Format::Txt => OutputFormat::Txt,
+            Format::Srt => OutputFormat::Srt,
+            Format::Vtt => OutputFormat::Vtt,
+            Format::Json => OutputFormat::Json,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TaskArg {
+    /// Text in the language spoken.
+    Transcribe,
+    /// English text of speech in any language (multilingual models).
+    Translate,
+}
+
 #[derive(Parser, Debug)]
-#[command(about = "Transcribe WAV files with Whisper")]
+#[command(about = "Transcribe or translate audio files with Whisper")]
 struct Args {
     /// Model name in the models folder, or a model folder.
     #[arg(long, default_value = "whisper-tiny.en-ct2")]
     model: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Txt)]
+    format: Format,
+    /// Write each transcript to DIR/<file stem>.<format> instead of standard output.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+    /// Transcribe, or translate to English (multilingual models).
+    #[arg(long, value_enum, default_value_t = TaskArg::Transcribe)]
+    task: TaskArg,
+    /// Language code of the speech (`en`, `de`, …); detected when absent (multilingual
+    /// models).
+    #[arg(long)]
+    language: Option<String>,
     /// Beams (1 = greedy).
     #[arg(long, default_value_t = 1)]
     beam: usize,
-    /// Print timed segments.
+    /// Print timed segments (txt; the other formats are always timed).
     #[arg(long)]
     timestamps: bool,
-    /// Language code (multilingual models; detected when absent).
+    /// Time every word (from the cross-attention alignment); the JSON lists them.
     #[arg(long)]
-    language: Option<String>,
+    word_timestamps: bool,
     /// Weight precision.
     #[arg(long, value_enum, default_value_t = Precision::Q8)]
     precision: Precision,
@@ -60,7 +111,7 @@ struct Args {
     /// (greedy; the previous partial is verified as a draft).
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "0.5")]
     stream: Option<f64>,
-    /// WAV files.
+    /// Audio files: WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC.
     #[arg(required = true)]
     files: Vec<PathBuf>,
 }
@@ -82,10 +133,19 @@ fn main() -> Result<()> {
         },
     )
     .with_context(|| format!("loading {}", model.dir.display()))?;
+    let format = OutputFormat::from(args.format);
+    let task = match args.task {
+        TaskArg::Transcribe => Task::Transcribe,
+        TaskArg::Translate => Task::Translate,
+    };
+    let language = args.language.map(|l| l.trim().to_ascii_lowercase());
+    check_language(&mut transcriber, &args.model, task, language.as_deref())?;
     let mut options = TranscribeOptions {
         beam_size: args.beam,
-        timestamps: args.timestamps,
-        language: args.language,
+        timestamps: args.timestamps || args.word_timestamps || format.needs_timestamps(),
+        word_timestamps: args.word_timestamps,
+        language,
+        task,
         ..TranscribeOptions::default()
     };
     if args.full_encoder {
@@ -96,32 +156,110 @@ fn main() -> Result<()> {
     if let Some(chunk_seconds) = args.stream {
         return stream(transcriber, options, &args.files, chunk_seconds);
     }
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     for file in &args.files {
-        let audio = Audio::read_wav(file)?;
-        let samples = audio.to_16k()?;
-        let transcript = transcriber.transcribe(&samples, &options)?;
-        if args.timestamps {
-            for s in &transcript.segments {
-                println!("[{:6.2} → {:6.2}] {}", s.start, s.end, s.text.trim());
-            }
+        let audio = AudioFile::open(file)?;
+        let source_rate = audio.source_sample_rate();
+        let seconds = audio.declared_seconds();
+        let transcript = transcriber
+            .transcribe_source(audio, &options)
+            .with_context(|| format!("transcribing {}", file.display()))?;
+        let rendered = if format == OutputFormat::Txt && options.timestamps {
+            transcript
+                .segments
+                .iter()
+                .map(|s| format!("[{:6.2} → {:6.2}] {}\n", s.start, s.end, s.text.trim()))
+                .collect()
         } else {
-            println!("{}", transcript.text);
+            format.render(&transcript)
+        };
+        match &args.output_dir {
+            Some(dir) => {
+                let path = output_path(dir, file, format)?;
+                std::fs::write(&path, rendered)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("{} → {}", file.display(), path.display());
+            }
+            None => print!("{rendered}"),
         }
-        let seconds = audio.duration_seconds();
         let stats = &transcript.stats;
+        let language = match (&options.language, &transcript.language) {
+            (Some(given), _) => format!("{given} (given)"),
+            (None, Some(found)) if transcriber.model().config().is_multilingual() => {
+                format!("{found} (detected)")
+            }
+            _ => "en (English-only model)".into(),
+        };
         eprintln!(
-            "{}: {:.1} s of audio, log-mel {:.0} ms, encoder {:.0} ms, decoder {:.0} ms ({} forwards, {} tokens), RTF {:.3}",
+            "{}: {source_rate} Hz, language {language}, {} segments, log-mel {:.0} ms, encoder {:.0} ms, \
+             decoder {:.0} ms ({} forwards, {} tokens, {} windows){}",
             file.display(),
-            seconds,
+            transcript.segments.len(),
             stats.front_end_time.as_secs_f64() * 1e3,
             stats.encoder_time.as_secs_f64() * 1e3,
             stats.decoder_time.as_secs_f64() * 1e3,
             stats.forwards,
             stats.tokens,
-            stats.total_time().as_secs_f64() / seconds
+            stats.windows,
+            match seconds.filter(|&s| s > 0.0) {
+                Some(seconds) => format!(
+                    ", {seconds:.1} s of audio, RTF {:.3}",
+                    stats.total_time().as_secs_f64() / seconds
+                ),
+                None => String::new(),
+            }
         );
     }
     Ok(())
+}
+
+/// Fails early, with what to do instead, when the model cannot follow the task or language:
+/// an English-only model neither translates nor hears other languages, and a language must be
+/// one Whisper knows.
+fn check_language(
+    transcriber: &mut Transcriber,
+    model: &str,
+    task: Task,
+    language: Option<&str>,
+) -> Result<()> {
+    let multilingual = transcriber.model().config().is_multilingual();
+    if !multilingual && task == Task::Translate {
+        bail!(
+            "--task translate needs a multilingual model; {model} is English-only \
+             (try --model whisper-base-ct2)"
+        );
+    }
+    if let Some(code) = language {
+        if !multilingual && code != "en" {
+            bail!(
+                "--language {code}: {model} is English-only (try --model whisper-base-ct2, or \
+                 leave --language out)"
+            );
+        }
+        if multilingual && transcriber.tokenizer().language(code).is_err() {
+            let known: Vec<&str> = transcriber
+                .tokenizer()
+                .languages()
+                .iter()
+                .map(|(c, _)| *c)
+                .collect();
+            bail!(
+                "--language {code} is not a language Whisper knows (codes: {})",
+                known.join(" ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `<dir>/<stem of file>.<format's extension>`.
+fn output_path(dir: &Path, file: &Path, format: OutputFormat) -> Result<PathBuf> {
+    let stem = file
+        .file_stem()
+        .with_context(|| format!("{} has no file name", file.display()))?;
+    Ok(dir.join(stem).with_extension(format.extension()))
 }
 
 /// Feeds each file in chunks and prints the partial transcripts as they come.
@@ -132,12 +270,12 @@ fn stream(
     chunk_seconds: f64,
 ) -> Result<()> {
     if chunk_seconds.is_nan() || chunk_seconds <= 0.0 {
-        anyhow::bail!("--stream needs a positive chunk length, got {chunk_seconds}");
+        bail!("--stream needs a positive chunk length, got {chunk_seconds}");
     }
     let chunk = (chunk_seconds * f64::from(engine_asr::SAMPLE_RATE)).round() as usize;
     let mut transcriber = transcriber;
     for file in files {
-        let samples = Audio::read_wav(file)?.to_16k()?;
+        let samples = Audio::read(file)?.to_16k()?;
         let mut stream = StreamingTranscriber::new(transcriber, options.clone())?;
         println!("{}", file.display());
         for piece in samples.chunks(chunk.max(1)) {
