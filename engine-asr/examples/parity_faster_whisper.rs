@@ -29,11 +29,16 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::wer::{word_errors, WordErrors};
-use engine_asr::{Audio, EncoderLength, LoadOptions, TranscribeOptions, Transcriber};
+use engine_asr::{EncoderLength, LoadOptions, TranscribeOptions, Transcriber};
 use serde::Deserialize;
 use spec_core::report::{Report, Table};
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
+
+#[path = "common/parity_clips.rs"]
+mod parity_clips;
+
+use parity_clips::{clip_set, Clip, VOICES};
 
 #[derive(Parser, Debug)]
 #[command(about = "Whisper token parity with faster-whisper")]
@@ -61,78 +66,6 @@ struct Args {
     /// to study the first difference.
     #[arg(long)]
     differences: Option<PathBuf>,
-}
-
-/// A clip of the set: its raw 16 kHz f32 samples on disk (what faster-whisper reads) and in
-/// memory, with the reference transcript.
-struct Clip {
-    name: String,
-    raw: PathBuf,
-    samples: Vec<f32>,
-    reference: String,
-}
-
-/// The espeak-ng voices the written sentences are spoken in: (voice, words per minute).
-const VOICES: [(&str, &str); 2] = [("en-us", "160"), ("en-gb-x-rp", "140")];
-
-fn write_raw(path: &Path, samples: &[f32]) -> Result<()> {
-    let bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
-    std::fs::write(path, bytes).with_context(|| path.display().to_string())
-}
-
-fn clip_set(store: &Store<'_>, dir: &Path) -> Result<Vec<Clip>> {
-    std::fs::create_dir_all(dir)?;
-    let mut clips = Vec::new();
-    for clip in spec_models::speech::clips(store)? {
-        let samples = Audio::read_wav(&clip.wav)?.to_16k()?;
-        let stem = clip.wav.file_stem().unwrap_or_default().to_string_lossy();
-        let parent = clip
-            .wav
-            .parent()
-            .and_then(Path::file_name)
-            .unwrap_or_default()
-            .to_string_lossy();
-        let name = format!("{parent}/{stem}");
-        let raw = dir.join(format!("{parent}-{stem}.f32"));
-        write_raw(&raw, &samples)?;
-        clips.push(Clip {
-            name,
-            raw,
-            samples,
-            reference: clip.transcript,
-        });
-    }
-    let sentences = include_str!("../data/parity_sentences.txt");
-    for (voice, rate) in VOICES {
-        for (i, sentence) in sentences
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .enumerate()
-        {
-            let wav = dir.join(format!("{voice}-{i:02}.wav"));
-            if !wav.is_file() {
-                let status = Command::new("espeak-ng")
-                    .args(["-v", voice, "-s", rate, "-w"])
-                    .arg(&wav)
-                    .arg(sentence)
-                    .status()
-                    .context("espeak-ng (apt-get install espeak-ng)")?;
-                if !status.success() {
-                    bail!("espeak-ng failed on {sentence:?}");
-                }
-            }
-            let samples = Audio::read_wav(&wav)?.to_16k()?;
-            let raw = wav.with_extension("f32");
-            write_raw(&raw, &samples)?;
-            clips.push(Clip {
-                name: format!("{voice}/{i:02}"),
-                raw,
-                samples,
-                reference: sentence.to_string(),
-            });
-        }
-    }
-    Ok(clips)
 }
 
 #[derive(Deserialize)]
@@ -202,13 +135,7 @@ fn main() -> Result<()> {
         .context("set SPECVOICE_FASTER_WHISPER to a Python with faster-whisper 1.2.1")?;
     let store = Store::new(spec_models::models_dir()?, Registry::builtin());
     let normalizer = EnglishTextNormalizer::from_file(&store.data_file("whisper/english.json")?)?;
-    let dir = match &args.dir {
-        Some(dir) => dir.clone(),
-        None => {
-            PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
-                .join("parity")
-        }
-    };
+    let dir = parity_clips::parity_dir(args.dir.as_deref());
     let mut clips = clip_set(&store, &dir)?;
     if let Some(limit) = args.limit {
         clips.truncate(limit);

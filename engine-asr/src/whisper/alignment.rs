@@ -539,6 +539,50 @@ pub fn place_words(
     (placed, last_speech_timestamp)
 }
 
+/// The words two timings of the same speech share, paired in order (a longest common
+/// subsequence of their texts, compared in lower case without spaces or punctuation), with
+/// the differences of their times: `(ours.start − theirs.start, ours.end − theirs.end)` per
+/// pair. For measuring word timestamps against another implementation's.
+pub fn word_time_differences(ours: &[Word], theirs: &[Word]) -> Vec<(f32, f32)> {
+    let key = |w: &Word| -> String {
+        w.word
+            .chars()
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    let (a, b): (Vec<String>, Vec<String>) = (
+        ours.iter().map(key).collect(),
+        theirs.iter().map(key).collect(),
+    );
+    let (n, m) = (a.len(), b.len());
+    // lcs[i][j]: the longest common subsequence of a[i..] and b[j..].
+    let mut lcs = vec![0usize; (n + 1) * (m + 1)];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            lcs[i * (m + 1) + j] = if a[i] == b[j] {
+                lcs[(i + 1) * (m + 1) + j + 1] + 1
+            } else {
+                lcs[(i + 1) * (m + 1) + j].max(lcs[i * (m + 1) + j + 1])
+            };
+        }
+    }
+    let (mut i, mut j) = (0, 0);
+    let mut pairs = Vec::new();
+    while i < n && j < m {
+        if a[i] == b[j] {
+            pairs.push((ours[i].start - theirs[j].start, ours[i].end - theirs[j].end));
+            i += 1;
+            j += 1;
+        } else if lcs[(i + 1) * (m + 1) + j] >= lcs[i * (m + 1) + j + 1] {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    pairs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -793,6 +837,34 @@ mod tests {
         // A path that misses a row, or probabilities of another length: no words.
         assert!(word_timings(split.clone(), &path[..40], &[0.9, 0.5, 0.3]).is_empty());
         assert!(word_timings(split, &path, &[0.9]).is_empty());
+    }
+
+    #[test]
+    fn word_differences_pair_the_same_words_in_order() {
+        let word = |text: &str, start: f32, end: f32| Word {
+            start,
+            end,
+            word: text.into(),
+            probability: 1.0,
+        };
+        let ours = [
+            word(" The", 0.0, 0.2),
+            word(" cat", 0.2, 0.5),
+            word(" sat.", 0.5, 0.9),
+        ];
+        let theirs = [
+            word(" the", 0.1, 0.2),
+            word(" black", 0.2, 0.3),
+            word(" cat", 0.3, 0.5),
+            word(" sat", 0.6, 1.0),
+        ];
+        let pairs = word_time_differences(&ours, &theirs);
+        let rounded: Vec<(i32, i32)> = pairs
+            .iter()
+            .map(|&(s, e)| ((s * 100.0).round() as i32, (e * 100.0).round() as i32))
+            .collect();
+        assert_eq!(rounded, [(-10, 0), (-10, 0), (-10, -10)]);
+        assert!(word_time_differences(&ours, &[]).is_empty());
     }
 
     #[test]

@@ -409,3 +409,70 @@ impl Decoder for Whisper {
         self.cache.reset();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+    use spec_core::decoder::forward_tokens;
+
+    use super::*;
+    use crate::testing;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// The alignment forward is a plain forward of the same tokens (the same logits) that also
+    /// returns one row of scores per alignment head, token and encoded frame, in the order the
+    /// heads are listed.
+    #[test]
+    fn alignment_forward_is_a_plain_forward_with_the_heads_scores() {
+        let dir = tempfile::tempdir().unwrap();
+        testing::write_ct2(dir.path(), 5, DType::F32).unwrap();
+        let mut model = Whisper::load(dir.path(), &crate::whisper::LoadOptions::default()).unwrap();
+        assert!(matches!(
+            model.alignment_forward(&[testing::START_OF_TRANSCRIPT]),
+            Err(Error::NotEncoded)
+        ));
+        model.encode(&testing::mel(160, 3).unwrap()).unwrap();
+        let tokens = [
+            testing::START_OF_TRANSCRIPT,
+            testing::NO_TIMESTAMPS,
+            3,
+            7,
+            9,
+            testing::END_OF_TEXT,
+        ];
+        let (logits, scores) = model.alignment_forward(&tokens).unwrap();
+        let heads = model.alignment_heads().to_vec();
+        assert_eq!(scores.dims(), [heads.len(), tokens.len(), 80]);
+        model.reset();
+        let plain = forward_tokens(&mut model, &tokens, LogitRows::All).unwrap();
+        for i in 0..tokens.len() {
+            assert_eq!(logits.row(i), plain.row(i), "row {i}");
+        }
+        // Two of the default heads, listed the other way round: their rows, swapped.
+        model.set_alignment_heads(vec![heads[2], heads[0]]).unwrap();
+        let (_, chosen) = model.alignment_forward(&tokens).unwrap();
+        assert_eq!(
+            values(&chosen.get(0).unwrap()),
+            values(&scores.get(2).unwrap())
+        );
+        assert_eq!(
+            values(&chosen.get(1).unwrap()),
+            values(&scores.get(0).unwrap())
+        );
+        // A head of the first layer differs from them.
+        model.set_alignment_heads(vec![(0, 2)]).unwrap();
+        let (_, first_layer) = model.alignment_forward(&tokens).unwrap();
+        assert_ne!(values(&first_layer), values(&chosen.get(0).unwrap()));
+        assert!(model.set_alignment_heads(Vec::new()).is_err());
+        assert!(model
+            .set_alignment_heads(vec![(testing::DECODER_LAYERS, 0)])
+            .is_err());
+        assert!(model
+            .set_alignment_heads(vec![(0, testing::HEADS)])
+            .is_err());
+        assert!(model.alignment_forward(&[]).is_err());
+    }
+}

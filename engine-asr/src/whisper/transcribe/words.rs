@@ -39,9 +39,8 @@ impl Transcriber {
             timestamps: false,
             ..options.clone()
         };
-        let (mut sequence, sot) = self.prompt(&without_timestamps, language, &[])?;
+        let (mut sequence, _) = self.prompt(&without_timestamps, language, &[])?;
         let first_text_row = sequence.len() - 1;
-        debug_assert_eq!(sot, 0);
         sequence.extend_from_slice(&text);
         sequence.push(end);
         let (logits, scores) = self.model.alignment_forward(&sequence)?;
@@ -228,6 +227,35 @@ mod tests {
                     (previous_start, previous_end) = (word.start, word.end);
                 }
             }
+        }
+    }
+
+    /// SpecASR with word timestamps gives greedy decoding's segments and words: the alignment's
+    /// forward between windows disturbs neither the target's decoding nor the draft's.
+    #[test]
+    fn word_timestamps_keep_draft_decoding_exact() {
+        let (dir, draft_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut greedy = transcriber(dir.path());
+        let mut drafted = transcriber(dir.path());
+        testing::write_ct2(draft_dir.path(), 77, DType::F32).unwrap();
+        let draft =
+            Transcriber::load(draft_dir.path(), &crate::whisper::LoadOptions::default()).unwrap();
+        drafted.set_draft(draft).unwrap();
+        let options = TranscribeOptions {
+            timestamps: true,
+            word_timestamps: true,
+            ..testing::greedy_options()
+        };
+        let with_draft = TranscribeOptions {
+            draft: Some(spec_core::SpecAsrConfig::plain(4)),
+            ..options.clone()
+        };
+        for seconds in [1.3, 4.5] {
+            let samples = testing::tones(seconds, 330.0);
+            let expected = greedy.transcribe(&samples, &options).unwrap();
+            let got = drafted.transcribe(&samples, &with_draft).unwrap();
+            assert!(got.stats.drafted_windows > 0);
+            assert_eq!(got.segments, expected.segments, "{seconds} s");
         }
     }
 
