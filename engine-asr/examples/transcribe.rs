@@ -5,6 +5,7 @@
 //! cargo run --release -p engine-asr --example transcribe -- clip.flac
 //! cargo run --release -p engine-asr --example transcribe -- --model whisper-base-ct2 --format srt talk.mp3
 //! cargo run --release -p engine-asr --example transcribe -- --model whisper-base-ct2 --task translate --format vtt --output-dir subs/ interview.m4a
+//! cargo run --release -p engine-asr --example transcribe -- --vad --format srt lecture.ogg
 //! cargo run --release -p engine-asr --example transcribe -- --stream 0.5 clip.wav
 //! ```
 //!
@@ -22,8 +23,8 @@ use anyhow::{bail, Context, Result};
 use candle_core::quantized::GgmlDType;
 use clap::{Parser, ValueEnum};
 use engine_asr::{
-    Audio, AudioFile, EncoderLength, LoadOptions, OutputFormat, StreamingTranscriber, Task,
-    TranscribeOptions, Transcriber,
+    Audio, AudioFile, EncoderLength, LoadOptions, OutputFormat, SileroVad, StreamingTranscriber,
+    Task, TranscribeOptions, Transcriber,
 };
 use spec_models::{Registry, Store};
 use spec_nn::Requantize;
@@ -107,6 +108,10 @@ struct Args {
     /// Padding frames (10 ms each) encoded after the audio [default: 1000].
     #[arg(long, conflicts_with = "full_encoder")]
     encoder_margin: Option<usize>,
+    /// Transcribe only the speech: Silero VAD (the models folder's `silero-vad`) finds it,
+    /// as faster-whisper's `vad_filter`; times stay those of the file.
+    #[arg(long, conflicts_with = "stream")]
+    vad: bool,
     /// Feed the audio in chunks of this many seconds and print every partial transcript
     /// (greedy; the previous partial is verified as a draft).
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "0.5")]
@@ -159,13 +164,29 @@ fn main() -> Result<()> {
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let mut vad = if args.vad {
+        let path = store
+            .resolve("silero-vad")?
+            .dir
+            .join(engine_asr::vad::MODEL_FILE);
+        Some(SileroVad::load(&path, &candle_core::Device::Cpu)?)
+    } else {
+        None
+    };
     for file in &args.files {
         let audio = AudioFile::open(file)?;
         let source_rate = audio.source_sample_rate();
         let seconds = audio.declared_seconds();
-        let transcript = transcriber
-            .transcribe_source(audio, &options)
-            .with_context(|| format!("transcribing {}", file.display()))?;
+        let transcript = match vad.as_mut() {
+            Some(vad) => transcriber.transcribe_speech(
+                audio,
+                vad,
+                &engine_asr::vad::SpeechOptions::default(),
+                &options,
+            ),
+            None => transcriber.transcribe_source(audio, &options),
+        }
+        .with_context(|| format!("transcribing {}", file.display()))?;
         let rendered = if format == OutputFormat::Txt && options.timestamps {
             transcript
                 .segments
