@@ -398,6 +398,47 @@ fn impossible_headers_are_typed_errors() {
     ));
 }
 
+/// Found by fuzzing: a WAVE_FORMAT_EXTENSIBLE header whose channel mask has fewer bits than it
+/// has channels overflows a shift in symphonia's RIFF reader (0.6.1, `wave/chunks.rs`), which
+/// panics where overflow is checked (debug builds). It is a typed error or a decoding, never a
+/// panic.
+#[test]
+fn a_wav_whose_channel_mask_overflows_the_reader_is_not_a_panic() {
+    let channels: u16 = 40;
+    let mut bytes = Vec::new();
+    let data = vec![0u8; usize::from(channels) * 2 * 10];
+    bytes.extend_from_slice(b"RIFF");
+    bytes.extend_from_slice(&(4 + 8 + 40 + 8 + data.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(b"WAVEfmt ");
+    bytes.extend_from_slice(&40u32.to_le_bytes());
+    bytes.extend_from_slice(&0xfffeu16.to_le_bytes());
+    bytes.extend_from_slice(&channels.to_le_bytes());
+    bytes.extend_from_slice(&16_000u32.to_le_bytes());
+    bytes.extend_from_slice(&(16_000 * u32::from(channels) * 2).to_le_bytes());
+    bytes.extend_from_slice(&(channels * 2).to_le_bytes());
+    bytes.extend_from_slice(&16u16.to_le_bytes());
+    bytes.extend_from_slice(&22u16.to_le_bytes());
+    bytes.extend_from_slice(&16u16.to_le_bytes());
+    bytes.extend_from_slice(&0u32.to_le_bytes()); // the channel mask: no channel named
+    bytes.extend_from_slice(&[
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x80, 0x00, 0x00, 0xaa, 0x00, 0x38, 0x9b,
+        0x71,
+    ]);
+    bytes.extend_from_slice(b"data");
+    bytes.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&data);
+    match Audio::from_bytes(&bytes, "mask.wav") {
+        Ok(audio) => assert_eq!(audio.samples.len(), 10),
+        Err(error) => assert!(
+            matches!(
+                error,
+                Error::BadAudio { .. } | Error::UnsupportedAudio { .. }
+            ),
+            "{error}"
+        ),
+    }
+}
+
 /// A float WAV holding a NaN: the whole file reads (as `read_wav` does), and resampling or
 /// streaming it names the sample.
 #[test]

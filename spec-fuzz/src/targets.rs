@@ -112,6 +112,42 @@ pub fn all() -> Vec<Target> {
             memory_base: MIB,
         },
         Target {
+            name: "audio",
+            covers: "engine_asr::AudioDecoder::from_bytes (symphonia: probing WAV, FLAC, MP3, \
+                     OGG/Vorbis, MP4/AAC, each packet decoded and mixed down), \
+                     Audio::from_bytes_at_most with its resampling to 16 kHz, and AudioFile \
+                     streamed at 16 kHz with a rewind; at most 60 s of audio decoded a case",
+            prepare: nothing,
+            seeds: audio_seeds,
+            parse: audio,
+            dictionary: &[
+                b"fLaC",
+                b"OggS",
+                b"\x01vorbis",
+                b"\x05vorbis",
+                b"RIFF",
+                b"WAVE",
+                b"ID3\x04\x00",
+                b"\xff\xfb",
+                b"\xff\xf1",
+                b"Xing",
+                b"ftyp",
+                b"moov",
+                b"mdat",
+                b"trak",
+                b"stsz",
+                b"stco",
+                b"esds",
+                b"mp4a",
+            ],
+            max_len: 16 << 10,
+            memory_per_byte: 64,
+            // Decoder state (a FLAC block of 65 535 frames in 8 channels, Vorbis and AAC
+            // tables), symphonia's 64 KiB read buffer, and a resampler whose chunk is a second
+            // of audio for a rate prime to 16 kHz.
+            memory_base: 64 * MIB,
+        },
+        Target {
             name: "gguf",
             covers: "spec_nn::GgufFile::open (our alignment scan, candle's header reader, the \
                      truncation check), every metadata value as integer and number, every \
@@ -421,6 +457,72 @@ fn wav(dir: &Path, bytes: &[u8]) -> Trace {
     if let Some(audio) = trace.step("read", Audio::read_wav(&path)) {
         trace.step("finite", engine_asr::audio::check_finite(&audio.samples));
         trace.step("16k", audio.to_16k());
+    }
+    trace
+}
+
+// --- Audio files -------------------------------------------------------------------------
+
+/// The most audio one case decodes: a few kilobytes of FLAC or MP3 can hold hours of silence.
+const AUDIO_SECONDS: f64 = 60.0;
+
+fn audio_seeds(_: &Path) -> Result<Vec<Vec<u8>>> {
+    Ok(vec![
+        include_bytes!("../seeds/audio/short.flac").to_vec(),
+        include_bytes!("../seeds/audio/short.mp3").to_vec(),
+        include_bytes!("../seeds/audio/short.ogg").to_vec(),
+        include_bytes!("../seeds/audio/short.m4a").to_vec(),
+        include_bytes!("../seeds/audio/short.wav").to_vec(),
+    ])
+}
+
+fn audio(_: &Path, bytes: &[u8]) -> Trace {
+    use engine_asr::{AudioDecoder, AudioFile, SampleSource};
+    let mut trace = Trace::default();
+    // Packet by packet at the file's rate, to the end or the time limit.
+    if let Some(mut decoder) = trace.step("open", AudioDecoder::from_bytes(bytes, "input")) {
+        let mut samples = Vec::new();
+        loop {
+            samples.clear();
+            match decoder.next_packet(&mut samples) {
+                Ok(Some(_)) if decoder.decoded_seconds() <= AUDIO_SECONDS => {}
+                Ok(_) => {
+                    trace.step::<(), String>("packets", Ok(()));
+                    break;
+                }
+                Err(e) => {
+                    trace.step::<(), _>("packets", Err(e));
+                    break;
+                }
+            }
+        }
+    }
+    // Whole, bounded, at 16 kHz.
+    if let Some(audio) = trace.step(
+        "whole",
+        Audio::from_bytes_at_most(bytes, "input", AUDIO_SECONDS),
+    ) {
+        trace.step("16k", audio.to_16k());
+    }
+    // Streamed at 16 kHz, twice (a rewind between).
+    if let Some(mut file) = trace.step("stream", AudioFile::from_bytes(bytes, "input")) {
+        let limit = (AUDIO_SECONDS * f64::from(engine_asr::SAMPLE_RATE)) as usize;
+        for step in ["read", "reread"] {
+            let mut out = Vec::new();
+            let mut total = 0;
+            let read = loop {
+                out.clear();
+                match file.read(&mut out, 4096) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) if total + n < limit => total += n,
+                    Ok(_) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            };
+            if trace.step(step, read).is_none() || trace.step("rewind", file.rewind()).is_none() {
+                break;
+            }
+        }
     }
     trace
 }

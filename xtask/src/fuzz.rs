@@ -12,8 +12,8 @@ pub const CI_SECONDS: &str = "10";
 
 #[derive(clap::Args)]
 pub struct FuzzArgs {
-    /// Targets (all by default): wav, gguf, ct2, safetensors, tokenizer-json, vocab-merges,
-    /// registry, partials, protocol
+    /// Targets (all by default): wav, audio, gguf, ct2, safetensors, tokenizer-json,
+    /// vocab-merges, registry, partials, protocol, openai
     targets: Vec<String>,
     /// Seconds per target
     #[arg(long, default_value = "60")]

@@ -27,3 +27,12 @@ ff -i cards-003.wav -af "aresample=44100,pan=stereo|c0=c0|c1=c0" -c:a aac -b:a 9
 # A codec no decoder here reads: Opus in OGG.
 ff -i cards-003.wav -t 0.5 -c:a libopus -b:a 16k unsupported-opus.ogg
 ls -l
+# Seeds of the `audio` fuzz target (spec-fuzz): a tenth of a second in each format.
+seeds=../../../../spec-fuzz/seeds/audio
+mkdir -p "$seeds"
+ff -i cards-003.wav -ss 0.5 -t 0.1 -c:a flac "$seeds/short.flac"
+ff -i cards-003.wav -ss 0.5 -t 0.1 -c:a libmp3lame -b:a 32k "$seeds/short.mp3"
+ff -i cards-003.wav -ss 0.5 -t 0.1 -c:a libvorbis -q:a 0 "$seeds/short.ogg"
+ff -i cards-003.wav -ss 0.5 -t 0.1 -ac 2 -c:a aac -b:a 32k "$seeds/short.m4a"
+ff -i cards-003.wav -ss 0.5 -t 0.05 -ac 2 -ar 22050 -c:a pcm_s24le "$seeds/short.wav"
+ls -l "$seeds"
