@@ -163,14 +163,14 @@ pub fn to_json(transcript: &Transcript) -> String {
         .map(|(id, s)| {
             let mut segment = serde_json::json!({
                 "id": id,
-                "start": s.start,
-                "end": s.end,
+                "start": number(s.start),
+                "end": number(s.end),
                 "text": s.text.trim(),
                 "tokens": s.tokens,
-                "temperature": s.temperature,
-                "avg_logprob": s.avg_logprob,
-                "compression_ratio": s.compression_ratio,
-                "no_speech_prob": s.no_speech_probability,
+                "temperature": number(s.temperature),
+                "avg_logprob": number(s.avg_logprob),
+                "compression_ratio": number(s.compression_ratio),
+                "no_speech_prob": number(s.no_speech_probability),
             });
             if !s.words.is_empty() {
                 segment["words"] = s
@@ -178,10 +178,10 @@ pub fn to_json(transcript: &Transcript) -> String {
                     .iter()
                     .map(|w| {
                         serde_json::json!({
-                            "start": w.start,
-                            "end": w.end,
+                            "start": number(w.start),
+                            "end": number(w.end),
                             "word": w.word,
-                            "probability": w.probability,
+                            "probability": number(w.probability),
                         })
                     })
                     .collect();
@@ -197,6 +197,17 @@ pub fn to_json(transcript: &Transcript) -> String {
     let mut text = serde_json::to_string_pretty(&json).expect("JSON values always serialize");
     text.push('\n');
     text
+}
+
+/// `value` as the shortest decimal that reads back as the same `f32` (1.12, not the
+/// 1.1200000047683716 of its `f64` widening); `null` if it is not finite.
+fn number(value: f32) -> serde_json::Value {
+    value
+        .to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
 
 #[cfg(test)]
@@ -338,6 +349,20 @@ mod tests {
         assert_eq!(words[1]["start"], 1.0);
         assert!((words[0]["probability"].as_f64().unwrap() - 0.9).abs() < 1e-6);
         assert!(segments[1].get("words").is_none());
+        // f32 times and scores as their shortest decimals, exact once read back as f32.
+        let mut odd = segment(1.12, 62.04, " x");
+        odd.avg_logprob = f32::NAN;
+        let text = to_json(&transcript(vec![odd]));
+        assert!(
+            text.contains("\"start\": 1.12,") && text.contains("\"end\": 62.04,"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            json["segments"][0]["start"].as_f64().unwrap() as f32,
+            1.12f32
+        );
+        assert!(json["segments"][0]["avg_logprob"].is_null());
     }
 
     #[test]
