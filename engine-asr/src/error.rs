@@ -19,9 +19,7 @@ pub enum Error {
 
     /// An audio file in a container or codec this engine has no decoder for (Opus, WMA, a
     /// video file…): the readable ones are WAV, FLAC, MP3, OGG/Vorbis and M4A/AAC.
-    #[error(
-        "{path}: unsupported audio: {reason} (readable: WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC)"
-    )]
+    #[error("{path}: unsupported audio: {reason} (readable: WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC)")]
     UnsupportedAudio { path: PathBuf, reason: String },
 
     /// Audio longer than a caller's limit (found while decoding, before all of it is held).
