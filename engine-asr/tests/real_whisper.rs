@@ -285,7 +285,7 @@ fn silence_and_too_short_audio() {
         transcript.text
     );
     assert!(transcriber.transcribe(&[0.1; 100], &options).is_err());
-    assert!(WhisperInput::new(&[], transcriber.filters()).is_err());
+    assert!(WhisperInput::from_samples(&[], transcriber.filters()).is_err());
 }
 
 #[test]
