@@ -513,19 +513,17 @@ fn main() -> Result<()> {
             ),
             &long_form::COLUMNS,
         );
+        let long_form = long_form::LongForm {
+            store: &store,
+            joined,
+            reference,
+            normalizer: &normalizer,
+            python: python.as_deref(),
+        };
         for name in &args.models {
             let model = store.resolve(name)?;
             eprintln!("== {name}, long-form");
-            long_form::measure(
-                &store,
-                name,
-                &model.dir,
-                &joined,
-                &reference,
-                &normalizer,
-                python.as_deref(),
-                &mut table,
-            )?;
+            long_form::measure(&long_form, name, &model.dir, &mut table)?;
         }
         long = Some(table);
     }

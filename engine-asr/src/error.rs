@@ -72,8 +72,9 @@ pub enum Error {
     #[error("the decoder needs an encoded audio window first (call `Whisper::encode`)")]
     NotEncoded,
 
-    /// A language Whisper does not know, or a language asked of an English-only model.
-    #[error("language `{0}` is not available for this model")]
+    /// A language Whisper does not know, or a language or translation asked of an
+    /// English-only model (the message says which).
+    #[error("{0}")]
     Language(String),
 
     /// A voice-activity window of the wrong length (Silero VAD reads exactly

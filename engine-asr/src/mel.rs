@@ -643,15 +643,18 @@ mod tests {
     #[test]
     fn seeking_back_or_audio_that_changes_between_readings_are_errors() {
         let filters = MelFilters::new(80).unwrap();
-        let mut input =
-            WhisperInput::new(Pieces::new(chirp(40), 5_000), &[filters.clone()]).unwrap();
+        let mut input = WhisperInput::new(
+            Pieces::new(chirp(40), 5_000),
+            std::slice::from_ref(&filters),
+        )
+        .unwrap();
         input.window(1_000).unwrap();
         input.window(1_000).unwrap();
         assert!(matches!(input.window(999), Err(Error::Audio(m)) if m.contains("forwards")));
 
         let mut shrinking = Pieces::new(chirp(40), 5_000);
         shrinking.lost = 16_000;
-        let mut input = WhisperInput::new(shrinking, &[filters.clone()]).unwrap();
+        let mut input = WhisperInput::new(shrinking, std::slice::from_ref(&filters)).unwrap();
         assert!(
             matches!(input.window(3_000), Err(Error::Audio(m)) if m.contains("second reading"))
         );

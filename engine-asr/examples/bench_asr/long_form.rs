@@ -59,18 +59,26 @@ fn silero(store: &Store<'_>) -> Result<SileroVad> {
     Ok(SileroVad::load(&path, &candle_core::Device::Cpu)?)
 }
 
+/// What every model's long-form run shares.
+pub struct LongForm<'a> {
+    pub store: &'a Store<'a>,
+    pub joined: JoinedSpeech,
+    pub reference: String,
+    pub normalizer: &'a EnglishTextNormalizer,
+    /// A Python with faster-whisper 1.2.1.
+    pub python: Option<&'a Path>,
+}
+
 /// One model on the joined recording: SpecVoice's defaults and faster-whisper int8 (greedy,
 /// its long-form defaults), each without and with the VAD filter.
-pub fn measure(
-    store: &Store<'_>,
-    name: &str,
-    folder: &Path,
-    joined: &JoinedSpeech,
-    reference: &str,
-    normalizer: &EnglishTextNormalizer,
-    python: Option<&Path>,
-    table: &mut Table,
-) -> Result<()> {
+pub fn measure(long: &LongForm<'_>, name: &str, folder: &Path, table: &mut Table) -> Result<()> {
+    let LongForm {
+        store,
+        joined,
+        reference,
+        normalizer,
+        python,
+    } = long;
     let audio_seconds = joined.len() as f64 / 16_000.0;
     let mut transcriber = Transcriber::load(folder, &LoadOptions::default())?;
     let mut vad = silero(store)?;
@@ -101,7 +109,7 @@ pub fn measure(
             ),
         });
     }
-    if let Some(python) = python {
+    if let Some(python) = *python {
         let raw =
             std::env::temp_dir().join(format!("specvoice-long-form-{}.f32", std::process::id()));
         std::fs::write(

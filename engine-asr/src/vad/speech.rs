@@ -387,7 +387,10 @@ mod tests {
         assert_eq!(spans[0], 0..187 * WINDOW);
         assert!(spans.iter().all(|s| s.len() as f64 <= 10.0 * 16_000.0));
         // No pause at all: cut just before the limit.
-        let spans = spans_of(&probabilities(625, &[0..625]), &options);
+        let spans = spans_of(
+            &probabilities(625, std::slice::from_ref(&(0..625))),
+            &options,
+        );
         assert!(
             spans.len() >= 2 && spans.iter().all(|s| s.len() <= 160_000),
             "{spans:?}"

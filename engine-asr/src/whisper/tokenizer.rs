@@ -107,7 +107,9 @@ impl WhisperTokenizer {
             .iter()
             .find(|(c, _)| *c == code)
             .map(|&(_, t)| t)
-            .ok_or_else(|| Error::Language(code.to_string()))
+            .ok_or_else(|| {
+                Error::Language(format!("language `{code}` is not available for this model"))
+            })
     }
 
     /// Every language token with its code.

@@ -18,12 +18,12 @@ use spec_nn::heads::MultiTokenHeads;
 use crate::audio::{SampleSource, Samples};
 use crate::mel::{LogMel, MelFilters, WhisperInput, N_FFT};
 use crate::vad::{speech_spans, SileroVad, SpeechOnly, SpeechOptions, SpeechTimeline};
+use crate::whisper::alignment::Word;
 use crate::whisper::decode::{
     beam_window, compression_ratio, heads_window, run_prompt, sample_window, speculative_window,
     Candidate,
 };
 use crate::whisper::load::LoadOptions;
-use crate::whisper::alignment::Word;
 use crate::whisper::model::Whisper;
 use crate::whisper::rules::LogitRules;
 use crate::whisper::tokenizer::WhisperTokenizer;
@@ -462,11 +462,16 @@ impl Transcriber {
                 Task::Transcribe => t.transcribe,
                 Task::Translate => t.translate,
             });
-        } else if language.is_some_and(|l| l != "en") || options.task == Task::Translate {
+        } else if options.task == Task::Translate {
+            return Err(Error::Language(
+                "this model is English-only: it transcribes English and cannot translate \
+                 (use a multilingual model such as whisper-base)"
+                    .into(),
+            ));
+        } else if let Some(other) = language.filter(|&l| l != "en") {
             return Err(Error::Language(format!(
-                "{} ({:?}) on an English-only model",
-                language.unwrap_or("en"),
-                options.task
+                "this model is English-only: it cannot transcribe `{other}` \
+                 (use a multilingual model such as whisper-base)"
             )));
         }
         if !options.timestamps {
@@ -846,7 +851,9 @@ impl Transcriber {
                 )?;
             if let Some(draft) = self.draft.as_mut().filter(|_| options.draft.is_some()) {
                 if drafting {
-                    draft.economics.observe(&window_draft, draft_encoder_time, target_encoder_time);
+                    draft
+                        .economics
+                        .observe(&window_draft, draft_encoder_time, target_encoder_time);
                 } else {
                     draft
                         .economics
