@@ -32,6 +32,10 @@ use spec_nn::Requantize;
 
 #[path = "bench_asr/long_form.rs"]
 mod long_form;
+#[path = "common/parity.rs"]
+mod parity;
+#[path = "common/parity_clips.rs"]
+mod parity_clips;
 #[path = "common/speech_sets.rs"]
 mod speech_sets;
 use speech_sets::{clips, fastest_transcript, spoken_set, Clip};
@@ -62,6 +66,12 @@ struct Args {
     /// `espeak-ng` at 22.05 kHz); 0 or no `espeak-ng` skips it.
     #[arg(long, default_value_t = 40)]
     spoken_sentences: usize,
+    /// Skip the token parity with faster-whisper (run when `SPECVOICE_FASTER_WHISPER` is set).
+    #[arg(long)]
+    skip_parity: bool,
+    /// Only the first N clips of the parity set.
+    #[arg(long)]
+    parity_limit: Option<usize>,
     /// Minutes of the long recording (the real clips joined by silences), transcribed whole
     /// with and without the VAD filter; 0 skips it.
     #[arg(long, default_value_t = 5.0)]
@@ -502,6 +512,22 @@ fn main() -> Result<()> {
             push_rows(table, name, &rows, set, &normalizer);
         }
     }
+    let (mut parity_tables, mut parity_notes) = (Vec::new(), Vec::new());
+    if let (Some(python), false) = (python.as_deref(), args.skip_parity) {
+        eprintln!("== token parity with faster-whisper");
+        let dir = parity_clips::parity_dir(None);
+        let mut set = parity_clips::clip_set(&store, &dir)?;
+        if let Some(limit) = args.parity_limit {
+            set.truncate(limit);
+        }
+        let parity =
+            parity::token_parity(&store, &normalizer, python, &args.models, &set, false, &dir)?;
+        parity_notes = parity::notes(&set);
+        parity_tables.push(parity.table);
+        if !parity.differences.is_empty() {
+            parity_tables.push(parity.details);
+        }
+    }
     let mut long = None;
     if args.long_minutes > 0.0 {
         let (joined, reference) = long_form::recording(&clips, args.long_minutes)?;
@@ -544,6 +570,11 @@ fn main() -> Result<()> {
         notes.push("The espeak-ng set was skipped: `apt-get install espeak-ng` adds it.".into());
     }
     notes.push("RTF = processing time ÷ audio duration, front end (log-mel) included; faster-whisper's time is its `transcribe` call on the decoded audio (greedy, language en, no timestamps, no previous-text conditioning, no VAD). WER uses Whisper's English normalizer on both sides. \"Audio + N s encoder\" encodes the audio and N s of the padding instead of the whole 30-second window (whisper.cpp's `audio_ctx`). Beam search and candle-transformers run on the real clips only.".into());
+    notes.extend(
+        parity_notes
+            .into_iter()
+            .map(|n| format!("Token parity. {n}")),
+    );
     if args.long_minutes > 0.0 {
         notes.push("Long-form: both sides transcribe the same samples with timestamps, previous-text conditioning and the temperature fallback (their long-audio defaults), greedy, language en; faster-whisper's time excludes loading and a warm-up. With VAD: Silero VAD v6 and faster-whisper's `vad_filter` defaults (threshold 0.5, 2 s of silence ends speech, 400 ms of padding) on both sides; only the speech is transcribed and times are mapped back.".into());
     }
@@ -567,6 +598,7 @@ fn main() -> Result<()> {
         ),
         tables: std::iter::once(real)
             .chain(synthetic)
+            .chain(parity_tables)
             .chain(long)
             .chain(memory)
             .collect(),
