@@ -124,6 +124,17 @@ impl<'a> AudioDecoder<'a> {
         if params.channels.as_ref().is_some_and(|c| c.count() == 0) {
             return Err(bad("its audio track has no channels".into()));
         }
+        // symphonia 0.6.1 derives a WAV's channels from its channel mask, with a shift that
+        // wraps when the mask names fewer channels than the header counts: the samples would be
+        // split into the wrong number of channels.
+        if let (Some(declared), Some(channels)) = (wav_channels(&input), params.channels.as_ref()) {
+            if usize::from(declared) != channels.count() {
+                return Err(bad(format!(
+                    "its header counts {declared} channels but its channel mask names {}",
+                    channels.count()
+                )));
+            }
+        }
         let track_id = track.id;
         let declared_frames = track.num_frames;
         let decoder = make_decoder(&name, params)?;
@@ -294,6 +305,40 @@ fn make_decoder(name: &Path, params: &AudioCodecParameters) -> Result<Box<dyn Sy
 
 /// The error of an input no format reader took: empty, a known container too damaged to
 /// open (an MP4 cut before its index, say), or something else.
+/// The channel count of a RIFF/WAVE file's `fmt ` chunk, if `input` is one (read from its
+/// first 64 KiB).
+fn wav_channels(input: &Input<'_>) -> Option<u16> {
+    const HEAD: usize = 1 << 16;
+    let owned;
+    let head: &[u8] = match input {
+        Input::Bytes(bytes) => &bytes[..bytes.len().min(HEAD)],
+        Input::File(path) => {
+            use std::io::Read;
+            let mut buffer = Vec::with_capacity(HEAD);
+            File::open(path)
+                .ok()?
+                .take(HEAD as u64)
+                .read_to_end(&mut buffer)
+                .ok()?;
+            owned = buffer;
+            &owned
+        }
+    };
+    if head.get(..4)? != b"RIFF" || head.get(8..12)? != b"WAVE" {
+        return None;
+    }
+    let mut at = 12;
+    while at + 8 <= head.len() {
+        let size = u32::from_le_bytes(head[at + 4..at + 8].try_into().ok()?) as usize;
+        if &head[at..at + 4] == b"fmt " {
+            let channels = head.get(at + 10..at + 12)?;
+            return Some(u16::from_le_bytes([channels[0], channels[1]]));
+        }
+        at = at.checked_add(8)?.checked_add(size + size % 2)?;
+    }
+    None
+}
+
 fn not_readable(input: &Input<'_>, name: &Path) -> Error {
     let mut head = [0u8; 12];
     let len = match input {
