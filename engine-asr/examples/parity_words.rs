@@ -34,7 +34,7 @@ use spec_nn::Requantize;
 #[path = "common/parity_clips.rs"]
 mod parity_clips;
 
-use parity_clips::{clip_set, Clip, VOICES};
+use parity_clips::{clip_set, describe, Clip};
 
 #[derive(Parser, Debug)]
 #[command(about = "Whisper word timestamps against faster-whisper's")]
@@ -273,17 +273,7 @@ fn main() -> Result<()> {
              faster-whisper's, rounded to 10 ms on both sides. Medians and percentiles by nearest \
              rank."
                 .into(),
-            format!(
-                "Clips: the {} real recordings of data/speech and {} sentences of \
-                 engine-asr/data/parity_sentences.txt spoken by espeak-ng ({}).",
-                clips.iter().filter(|c| !c.name.starts_with("en-")).count(),
-                clips.iter().filter(|c| c.name.starts_with("en-")).count(),
-                VOICES
-                    .iter()
-                    .map(|(v, r)| format!("{v} at {r} words a minute"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            describe(&clips),
         ],
         ..Report::default()
     };

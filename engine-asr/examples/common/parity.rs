@@ -17,7 +17,7 @@ use spec_core::report::Table;
 use spec_models::Store;
 use spec_nn::Requantize;
 
-use crate::parity_clips::{Clip, VOICES};
+use crate::parity_clips::{describe, Clip};
 
 /// The comparison's tables: one row per model, one per clip that differs, and the differing
 /// clips' tokens (JSON) to study the first difference.
@@ -236,18 +236,5 @@ const SETTINGS: &str = "Both sides: the whole 30-second window encoded, f32 weig
 
 /// What both sides ran, and on which clips.
 pub fn notes(clips: &[Clip]) -> Vec<String> {
-    vec![
-        SETTINGS.into(),
-        format!(
-            "Clips: the {} real recordings of data/speech and {} sentences of \
-             engine-asr/data/parity_sentences.txt spoken by espeak-ng ({}).",
-            clips.iter().filter(|c| !c.name.starts_with("en-")).count(),
-            clips.iter().filter(|c| c.name.starts_with("en-")).count(),
-            VOICES
-                .iter()
-                .map(|(v, r)| format!("{v} at {r} words a minute"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    ]
+    vec![SETTINGS.into(), describe(clips)]
 }

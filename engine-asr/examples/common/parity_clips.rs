@@ -97,3 +97,18 @@ pub fn clip_set(store: &Store<'_>, dir: &Path) -> Result<Vec<Clip>> {
     }
     Ok(clips)
 }
+
+/// What the set holds, for a report's notes.
+pub fn describe(clips: &[Clip]) -> String {
+    format!(
+        "Clips: the {} real recordings of data/speech and {} sentences of \
+         engine-asr/data/parity_sentences.txt spoken by espeak-ng ({}).",
+        clips.iter().filter(|c| !c.name.starts_with("en-")).count(),
+        clips.iter().filter(|c| c.name.starts_with("en-")).count(),
+        VOICES
+            .iter()
+            .map(|(v, r)| format!("{v} at {r} words a minute"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
