@@ -235,26 +235,19 @@ fn faster_whisper(
     repeats: usize,
 ) -> Result<Outcome> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/peers/run_faster_whisper.py");
-    let output = std::process::Command::new(python)
-        .arg(&script)
-        .args([
-            "--model",
-            &folder.to_string_lossy(),
-            "--compute-type",
-            compute_type,
-        ])
-        .args(["--threads", "2", "--repeats", &repeats.max(1).to_string()])
-        .args(clips.iter().map(|c| c.path.as_os_str()))
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    if !output.status.success() {
-        bail!(
-            "faster-whisper: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let report: serde_json::Value =
-        serde_json::from_slice(&output.stdout).context("faster-whisper's JSON")?;
+    let report = long_form::run_peer(
+        std::process::Command::new(python)
+            .arg(&script)
+            .args([
+                "--model",
+                &folder.to_string_lossy(),
+                "--compute-type",
+                compute_type,
+            ])
+            .args(["--threads", "2", "--repeats", &repeats.max(1).to_string()])
+            .args(clips.iter().map(|c| c.path.as_os_str())),
+        python,
+    )?;
     let mut outcome = Outcome::default();
     for result in report["results"].as_array().context("results")? {
         let seconds = result["seconds"].as_f64().context("seconds")?;

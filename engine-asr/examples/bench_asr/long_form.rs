@@ -185,6 +185,11 @@ fn faster_whisper(
     if vad {
         command.arg("--vad");
     }
+    run_peer(&mut command, python)
+}
+
+/// Runs a faster-whisper peer script and parses the one JSON object it prints.
+pub fn run_peer(command: &mut std::process::Command, python: &Path) -> Result<serde_json::Value> {
     let output = command
         .output()
         .with_context(|| format!("running {}", python.display()))?;
