@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, IndexOp, Tensor};
 use candle_transformers::models::whisper as candle_whisper;
