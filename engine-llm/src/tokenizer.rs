@@ -10,7 +10,7 @@
 //! `<|im_end|>` cannot end a turn or forge a system message.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -64,6 +64,8 @@ pub struct TextTokenizer {
     /// Special tokens' strings and ids, longest first.
     specials: Vec<(String, u32)>,
     end_tokens: Vec<u32>,
+    /// [`TextTokenizer::sentence_end_tokens`], found on first use.
+    sentence_ends: Arc<OnceLock<Vec<u32>>>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -263,6 +265,7 @@ impl TextTokenizer {
             plain: Arc::new(plain),
             specials,
             end_tokens,
+            sentence_ends: Arc::default(),
         }
     }
 
@@ -367,6 +370,26 @@ impl TextTokenizer {
     /// Tokens that end an answer (end of turn, end of text).
     pub fn end_tokens(&self) -> &[u32] {
         &self.end_tokens
+    }
+
+    /// Tokens that end a sentence: the end tokens, and every token whose text starts (after
+    /// white space) with a full stop, a question mark or an exclamation mark, an ellipsis
+    /// excluded (`...` trails off rather than ends). Found by decoding each token once.
+    pub fn sentence_end_tokens(&self) -> &[u32] {
+        self.sentence_ends.get_or_init(|| {
+            let mut ids: Vec<u32> = (0..self.vocab_size() as u32)
+                .filter(|&id| {
+                    let text = self.decode_text(&[id]).unwrap_or_default();
+                    let text = text.trim_start();
+                    let ellipsis = text.starts_with("..") || text.starts_with('…');
+                    !ellipsis && text.starts_with(['.', '?', '!', '。', '？', '！'])
+                })
+                .chain(self.end_tokens.iter().copied())
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        })
     }
 
     /// Checks that `other` maps every id below `ids` to the same string, as a draft model must.

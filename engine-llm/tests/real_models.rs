@@ -542,3 +542,54 @@ fn the_qwen_tokenizer_rebuilt_from_vocab_and_merges_files_is_the_ggufs() {
     }
     assert_eq!(rebuilt.end_tokens(), original.end_tokens());
 }
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn the_end_of_turn_estimate_tells_a_pause_from_the_end_of_a_question() {
+    use engine_llm::predgen::{Clock, Partial, Status};
+    use engine_llm::{PredGen, PredGenConfig};
+
+    let mut model = load(QWEN_LARGE);
+    let config = PredGenConfig {
+        estimate_end_of_turn: true,
+        ..PredGenConfig::default()
+    };
+    let mut session = PredGen::new(&mut model, config).unwrap();
+    let mut probability = |words: &str| {
+        let clock = Clock::simulated();
+        session.begin_cascade_turn(&clock).unwrap();
+        session
+            .hear(Partial {
+                at: clock.now(),
+                text: words.into(),
+                is_final: false,
+            })
+            .unwrap();
+        while session.step().unwrap().status == Status::Working {}
+        let estimate = session.end_of_turn().unwrap().clone();
+        session.cancel_turn().unwrap();
+        assert_eq!(estimate.words, words);
+        estimate.probability
+    };
+    // Whisper's transcripts of speakers' pauses (the turn-taking set): mid-question, with the
+    // full stop or question mark Whisper writes at every pause, and at the real end, with a
+    // pause inside written as a sentence end.
+    for paused in [
+        "What's the best way to get?",
+        "Where is the nearest?",
+        "What are the opening hours of?",
+        "I'd like to book a table for.",
+    ] {
+        let p = probability(paused);
+        assert!(p < 0.1, "{paused:?}: {p}");
+    }
+    for ended in [
+        "How do I get a red wine stain out of a carpet?",
+        "How much should I tip? At a restaurant in Germany.",
+        "What's on my calendar? For Thursday afternoon.",
+        "What is the capital of France?",
+    ] {
+        let p = probability(ended);
+        assert!(p > 0.5, "{ended:?}: {p}");
+    }
+}

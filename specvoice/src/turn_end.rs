@@ -5,7 +5,7 @@
 //! the latency once speculation has hidden the model) and too short for a speaker who pauses
 //! mid-sentence ("I'd like to book a table for… four people"). With [`TurnEnd::Semantic`] the
 //! chat model reads the transcript of each pause and gives P(the user's turn ends here) (its
-//! probability of the end-of-user-turn token, `engine_llm::EndOfTurn`); the silence waited
+//! probability that the sentence ends after the words, `engine_llm::EndOfTurn`); the silence waited
 //! shrinks from [`SemanticTurnEnd::longest`] when the model expects more words to
 //! [`SemanticTurnEnd::shortest`] when it is confident the question is complete (equation in
 //! [`SemanticTurnEnd::wait`]). A wrong guess is recovered: speech that resumes within the

@@ -231,6 +231,10 @@ impl<'m> PredGen<'m> {
             true => Some(forward_costs(&mut model.model, &model.weights)?),
             false => None,
         };
+        if config.estimate_end_of_turn {
+            // Found once per tokenizer; now rather than during the first turn.
+            model.tokenizer.sentence_end_tokens();
+        }
         Ok(Self {
             judge_cache: model.model.new_cache(),
             judge_tokens,
@@ -289,6 +293,9 @@ impl<'m> PredGen<'m> {
     /// Turns estimating the end of the user's turn on every partial on or off
     /// ([`PredGenConfig::estimate_end_of_turn`]); from the next turn on.
     pub fn set_estimate_end_of_turn(&mut self, on: bool) {
+        if on {
+            self.model.tokenizer.sentence_end_tokens();
+        }
         self.config.estimate_end_of_turn = on;
     }
 

@@ -1,12 +1,21 @@
-//! The end of the user's turn, as the model sees it: the probability that the chat template's
-//! end-of-user-turn token comes right after the words heard so far. A question that reads as
-//! complete ("What's the weather in Paris tomorrow?") makes it likely, words that stop
-//! mid-sentence ("I'd like to book a table for") make it unlikely. The voice pipeline waits a
-//! long silence only when the model expects more words (issue 75's semantic end of turn).
+//! The end of the user's turn, as the model sees it: the probability that the user's sentence
+//! ends right after the words heard so far. A question that reads as complete ("What's the
+//! weather in Paris tomorrow") makes it likely, words that stop mid-sentence ("I'd like to book
+//! a table for", "What's the weather like") make it unlikely. The voice pipeline waits a long
+//! silence only when the model expects more words (issue 75's semantic end of turn).
 //!
-//! The forward that measures it is the first forward of the model's completion of the same
-//! words ([`PredGen::complete_question_step`]): its most likely token is kept, so that a
-//! completion starting from these words does not run it again.
+//! The words are read as one sentence without marks ([`as_one_sentence`]): Whisper ends every
+//! pause's transcript with a full stop or a question mark ("What's the weather like?"), after
+//! which the model's end-of-turn token is likely whatever came before, and writes a pause
+//! inside a question as a sentence end. So the probability is the model's probability of a
+//! sentence end next — a token opening with `.`, `?` or `!`, or the end of the turn — after the
+//! words so read. On the turn-taking set this cut the pauses taken for an end from 13 of 18 to
+//! 3 (docs/turns.md).
+//!
+//! The forward that measures it also reads the row after all the words, whose most likely token
+//! is the first of the model's completion of the same words
+//! ([`PredGen::complete_question_step`]): it is kept, so that a completion starting from these
+//! words does not run it again.
 
 use std::time::Instant;
 
@@ -24,7 +33,8 @@ pub struct EndOfTurn {
     /// The words heard (a partial transcript).
     pub words: String,
     /// P(the user's turn ends here | the conversation and `words`): the model's probability of
-    /// an end token right after the user's words in the chat prompt.
+    /// a sentence end (a token opening with `.`, `?` or `!`, or an end token) right after the
+    /// user's words read as one sentence without marks, in the chat prompt.
     pub probability: f32,
     /// Whether an end token is the model's most likely next token there: its greedy
     /// completion of the words ends the question at once.
@@ -66,21 +76,48 @@ impl PredGen<'_> {
     /// the end of the words, reusing the cached prefix) and reports it.
     pub(super) fn estimate_end_of_turn(&mut self, turn: &mut TurnState, words: &str) -> Result<()> {
         let started = Instant::now();
-        let prompt = self.prompt_for(words)?;
-        let words_end = prompt.len().saturating_sub(self.assistant_opening_len()?);
-        let context = &prompt[..words_end];
-        let keep = rewind_to_prefix(&mut self.model.model, context)?;
-        let mut row = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?
-            .into_last_row();
+        let closing = self.assistant_opening_len()?;
+        let user_words = |session: &Self, text: &str| -> Result<Vec<u32>> {
+            let prompt = session.prompt_for(text)?;
+            Ok(prompt[..prompt.len().saturating_sub(closing)].to_vec())
+        };
+        let context = user_words(self, words)?;
+        let sentence = match as_one_sentence(words) {
+            one if !one.is_empty() && one != words => user_words(self, &one)?,
+            _ => context.clone(),
+        };
+        let (mut sentence_row, next_token) = if context.starts_with(&sentence) {
+            // One forward gives the rows after the unmarked words and after all of them.
+            let keep = rewind_to_prefix(&mut self.model.model, &sentence)?;
+            let rows = context.len() - sentence.len() + 1;
+            let logits = forward_tokens(
+                &mut self.model.model,
+                &context[keep..],
+                LogitRows::Last(rows),
+            )?;
+            let next_token = argmax(logits.row(rows - 1));
+            (logits.row(0).to_vec(), next_token)
+        } else {
+            let keep = rewind_to_prefix(&mut self.model.model, &sentence)?;
+            let row = forward_tokens(&mut self.model.model, &sentence[keep..], LogitRows::Last(1))?
+                .into_last_row();
+            let keep = rewind_to_prefix(&mut self.model.model, &context)?;
+            let last = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?
+                .into_last_row();
+            turn.forwards_during_input += 1;
+            (row, argmax(&last))
+        };
         turn.forwards_during_input += 1;
-        let next_token = argmax(&row);
-        softmax_in_place(&mut row);
-        let end_tokens = self.model.tokenizer.end_tokens();
-        let probability = end_tokens
+        softmax_in_place(&mut sentence_row);
+        let probability = self
+            .model
+            .tokenizer
+            .sentence_end_tokens()
             .iter()
-            .filter_map(|&token| row.get(token as usize))
+            .filter_map(|&token| sentence_row.get(token as usize))
             .sum::<f32>()
             .min(1.0);
+        let end_tokens = self.model.tokenizer.end_tokens();
         let end_of_turn = EndOfTurn {
             words: words.to_string(),
             probability,
@@ -96,5 +133,59 @@ impl PredGen<'_> {
             next_token,
         });
         Ok(())
+    }
+}
+
+/// `words` as one unfinished sentence: without the marks that end them, and without the
+/// sentence ends inside them. Whisper ends the transcript of every pause with a full stop or a
+/// question mark and writes a pause inside a question as a sentence end ("How much should I
+/// tip? At a restaurant in Germany."); read so, the last piece looks like a fragment and the
+/// whole like anything but an ended question. The next word's first letter is lowercased,
+/// unless it is the pronoun "I".
+pub(super) fn as_one_sentence(words: &str) -> String {
+    let unmarked = words.trim_end_matches(|c: char| {
+        c.is_whitespace() || matches!(c, '.' | '?' | '!' | ',' | ';' | ':' | '…' | '-' | '—')
+    });
+    let mut sentence: Vec<String> = Vec::new();
+    let mut after_an_end = false;
+    for piece in unmarked.split_whitespace() {
+        let mut word = piece.to_string();
+        let pronoun = word == "I" || word.starts_with("I'") || word.starts_with("I’");
+        if after_an_end && !pronoun {
+            let mut chars = word.chars();
+            if let Some(first) = chars.next() {
+                word = first.to_lowercase().chain(chars).collect();
+            }
+        }
+        after_an_end = word.len() > 1 && word.ends_with(['.', '?', '!']);
+        if after_an_end {
+            word.truncate(word.trim_end_matches(['.', '?', '!']).len());
+        }
+        sentence.push(word);
+    }
+    sentence.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::as_one_sentence;
+
+    #[test]
+    fn the_sentence_ends_whisper_writes_at_pauses_are_dropped() {
+        let one = as_one_sentence;
+        assert_eq!(one("What's the weather like?"), "What's the weather like");
+        assert_eq!(one("a table for... "), "a table for");
+        assert_eq!(one("Can you, uh,"), "Can you, uh");
+        assert_eq!(one("It's 3.5"), "It's 3.5");
+        assert_eq!(one("?!"), "");
+        assert_eq!(
+            one("How much should I tip? At a restaurant in Germany."),
+            "How much should I tip at a restaurant in Germany"
+        );
+        assert_eq!(
+            one("I need arms. I'd like a good recipe. Now!"),
+            "I need arms I'd like a good recipe now"
+        );
+        assert_eq!(one("What about Élise? Or"), "What about Élise or");
     }
 }
