@@ -9,6 +9,7 @@
 //! the user's machine (cross-site WebSocket hijacking).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -77,12 +78,56 @@ impl Budget {
     }
 }
 
+/// Places held per key (connections per address, sessions and requests per client), at most a
+/// bound each; a place is given back when its [`Place`] drops.
+pub(crate) struct PlacesPerKey<K: Eq + Hash>(Arc<Mutex<HashMap<K, usize>>>);
+
+impl<K: Eq + Hash> Default for PlacesPerKey<K> {
+    fn default() -> Self {
+        Self(Arc::default())
+    }
+}
+
+impl<K: Clone + Eq + Hash> PlacesPerKey<K> {
+    /// One of `key`'s places, unless it holds `bound` already.
+    pub fn take(&self, key: &K, bound: usize) -> Option<Place<K>> {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = held.entry(key.clone()).or_insert(0);
+        if *count >= bound {
+            return None;
+        }
+        *count += 1;
+        Some(Place {
+            places: Arc::clone(&self.0),
+            key: key.clone(),
+        })
+    }
+}
+
+/// A place one key holds, counted while it lives.
+pub(crate) struct Place<K: Eq + Hash> {
+    places: Arc<Mutex<HashMap<K, usize>>>,
+    key: K,
+}
+
+impl<K: Eq + Hash> Drop for Place<K> {
+    fn drop(&mut self) {
+        let mut held = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = held.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// The server's keys, allowed origins, and what each client holds and spends now.
 pub(crate) struct Access {
     keys: Vec<Arc<str>>,
     origins: Vec<String>,
     per_client: usize,
-    held: Mutex<HashMap<Client, usize>>,
+    held: PlacesPerKey<Client>,
     requests_per_minute: u32,
     budgets: Mutex<HashMap<Client, Budget>>,
 }
@@ -101,7 +146,7 @@ impl Access {
                 .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
                 .collect(),
             per_client,
-            held: Mutex::default(),
+            held: PlacesPerKey::default(),
             requests_per_minute,
             budgets: Mutex::default(),
         })
@@ -175,38 +220,13 @@ impl Access {
 
     /// Holds one of the client's places until the returned guard drops; an error when the
     /// client holds them all.
-    pub fn hold(self: &Arc<Self>, client: &Client) -> Result<Held, ApiError> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let count = held.entry(client.clone()).or_insert(0);
-        if *count >= self.per_client {
-            return Err(ApiError::rate_limited(format!(
+    pub fn hold(&self, client: &Client) -> Result<Place<Client>, ApiError> {
+        self.held.take(client, self.per_client).ok_or_else(|| {
+            ApiError::rate_limited(format!(
                 "this client already has {} sessions or requests in progress",
                 self.per_client
-            )));
-        }
-        *count += 1;
-        Ok(Held {
-            access: Arc::clone(self),
-            client: client.clone(),
+            ))
         })
-    }
-}
-
-/// A place a client holds (a session, a request in progress).
-pub(crate) struct Held {
-    access: Arc<Access>,
-    client: Client,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let mut held = self.access.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = held.get_mut(&self.client) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.client);
-            }
-        }
     }
 }
 

@@ -5,9 +5,8 @@
 //! and replies go out without Nagle's delay (the server streams small messages that must not
 //! wait). A request's body has its own deadline ([`body_in_time`]).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -23,6 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower_service::Service;
 
+use super::access::{Place, PlacesPerKey};
 use super::openai::ApiError;
 use super::Shared;
 
@@ -42,43 +42,6 @@ content-type: text/plain\r\ncontent-length: 39\r\n\r\ntoo many connections from 
 /// How long the loop pauses when accepting fails (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 
-/// Connections open per address.
-#[derive(Clone, Default)]
-struct OpenPerAddress(Arc<Mutex<HashMap<IpAddr, usize>>>);
-
-/// One of an address's connections, counted while it lives.
-struct Slot {
-    open: OpenPerAddress,
-    address: IpAddr,
-}
-
-impl OpenPerAddress {
-    fn take(&self, address: IpAddr, bound: usize) -> Option<Slot> {
-        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(address).or_insert(0);
-        if *count >= bound {
-            return None;
-        }
-        *count += 1;
-        Some(Slot {
-            open: self.clone(),
-            address,
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut open = self.open.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = open.get_mut(&self.address) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.address);
-            }
-        }
-    }
-}
-
 /// Serves `router` on `listener` until `shutdown` turns `true`; then stops accepting, lets
 /// every connection finish the request it is in, and returns once they have (an upgraded
 /// WebSocket lives on outside: the server counts those itself).
@@ -88,7 +51,7 @@ pub(crate) async fn serve(
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let open = OpenPerAddress::default();
+    let open = PlacesPerKey::<IpAddr>::default();
     let (closing, closed) = watch::channel(false);
     let mut connections = JoinSet::new();
     loop {
@@ -105,7 +68,7 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let Some(slot) = open.take(peer.ip(), limits.per_address) else {
+        let Some(place) = open.take(&peer.ip(), limits.per_address) else {
             tracing::debug!("{peer}: over {} connections, refused", limits.per_address);
             // A client that does not read gets nothing: the socket never blocks this loop.
             let _ = stream.try_write(TOO_MANY_CONNECTIONS);
@@ -117,7 +80,7 @@ pub(crate) async fn serve(
             peer,
             router.clone(),
             limits.handshake,
-            (closed.clone(), slot),
+            (closed.clone(), place),
         ));
     }
     drop(listener);
@@ -131,7 +94,7 @@ async fn connection(
     peer: SocketAddr,
     router: Router,
     handshake: Duration,
-    (mut closing, _slot): (watch::Receiver<bool>, Slot),
+    (mut closing, _place): (watch::Receiver<bool>, Place<IpAddr>),
 ) {
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));

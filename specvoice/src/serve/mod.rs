@@ -308,7 +308,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/", get(page))
         .route("/health", get(health))
         .merge(guarded)
-        .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
+        // `body_in_time` has bounded every body the handlers read already (to
+        // `max_body_bytes`): the extractors' own default bound (2 MB) would only be a second,
+        // smaller one.
+        .layer(DefaultBodyLimit::disable())
         .with_state(shared)
 }
 
