@@ -5,10 +5,12 @@
 //! cargo run -p engine-tts --example speak -- --out answer.wav "Hello there. How are you?"
 //! ```
 //!
-//! The voice is CosyVoice 2's when its weights are in the models folder (`cosyvoice2-0.5b`,
-//! with `CosyVoice-BlankEN/tokenizer.json`) and a speaker prompt is given (`--speaker`, a
-//! safetensors file: see `engine_tts::cosyvoice::SpeakerPrompt`); espeak-ng's
-//! (`apt-get install espeak-ng`) otherwise. The log says which one spoke.
+//! The voice is `--voice` (the names `specvoice --voice` takes: `auto`, the default, is Kokoro's
+//! `af_heart` when its files and ONNX Runtime are in the models folder and espeak-ng's
+//! otherwise; `kokoro:bm_george`, `piper:joe`, `espeak`; `list` lists those there). With a
+//! speaker prompt (`--speaker`, a safetensors file: see `engine_tts::cosyvoice::SpeakerPrompt`)
+//! it is CosyVoice 2's, from `cosyvoice2-0.5b` in the models folder. The log says which one
+//! spoke.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -20,14 +22,15 @@ use engine_llm::ssd::SsdDraftWeights;
 use engine_tts::cosyvoice::lm::SsdConfig;
 use engine_tts::cosyvoice::{CosyVoice2, CosyVoiceSynthesizer};
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
+use engine_tts::voices::{self, VoiceChoice};
 use spec_models::{Registry, Store};
 use spec_nn::heads::weights_fingerprint;
 use spec_voice::{split_sentences, write_wav, AudioChunk, SentenceSynthesizer};
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
-/// Speak a text into a 16-bit WAV file with CosyVoice 2, or espeak-ng without its weights or a
-/// speaker prompt.
+/// Speak a text into a 16-bit WAV file with one of the product's voices (Kokoro, Piper,
+/// espeak-ng), or with CosyVoice 2 given a speaker prompt.
 ///
 /// The text is split into sentences and each is synthesized in turn, as the voice pipeline
 /// does; the time to first audio is the first sentence's. Install espeak-ng with
@@ -35,11 +38,20 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 struct Args {
     /// The text to speak (after `--` when it starts with `-`)
-    text: String,
+    text: Option<String>,
 
     /// The WAV file to write
     #[arg(long, value_name = "WAV")]
-    out: PathBuf,
+    out: Option<PathBuf>,
+
+    /// The voice: auto (Kokoro's af_heart when its files are in the models folder, espeak-ng
+    /// otherwise), kokoro:NAME, piper:NAME or espeak; `list` lists the voices there
+    #[arg(long, default_value = "auto")]
+    voice: String,
+
+    /// The pace: 2 speaks twice as fast (Kokoro and Piper; espeak-ng takes `--wpm`)
+    #[arg(long, default_value_t = 1.0)]
+    speed: f32,
 
     /// CosyVoice 2's speaker prompt (safetensors: prompt_text, prompt_speech_token, prompt_mel,
     /// speaker_embedding); without it espeak-ng speaks
@@ -64,9 +76,9 @@ struct Args {
     #[arg(long, default_value_t = SsdConfig::default().tolerance)]
     ssd_tolerance: f32,
 
-    /// espeak-ng voice (`espeak-ng --voices` lists them)
+    /// espeak-ng's own voice, with `--voice espeak` (`espeak-ng --voices` lists them)
     #[arg(long, default_value_t = EspeakSettings::default().voice)]
-    voice: String,
+    espeak_voice: String,
 
     /// Speaking rate in words per minute (80 to 450)
     #[arg(long, default_value_t = EspeakSettings::default().words_per_minute)]
@@ -84,17 +96,26 @@ struct Args {
 fn main() -> Result<()> {
     init_logging();
     let args = Args::parse();
+    if args.voice == "list" {
+        for voice in voices::available(&spec_models::models_dir()?)? {
+            println!("{voice}");
+        }
+        return Ok(());
+    }
+    let (Some(text), Some(out)) = (&args.text, &args.out) else {
+        bail!("a text to speak and `--out WAV` are needed (or `--voice list`)");
+    };
     let (mut tts, voice) = synthesizer(&args)?;
     info!("speaking with {voice}");
 
-    let (sentences, _) = split_sentences(&args.text, true);
+    let (sentences, _) = split_sentences(text, true);
     if sentences.is_empty() {
-        bail!("nothing to speak in {:?}", args.text);
+        bail!("nothing to speak in {text:?}");
     }
     let mut first_audio_after = None;
     let mut chunks: Vec<AudioChunk> = Vec::new();
     for sentence in &sentences {
-        let synthesis = tts.synthesize(sentence)?;
+        let synthesis = tts.synthesize_at(sentence, args.speed)?;
         let played: Duration = synthesis.chunks.iter().map(AudioChunk::duration).sum();
         info!(
             "{sentence:?}: {:.2} s of audio after {:.1} ms",
@@ -108,7 +129,7 @@ fn main() -> Result<()> {
         bail!("{voice} produced no audio");
     };
 
-    write_wav(&args.out, &chunks).with_context(|| format!("writing {}", args.out.display()))?;
+    write_wav(out, &chunks).with_context(|| format!("writing {}", out.display()))?;
 
     let audio: Duration = chunks.iter().map(AudioChunk::duration).sum();
     let first = first_audio_after.unwrap_or_default();
@@ -117,13 +138,13 @@ fn main() -> Result<()> {
         "audio: {:.2} s at {sample_rate} Hz, {} sentence(s), written to {}",
         audio.as_secs_f64(),
         sentences.len(),
-        args.out.display()
+        out.display()
     );
     Ok(())
 }
 
-/// CosyVoice 2 when its weights resolve and a speaker prompt is given, espeak-ng otherwise; and
-/// which one it is.
+/// CosyVoice 2 when its weights resolve and a speaker prompt is given, the `--voice` otherwise;
+/// and which one it is.
 fn synthesizer(args: &Args) -> Result<(Box<dyn SentenceSynthesizer>, String)> {
     if let Some(speaker) = &args.speaker {
         let resolved = spec_models::models_dir()
@@ -148,11 +169,19 @@ fn synthesizer(args: &Args) -> Result<(Box<dyn SentenceSynthesizer>, String)> {
                 }
                 return Ok((Box::new(CosyVoiceSynthesizer::new(cosyvoice)), voice));
             }
-            Err(e) => warn!("CosyVoice 2 unavailable ({e}); espeak-ng speaks instead"),
+            Err(e) => warn!(
+                "CosyVoice 2 unavailable ({e}); --voice {} speaks",
+                args.voice
+            ),
         }
     }
+    let models = spec_models::models_dir()?;
+    let choice = args.voice.parse::<VoiceChoice>()?.resolve(&models)?;
+    if choice != VoiceChoice::Espeak {
+        return Ok((voices::open(&choice, &models)?, choice.to_string()));
+    }
     let tts = EspeakSynthesizer::new(EspeakSettings {
-        voice: args.voice.clone(),
+        voice: args.espeak_voice.clone(),
         words_per_minute: args.wpm,
         pitch: args.pitch,
         program: args.espeak.clone(),
