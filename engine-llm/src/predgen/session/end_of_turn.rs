@@ -72,8 +72,9 @@ impl PredGen<'_> {
         (!known && !words.trim().is_empty()).then_some(words)
     }
 
-    /// Measures the end of the user's turn after `words` (one forward over the chat prompt up to
-    /// the end of the words, reusing the cached prefix) and reports it.
+    /// Measures the end of the user's turn after `words` and reports it: one forward over the
+    /// chat prompt up to the end of the words (the cached prefix reused), two when marks inside
+    /// the words were dropped (the words read as one sentence are then not a prefix of them).
     pub(super) fn estimate_end_of_turn(&mut self, turn: &mut TurnState, words: &str) -> Result<()> {
         let started = Instant::now();
         let closing = self.assistant_opening_len()?;
