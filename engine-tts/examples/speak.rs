@@ -54,7 +54,7 @@ struct Args {
     speed: f32,
 
     /// CosyVoice 2's speaker prompt (safetensors: prompt_text, prompt_speech_token, prompt_mel,
-    /// speaker_embedding); without it espeak-ng speaks
+    /// speaker_embedding); without it the `--voice` speaks
     #[arg(long, value_name = "SAFETENSORS")]
     speaker: Option<PathBuf>,
 

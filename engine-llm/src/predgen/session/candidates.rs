@@ -162,9 +162,7 @@ impl PredGen<'_> {
 
     /// The beam search's first step: the words' own continuations.
     fn start_candidates(&mut self, turn: &mut TurnState, set: &mut Candidates) -> Result<()> {
-        let prompt = self.prompt_for(&set.words)?;
-        let words_end = prompt.len().saturating_sub(self.assistant_opening_len()?);
-        let context = prompt[..words_end.max(1)].to_vec();
+        let context = self.words_context(&set.words)?;
         let keep = rewind_to_prefix(&mut self.model.model, &context)?;
         let logits = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?;
         turn.forwards_during_input += 1;

@@ -34,15 +34,11 @@ impl PredGen<'_> {
     ) -> Result<()> {
         let mut completing = match turn.completing.take() {
             Some(c) if c.words == heard || keeps_words(heard, &self.completing_text(&c)?) => c,
-            _ => {
-                let prompt = self.prompt_for(heard)?;
-                let words_end = prompt.len().saturating_sub(self.assistant_opening_len()?);
-                Completing {
-                    words: heard.to_string(),
-                    context: prompt[..words_end].to_vec(),
-                    tokens: Vec::new(),
-                }
-            }
+            _ => Completing {
+                words: heard.to_string(),
+                context: self.words_context(heard)?,
+                tokens: Vec::new(),
+            },
         };
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
         let estimated = turn
@@ -109,6 +105,16 @@ impl PredGen<'_> {
     pub(super) fn completing_text(&self, completing: &Completing) -> Result<String> {
         let rest = self.model.tokenizer.decode_text(&completing.tokens)?;
         Ok(format!("{}{rest}", completing.words))
+    }
+
+    /// The chat prompt of a question of `words` up to their end (the end of the user's turn
+    /// and the assistant's opening left out): what the model continues to complete the
+    /// question, or reads to judge it. Never empty.
+    pub(super) fn words_context(&mut self, words: &str) -> Result<Vec<u32>> {
+        let mut prompt = self.prompt_for(words)?;
+        let words_end = prompt.len().saturating_sub(self.assistant_opening_len()?);
+        prompt.truncate(words_end.max(1));
+        Ok(prompt)
     }
 
     /// How many tokens a chat prompt has after the user's words: the end of the user's turn and

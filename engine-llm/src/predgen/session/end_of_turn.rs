@@ -77,19 +77,14 @@ impl PredGen<'_> {
     /// the words were dropped (the words read as one sentence are then not a prefix of them).
     pub(super) fn estimate_end_of_turn(&mut self, turn: &mut TurnState, words: &str) -> Result<()> {
         let started = Instant::now();
-        let closing = self.assistant_opening_len()?;
-        let user_words = |session: &Self, text: &str| -> Result<Vec<u32>> {
-            let prompt = session.prompt_for(text)?;
-            Ok(prompt[..prompt.len().saturating_sub(closing)].to_vec())
-        };
-        let context = user_words(self, words)?;
+        let context = self.words_context(words)?;
         let sentence = match as_one_sentence(words) {
-            one if !one.is_empty() && one != words => user_words(self, &one)?,
+            one if !one.is_empty() && one != words => self.words_context(&one)?,
             _ => context.clone(),
         };
+        let keep = rewind_to_prefix(&mut self.model.model, &sentence)?;
         let (mut sentence_row, next_token) = if context.starts_with(&sentence) {
             // One forward gives the rows after the unmarked words and after all of them.
-            let keep = rewind_to_prefix(&mut self.model.model, &sentence)?;
             let rows = context.len() - sentence.len() + 1;
             let logits = forward_tokens(
                 &mut self.model.model,
@@ -99,7 +94,6 @@ impl PredGen<'_> {
             let next_token = argmax(logits.row(rows - 1));
             (logits.row(0).to_vec(), next_token)
         } else {
-            let keep = rewind_to_prefix(&mut self.model.model, &sentence)?;
             let row = forward_tokens(&mut self.model.model, &sentence[keep..], LogitRows::Last(1))?
                 .into_last_row();
             let keep = rewind_to_prefix(&mut self.model.model, &context)?;
