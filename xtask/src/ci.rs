@@ -55,26 +55,39 @@ pub fn run(require_models: bool) -> Result<()> {
         None,
     )?;
     step(&["test", "--workspace"], &[], Some(&mut tally))?;
-    match missing_models()? {
-        missing if missing.is_empty() => step(
-            &["test", "--workspace", "--release", "--", "--ignored"],
-            &[],
-            Some(&mut tally),
-        )?,
+    let release_tests_ran = match missing_models()? {
+        missing if missing.is_empty() => {
+            step(
+                &["test", "--workspace", "--release", "--", "--ignored"],
+                &[],
+                Some(&mut tally),
+            )?;
+            true
+        }
         missing if require_models => bail!(
             "real models missing: {}; run ../shared/models/fetch or cargo xtask download",
             missing.join("; ")
         ),
-        missing => println!(
-            "skipping the real-model tests, models missing: {}",
-            missing.join("; ")
-        ),
-    }
-    // Every parser fuzzed briefly, in the release build the real-model tests made.
+        missing => {
+            println!(
+                "skipping the real-model tests, models missing: {}",
+                missing.join("; ")
+            );
+            false
+        }
+    };
+    // Every parser fuzzed briefly. The release tests built the harness program with the
+    // workspace's features (spec-fuzz's own integration test needs it); `cargo run -p
+    // spec-fuzz` alone would resolve fewer features and rebuild serde and all above it.
     let harness = ["--seconds".to_string(), crate::fuzz::CI_SECONDS.to_string()];
-    let fuzz_args = crate::fuzz::cargo_args(true, &harness);
-    let fuzz_args: Vec<&str> = fuzz_args.iter().map(String::as_str).collect();
-    step(&fuzz_args, &[], None)?;
+    let built = crate::target_dir().join("release").join("spec-fuzz");
+    if release_tests_ran && built.is_file() {
+        crate::fuzz::run_built(&built, &harness)?;
+    } else {
+        let fuzz_args = crate::fuzz::cargo_args(true, &harness);
+        let fuzz_args: Vec<&str> = fuzz_args.iter().map(String::as_str).collect();
+        step(&fuzz_args, &[], None)?;
+    }
     println!("ci: {} passed, {} failed", tally.passed, tally.failed);
     Ok(())
 }
