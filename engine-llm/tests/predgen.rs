@@ -7,16 +7,19 @@ mod common;
 
 use std::time::Duration;
 
-use common::predgen::{config, corrected_inputs, run_turns, tiny_chat_model};
+use common::predgen::{config, corrected_inputs, run_turns, tiny_chat_model, word_chat_model};
 use engine_llm::predgen::PARTIAL_INPUT_SYSTEM_PROMPT;
 use engine_llm::predgen::{spoken_at_rate, Clock, FixedLatencySynthesizer, Partial};
 use engine_llm::predgen::{EventKind, SpeechEvent, Status};
 use engine_llm::{
     Continuation, Error, LanguageModel, Message, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
 use spec_core::math::softmax_in_place;
-use spec_core::{Decoder, LogitRows};
+use spec_core::{generate, Decoder, LogitRows, SamplingConfig, StopConditions};
+use spec_voice::split_first_piece;
 
 #[test]
 fn greedy_predgen_with_the_same_budget_gives_the_cascade_answer_token_for_token() {
@@ -217,18 +220,26 @@ fn live_turns_on_the_wall_clock_answer_as_the_simulated_ones() {
             |e| matches!(&e.kind, EventKind::Heard { is_final: true, text } if *text == turn.turn.question),
         );
         assert_eq!(finals.count(), 1);
-        // The answer's audio is handed over, not discarded: the first sentence's with the
-        // audio-start event, then one synthesis per later sentence.
-        let started: Vec<_> = seen
+        // The answer's audio is handed over, not discarded: the first sentence's first piece
+        // with the audio-start event (and its rest after it), then one synthesis per later
+        // sentence.
+        let first_audio: Vec<_> = seen
             .iter()
             .filter_map(|e| match &e.kind {
-                EventKind::Speech(SpeechEvent::AudioStarts { audio, .. }) => Some(audio),
+                EventKind::Speech(SpeechEvent::AudioStarts { audio, .. })
+                | EventKind::Speech(SpeechEvent::FirstSentenceRest { audio, .. }) => Some(audio),
                 _ => None,
             })
             .collect();
-        assert_eq!(started.len(), 1);
-        assert_eq!(started[0].sentence, turn.turn.first_sentence);
-        assert_eq!(turn.speech.audio[0], *started[0]);
+        let (first_piece, rest) = split_first_piece(&turn.turn.first_sentence);
+        assert_eq!(first_audio.len(), 1 + usize::from(rest.is_some()));
+        assert_eq!(first_audio[0].sentence, first_piece);
+        assert_eq!(turn.speech.audio[0].sentence, turn.turn.first_sentence);
+        let joined: Vec<_> = first_audio
+            .iter()
+            .flat_map(|a| a.chunks.iter().cloned())
+            .collect();
+        assert_eq!(turn.speech.audio[0].chunks, joined);
         let later = seen
             .iter()
             .filter(|e| matches!(e.kind, EventKind::Speech(SpeechEvent::Sentence { .. })))
@@ -882,4 +893,99 @@ fn a_retracted_turn_leaves_the_conversation_as_before_it() {
         assert_eq!(got.turn.answer, expected.turn.answer, "{name}");
     }
     assert_eq!(session.history(), reference.history());
+}
+
+/// The chat model's own greedy answer to `question`, of at most `max_tokens` tokens.
+fn plain_greedy_answer(model: &mut LanguageModel, question: &str, max_tokens: usize) -> String {
+    let prompt = model
+        .chat_prompt(&[
+            Message::system(PARTIAL_INPUT_SYSTEM_PROMPT),
+            Message::user(question),
+        ])
+        .unwrap();
+    model.model.truncate(0).unwrap();
+    let ends = model.tokenizer.end_tokens().to_vec();
+    let stop = StopConditions::new(max_tokens).with_eos(ends.iter().copied());
+    let mut rng = StdRng::seed_from_u64(0);
+    let generation = generate(
+        &mut model.model,
+        &prompt,
+        &SamplingConfig::greedy(),
+        &stop,
+        &mut rng,
+        &mut |_| {},
+    )
+    .unwrap();
+    let tokens: Vec<u32> = generation
+        .tokens
+        .into_iter()
+        .take_while(|t| !ends.contains(t))
+        .collect();
+    model
+        .tokenizer
+        .decode_text(&tokens)
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_long_first_sentence_is_spoken_from_its_first_piece_before_it_is_complete() {
+    let scratch = tempfile::tempdir().unwrap();
+    let cfg = PredGenConfig {
+        max_guess_tokens: 48,
+        max_answer_tokens: 64,
+        ..config(Verifier::Greedy, Continuation::Autoregressive)
+    };
+    let questions = [
+        "how often should i water it",
+        "why do the leaves turn yellow",
+        "what is a good pot for it",
+    ];
+    let mut streamed = 0;
+    for seed in [3, 5, 8] {
+        let mut reference_model = word_chat_model(scratch.path(), seed);
+        let expected: Vec<String> = questions
+            .iter()
+            .map(|q| plain_greedy_answer(&mut reference_model, q, cfg.max_answer_tokens))
+            .collect();
+        let mut model = word_chat_model(scratch.path(), seed);
+        for baseline in [true, false] {
+            for (question, expected) in questions.iter().zip(&expected) {
+                let mut session = PredGen::new(&mut model, cfg.clone()).unwrap();
+                let inputs = spoken_at_rate(question, 600.0).unwrap();
+                let mut tts = FixedLatencySynthesizer::default();
+                let spoken = match baseline {
+                    true => session.baseline_turn(&inputs, &mut tts).unwrap(),
+                    false => session.turn(&inputs, &mut tts).unwrap(),
+                };
+                let turn = &spoken.turn;
+                assert_eq!(&turn.answer, expected, "seed {seed}: {question}");
+                let at = |wanted: fn(&EventKind) -> bool| {
+                    turn.timeline.iter().find(|e| wanted(&e.kind)).map(|e| e.at)
+                };
+                let piece = turn.timeline.iter().find_map(|e| match &e.kind {
+                    EventKind::FirstPiece { text } => Some(text.clone()),
+                    _ => None,
+                });
+                let Some(piece) = piece else {
+                    continue;
+                };
+                streamed += 1;
+                assert_eq!(piece, split_first_piece(&turn.first_sentence).0);
+                let piece_at = at(|k| matches!(k, EventKind::FirstPiece { .. })).unwrap();
+                let sentence_at = at(|k| matches!(k, EventKind::FirstSentence { .. })).unwrap();
+                // The piece's audio (200 ms of synthesis) is ready before the model has
+                // written the rest of the sentence.
+                let first_audio = spoken.speech.first_audio_at.unwrap();
+                assert_eq!(first_audio, piece_at + Duration::from_millis(200));
+                assert!(
+                    first_audio <= sentence_at,
+                    "{first_audio:?} > {sentence_at:?}"
+                );
+                assert_eq!(spoken.speech.audio[0].sentence, turn.first_sentence);
+            }
+        }
+    }
+    assert!(streamed >= 3, "{streamed} turns spoke a first piece early");
 }

@@ -18,10 +18,10 @@ pub use partial::{
 };
 pub use script::{parse_conversations, read_conversations};
 pub use sentence::{
-    first_piece_end, first_sentence_end, first_streamed_sentence, split_first_piece,
-    split_sentences, SentenceStream, MIN_PIECE_WORDS,
+    first_piece_end, first_sentence_end, first_streamed_sentence, settled_first_piece,
+    split_first_piece, split_sentences, SentenceStream, MIN_PIECE_WORDS,
 };
-pub use speaker::{Speaker, Speech, SpeechEvent};
+pub use speaker::{Speaker, Speech, SpeechEvent, Spoken};
 pub use synth::{
     sentence_to_speak, write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio,
     SentenceSynthesizer, Synthesis,

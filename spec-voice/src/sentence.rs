@@ -328,6 +328,21 @@ pub fn split_first_piece(sentence: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// The first piece ([`split_first_piece`]) of the sentence `text` opens, as soon as no
+/// continuation of `text` can change it: the cut is found among `text`'s whole words (a word
+/// is whole once whitespace follows it), so [`MIN_PIECE_WORDS`] whole words follow it, and
+/// those words hold no sentence-ending mark or line break, so the sentence cannot end before.
+/// `None` until then. A long first sentence's first piece can go to speech while the model
+/// still writes the rest of it.
+pub fn settled_first_piece(text: &str) -> Option<&str> {
+    let text = text.trim_start();
+    let whole_words = text.trim_end_matches(|c: char| !c.is_whitespace());
+    if whole_words.contains(|c: char| is_terminator(c) || c == '\n') {
+        return None;
+    }
+    first_piece_end(whole_words).map(|end| whole_words[..end].trim())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +420,59 @@ mod tests {
         );
         assert_eq!(first_streamed_sentence(&["no end"], true), None);
         assert_eq!(first_streamed_sentence::<&str>(&[], true), None);
+    }
+
+    #[test]
+    fn a_first_piece_is_settled_once_enough_whole_words_follow_it() {
+        let answer = "It is best to water it once a week, but this can vary with the season.";
+        let settled = |end: usize| settled_first_piece(&answer[..end]);
+        let comma = answer.find(',').unwrap() + 1;
+        // " but this can vary" are the four words after the cut; "vary" is whole once the
+        // space after it is written.
+        let vary = answer.find(" with").unwrap();
+        assert_eq!(settled(vary), None);
+        assert_eq!(settled(vary + 1), Some(&answer[..comma]));
+        assert_eq!(
+            split_first_piece(answer).0,
+            &answer[..comma],
+            "the piece the whole sentence is cut into"
+        );
+        // A sentence end, or a mark that might be one, among the words: not settled.
+        assert_eq!(
+            settled_first_piece("Yes. It is best to water it, but this can vary "),
+            None
+        );
+        assert_eq!(
+            settled_first_piece("Dr. Smith says to water it, but this can vary "),
+            None
+        );
+        assert_eq!(settled_first_piece("  "), None);
+    }
+
+    #[test]
+    fn a_settled_first_piece_is_the_first_piece_of_every_continuation() {
+        const WORDS: [&str; 14] = [
+            "water", "the", "plant", "week,", "and", "for", "soil", "dry;", "but", "(with", "in",
+            "Dr.", "it.", "now",
+        ];
+        let mut rng = StdRng::seed_from_u64(0x91ece);
+        let mut settled_seen = 0;
+        for _ in 0..3000 {
+            let words: Vec<&str> = (0..rng.random_range(1..20))
+                .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+                .collect();
+            let answer = format!(" {}", words.join(" "));
+            let sentence = split_sentences(&answer, true).0.into_iter().next();
+            for (end, _) in answer.char_indices() {
+                let Some(piece) = settled_first_piece(&answer[..end]) else {
+                    continue;
+                };
+                settled_seen += 1;
+                let sentence = sentence.as_deref().expect("a sentence holds the piece");
+                assert_eq!(split_first_piece(sentence).0, piece, "{answer:?} at {end}");
+            }
+        }
+        assert!(settled_seen > 1000, "{settled_seen}");
     }
 
     fn sentences(text: &str) -> Vec<String> {

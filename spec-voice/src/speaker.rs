@@ -1,22 +1,28 @@
 //! Speaking an answer: the pipeline's side of speech synthesis.
 //!
 //! The language model only says which sentences are ready: a guessed first sentence worth
-//! preparing while the user still speaks, the answer's first sentence once it holds, each later
-//! sentence as it completes. A [`Speaker`] turns them into audio on the session's timeline.
+//! preparing while the user still speaks, the first piece of the answer's first sentence as
+//! soon as it is settled, the answer's first sentence once it holds, each later sentence as it
+//! completes. A [`Speaker`] turns them into audio on the session's timeline.
 //!
 //! - A long first sentence is spoken in two pieces ([`split_first_piece`]): the audio of the
 //!   first is ready after a fraction of the sentence's compute, and the second is made while it
-//!   plays.
+//!   plays. The first piece can even be spoken before the model has written the rest of the
+//!   sentence ([`Speaker::speak_first_piece`], once [`settled_first_piece`] finds it).
 //! - A guessed first sentence's first piece is prepared ahead; when the answer's first sentence
-//!   is one of the guesses, that audio plays at once instead of after the synthesizer's latency.
+//!   opens with that piece, its audio plays at once instead of after the synthesizer's latency.
 //! - The synthesizer shares the CPU with the recognizer and the model, so its compute is charged
 //!   to the session's clock (on the wall clock it simply takes its time): a synthesis starts
 //!   when the speaker is called and its audio is ready [`Synthesis::first_audio_after`] later.
+//!
+//! [`settled_first_piece`]: crate::settled_first_piece
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::{split_first_piece, Clock, PreparedAudio, Result, SentenceSynthesizer, Synthesis};
+use crate::{
+    split_first_piece, Clock, Error, PreparedAudio, Result, SentenceSynthesizer, Synthesis,
+};
 
 /// What the speaker did, at a time of the session clock.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,8 +32,16 @@ pub enum SpeechEvent {
         sentence: String,
         ready_at: Duration,
     },
-    /// The first sentence's audio starts playing (`prepared`: synthesized ahead of time).
+    /// The answer's audio starts playing: the first piece of its first sentence (the whole
+    /// sentence when it is not cut), `prepared` when synthesized ahead of time.
     AudioStarts { prepared: bool, audio: Synthesis },
+    /// The rest of the first sentence, after its first piece, is synthesized; its audio is
+    /// ready at `ready_at`.
+    FirstSentenceRest {
+        text: String,
+        ready_at: Duration,
+        audio: Synthesis,
+    },
     /// A later sentence is synthesized; its audio is ready at `ready_at`.
     Sentence {
         text: String,
@@ -38,29 +52,30 @@ pub enum SpeechEvent {
 
 impl fmt::Display for SpeechEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ready = |f: &mut fmt::Formatter<'_>, what: &str, text: &str, at: &Duration| {
+            write!(
+                f,
+                "{what:<14} \"{text}\" (audio ready at {:.3} s)",
+                at.as_secs_f64()
+            )
+        };
         match self {
-            Self::Prepared { sentence, ready_at } => write!(
+            Self::Prepared { sentence, ready_at } => ready(f, "to TTS", sentence, ready_at),
+            Self::AudioStarts { prepared, audio } => write!(
                 f,
-                "{:<14} \"{sentence}\" (audio ready at {:.3} s)",
-                "to TTS",
-                ready_at.as_secs_f64()
-            ),
-            Self::AudioStarts { prepared, .. } => write!(
-                f,
-                "{:<14} {}",
+                "{:<14} \"{}\" {}",
                 "audio starts",
+                audio.sentence,
                 if *prepared {
                     "(synthesized ahead of time)"
                 } else {
-                    "(synthesized after the sentence)"
+                    "(synthesized after its text)"
                 }
             ),
-            Self::Sentence { text, ready_at, .. } => write!(
-                f,
-                "{:<14} \"{text}\" (audio ready at {:.3} s)",
-                "next sentence",
-                ready_at.as_secs_f64()
-            ),
+            Self::FirstSentenceRest { text, ready_at, .. } => {
+                ready(f, "rest of first", text, ready_at)
+            }
+            Self::Sentence { text, ready_at, .. } => ready(f, "next sentence", text, ready_at),
         }
     }
 }
@@ -83,8 +98,13 @@ pub struct Speech {
 pub struct Speaker {
     clock: Clock,
     prepared: Vec<PreparedAudio>,
+    /// The first piece of the answer's first sentence, once spoken.
+    first_piece: Option<String>,
     speech: Speech,
 }
+
+/// What a speaker call did: the events, each at the time it starts.
+pub type Spoken = Vec<(Duration, SpeechEvent)>;
 
 impl Speaker {
     /// A speaker charging its synthesis to `clock`.
@@ -92,12 +112,14 @@ impl Speaker {
         Self {
             clock,
             prepared: Vec::new(),
+            first_piece: None,
             speech: Speech::default(),
         }
     }
 
     /// A guessed first sentence, complete at `at`: its first piece is synthesized now (not
-    /// before `at`) unless it was already. Returns what was done, at the time it started.
+    /// before `at`) unless a guess with the same first piece was. Returns what was done, at the
+    /// time it started.
     pub fn prepare(
         &mut self,
         tts: &mut dyn SentenceSynthesizer,
@@ -123,49 +145,85 @@ impl Speaker {
         Ok(Some((start, event)))
     }
 
-    /// The answer's first sentence, complete at `at`: its prepared audio plays if a guess got it
-    /// right (once that audio is ready), otherwise it is synthesized now; the rest of a sentence
-    /// spoken in two pieces is synthesized after the first. An empty sentence (an empty answer)
-    /// has no audio. Returns the start of the audio.
-    pub fn speak_first(
+    /// The first piece of the answer's first sentence, settled at `at` before the rest of the
+    /// sentence is written ([`settled_first_piece`](crate::settled_first_piece)): its prepared
+    /// audio plays if a guess opened with it (once that audio is ready), otherwise it is
+    /// synthesized now. Nothing when a first piece was spoken already.
+    pub fn speak_first_piece(
         &mut self,
         tts: &mut dyn SentenceSynthesizer,
-        sentence: &str,
+        first_piece: &str,
         at: Duration,
-    ) -> Result<Option<(Duration, SpeechEvent)>> {
-        let sentence = sentence.trim();
-        if sentence.is_empty() {
-            self.speech.first_audio_at = Some(at);
-            return Ok(None);
+    ) -> Result<Spoken> {
+        let first_piece = first_piece.trim();
+        if self.first_piece.is_some() || first_piece.is_empty() {
+            return Ok(Vec::new());
         }
         let prepared = self
             .prepared
             .iter()
-            .position(|p| p.matches(sentence))
+            .position(|p| p.synthesis.sentence == first_piece)
             .map(|i| self.prepared.swap_remove(i));
         self.speech.prepared_audio_used = prepared.is_some();
-        let (first_piece, rest) = split_first_piece(sentence);
-        let (ready_at, mut audio) = match prepared {
+        let (ready_at, audio) = match prepared {
             Some(p) => (p.ready_at, p.synthesis),
             None => {
                 let (start, synthesis) = self.synthesize(tts, first_piece, at)?;
                 (start + synthesis.first_audio_after, synthesis)
             }
         };
-        if let Some(rest) = rest {
-            let (_, rest) = self.synthesize(tts, rest, at)?;
-            audio.chunks.extend(rest.chunks);
-            audio.compute += rest.compute;
-            audio.sentence = sentence.to_string();
-        }
         let audio_at = ready_at.max(at);
+        self.first_piece = Some(first_piece.to_string());
         self.speech.first_audio_at = Some(audio_at);
         self.speech.audio.push(audio.clone());
         let event = SpeechEvent::AudioStarts {
             prepared: self.speech.prepared_audio_used,
             audio,
         };
-        Ok(Some((audio_at, event)))
+        Ok(vec![(audio_at, event)])
+    }
+
+    /// The answer's first sentence, complete at `at`. Its first piece plays unless it did
+    /// already ([`Speaker::speak_first_piece`]), then the rest of a sentence spoken in two
+    /// pieces is synthesized. An empty sentence (an empty answer) has no audio; a sentence that
+    /// does not open with the first piece already played is an error.
+    pub fn speak_first(
+        &mut self,
+        tts: &mut dyn SentenceSynthesizer,
+        sentence: &str,
+        at: Duration,
+    ) -> Result<Spoken> {
+        let sentence = sentence.trim();
+        if sentence.is_empty() {
+            self.speech.first_audio_at.get_or_insert(at);
+            return Ok(Vec::new());
+        }
+        let (first_piece, rest) = split_first_piece(sentence);
+        let mut spoken = match &self.first_piece {
+            None => self.speak_first_piece(tts, first_piece, at)?,
+            Some(played) if played == first_piece => Vec::new(),
+            Some(played) => {
+                return Err(Error::Input(format!(
+                    "the first sentence {sentence:?} does not open with {played:?}, whose \
+                     audio already played"
+                )))
+            }
+        };
+        if let Some(rest) = rest {
+            let (start, audio) = self.synthesize(tts, rest, at)?;
+            if let Some(first) = self.speech.audio.first_mut() {
+                first.chunks.extend(audio.chunks.iter().cloned());
+                first.compute += audio.compute;
+                first.sentence = sentence.to_string();
+            }
+            let event = SpeechEvent::FirstSentenceRest {
+                text: rest.to_string(),
+                ready_at: start + audio.first_audio_after,
+                audio,
+            };
+            spoken.push((at, event));
+        }
+        Ok(spoken)
     }
 
     /// A later sentence of the answer, complete at `at`: synthesized now.
@@ -188,6 +246,7 @@ impl Speaker {
     /// The answer is spoken: its speech; the speaker is ready for the next answer.
     pub fn finish(&mut self) -> Speech {
         self.prepared.clear();
+        self.first_piece = None;
         std::mem::take(&mut self.speech)
     }
 
@@ -221,6 +280,22 @@ mod tests {
         Duration::from_millis(millis)
     }
 
+    /// The one event of a call that made one.
+    fn only(mut spoken: Spoken) -> (Duration, SpeechEvent) {
+        assert_eq!(spoken.len(), 1, "{spoken:?}");
+        spoken.remove(0)
+    }
+
+    fn samples(text: &str) -> usize {
+        let mut tts = FixedLatencySynthesizer::new(ms(200));
+        tts.synthesize(text)
+            .unwrap()
+            .joined()
+            .unwrap()
+            .samples
+            .len()
+    }
+
     #[test]
     fn a_prepared_first_sentence_plays_once_its_audio_is_ready() {
         let mut tts = FixedLatencySynthesizer::new(ms(200));
@@ -241,10 +316,11 @@ mod tests {
             "prepared once"
         );
         // The answer's first sentence is the guess, before its audio is ready: it plays then.
-        let (start, event) = speaker
-            .speak_first(&mut tts, "Boil it for six minutes.", ms(1_050))
-            .unwrap()
-            .unwrap();
+        let (start, event) = only(
+            speaker
+                .speak_first(&mut tts, "Boil it for six minutes.", ms(1_050))
+                .unwrap(),
+        );
         assert_eq!(start, ms(1_200));
         assert!(matches!(
             event,
@@ -268,10 +344,11 @@ mod tests {
         speaker
             .prepare(&mut tts, "Boil it for seven minutes.", ms(500))
             .unwrap();
-        let (start, event) = speaker
-            .speak_first(&mut tts, "Boil it for six minutes.", ms(1_000))
-            .unwrap()
-            .unwrap();
+        let (start, event) = only(
+            speaker
+                .speak_first(&mut tts, "Boil it for six minutes.", ms(1_000))
+                .unwrap(),
+        );
         assert_eq!(start, ms(1_200));
         assert!(matches!(
             event,
@@ -291,65 +368,122 @@ mod tests {
             "the roots will rot in the pot.",
         );
         let mut tts = FixedLatencySynthesizer::new(ms(200));
-        let audio_of = |text: &str| {
-            let mut tts = FixedLatencySynthesizer::new(ms(200));
-            tts.synthesize(text)
-                .unwrap()
-                .joined()
-                .unwrap()
-                .samples
-                .len()
-        };
         let clock = Clock::simulated();
         let mut speaker = Speaker::new(clock.clone());
         // Ahead of time, only the first piece is made.
         speaker.prepare(&mut tts, sentence, ms(1_000)).unwrap();
         assert_eq!(speaker.prepared[0].synthesis.sentence, first);
         assert_eq!(clock.now(), ms(1_200));
-        let (start, event) = speaker
-            .speak_first(&mut tts, sentence, ms(1_500))
-            .unwrap()
-            .unwrap();
-        assert_eq!(start, ms(1_500));
+        let spoken = speaker.speak_first(&mut tts, sentence, ms(1_500)).unwrap();
         assert_eq!(
             clock.now(),
             ms(1_700),
             "the rest is made when the answer holds"
         );
-        let SpeechEvent::AudioStarts { prepared, audio } = event else {
-            panic!("{event:?}")
+        let [(start, SpeechEvent::AudioStarts { prepared, audio }), (
+            rest_at,
+            SpeechEvent::FirstSentenceRest {
+                text,
+                ready_at,
+                audio: rest_audio,
+            },
+        )] = spoken.as_slice()
+        else {
+            panic!("{spoken:?}")
         };
-        assert!(prepared);
-        assert_eq!(audio.sentence, sentence);
+        assert_eq!((*start, *prepared), (ms(1_500), true));
+        assert_eq!(audio.sentence, first);
         assert_eq!(
-            audio.joined().unwrap().samples.len(),
-            audio_of(first) + audio_of(rest)
+            (*rest_at, text.as_str(), *ready_at),
+            (ms(1_500), rest, ms(1_700))
         );
-        assert_eq!(audio.compute, ms(400));
-        speaker.finish();
+        assert_eq!(rest_audio.joined().unwrap().samples.len(), samples(rest));
+        let speech = speaker.finish();
+        assert_eq!(speech.audio.len(), 1, "one sentence");
+        assert_eq!(speech.audio[0].sentence, sentence);
+        assert_eq!(
+            speech.audio[0].joined().unwrap().samples.len(),
+            samples(first) + samples(rest)
+        );
+        assert_eq!(speech.audio[0].compute, ms(400));
         // Unprepared, its first audio is ready after the first piece alone.
-        let (start, _) = speaker
-            .speak_first(&mut tts, sentence, ms(2_000))
-            .unwrap()
-            .unwrap();
-        assert_eq!(start, ms(2_200));
+        let spoken = speaker.speak_first(&mut tts, sentence, ms(2_000)).unwrap();
+        assert_eq!(spoken[0].0, ms(2_200));
         assert_eq!(clock.now(), ms(2_400));
+    }
+
+    #[test]
+    fn a_first_piece_plays_before_its_sentence_is_written_and_guesses_share_it() {
+        let mut tts = FixedLatencySynthesizer::new(ms(200));
+        let clock = Clock::simulated();
+        let mut speaker = Speaker::new(clock.clone());
+        let guess = "If you water it too often, the roots will rot.";
+        let answer = "If you water it too often, the leaves turn yellow and soft.";
+        speaker.prepare(&mut tts, guess, ms(1_000)).unwrap();
+        assert_eq!(
+            speaker.prepare(&mut tts, answer, ms(1_100)).unwrap(),
+            None,
+            "a guess with the same first piece is not synthesized again"
+        );
+        assert_eq!(clock.now(), ms(1_200));
+        // The piece settles before the model has written the answer's first sentence.
+        let (start, event) = only(
+            speaker
+                .speak_first_piece(&mut tts, "If you water it too often,", ms(1_300))
+                .unwrap(),
+        );
+        assert_eq!(start, ms(1_300));
+        assert!(matches!(
+            event,
+            SpeechEvent::AudioStarts { prepared: true, .. }
+        ));
+        assert!(speaker
+            .speak_first_piece(&mut tts, "If you water it too often,", ms(1_300))
+            .unwrap()
+            .is_empty());
+        let (_, event) = only(speaker.speak_first(&mut tts, answer, ms(1_800)).unwrap());
+        assert!(
+            matches!(&event, SpeechEvent::FirstSentenceRest { text, .. } if text == "the leaves turn yellow and soft."),
+            "{event:?}"
+        );
+        let speech = speaker.finish();
+        assert_eq!(speech.first_audio_at, Some(ms(1_300)));
+        assert_eq!(speech.audio[0].sentence, answer);
+        // Unprepared, the piece is synthesized when it settles; a first sentence that does not
+        // open with it cannot be spoken after it.
+        let (start, _) = only(
+            speaker
+                .speak_first_piece(&mut tts, "If you water it too often,", ms(3_000))
+                .unwrap(),
+        );
+        assert_eq!(start, ms(3_200));
+        assert!(matches!(
+            speaker.speak_first(
+                &mut tts,
+                "If you water it daily, the roots will rot.",
+                ms(3_500)
+            ),
+            Err(Error::Input(_))
+        ));
     }
 
     #[test]
     fn an_empty_answer_has_no_audio_and_a_cancelled_one_leaves_nothing() {
         let mut tts = FixedLatencySynthesizer::default();
         let mut speaker = Speaker::new(Clock::simulated());
-        assert_eq!(speaker.speak_first(&mut tts, "", ms(700)).unwrap(), None);
+        assert!(speaker
+            .speak_first(&mut tts, "", ms(700))
+            .unwrap()
+            .is_empty());
         let speech = speaker.finish();
         assert_eq!(speech.first_audio_at, Some(ms(700)));
         assert!(speech.audio.is_empty());
         speaker.prepare(&mut tts, "Yes.", ms(100)).unwrap();
-        speaker.cancel();
-        let (_, event) = speaker
-            .speak_first(&mut tts, "Yes.", ms(900))
-            .unwrap()
+        speaker
+            .speak_first_piece(&mut tts, "Sure thing, here is the plan", ms(200))
             .unwrap();
+        speaker.cancel();
+        let (_, event) = only(speaker.speak_first(&mut tts, "Yes.", ms(900)).unwrap());
         assert!(matches!(
             event,
             SpeechEvent::AudioStarts {

@@ -199,21 +199,24 @@ pub fn write_wav<'a>(path: &Path, chunks: impl IntoIterator<Item = &'a AudioChun
 
 /// A guessed first sentence's audio, prepared ahead of time and kept until the final answer is
 /// known: the audio of its first piece ([`first_piece_end`](crate::first_piece_end); the whole
-/// sentence when it is not cut), the rest made when the answer starts with this sentence.
+/// sentence when it is not cut). It plays for any answer whose first sentence opens with the
+/// same piece; the rest is made then.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PreparedAudio {
-    /// The whole sentence, trimmed.
+    /// The whole guessed sentence, trimmed.
     pub sentence: String,
-    /// The synthesized first piece.
+    /// The synthesized first piece (its `sentence` is the piece's text).
     pub synthesis: Synthesis,
     /// When (on the session clock) the first audio chunk is ready.
     pub ready_at: Duration,
 }
 
 impl PreparedAudio {
-    /// Whether this audio can be played for `sentence` (same text after trimming whitespace).
+    /// Whether this audio can open `sentence`: it is the audio of `sentence`'s first piece
+    /// (after trimming whitespace), whatever follows that piece.
     pub fn matches(&self, sentence: &str) -> bool {
-        self.sentence == sentence.trim()
+        let (first_piece, _) = crate::split_first_piece(sentence.trim());
+        !first_piece.is_empty() && self.synthesis.sentence == first_piece
     }
 }
 
@@ -360,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn prepared_audio_matches_the_same_sentence_only() {
+    fn prepared_audio_matches_sentences_opening_with_its_first_piece() {
         let mut tts = FixedLatencySynthesizer::default();
         let prepared = PreparedAudio {
             sentence: "Boil it for six minutes.".into(),
@@ -372,5 +375,15 @@ mod tests {
         assert!(!prepared.matches("Boil it for seven minutes."));
         assert!(!prepared.matches("Boil it for six minutes"));
         assert!(!prepared.matches(""));
+        let guess = "If you water it too often, the roots will rot.";
+        let prepared = PreparedAudio {
+            sentence: guess.into(),
+            synthesis: tts.synthesize("If you water it too often,").unwrap(),
+            ready_at: Duration::from_millis(1_400),
+        };
+        assert!(prepared.matches(guess));
+        assert!(prepared.matches("If you water it too often, the leaves turn yellow."));
+        assert!(!prepared.matches("If you water it too often."));
+        assert!(!prepared.matches("If you water it daily, the roots will rot."));
     }
 }

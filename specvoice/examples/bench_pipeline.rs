@@ -278,17 +278,17 @@ fn main() -> Result<()> {
          time, and Whisper, the model and the voice charge their measured compute to one \
          timeline, as they share the CPU. Endpointing is the {} ms of silence the detector waits \
          for; ASR is recognition still needed after it (zero when the transcript made at the \
-         speaker's pause already covers the end); LLM is until the first sentence is complete; \
-         TTS until its audio is ready (a long first sentence is spoken in two pieces, the first \
-         ready sooner). After the endpoint is the latency without the endpointing silence. \
-         PredGen synthesizes its guessed first sentence while the user pauses; \"prepared\" \
-         counts the turns whose answer began with it. Each recording is a fresh conversation, \
+         speaker's pause already covers the end); LLM is until the first words can go to the \
+         voice: the first sentence, or a long one's first piece (before its first clause \
+         boundary) as soon as no later token can change it; TTS until their audio is ready. After \
+         the endpoint is the latency without the endpointing silence. PredGen synthesizes its \
+         guessed first sentence's first piece while the user pauses; \"prepared\" counts the \
+         turns whose answer began with that piece. Each recording is a fresh conversation, \
          answered by the cascade and by PredGen greedy (lossless: the same answer) with each \
          voice. The per-turn breakdown is plotted in `results/pipeline-latency-VOICE.svg`. \
-         Captions: each recording is transcribed once into \
-         timed partials (Whisper every 500 ms and at pauses), and both systems caption the same \
-         partials; output tokens/s is output tokens over translation compute; NE is normalized \
-         erasure of the displayed captions.",
+         Captions: each recording is transcribed once into timed partials (Whisper every 500 ms \
+         and at pauses), and both systems caption the same partials; output tokens/s is output \
+         tokens over translation compute; NE is normalized erasure of the displayed captions.",
         args.silence_ms
     ));
     print!("{}", report.markdown());

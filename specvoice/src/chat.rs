@@ -133,8 +133,10 @@ pub struct VoiceTurn {
     pub endpoint_at: Duration,
     /// When the final transcript was ready.
     pub transcript_at: Duration,
-    /// When the first sentence of the answer was complete.
-    pub first_sentence_at: Duration,
+    /// When the answer's first words could go to speech: the first piece of its first
+    /// sentence when that was settled before the sentence was complete, the first sentence
+    /// otherwise (`Turn::time_to_first_words`).
+    pub first_words_at: Duration,
     /// When the first audio of the answer was ready to play.
     pub first_audio_at: Duration,
 }
@@ -146,9 +148,9 @@ pub struct LatencyBreakdown {
     pub endpointing: Duration,
     /// Whisper's final transcript after the silence.
     pub asr: Duration,
-    /// The language model, from the final transcript to the first sentence.
+    /// The language model, from the final transcript to the first words that go to speech.
     pub llm: Duration,
-    /// Speech synthesis of the first sentence, beyond the language model's time.
+    /// Speech synthesis of those words, beyond the language model's time.
     pub tts: Duration,
 }
 
@@ -162,10 +164,10 @@ impl VoiceTurn {
         LatencyBreakdown {
             endpointing: self.endpoint_at.saturating_sub(self.speech_end),
             asr: self.transcript_at.saturating_sub(self.endpoint_at),
-            llm: self.first_sentence_at.saturating_sub(self.transcript_at),
+            llm: self.first_words_at.saturating_sub(self.transcript_at),
             tts: self
                 .first_audio_at
-                .saturating_sub(self.first_sentence_at.max(self.transcript_at)),
+                .saturating_sub(self.first_words_at.max(self.transcript_at)),
         }
     }
 
@@ -298,7 +300,7 @@ impl<'m> VoiceChat<'m> {
                     speech_end,
                     endpoint_at,
                     transcript_at,
-                    first_sentence_at: spoken.turn.input_end + spoken.turn.time_to_first_sentence,
+                    first_words_at: spoken.turn.input_end + spoken.turn.time_to_first_words,
                     first_audio_at: spoken.turn.input_end + spoken.audio_latency(),
                     turn: spoken.turn,
                     speech: spoken.speech,

@@ -95,7 +95,7 @@ fn predgen_answers_as_the_cascade_does_from_the_same_audio() {
         assert_eq!(turn.speech_end, ms(1700));
         assert_eq!(turn.endpoint_at, ms(2200));
         assert!(turn.transcript_at >= turn.endpoint_at);
-        assert!(turn.first_sentence_at >= turn.transcript_at);
+        assert!(turn.first_words_at >= turn.transcript_at);
         assert!(turn.first_audio_at >= turn.transcript_at);
         assert!(turn.audio().count() > 0, "{:?}", turn.turn);
         let parts = turn.breakdown();

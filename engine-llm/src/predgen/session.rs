@@ -33,7 +33,7 @@ mod verify;
 
 use candidates::Candidates;
 use completion::Completing;
-use continuation::{Drafting, RECYCLED_GUESSES};
+use continuation::{Drafting, Until, RECYCLED_GUESSES};
 pub use end_of_turn::EndOfTurn;
 use turn::{check_inputs, heard_event, FinalArrival, Phase, TurnKind, TurnState};
 pub use turn::{Progress, Status};
@@ -68,7 +68,12 @@ pub enum EventKind {
     Generated { tokens: usize, text: String },
     /// A guessed answer's first sentence is complete: worth synthesizing ahead of time.
     SpeakAhead { sentence: String },
-    /// The first sentence of the final answer is complete: to be spoken now.
+    /// The first piece of the final answer's first sentence is settled before the sentence is
+    /// complete (`spec_voice::settled_first_piece`): to be spoken now, while the rest is
+    /// written.
+    FirstPiece { text: String },
+    /// The first sentence of the final answer is complete: to be spoken now (after its first
+    /// piece, if that was reported).
     FirstSentence { text: String },
     /// A later sentence of the answer is complete: to be spoken after the ones before it.
     NextSentence { text: String },
@@ -120,6 +125,7 @@ impl fmt::Display for Event {
             EventKind::SpeakAhead { sentence } => {
                 write!(f, "{:<14} \"{sentence}\"", "guessed")
             }
+            EventKind::FirstPiece { text } => write!(f, "{:<14} \"{text}\"", "first piece"),
             EventKind::FirstSentence { text } => write!(f, "{:<14} \"{text}\"", "first sentence"),
             EventKind::NextSentence { text } => write!(f, "{:<14} \"{text}\"", "sentence"),
             EventKind::Speech(speech) => write!(f, "{speech}"),
@@ -146,6 +152,10 @@ pub struct Turn {
     pub final_partial_wait: Duration,
     /// TTFS: from the end of input until the first sentence is complete.
     pub time_to_first_sentence: Duration,
+    /// From the end of input until the answer's first words could go to speech: the first
+    /// sentence's first piece when it was settled before the sentence was complete
+    /// ([`EventKind::FirstPiece`]), the first sentence otherwise.
+    pub time_to_first_words: Duration,
     /// NFETFS: target forward passes after the end of input until the first sentence is
     /// complete (1: accepted at the final verification).
     pub forwards_to_first_sentence: usize,
@@ -573,6 +583,9 @@ impl<'m> PredGen<'m> {
         match turn.phase {
             Phase::Listening => self.listen(turn),
             Phase::FirstSentence => {
+                if self.report_first_piece(turn)? {
+                    return Ok(Status::Working);
+                }
                 if self.complete_first_sentence(turn)? {
                     turn.phase = Phase::Speaking;
                 }

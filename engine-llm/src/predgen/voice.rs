@@ -1,5 +1,6 @@
 //! Speaking a PredGen turn: the model only reports which sentences are ready
-//! ([`EventKind::SpeakAhead`], [`EventKind::FirstSentence`], [`EventKind::NextSentence`]); the
+//! ([`EventKind::SpeakAhead`], [`EventKind::FirstPiece`], [`EventKind::FirstSentence`],
+//! [`EventKind::NextSentence`]); the
 //! caller's synthesizer speaks them on the session's timeline through a [`TurnVoice`]
 //! (`spec_voice::Speaker`: guessed first sentences prepared while the user speaks, their audio
 //! played at once when the answer starts with one of them).
@@ -58,26 +59,32 @@ impl TurnVoice {
         let mut spoken = Vec::new();
         for event in events {
             let speech = match &event.kind {
-                EventKind::SpeakAhead { sentence } if self.prepare_at_once => {
-                    self.speaker.prepare(tts, sentence, event.at)?
-                }
+                EventKind::SpeakAhead { sentence } if self.prepare_at_once => self
+                    .speaker
+                    .prepare(tts, sentence, event.at)?
+                    .into_iter()
+                    .collect(),
                 EventKind::SpeakAhead { sentence } => {
                     self.guess = Some((sentence.clone(), event.at));
-                    None
+                    Vec::new()
+                }
+                EventKind::FirstPiece { text } => {
+                    self.guess = None;
+                    self.speaker.speak_first_piece(tts, text, event.at)?
                 }
                 EventKind::FirstSentence { text } => {
                     self.guess = None;
                     self.speaker.speak_first(tts, text, event.at)?
                 }
-                EventKind::NextSentence { text } => Some(self.speaker.speak(tts, text, event.at)?),
-                _ => None,
+                EventKind::NextSentence { text } => {
+                    vec![self.speaker.speak(tts, text, event.at)?]
+                }
+                _ => Vec::new(),
             };
-            if let Some((at, speech)) = speech {
-                spoken.push(Event {
-                    at,
-                    kind: EventKind::Speech(speech),
-                });
-            }
+            spoken.extend(speech.into_iter().map(|(at, speech)| Event {
+                at,
+                kind: EventKind::Speech(speech),
+            }));
         }
         self.spoken.extend(spoken.iter().cloned());
         Ok(spoken)

@@ -259,10 +259,21 @@ impl Tiny {
 /// GGUF metadata for a tiny byte-level BPE tokenizer of `vocab` tokens (no merges): `Ġ`, `Ċ`,
 /// printable ASCII, and the ChatML control tokens last.
 pub fn chatml_tokenizer_metadata(vocab: usize) -> Vec<(&'static str, gguf_file::Value)> {
+    chatml_tokenizer_metadata_with_words(vocab, &[])
+}
+
+/// [`chatml_tokenizer_metadata`] with whole `words` (`Ġ` for a leading space) as tokens of
+/// their own in place of the last characters: a random model writes words, and sentences long
+/// enough to be cut in pieces.
+pub fn chatml_tokenizer_metadata_with_words(
+    vocab: usize,
+    words: &[&str],
+) -> Vec<(&'static str, gguf_file::Value)> {
     let specials = ["<|im_start|>", "<|im_end|>"];
     let mut tokens: Vec<String> = ["Ġ", "Ċ"].map(String::from).to_vec();
     tokens.extend(('!'..='~').map(String::from));
-    tokens.truncate(vocab - specials.len());
+    tokens.truncate(vocab - specials.len() - words.len());
+    tokens.extend(words.iter().map(|w| w.to_string()));
     let mut types = vec![1i32; tokens.len()];
     tokens.extend(specials.map(String::from));
     types.extend([3, 3]);

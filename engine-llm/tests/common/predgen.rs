@@ -24,6 +24,28 @@ pub fn tiny_chat_model(dir: &Path, seed: u64) -> LanguageModel {
     LanguageModel::load(&path, &LoadOptions::default()).unwrap()
 }
 
+/// Words of [`word_chat_model`]'s vocabulary: openers and commas where a sentence is cut.
+const WORDS: [&str; 32] = [
+    "Ġwater", "Ġthe", "Ġplant", "Ġonce", "Ġa", "Ġweek", "Ġand", "Ġbut", "Ġfor", "Ġwith", "Ġin",
+    "Ġit", "Ġis", "Ġyou", "Ġcan", "Ġsoil", "Ġdry", "Ġroots", "Ġrot", "Ġleaves", ",", "Ġso",
+    "Ġwhen", "Ġevery", "Ġday", "Ġlight", "Ġpot", "Ġgrow", "Ġslowly", "Ġsun", "Ġwarm", "Ġcool",
+];
+
+/// A tiny random chat model whose vocabulary holds [`WORDS`] besides characters: its answers
+/// have long first sentences, which are spoken from their first piece.
+pub fn word_chat_model(dir: &Path, seed: u64) -> LanguageModel {
+    let tiny = Tiny {
+        tied: false,
+        vocab: 128,
+        ..Tiny::new(Family::Qwen2)
+    };
+    let metadata = super::chatml_tokenizer_metadata_with_words(tiny.vocab, &WORDS);
+    let folder = dir.join(format!("words-{seed}"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let path = tiny.write_gguf(&folder, seed, GgmlDType::Q8_0, &metadata);
+    LanguageModel::load(&path, &LoadOptions::default()).unwrap()
+}
+
 pub fn config(verifier: Verifier, continuation: Continuation) -> PredGenConfig {
     PredGenConfig {
         verifier,

@@ -416,18 +416,22 @@ fn answer_messages(at_ms: Millis, kind: EventKind) -> Vec<Outgoing> {
             out.extend(audio_messages(&audio));
             out
         }
-        EventKind::Speech(SpeechEvent::AudioStarts { audio, .. }) => audio_messages(&audio),
+        // The first sentence's audio: its first piece, then (when it is cut) the rest.
+        EventKind::Speech(
+            SpeechEvent::AudioStarts { audio, .. } | SpeechEvent::FirstSentenceRest { audio, .. },
+        ) => audio_messages(&audio),
         EventKind::AnswerDone { tokens } => {
             vec![ServerMessage::AnswerDone { at_ms, tokens }.into()]
         }
         // PredGen's own work (guesses, verifications, audio prepared ahead) stays inside the
-        // server; a later sentence goes out with its audio.
+        // server; a first piece goes out as its audio, a later sentence with its audio.
         EventKind::Completed { .. }
         | EventKind::EndOfTurn { .. }
         | EventKind::Heard { .. }
         | EventKind::Verified { .. }
         | EventKind::Generated { .. }
         | EventKind::SpeakAhead { .. }
+        | EventKind::FirstPiece { .. }
         | EventKind::NextSentence { .. }
         | EventKind::Speech(SpeechEvent::Prepared { .. })
         | EventKind::Interrupted => Vec::new(),

@@ -6,11 +6,11 @@ use std::time::Instant;
 use spec_core::decoder::common_prefix_len;
 use spec_core::Decoder;
 
-use spec_voice::{first_streamed_sentence, split_sentences, Partial};
+use spec_voice::{first_streamed_sentence, settled_first_piece, split_sentences, Partial};
 
 use super::{
     heard_event, verified_event, Answer, Drafting, EventKind, PredGen, Status, Turn, TurnKind,
-    TurnState,
+    TurnState, Until,
 };
 use crate::chat::Message;
 use crate::predgen::Continuation;
@@ -63,7 +63,7 @@ impl PredGen<'_> {
                     &mut turn.guess,
                     Drafting::default(),
                     budget,
-                    Some(1),
+                    Until::FirstPiece,
                 )?;
                 turn.clock.charge(started.elapsed());
                 let generated = self.generated_event(&turn.guess.tokens)?;
@@ -77,7 +77,8 @@ impl PredGen<'_> {
     }
 
     /// Generates on until the answer's first sentence is complete, if verification did not
-    /// leave one.
+    /// leave one, stopping early once its first piece is settled when that is still to be
+    /// reported ([`Self::report_first_piece`]). Whether the first sentence is complete.
     pub(super) fn complete_first_sentence(&mut self, turn: &mut TurnState) -> Result<bool> {
         if self.settled_first_sentence(&turn.guess)?.is_some()
             || (turn.guess.done && !turn.guess.unsettled())
@@ -94,8 +95,37 @@ impl PredGen<'_> {
         let budget = self.config.max_answer_tokens - turn.guess.tokens.len();
         let prompt = turn.prompt.clone();
         let continuation = turn.continuation(&self.config);
+        let until = match turn.first_piece_reported {
+            true => Until::Sentences(1),
+            false => Until::FirstPiece,
+        };
         turn.forwards_to_first_sentence +=
-            self.extend_guess_to_first_sentence(turn, &prompt, continuation, false, budget)?;
+            self.extend_guess_to_first_sentence(turn, &prompt, continuation, false, until, budget)?;
+        Ok(self.settled_first_sentence(&turn.guess)?.is_some() || turn.guess.done)
+    }
+
+    /// Reports the first piece of the answer's first sentence for speech as soon as it is
+    /// settled and the sentence is not complete yet (a complete sentence is spoken whole, its
+    /// pieces cut by the speaker). Whether it reported the piece now.
+    pub(super) fn report_first_piece(&mut self, turn: &mut TurnState) -> Result<bool> {
+        if turn.first_piece_reported
+            || turn.guess.done
+            || self.settled_first_sentence(&turn.guess)?.is_some()
+        {
+            return Ok(false);
+        }
+        let text = self
+            .model
+            .tokenizer
+            .decode_text(turn.guess.settled_tokens())?;
+        let Some(piece) = settled_first_piece(&text) else {
+            return Ok(false);
+        };
+        let piece = piece.to_string();
+        turn.first_piece_reported = true;
+        turn.first_words_at = Some(turn.clock.now());
+        turn.timeline
+            .push(turn.event(EventKind::FirstPiece { text: piece }));
         Ok(true)
     }
 
@@ -103,6 +133,7 @@ impl PredGen<'_> {
     /// plays, prepared ahead of time if a guess got it right).
     pub(super) fn speak_first_sentence(&mut self, turn: &mut TurnState) -> Result<()> {
         turn.first_sentence_at = turn.clock.now();
+        turn.first_words_at.get_or_insert(turn.first_sentence_at);
         // An answer cut off before its first sentence ends is spoken whole.
         let first_sentence = match self.settled_first_sentence(&turn.guess)? {
             Some(sentence) => sentence,
@@ -141,7 +172,7 @@ impl PredGen<'_> {
                 &mut turn.guess,
                 drafting,
                 budget,
-                Some(turn.spoken + 1),
+                Until::Sentences(turn.spoken + 1),
             )?;
             turn.clock.charge(started.elapsed());
         }
@@ -178,6 +209,8 @@ impl PredGen<'_> {
             input_end: turn.input_end,
             final_partial_wait: turn.final_partial_wait,
             time_to_first_sentence: turn.first_sentence_at - turn.input_end,
+            time_to_first_words: turn.first_words_at.unwrap_or(turn.first_sentence_at)
+                - turn.input_end,
             forwards_to_first_sentence: turn.forwards_to_first_sentence,
             answer_latency: turn.clock.now() - turn.input_end,
             tokens_during_input: turn.tokens_during_input,

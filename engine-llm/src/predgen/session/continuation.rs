@@ -12,7 +12,7 @@ use spec_core::{
     SamplingConfig, Speculation, StopConditions, TreeDrafter,
 };
 
-use spec_voice::SentenceStream;
+use spec_voice::{settled_first_piece, SentenceStream};
 
 use super::{Answer, EventKind, PredGen, TurnState};
 use crate::predgen::Continuation;
@@ -54,14 +54,23 @@ pub(super) struct Drafting<'a> {
     pub(super) listening: bool,
 }
 
+/// Where a generation stops, unless an end token, a full context or its budget stops it first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Until {
+    /// The answer holds this many complete sentences.
+    Sentences(usize),
+    /// The answer holds its first sentence, or that sentence's first piece is settled
+    /// ([`settled_first_piece`]): the piece can be spoken while the rest is written.
+    FirstPiece,
+}
+
 /// Weight of the Jacobi continuation's earlier runs in its running rate, per run.
 pub(super) const JACOBI_DECAY: f64 = 0.9;
 
 impl PredGen<'_> {
     /// Generates up to `budget` tokens onto `answer`, greedy, by what of `continuation` runs
     /// now ([`Self::runnable`], listening as `drafting` says), stopping at an end token, a full
-    /// context, or, with `until_sentences: Some(n)`, once the answer holds `n` complete
-    /// sentences.
+    /// context, or where `until` says.
     pub(super) fn extend_with(
         &mut self,
         continuation: Continuation,
@@ -69,37 +78,40 @@ impl PredGen<'_> {
         answer: &mut Answer,
         drafting: Drafting<'_>,
         budget: usize,
-        until_sentences: Option<usize>,
+        until: Until,
     ) -> Result<Generation> {
         let continuation = self.runnable(continuation, drafting.listening);
         let context: Vec<u32> = prompt.iter().chain(&answer.tokens).copied().collect();
         let end_tokens = self.model.tokenizer.end_tokens().to_vec();
         let mut stop = StopConditions::new(budget).with_eos(end_tokens.iter().copied());
-        if let Some(wanted) = until_sentences {
-            // The answer's text is followed token by token: each one decoded once, each
-            // sentence found once.
-            let mut text = self.model.tokenizer.stream();
-            let mut sentences = SentenceStream::new();
-            for &token in &answer.tokens {
-                if let Some(delta) = text.push(token)? {
+        // The answer's text is followed token by token: each one decoded once, each sentence
+        // found once.
+        let mut text = self.model.tokenizer.stream();
+        let mut sentences = SentenceStream::new();
+        for &token in &answer.tokens {
+            if let Some(delta) = text.push(token)? {
+                sentences.push(&delta);
+            }
+        }
+        let seen = Mutex::new((text, sentences, 0));
+        stop = stop.with_predicate(move |generated| {
+            let Ok(mut guard) = seen.lock() else {
+                return true;
+            };
+            let (text, sentences, read) = &mut *guard;
+            for &token in &generated[*read..] {
+                if let Ok(Some(delta)) = text.push(token) {
                     sentences.push(&delta);
                 }
             }
-            let seen = Mutex::new((text, sentences, 0));
-            stop = stop.with_predicate(move |generated| {
-                let Ok(mut guard) = seen.lock() else {
-                    return true;
-                };
-                let (text, sentences, read) = &mut *guard;
-                for &token in &generated[*read..] {
-                    if let Ok(Some(delta)) = text.push(token) {
-                        sentences.push(&delta);
-                    }
+            *read = generated.len();
+            match until {
+                Until::Sentences(wanted) => sentences.reported() >= wanted,
+                Until::FirstPiece => {
+                    sentences.reported() >= 1 || settled_first_piece(sentences.text()).is_some()
                 }
-                *read = generated.len();
-                sentences.reported() >= wanted
-            });
-        }
+            }
+        });
         let target = &mut self.model.model;
         let mut rng = StdRng::seed_from_u64(0);
         let gen = match continuation {
@@ -186,7 +198,8 @@ impl PredGen<'_> {
     }
 
     /// Generates up to `budget` tokens onto the turn's guess by `continuation` until the guess
-    /// holds a complete first sentence ([`Self::extend_with`]), drafting from the guess's
+    /// holds a complete first sentence, or with [`Until::FirstPiece`] that sentence's settled
+    /// first piece ([`Self::extend_with`]), drafting from the guess's
     /// rejected tail (taken) and the turn's discarded guesses; charges the turn's clock with the
     /// time and records the tokens generated in its timeline. Returns the target's forwards.
     pub(super) fn extend_guess_to_first_sentence(
@@ -195,6 +208,7 @@ impl PredGen<'_> {
         prompt: &[u32],
         continuation: Continuation,
         listening: bool,
+        until: Until,
         budget: usize,
     ) -> Result<usize> {
         let started = Instant::now();
@@ -211,7 +225,7 @@ impl PredGen<'_> {
             &mut turn.guess,
             drafting,
             budget,
-            Some(1),
+            until,
         )?;
         turn.clock.charge(started.elapsed());
         let generated = self.generated_event(&turn.guess.tokens[before..])?;

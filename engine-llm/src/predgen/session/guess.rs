@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use spec_voice::Partial;
 
-use super::{heard_event, verified_event, Answer, PredGen, TurnState};
+use super::{heard_event, verified_event, Answer, PredGen, TurnState, Until};
 use crate::Result;
 
 impl PredGen<'_> {
@@ -67,8 +67,14 @@ impl PredGen<'_> {
             .min(self.guess_limit() - turn.guess.tokens.len());
         let before = turn.guess.tokens.len();
         let continuation = self.config.continuation;
-        turn.forwards_during_input +=
-            self.extend_guess_to_first_sentence(turn, &prompt, continuation, true, budget)?;
+        turn.forwards_during_input += self.extend_guess_to_first_sentence(
+            turn,
+            &prompt,
+            continuation,
+            true,
+            Until::Sentences(1),
+            budget,
+        )?;
         turn.tokens_during_input += turn.guess.tokens.len() - before;
         Ok(())
     }

@@ -130,6 +130,11 @@ pub(super) struct TurnState {
     pub(super) forwards_to_first_sentence: usize,
     pub(super) first_sentence: String,
     pub(super) first_sentence_at: Duration,
+    /// The first piece of the answer's first sentence was reported before the sentence was
+    /// complete.
+    pub(super) first_piece_reported: bool,
+    /// When the answer's first words went to speech (its first piece, or first sentence).
+    pub(super) first_words_at: Option<Duration>,
     /// Sentences reported so far.
     pub(super) spoken: usize,
 }
@@ -179,6 +184,8 @@ impl TurnState {
             forwards_to_first_sentence: 0,
             first_sentence: String::new(),
             first_sentence_at: Duration::ZERO,
+            first_piece_reported: false,
+            first_words_at: None,
             spoken: 0,
         }
     }
