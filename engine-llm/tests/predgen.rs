@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::greedy_tokens;
 use common::predgen::{config, corrected_inputs, run_turns, tiny_chat_model, word_chat_model};
 use engine_llm::predgen::PARTIAL_INPUT_SYSTEM_PROMPT;
 use engine_llm::predgen::{spoken_at_rate, Clock, FixedLatencySynthesizer, Partial};
@@ -14,11 +15,9 @@ use engine_llm::predgen::{EventKind, SpeechEvent, Status};
 use engine_llm::{
     Continuation, Error, LanguageModel, Message, PredGen, PredGenConfig, SpokenTurn, Verifier,
 };
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use spec_core::decoder::forward_tokens;
 use spec_core::math::softmax_in_place;
-use spec_core::{generate, Decoder, LogitRows, SamplingConfig, StopConditions};
+use spec_core::{Decoder, LogitRows};
 use spec_voice::split_first_piece;
 
 #[test]
@@ -903,21 +902,8 @@ fn plain_greedy_answer(model: &mut LanguageModel, question: &str, max_tokens: us
             Message::user(question),
         ])
         .unwrap();
-    model.model.truncate(0).unwrap();
     let ends = model.tokenizer.end_tokens().to_vec();
-    let stop = StopConditions::new(max_tokens).with_eos(ends.iter().copied());
-    let mut rng = StdRng::seed_from_u64(0);
-    let generation = generate(
-        &mut model.model,
-        &prompt,
-        &SamplingConfig::greedy(),
-        &stop,
-        &mut rng,
-        &mut |_| {},
-    )
-    .unwrap();
-    let tokens: Vec<u32> = generation
-        .tokens
+    let tokens: Vec<u32> = greedy_tokens(model, &prompt, max_tokens)
         .into_iter()
         .take_while(|t| !ends.contains(t))
         .collect();

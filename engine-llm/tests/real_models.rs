@@ -12,9 +12,8 @@ use engine_llm::{
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    generate, speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength,
-    SamplingConfig, SparseTreeConfig, SparseTreeDrafter, Speculation, SpeculativeConfig,
-    StopConditions,
+    speculate, speculative_generate, AcceptanceRule, Decoder, DraftLength, SparseTreeConfig,
+    SparseTreeDrafter, Speculation, SpeculativeConfig, StopConditions,
 };
 use spec_models::Store;
 
@@ -26,18 +25,8 @@ fn load_path(name: &str) -> std::path::PathBuf {
 
 fn greedy_answer(model: &mut LanguageModel, question: &str, max_tokens: usize) -> String {
     let prompt = model.chat_prompt(&[Message::user(question)]).unwrap();
-    let stop =
-        StopConditions::new(max_tokens).with_eos(model.tokenizer.end_tokens().iter().copied());
-    let out = generate(
-        &mut model.model,
-        &prompt,
-        &SamplingConfig::greedy(),
-        &stop,
-        &mut StdRng::seed_from_u64(0),
-        &mut |_| {},
-    )
-    .unwrap();
-    model.tokenizer.decode_text(&out.tokens).unwrap()
+    let tokens = common::greedy_tokens(model, &prompt, max_tokens);
+    model.tokenizer.decode_text(&tokens).unwrap()
 }
 
 #[test]
@@ -141,18 +130,9 @@ fn speculative_greedy_reproduces_the_targets_greedy_output() {
         let prompt = target
             .chat_prompt(&[Message::user(question.clone())])
             .unwrap();
+        let plain = common::greedy_tokens(&mut target, &prompt, 48);
         let stop = StopConditions::new(48).with_eos(end.iter().copied());
         let mut rng = StdRng::seed_from_u64(0);
-        target.model.reset();
-        let plain = generate(
-            &mut target.model,
-            &prompt,
-            &SamplingConfig::greedy(),
-            &stop,
-            &mut rng,
-            &mut |_| {},
-        )
-        .unwrap();
         for gamma in [2, 5] {
             target.model.reset();
             draft.model.reset();
@@ -170,7 +150,7 @@ fn speculative_greedy_reproduces_the_targets_greedy_output() {
                 &mut |_| {},
             )
             .unwrap();
-            assert_eq!(spec.tokens, plain.tokens, "γ={gamma} on {question:?}");
+            assert_eq!(spec.tokens, plain, "γ={gamma} on {question:?}");
             assert!(
                 spec.stats.acceptance_rate() > 0.2,
                 "the 0.5B drafts usefully: {}",
@@ -194,7 +174,7 @@ fn speculative_greedy_reproduces_the_targets_greedy_output() {
             &mut |_| {},
         )
         .unwrap();
-        assert_eq!(tree.tokens, plain.tokens, "tree on {question:?}");
+        assert_eq!(tree.tokens, plain, "tree on {question:?}");
     }
 }
 
@@ -388,6 +368,54 @@ fn predgen_greedy_verifying_a_long_guess_gives_the_cascades_answer() {
     let mut session = PredGen::new(&mut target, config()).unwrap();
     let turn = session.turn(&inputs, &mut tts).unwrap();
     assert_eq!(turn.turn.answer, expected.turn.answer);
+}
+
+/// A long first sentence on real weights: its first piece goes to the voice before the model
+/// has written the rest, and the answer stays the model's plain greedy one.
+#[test]
+#[ignore = "needs real models (../shared/models/fetch)"]
+fn a_long_first_sentence_is_spoken_from_its_first_piece_on_real_weights() {
+    use engine_llm::predgen::{spoken_at_rate, EventKind, FixedLatencySynthesizer};
+    use engine_llm::{Continuation, PredGen, PredGenConfig, Verifier};
+
+    let mut target = load(QWEN_LARGE);
+    let mut tts = FixedLatencySynthesizer::default();
+    let config = || PredGenConfig {
+        verifier: Verifier::Greedy,
+        continuation: Continuation::Autoregressive,
+        max_answer_tokens: 48,
+        ..PredGenConfig::default()
+    };
+    let inputs = spoken_at_rate("How often should I water a snake plant?", 600.0).unwrap();
+    let mut cascade = PredGen::new(&mut target, config()).unwrap();
+    let expected = cascade.baseline_turn(&inputs, &mut tts).unwrap();
+    drop(cascade);
+    let mut session = PredGen::new(&mut target, config()).unwrap();
+    let got = session.turn(&inputs, &mut tts).unwrap();
+    assert_eq!(got.turn.answer, expected.turn.answer);
+    for (spoken, must_stream) in [(&expected, true), (&got, false)] {
+        let turn = &spoken.turn;
+        let at = |wanted: fn(&EventKind) -> bool| {
+            turn.timeline.iter().find(|e| wanted(&e.kind)).map(|e| e.at)
+        };
+        let piece = turn.timeline.iter().find_map(|e| match &e.kind {
+            EventKind::FirstPiece { text } => Some(text.as_str()),
+            _ => None,
+        });
+        let Some(piece) = piece else {
+            // PredGen may have had the whole first sentence when the user stopped.
+            assert!(!must_stream, "{:#?}", turn.timeline);
+            continue;
+        };
+        assert!(turn.first_sentence.len() > piece.len() + 10, "{piece:?}");
+        assert_eq!(piece, spec_voice::split_first_piece(&turn.first_sentence).0);
+        let sentence_at = at(|k| matches!(k, EventKind::FirstSentence { .. })).unwrap();
+        let first_audio = spoken.speech.first_audio_at.unwrap();
+        assert!(
+            first_audio < sentence_at,
+            "the piece's audio ({first_audio:?}) waited for the sentence ({sentence_at:?})"
+        );
+    }
 }
 
 /// Conversations of every role, with and without a system message, multi-turn.

@@ -82,6 +82,12 @@ struct Args {
     #[arg(long, num_args = 1.., value_delimiter = ',', default_values = ["espeak", "kokoro:af_heart"])]
     voices: Vec<String>,
 
+    /// Also answer every recording with a long first sentence's first piece spoken only once
+    /// the whole sentence is written (`PredGenConfig::first_piece_early` off), interleaved
+    /// with the default, and report what speaking it early brings
+    #[arg(long)]
+    first_piece_ab: bool,
+
     /// Captions' language
     #[arg(long, default_value = "German")]
     to: String,
@@ -168,9 +174,10 @@ fn main() -> Result<()> {
         let voice = voices::open_shared(&choice, &models)
             .with_context(|| format!("opening the voice {choice}"))?;
         let mut turns: Vec<(&Recording, VoiceTurn, VoiceTurn)> = Vec::new();
+        let mut piece_with_sentence: Vec<(VoiceTurn, VoiceTurn)> = Vec::new();
         let bar = progress_bar(questions.len(), format!("voice chat, {choice}"));
-        for recording in &questions {
-            let mut play = |mode| -> Result<Vec<VoiceTurn>> {
+        for (index, recording) in questions.iter().enumerate() {
+            let mut play = |mode, config: &PredGenConfig| -> Result<VoiceTurn> {
                 let listener =
                     Listener::new(whisper.take().expect("Whisper"), listener_config.clone())?;
                 let session = PredGen::new(&mut model, config.clone())?;
@@ -183,27 +190,46 @@ fn main() -> Result<()> {
                 );
                 let played = chat.play(&recording.samples, trailing(&listener_config), &mut |_| {});
                 whisper = Some(chat.into_parts().0.into_transcriber());
-                Ok(played?)
+                let mut played = played?;
+                ensure!(
+                    played.len() == 1,
+                    "{}: {} turns heard (one expected)",
+                    recording.name,
+                    played.len()
+                );
+                Ok(played.remove(0))
             };
-            let cascade = play(ChatMode::Cascade)?;
-            let predgen = play(ChatMode::PredGen)?;
-            ensure!(
-                cascade.len() == 1 && predgen.len() == 1,
-                "{}: {} and {} turns heard (one expected)",
-                recording.name,
-                cascade.len(),
-                predgen.len()
-            );
-            turns.push((
-                recording,
-                cascade.into_iter().next().unwrap(),
-                predgen.into_iter().next().unwrap(),
-            ));
+            // Alternating which setting answers first spreads the machine's drift over both.
+            let late = PredGenConfig {
+                first_piece_early: false,
+                ..config.clone()
+            };
+            let settings: Vec<&PredGenConfig> = match (args.first_piece_ab, index % 2) {
+                (false, _) => vec![&config],
+                (true, 0) => vec![&config, &late],
+                (true, _) => vec![&late, &config],
+            };
+            let mut answered = Vec::new();
+            for setting in &settings {
+                let cascade = play(ChatMode::Cascade, setting)?;
+                answered.push((cascade, play(ChatMode::PredGen, setting)?));
+            }
+            if settings.len() == 2 {
+                let late_at = usize::from(index % 2 == 0);
+                piece_with_sentence.push(answered.remove(late_at));
+            }
+            let (cascade, predgen) = answered.remove(0);
+            turns.push((recording, cascade, predgen));
             bar.inc(1);
         }
         bar.finish_and_clear();
         let voice_name = choice.to_string();
         report.tables.push(chat_table(&turns, &args, &voice_name));
+        if args.first_piece_ab {
+            report
+                .tables
+                .push(first_piece_table(&turns, &piece_with_sentence, &voice_name));
+        }
         report.details.push(chat_details(&turns, &voice_name));
         let plot = args.plots.join(format!(
             "pipeline-latency-{}.svg",
@@ -383,6 +409,68 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
         n if n % 2 == 1 => values[n / 2],
         n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
+}
+
+/// Speaking a long first sentence's first piece early against with its sentence: the same
+/// recordings, each setting answering them interleaved.
+fn first_piece_table(
+    early: &[(&Recording, VoiceTurn, VoiceTurn)],
+    with_sentence: &[(VoiceTurn, VoiceTurn)],
+    voice: &str,
+) -> Table {
+    let mut table = Table::new(
+        format!(
+            "A long first sentence's first piece spoken as soon as it is settled, against once \
+             its sentence is written: {voice}, {} recordings, both settings interleaved",
+            early.len()
+        ),
+        &[
+            "system",
+            "first piece",
+            "mean latency (ms)",
+            "median (ms)",
+            "LLM",
+            "TTS",
+            "turns spoken from an early piece",
+            "same answer",
+        ],
+    );
+    for (system, pick) in [("cascade", 0usize), ("PredGen greedy", 1)] {
+        let early: Vec<&VoiceTurn> = early
+            .iter()
+            .map(|(_, c, p)| if pick == 0 { c } else { p })
+            .collect();
+        let late: Vec<&VoiceTurn> = with_sentence
+            .iter()
+            .map(|(c, p)| if pick == 0 { c } else { p })
+            .collect();
+        let same = early
+            .iter()
+            .zip(&late)
+            .filter(|(a, b)| a.turn.answer == b.turn.answer)
+            .count();
+        for (setting, turns) in [("early", &early), ("with its sentence", &late)] {
+            let streamed = turns
+                .iter()
+                .filter(|t| {
+                    t.turn.timeline.iter().any(|e| {
+                        matches!(e.kind, engine_llm::predgen::EventKind::FirstPiece { .. })
+                    })
+                })
+                .count();
+            table.push(vec![
+                system.to_string(),
+                setting.to_string(),
+                format!("{:.0}", mean(turns.iter().map(|t| ms(t.latency())))),
+                format!("{:.0}", median(turns.iter().map(|t| ms(t.latency())))),
+                format!("{:.0}", mean(turns.iter().map(|t| ms(t.breakdown().llm)))),
+                format!("{:.0}", mean(turns.iter().map(|t| ms(t.breakdown().tts)))),
+                format!("{streamed}/{}", turns.len()),
+                format!("{same}/{}", turns.len()),
+            ]);
+        }
+    }
+    table
 }
 
 fn chat_table(turns: &[(&Recording, VoiceTurn, VoiceTurn)], args: &Args, voice: &str) -> Table {

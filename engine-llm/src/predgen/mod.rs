@@ -194,6 +194,11 @@ pub struct PredGenConfig {
     /// whose most likely token starts the question's completion. A voice pipeline's
     /// semantic end of turn reads it ([`PredGen::end_of_turn`]). Off by default.
     pub estimate_end_of_turn: bool,
+    /// Report a long first sentence's first piece for speech as soon as no later token can
+    /// change it ([`EventKind::FirstPiece`], `spec_voice::settled_first_piece`), so its audio
+    /// is made while the model writes the rest of the sentence; off, the piece waits for the
+    /// whole sentence. On by default.
+    pub first_piece_early: bool,
 }
 
 impl Default for PredGenConfig {
@@ -209,6 +214,7 @@ impl Default for PredGenConfig {
             complete_questions: true,
             question_candidates: 1,
             estimate_end_of_turn: false,
+            first_piece_early: true,
         }
     }
 }

@@ -301,3 +301,25 @@ pub fn chatml_tokenizer_metadata_with_words(
         ),
     ]
 }
+
+/// The model's plain greedy continuation of `prompt` from an empty cache: at most
+/// `max_tokens` tokens, up to and including an end token. What lossless decoding reproduces.
+pub fn greedy_tokens(
+    model: &mut engine_llm::LanguageModel,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> Vec<u32> {
+    let ends = model.tokenizer.end_tokens().to_vec();
+    let stop = spec_core::StopConditions::new(max_tokens).with_eos(ends);
+    spec_core::Decoder::reset(&mut model.model);
+    spec_core::generate(
+        &mut model.model,
+        prompt,
+        &spec_core::SamplingConfig::greedy(),
+        &stop,
+        &mut StdRng::seed_from_u64(0),
+        &mut |_| {},
+    )
+    .unwrap()
+    .tokens
+}

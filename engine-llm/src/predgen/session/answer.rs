@@ -57,13 +57,14 @@ impl PredGen<'_> {
                 turn.guess = Answer::default();
                 let started = Instant::now();
                 let budget = self.config.max_answer_tokens;
+                let until = self.first_sentence_until(turn);
                 let gen = self.extend_with(
                     Continuation::Autoregressive,
                     &prompt,
                     &mut turn.guess,
                     Drafting::default(),
                     budget,
-                    Until::FirstPiece,
+                    until,
                 )?;
                 turn.clock.charge(started.elapsed());
                 let generated = self.generated_event(&turn.guess.tokens)?;
@@ -95,20 +96,28 @@ impl PredGen<'_> {
         let budget = self.config.max_answer_tokens - turn.guess.tokens.len();
         let prompt = turn.prompt.clone();
         let continuation = turn.continuation(&self.config);
-        let until = match turn.first_piece_reported {
-            true => Until::Sentences(1),
-            false => Until::FirstPiece,
-        };
+        let until = self.first_sentence_until(turn);
         turn.forwards_to_first_sentence +=
             self.extend_guess_to_first_sentence(turn, &prompt, continuation, false, until, budget)?;
         Ok(self.settled_first_sentence(&turn.guess)?.is_some() || turn.guess.done)
+    }
+
+    /// Where generating the answer's first sentence stops: at its first piece while that may
+    /// still be reported early ([`first_piece_early`](crate::PredGenConfig::first_piece_early)),
+    /// at its end otherwise.
+    pub(super) fn first_sentence_until(&self, turn: &TurnState) -> Until {
+        match self.config.first_piece_early && !turn.first_piece_reported {
+            true => Until::FirstPiece,
+            false => Until::Sentences(1),
+        }
     }
 
     /// Reports the first piece of the answer's first sentence for speech as soon as it is
     /// settled and the sentence is not complete yet (a complete sentence is spoken whole, its
     /// pieces cut by the speaker). Whether it reported the piece now.
     pub(super) fn report_first_piece(&mut self, turn: &mut TurnState) -> Result<bool> {
-        if turn.first_piece_reported
+        if !self.config.first_piece_early
+            || turn.first_piece_reported
             || turn.guess.done
             || self.settled_first_sentence(&turn.guess)?.is_some()
         {
