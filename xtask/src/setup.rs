@@ -41,7 +41,7 @@ pub fn run(args: &SetupArgs) -> Result<()> {
     );
     if espeak {
         println!(
-            "set-up done: `cargo xtask demo` runs the demo, `cargo test --workspace` the tests"
+            "set-up done: `cargo xtask demo` runs the demo, `cargo test --workspace --release` the tests"
         );
     } else {
         println!("set-up done but for espeak-ng (above): `cargo xtask demo` runs the typed part");
