@@ -947,20 +947,14 @@ fn a_long_first_sentence_is_spoken_from_its_first_piece_before_it_is_complete() 
                 };
                 let turn = &spoken.turn;
                 assert_eq!(&turn.answer, expected, "seed {seed}: {question}");
-                let at = |wanted: fn(&EventKind) -> bool| {
-                    turn.timeline.iter().find(|e| wanted(&e.kind)).map(|e| e.at)
-                };
-                let piece = turn.timeline.iter().find_map(|e| match &e.kind {
-                    EventKind::FirstPiece { text } => Some(text.clone()),
-                    _ => None,
-                });
-                let Some(piece) = piece else {
+                let Some((piece, piece_at)) = turn.first_piece() else {
                     continue;
                 };
                 streamed += 1;
                 assert_eq!(piece, split_first_piece(&turn.first_sentence).0);
-                let piece_at = at(|k| matches!(k, EventKind::FirstPiece { .. })).unwrap();
-                let sentence_at = at(|k| matches!(k, EventKind::FirstSentence { .. })).unwrap();
+                let sentence_at = turn
+                    .first_event_at(|k| matches!(k, EventKind::FirstSentence { .. }))
+                    .unwrap();
                 // The piece's audio (200 ms of synthesis) is ready before the model has
                 // written the rest of the sentence.
                 let first_audio = spoken.speech.first_audio_at.unwrap();

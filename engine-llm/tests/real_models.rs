@@ -395,21 +395,16 @@ fn a_long_first_sentence_is_spoken_from_its_first_piece_on_real_weights() {
     assert_eq!(got.turn.answer, expected.turn.answer);
     for (spoken, must_stream) in [(&expected, true), (&got, false)] {
         let turn = &spoken.turn;
-        let at = |wanted: fn(&EventKind) -> bool| {
-            turn.timeline.iter().find(|e| wanted(&e.kind)).map(|e| e.at)
-        };
-        let piece = turn.timeline.iter().find_map(|e| match &e.kind {
-            EventKind::FirstPiece { text } => Some(text.as_str()),
-            _ => None,
-        });
-        let Some(piece) = piece else {
+        let Some((piece, _)) = turn.first_piece() else {
             // PredGen may have had the whole first sentence when the user stopped.
             assert!(!must_stream, "{:#?}", turn.timeline);
             continue;
         };
         assert!(turn.first_sentence.len() > piece.len() + 10, "{piece:?}");
         assert_eq!(piece, spec_voice::split_first_piece(&turn.first_sentence).0);
-        let sentence_at = at(|k| matches!(k, EventKind::FirstSentence { .. })).unwrap();
+        let sentence_at = turn
+            .first_event_at(|k| matches!(k, EventKind::FirstSentence { .. }))
+            .unwrap();
         let first_audio = spoken.speech.first_audio_at.unwrap();
         assert!(
             first_audio < sentence_at,

@@ -4,7 +4,7 @@
 //! tests.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use engine_asr::normalize::EnglishTextNormalizer;
 use engine_asr::{audio::resample, wer::word_errors, LoadOptions, TranscribeOptions, Transcriber};
@@ -12,7 +12,8 @@ use engine_tts::kokoro::{KokoroSettings, KokoroSynthesizer};
 use engine_tts::onnx::VoiceError;
 use engine_tts::piper::{PiperSettings, PiperSynthesizer};
 use spec_models::{Registry, Store};
-use spec_voice::SentenceSynthesizer;
+use spec_voice::silence::{silence_after, silence_before, speech_span};
+use spec_voice::{SentenceSynthesizer, SilenceMargins};
 
 fn store() -> Store<'static> {
     Store::new(
@@ -120,6 +121,45 @@ fn whisper_hears_what_piper_says() {
     )
     .unwrap_err();
     assert!(matches!(missing, VoiceError::File { .. }), "{missing}");
+}
+
+#[test]
+#[ignore = "needs real models (../shared/models/fetch) and espeak-ng"]
+fn kokoro_keeps_a_short_margin_of_its_own_silence() {
+    let untrimmed = KokoroSettings {
+        silence: None,
+        ..KokoroSettings::default()
+    };
+    let own = KokoroSynthesizer::load(&models(), &untrimmed)
+        .unwrap()
+        .synthesize(SENTENCES[0])
+        .unwrap()
+        .joined()
+        .unwrap();
+    let trimmed = kokoro("af_heart")
+        .synthesize(SENTENCES[0])
+        .unwrap()
+        .joined()
+        .unwrap();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (before, after) = (ms(silence_before(&own)), ms(silence_after(&own)));
+    assert!(
+        before > 150.0 && after > 300.0,
+        "the model's own silence: {before:.0} ms before, {after:.0} ms after"
+    );
+    let margins = SilenceMargins::default();
+    let (before, after) = (ms(silence_before(&trimmed)), ms(silence_after(&trimmed)));
+    assert!(
+        (before - ms(margins.before)).abs() < 1.0 && (after - ms(margins.after)).abs() < 1.0,
+        "trimmed: {before:.0} ms before, {after:.0} ms after"
+    );
+    // The same speech, only the silence around it shorter.
+    let span = speech_span(&own.samples, own.sample_rate).unwrap();
+    let keep = |d: Duration| (d.as_secs_f64() * f64::from(own.sample_rate)).round() as usize;
+    assert_eq!(
+        trimmed.samples,
+        own.samples[span.start - keep(margins.before)..span.end + keep(margins.after)]
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod error;
 pub mod partial;
 pub mod script;
 pub mod sentence;
+pub mod silence;
 pub mod speaker;
 pub mod synth;
 
@@ -21,6 +22,7 @@ pub use sentence::{
     first_piece_end, first_sentence_end, first_streamed_sentence, settled_first_piece,
     split_first_piece, split_sentences, SentenceStream, MIN_PIECE_WORDS,
 };
+pub use silence::SilenceMargins;
 pub use speaker::{Speaker, Speech, SpeechEvent, Spoken};
 pub use synth::{
     sentence_to_speak, write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio,

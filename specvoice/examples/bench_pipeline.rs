@@ -452,11 +452,7 @@ fn first_piece_table(
         for (setting, turns) in [("early", &early), ("with its sentence", &late)] {
             let streamed = turns
                 .iter()
-                .filter(|t| {
-                    t.turn.timeline.iter().any(|e| {
-                        matches!(e.kind, engine_llm::predgen::EventKind::FirstPiece { .. })
-                    })
-                })
+                .filter(|t| t.turn.first_piece().is_some())
                 .count();
             table.push(vec![
                 system.to_string(),

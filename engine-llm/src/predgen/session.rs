@@ -174,6 +174,22 @@ pub struct Turn {
     pub timeline: Vec<Event>,
 }
 
+impl Turn {
+    /// When the timeline's first event that `wanted` picks happened.
+    pub fn first_event_at(&self, wanted: impl Fn(&EventKind) -> bool) -> Option<Duration> {
+        self.timeline.iter().find(|e| wanted(&e.kind)).map(|e| e.at)
+    }
+
+    /// The first sentence's first piece and when it went to speech, when it went before the
+    /// sentence was complete ([`EventKind::FirstPiece`]).
+    pub fn first_piece(&self) -> Option<(&str, Duration)> {
+        self.timeline.iter().find_map(|e| match &e.kind {
+            EventKind::FirstPiece { text } => Some((text.as_str(), e.at)),
+            _ => None,
+        })
+    }
+}
+
 /// The guess or answer being built: tokens (never an end token) and whether it is complete.
 #[derive(Clone, Debug, Default)]
 struct Answer {

@@ -19,7 +19,8 @@ use engine_tts::voices::{self, VoiceChoice};
 use serde::{Deserialize, Serialize};
 use spec_core::report::Table;
 use spec_models::{Registry, Store};
-use spec_voice::SentenceSynthesizer;
+use spec_voice::silence::{silence_after, silence_before};
+use spec_voice::{AudioChunk, SentenceSynthesizer};
 
 use crate::Section;
 
@@ -32,12 +33,13 @@ pub struct VoiceArgs {
     /// Voices to measure, by the names `specvoice --voice` takes. Each speaks a long sentence in
     /// two pieces, as the pipeline speaks an answer's first sentence
     /// (`spec_voice::first_piece_end`), unless `+whole` follows its name; a Kokoro voice with
-    /// `+espeak` takes all its phonemes from espeak-ng (no lexicons); `none` skips the section
+    /// `+espeak` takes all its phonemes from espeak-ng (no lexicons), with `+untrimmed` keeps
+    /// the model's own silence before and after speech; `none` skips the section
     #[arg(
         long,
         num_args = 1..,
         value_delimiter = ',',
-        default_values = ["kokoro:af_heart", "kokoro:af_heart+whole", "kokoro:bm_george", "piper:joe", "espeak"]
+        default_values = ["kokoro:af_heart", "kokoro:af_heart+whole", "kokoro:af_heart+untrimmed", "kokoro:bm_george", "piper:joe", "espeak"]
     )]
     pub voices: Vec<String>,
     /// Sentences each voice speaks (0: all 55)
@@ -57,6 +59,10 @@ struct Spoken {
     compute_seconds: f64,
     first_audio_seconds: f64,
     audio_seconds: f64,
+    /// Silence before the first word of the first audio chunk.
+    silence_before_seconds: f64,
+    /// Silence between the first piece's last word and the rest's first (spoken in two pieces).
+    pause_at_cut_seconds: Option<f64>,
 }
 
 /// What a child measured.
@@ -88,24 +94,35 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
     let loading = Instant::now();
     let mut options = voice.split('+');
     let name = options.next().unwrap_or_default();
-    let (mut whole, mut espeak_phonemes) = (false, false);
+    let (mut whole, mut espeak_phonemes, mut untrimmed) = (false, false, false);
     for option in options {
         match option {
             "whole" => whole = true,
             "espeak" => espeak_phonemes = true,
-            other => bail!("unknown option `+{other}` of {voice}: `+whole` or `+espeak`"),
+            "untrimmed" => untrimmed = true,
+            other => {
+                bail!("unknown option `+{other}` of {voice}: `+whole`, `+espeak` or `+untrimmed`")
+            }
         }
     }
+    let kokoro_only = espeak_phonemes || untrimmed;
     let mut tts: Box<dyn SentenceSynthesizer> = match name.parse()? {
-        VoiceChoice::Kokoro(name) if espeak_phonemes => {
+        VoiceChoice::Kokoro(name) if kokoro_only => {
+            let defaults = KokoroSettings::default();
             let settings = KokoroSettings {
                 voice: name,
-                phonemes: PhonemeSource::Espeak,
-                ..KokoroSettings::default()
+                phonemes: match espeak_phonemes {
+                    true => PhonemeSource::Espeak,
+                    false => defaults.phonemes,
+                },
+                silence: defaults.silence.filter(|_| !untrimmed),
+                ..defaults
             };
             Box::new(KokoroSynthesizer::load(&models, &settings)?)
         }
-        _ if espeak_phonemes => bail!("`+espeak` goes with a Kokoro voice, not `{name}`"),
+        _ if kokoro_only => {
+            bail!("`+espeak` and `+untrimmed` go with a Kokoro voice, not `{name}`")
+        }
         choice => voices::open(&choice, &models)?,
     };
     let load_seconds = loading.elapsed().as_secs_f64();
@@ -119,10 +136,15 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
         };
         let started = Instant::now();
         let mut first_audio_seconds = None;
-        let mut chunks = Vec::new();
+        let mut chunks: Vec<AudioChunk> = Vec::new();
+        let mut pause_at_cut_seconds = None;
         for piece in pieces {
             let synthesis = tts.synthesize(piece)?;
             first_audio_seconds.get_or_insert(synthesis.first_audio_after.as_secs_f64());
+            if let (Some(before), Some(after)) = (chunks.last(), synthesis.chunks.first()) {
+                pause_at_cut_seconds =
+                    Some((silence_after(before) + silence_before(after)).as_secs_f64());
+            }
             chunks.extend(synthesis.chunks);
         }
         let compute_seconds = started.elapsed().as_secs_f64();
@@ -134,6 +156,10 @@ pub fn run_child(args: &VoiceArgs, out: &Path) -> Result<()> {
             compute_seconds,
             first_audio_seconds: first_audio_seconds.unwrap_or(compute_seconds),
             audio_seconds: chunks.iter().map(|c| c.duration().as_secs_f64()).sum(),
+            silence_before_seconds: chunks
+                .first()
+                .map_or(0.0, |c| silence_before(c).as_secs_f64()),
+            pause_at_cut_seconds,
         });
     }
     let run = VoiceRun {
@@ -195,7 +221,7 @@ pub fn run(args: &VoiceArgs) -> Result<Section> {
     };
     let mut table = Table::new(
         format!(
-            "The voices on {} everyday spoken answers (engine-tts/data/spoken_answers.txt), each in its own process; RTF = synthesis time ÷ audio time; first audio = compute time to the first audio chunk; WER = Whisper base's transcript of the audio against the sentence, after Whisper's English normalizer",
+            "The voices on {} everyday spoken answers (engine-tts/data/spoken_answers.txt), each in its own process; RTF = synthesis time ÷ audio time; first audio = compute time to the first audio chunk; first word = first audio + the silence before the first word; pause at the cut = silence between a first piece's last word and the rest's first; WER = Whisper base's transcript of the audio against the sentence, after Whisper's English normalizer",
             runs.first().map_or(0, |(_, r)| r.spoken.len())
         ),
         &[
@@ -205,6 +231,9 @@ pub fn run(args: &VoiceArgs) -> Result<Section> {
             "RTF worst",
             "first audio, median (ms)",
             "first audio, 10–14 words (ms)",
+            "first word, 10–14 words (ms)",
+            "silence before speech, median (ms)",
+            "pause at the cut, median (ms)",
             "peak memory (MiB)",
             "round-trip WER",
         ],
@@ -243,15 +272,39 @@ pub fn run(args: &VoiceArgs) -> Result<Section> {
                     .collect(),
             )
         };
-        let twelve_words =
-            first_ms(&|s: &Spoken| (10..=14).contains(&s.sentence.split_whitespace().count()));
+        let twelve_words = |s: &Spoken| (10..=14).contains(&s.sentence.split_whitespace().count());
+        let first_word_ms = median(
+            run.spoken
+                .iter()
+                .filter(|s| twelve_words(s))
+                .map(|s| 1000.0 * (s.first_audio_seconds + s.silence_before_seconds))
+                .collect(),
+        );
+        let silence_ms = median(
+            run.spoken
+                .iter()
+                .map(|s| 1000.0 * s.silence_before_seconds)
+                .collect(),
+        );
+        let cut_ms = median(
+            run.spoken
+                .iter()
+                .filter_map(|s| s.pause_at_cut_seconds.map(|p| 1000.0 * p))
+                .collect(),
+        );
         table.rows.push(vec![
             voice.clone(),
             format!("{:.2}", run.load_seconds),
             format!("{:.3}", rtfs.iter().sum::<f64>() / rtfs.len().max(1) as f64),
             format!("{:.3}", rtfs.iter().copied().fold(0.0, f64::max)),
             format!("{:.0}", first_ms(&|_| true)),
-            format!("{twelve_words:.0}"),
+            format!("{:.0}", first_ms(&twelve_words)),
+            format!("{first_word_ms:.0}"),
+            format!("{silence_ms:.0}"),
+            match cut_ms.is_nan() {
+                true => "–".into(),
+                false => format!("{cut_ms:.0}"),
+            },
             format!("{:.0}", run.peak_mib),
             format!("{:.1} %", 100.0 * errors as f64 / words.max(1) as f64),
         ]);

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use ort::session::Session;
 use ort::value::Tensor;
-use spec_voice::{AudioChunk, SentenceSynthesizer, Synthesis};
+use spec_voice::{AudioChunk, SentenceSynthesizer, SilenceMargins, Synthesis};
 use tracing::{debug, warn};
 
 use crate::onnx::{self, Result, VoiceError};
@@ -250,6 +250,9 @@ pub struct KokoroSettings {
     /// Where the phonemes come from: misaki's lexicons with espeak-ng for the words they lack
     /// (the default), or espeak-ng alone (to measure what the lexicons bring).
     pub phonemes: PhonemeSource,
+    /// The silence kept before the first word and after the last ([`SilenceMargins::default`]:
+    /// 50 and 250 ms); `None` keeps the model's own (about 0.3 s before, 0.45 s after).
+    pub silence: Option<SilenceMargins>,
 }
 
 impl Default for KokoroSettings {
@@ -260,6 +263,7 @@ impl Default for KokoroSettings {
             threads: 2,
             espeak: PathBuf::from("espeak-ng"),
             phonemes: PhonemeSource::default(),
+            silence: Some(SilenceMargins::default()),
         }
     }
 }
@@ -271,6 +275,7 @@ pub struct KokoroSynthesizer {
     voice: Voice,
     phonemizer: Phonemizer,
     speed: f32,
+    silence: Option<SilenceMargins>,
 }
 
 impl KokoroSynthesizer {
@@ -291,6 +296,7 @@ impl KokoroSynthesizer {
             voice,
             phonemizer,
             speed: settings.speed,
+            silence: settings.silence,
         })
     }
 
@@ -322,6 +328,9 @@ impl SentenceSynthesizer for KokoroSynthesizer {
                 samples,
                 sample_rate: SAMPLE_RATE,
             });
+        }
+        if let Some(margins) = self.silence {
+            margins.trim(&mut chunks);
         }
         debug!(
             "Kokoro: {sentence:?} as {phonemes:?} in {:?}",
