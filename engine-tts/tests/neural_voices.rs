@@ -155,7 +155,7 @@ fn kokoro_keeps_a_short_margin_of_its_own_silence() {
     );
     // The same speech, only the silence around it shorter.
     let span = speech_span(&own.samples, own.sample_rate).unwrap();
-    let keep = |d: Duration| (d.as_secs_f64() * f64::from(own.sample_rate)).round() as usize;
+    let keep = |d: Duration| spec_voice::samples_in(d, own.sample_rate);
     assert_eq!(
         trimmed.samples,
         own.samples[span.start - keep(margins.before)..span.end + keep(margins.after)]

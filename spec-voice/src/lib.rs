@@ -9,6 +9,7 @@ pub mod sentence;
 pub mod silence;
 pub mod speaker;
 pub mod synth;
+pub mod timing;
 
 pub use channel::{partial_channel, FinalSignal, PartialReceiver, PartialSender};
 pub use clock::{Clock, ClockKind};
@@ -28,3 +29,4 @@ pub use synth::{
     sentence_to_speak, write_wav, AudioChunk, FixedLatencySynthesizer, PreparedAudio,
     SentenceSynthesizer, Synthesis,
 };
+pub use timing::{duration_of, samples_in};

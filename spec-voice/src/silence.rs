@@ -9,6 +9,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use crate::timing::{duration_of, samples_in};
 use crate::AudioChunk;
 
 /// Loudness is measured over frames this long.
@@ -90,17 +91,6 @@ pub fn silence_before(chunk: &AudioChunk) -> Duration {
 pub fn silence_after(chunk: &AudioChunk) -> Duration {
     let end = speech_span(&chunk.samples, chunk.sample_rate).map_or(0, |s| s.end);
     duration_of(chunk.samples.len() - end, chunk.sample_rate)
-}
-
-fn samples_in(duration: Duration, sample_rate: u32) -> usize {
-    (duration.as_secs_f64() * f64::from(sample_rate)).round() as usize
-}
-
-fn duration_of(samples: usize, sample_rate: u32) -> Duration {
-    if sample_rate == 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_secs_f64(samples as f64 / f64::from(sample_rate))
 }
 
 #[cfg(test)]

@@ -22,10 +22,7 @@ pub struct AudioChunk {
 impl AudioChunk {
     /// How long the chunk plays (zero at a zero sample rate).
     pub fn duration(&self) -> Duration {
-        if self.sample_rate == 0 {
-            return Duration::ZERO;
-        }
-        Duration::from_secs_f64(self.samples.len() as f64 / f64::from(self.sample_rate))
+        crate::timing::duration_of(self.samples.len(), self.sample_rate)
     }
 }
 

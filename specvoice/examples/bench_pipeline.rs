@@ -340,7 +340,7 @@ fn spoken(espeak: &mut EspeakSynthesizer, text: &str) -> Result<Vec<f32>> {
 }
 
 fn with_lead_in(samples: Vec<f32>) -> Vec<f32> {
-    let lead = (LEAD_IN.as_secs_f64() * f64::from(specvoice::SAMPLE_RATE)) as usize;
+    let lead = specvoice::endpoint::samples_in(LEAD_IN);
     [vec![0.0; lead], samples].concat()
 }
 

@@ -421,12 +421,12 @@ fn silero_frame() -> Duration {
 
 /// Samples in `duration` at [`SAMPLE_RATE`].
 pub fn samples_in(duration: Duration) -> usize {
-    (duration.as_secs_f64() * f64::from(SAMPLE_RATE)).round() as usize
+    spec_voice::samples_in(duration, SAMPLE_RATE)
 }
 
 /// Stream time of `samples` samples at [`SAMPLE_RATE`].
 pub fn duration_of(samples: usize) -> Duration {
-    Duration::from_secs_f64(samples as f64 / f64::from(SAMPLE_RATE))
+    spec_voice::duration_of(samples, SAMPLE_RATE)
 }
 
 /// Root-mean-square level of `samples` in dBFS (a full-scale sine is −3 dBFS).

@@ -282,7 +282,8 @@ fn check_ground_truth(set: &TurnSet) -> Result<()> {
         );
         ensure!(
             clean.speech_start == set::LEAD
-                && clean.speech_end + set::TAIL == set::duration_of(clean.samples.len()),
+                && clean.speech_end + set::TAIL
+                    == specvoice::endpoint::duration_of(clean.samples.len()),
             "{id}: the speech is not between the leading silence and the tail"
         );
         let voiced = clean.voiced();

@@ -40,6 +40,7 @@ use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use engine_tts::voices::{self, VoiceChoice};
 use serde::{Deserialize, Serialize};
 use spec_voice::SentenceSynthesizer;
+use specvoice::endpoint::{duration_of, samples_in};
 use tracing::{info, warn};
 
 /// The utterances, one a line (the syntax is described at the top of the file).
@@ -252,16 +253,6 @@ impl TurnUtterance {
 #[derive(Clone, Debug)]
 pub struct TurnSet {
     pub utterances: Vec<TurnUtterance>,
-}
-
-/// Samples in `duration` at [`SAMPLE_RATE`].
-pub fn samples_in(duration: Duration) -> usize {
-    (duration.as_nanos() * u128::from(SAMPLE_RATE) / 1_000_000_000) as usize
-}
-
-/// How long `samples` last at [`SAMPLE_RATE`] (exact: a sample is 62.5 µs).
-pub fn duration_of(samples: usize) -> Duration {
-    Duration::from_nanos(samples as u64 * 1_000_000_000 / u64::from(SAMPLE_RATE))
 }
 
 /// What a cached set must match to be reused.
@@ -850,12 +841,5 @@ mod tests {
         assert_eq!(once, babble(100, &talkers, &mut Rng(5)));
         // Six different talkers of the values 0 to 7 at every sample.
         assert!(once.iter().all(|&s| (15.0..=27.0).contains(&s)));
-    }
-
-    #[test]
-    fn durations_and_samples_convert_exactly() {
-        assert_eq!(samples_in(Duration::from_millis(700)), 11_200);
-        assert_eq!(duration_of(11_200), Duration::from_millis(700));
-        assert_eq!(duration_of(1), Duration::from_nanos(62_500));
     }
 }

@@ -9,6 +9,7 @@ use engine_asr::{resample, TranscribeOptions};
 use engine_llm::PredGenConfig;
 use engine_tts::espeak::{EspeakSettings, EspeakSynthesizer};
 use spec_voice::SentenceSynthesizer;
+use specvoice::endpoint::{duration_of, samples_in};
 use specvoice::ListenerConfig;
 
 pub const RATE: f32 = 16_000.0;
@@ -65,7 +66,7 @@ pub fn spoken(text: &str, lead_in: Duration) -> (Vec<f32>, Duration) {
         .unwrap();
     let samples = resample(&audio.samples, audio.sample_rate, 16_000).unwrap();
     let last_loud = samples.iter().rposition(|s| s.abs() > 0.01).unwrap();
-    let lead = (lead_in.as_secs_f32() * RATE) as usize;
-    let speech_end = Duration::from_secs_f64((lead + last_loud) as f64 / 16_000.0);
+    let lead = samples_in(lead_in);
+    let speech_end = duration_of(lead + last_loud);
     ([vec![0.0; lead], samples].concat(), speech_end)
 }
