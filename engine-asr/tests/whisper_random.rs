@@ -842,3 +842,43 @@ fn heads_need_a_model_of_their_shape_and_decoding_with_them_needs_heads() {
         .unwrap_err();
     assert!(err.to_string().contains("no heads were set"), "{err}");
 }
+
+#[test]
+fn a_partials_last_word_is_its_texts_last_word_with_a_probability_and_times() {
+    for seed in [23, 24, 25] {
+        let dir = tempfile::tempdir().unwrap();
+        write_hf(dir.path(), seed).unwrap();
+        let options = TranscribeOptions {
+            encoder_length: EncoderLength::Audio { margin_frames: 10 },
+            ..greedy_options()
+        };
+        let streaming = Transcriber::load(dir.path(), &LoadOptions::default()).unwrap();
+        let mut stream = StreamingTranscriber::new(streaming, options)
+            .unwrap()
+            .with_token_limit(Some(40.0))
+            .unwrap();
+        assert_eq!(stream.last_word().unwrap(), None, "no partial yet");
+        let audio = tones(1.2, 330.0);
+        let mut words = 0;
+        for (i, chunk) in audio.chunks(4_000).enumerate() {
+            let Some(partial) = stream.push(chunk).unwrap() else {
+                continue;
+            };
+            let last = stream.last_word().unwrap();
+            match partial.text.split_whitespace().last() {
+                Some(expected) => {
+                    let last = last.unwrap_or_else(|| panic!("seed {seed}, chunk {i}: no word"));
+                    assert_eq!(last.word.trim(), expected, "seed {seed}, chunk {i}");
+                    assert!(last.probability > 0.0 && last.probability <= 1.0);
+                    assert!(0.0 <= last.start && last.start <= last.end);
+                    assert!(last.end <= partial.audio_seconds + 0.02);
+                    // Asked again: the same word, the window still encoded.
+                    assert_eq!(stream.last_word().unwrap(), Some(last));
+                    words += 1;
+                }
+                None => assert_eq!(last, None),
+            }
+        }
+        assert!(words >= 2, "seed {seed}: only {words} partials had words");
+    }
+}

@@ -64,16 +64,8 @@ fn a_guess_for_the_final_prompt_is_kept_whole() {
     // The last partial already holds every word: the final prompt is the same.
     let text = "what is the tallest mountain";
     let inputs = vec![
-        Partial {
-            at: Duration::from_millis(0),
-            text: text.into(),
-            is_final: false,
-        },
-        Partial {
-            at: Duration::from_secs(5),
-            text: text.into(),
-            is_final: true,
-        },
+        Partial::new(Duration::from_millis(0), text, false),
+        Partial::new(Duration::from_secs(5), text, true),
     ];
     let turn = session
         .turn(&inputs, &mut FixedLatencySynthesizer::default())
@@ -115,11 +107,8 @@ fn bad_input_is_a_clear_error() {
     let scratch = tempfile::tempdir().unwrap();
     let mut model = tiny_chat_model(scratch.path(), 3);
     let mut tts = FixedLatencySynthesizer::default();
-    let partial = |ms, text: &str, is_final| Partial {
-        at: Duration::from_millis(ms),
-        text: text.into(),
-        is_final,
-    };
+    let partial =
+        |ms, text: &str, is_final| Partial::new(Duration::from_millis(ms), text, is_final);
     let mut session = PredGen::new(
         &mut model,
         config(Verifier::Greedy, Continuation::DraftModel { gamma: 2 }),
@@ -861,6 +850,54 @@ fn end_of_turn_estimates_are_the_models_probability_and_leave_answers_unchanged(
         let estimate = session.end_of_turn().unwrap();
         assert_eq!(estimate.words, partial.text);
         assert!((0.0..=1.0).contains(&estimate.probability));
+    }
+}
+
+#[test]
+fn an_unsure_last_word_weighs_the_end_of_turn_with_and_without_it() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut reference_model = tiny_chat_model(scratch.path(), 13);
+    let mut model = tiny_chat_model(scratch.path(), 13);
+    let estimating = PredGenConfig {
+        estimate_end_of_turn: true,
+        ..config(Verifier::Greedy, Continuation::Autoregressive)
+    };
+    // Whisper's transcript of a pause, its last word heard in the silence, and one where the
+    // marks inside are dropped too (the estimate then takes two forwards).
+    for (words, sentence, shorter) in [
+        (
+            "what is one plus twenty.",
+            "what is one plus twenty",
+            "what is one plus",
+        ),
+        (
+            "what is. One plus twenty?",
+            "what is one plus twenty",
+            "what is one plus",
+        ),
+    ] {
+        let with_last = end_probability(&mut reference_model, sentence);
+        let without_last = end_probability(&mut reference_model, shorter);
+        assert!(
+            (with_last - without_last).abs() > 1e-3,
+            "{with_last} {without_last}"
+        );
+        for p in [1.0, 0.9, 0.22, 0.0] {
+            // A new conversation each time: the estimates read no history.
+            let mut session = PredGen::new(&mut model, estimating.clone()).unwrap();
+            let clock = Clock::simulated();
+            session.begin_cascade_turn(&clock).unwrap();
+            session
+                .hear(Partial::new(clock.now(), words, false).with_last_word_probability(p))
+                .unwrap();
+            while session.step().unwrap().status == Status::Working {}
+            let estimate = session.end_of_turn().unwrap().probability;
+            let expected = p * with_last + (1.0 - p) * without_last;
+            assert!(
+                (estimate - expected).abs() < 1e-4,
+                "{words:?}, p {p}: {estimate} against {expected}"
+            );
+        }
     }
 }
 

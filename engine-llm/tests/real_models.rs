@@ -582,11 +582,7 @@ fn the_end_of_turn_estimate_tells_a_pause_from_the_end_of_a_question() {
         let clock = Clock::simulated();
         session.begin_cascade_turn(&clock).unwrap();
         session
-            .hear(Partial {
-                at: clock.now(),
-                text: words.into(),
-                is_final: false,
-            })
+            .hear(Partial::new(clock.now(), words, false))
             .unwrap();
         while session.step().unwrap().status == Status::Working {}
         let estimate = session.end_of_turn().unwrap().clone();

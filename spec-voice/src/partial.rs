@@ -22,6 +22,11 @@ pub struct Partial {
     pub text: String,
     /// Whether the user has finished speaking (the last state of the turn).
     pub is_final: bool,
+    /// The recognizer's probability of the last word, when it measured it (the listener does
+    /// for the transcript of a pause): a word Whisper "hears" in the silence after the speech
+    /// is far less probable than the words spoken, and the end of turn is judged with and
+    /// without it.
+    pub last_word_probability: Option<f32>,
 }
 
 impl Partial {
@@ -31,6 +36,16 @@ impl Partial {
             at,
             text: text.into(),
             is_final,
+            last_word_probability: None,
+        }
+    }
+
+    /// With the recognizer's probability of the last word (clamped to 0–1; `None` when it is
+    /// not a number).
+    pub fn with_last_word_probability(self, probability: f32) -> Self {
+        Self {
+            last_word_probability: (!probability.is_nan()).then(|| probability.clamp(0.0, 1.0)),
+            ..self
         }
     }
 
@@ -78,18 +93,18 @@ pub fn spoken_at_rate(text: &str, chars_per_minute: f64) -> Result<Vec<Partial>>
         if !c.is_whitespace() {
             word_end = Some(pos + c.len_utf8());
         } else if let Some(end) = word_end.take() {
-            inputs.push(Partial {
-                at: at(spoken + 1)?,
-                text: text[..end].to_string(),
-                is_final: false,
-            });
+            inputs.push(Partial::new(
+                at(spoken + 1)?,
+                text[..end].to_string(),
+                false,
+            ));
         }
     }
-    inputs.push(Partial {
-        at: at(text.chars().count())?,
-        text: text.to_string(),
-        is_final: true,
-    });
+    inputs.push(Partial::new(
+        at(text.chars().count())?,
+        text.to_string(),
+        true,
+    ));
     Ok(inputs)
 }
 
@@ -153,11 +168,7 @@ pub fn parse_partials(source: &str) -> Result<Vec<Vec<Partial>>> {
         if text.is_empty() {
             return Err(bad("empty text".to_string()));
         }
-        turn.push(Partial {
-            at,
-            text: text.to_string(),
-            is_final: false,
-        });
+        turn.push(Partial::new(at, text.to_string(), false));
     }
     finish_turn(&mut turns, &mut turn);
     Ok(turns)
@@ -192,11 +203,7 @@ mod tests {
     }
 
     fn input(at: Duration, text: &str, is_final: bool) -> Partial {
-        Partial {
-            at,
-            text: text.to_string(),
-            is_final,
-        }
+        Partial::new(at, text.to_string(), is_final)
     }
 
     fn input_error(result: Result<impl std::fmt::Debug>) -> String {

@@ -202,8 +202,8 @@ pub struct VoiceChat<'m> {
     /// machine) reports a partial after the end of speech was detected, and the end of speech
     /// is then reported after it, so that events stay in order of time.
     last_partial_at: Duration,
-    /// The pause transcript whose end-of-turn estimate was reported last.
-    estimated: Option<String>,
+    /// The pause transcript whose end-of-turn estimate was reported last, and the estimate.
+    estimated: Option<(String, f32)>,
     /// When the speech of the last completed turn ended: speech resuming it takes it back.
     last_turn_end: Option<Duration>,
 }
@@ -333,8 +333,9 @@ impl<'m> VoiceChat<'m> {
             return Ok(());
         };
         let wait = policy.wait(estimate.probability);
-        if self.estimated.as_deref() != Some(pause.transcript) {
-            self.estimated = Some(pause.transcript.to_string());
+        let reported = (pause.transcript.to_string(), estimate.probability);
+        if self.estimated.as_ref() != Some(&reported) {
+            self.estimated = Some(reported);
             self.events.push(ChatEvent {
                 at: self.clock.now(),
                 kind: ChatEventKind::EndOfTurn {

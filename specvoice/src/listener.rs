@@ -333,7 +333,8 @@ impl Listener {
             // same audio, however it arrived, so that it can be final); while they speak, one
             // partial per `partial_every` of new audio.
             let margin_end = voiced_end + self.config.final_margin;
-            let end = if self.detector.now() >= margin_end {
+            let in_pause = self.detector.now() >= margin_end;
+            let end = if in_pause {
                 Some(samples_in(margin_end)).filter(|_| self.covered() < margin_end)
             } else {
                 Some(self.audio_start + self.audio.len())
@@ -341,7 +342,15 @@ impl Listener {
             };
             if let Some(end) = end {
                 let text = self.transcribe_until(end, clock)?;
-                heard.push(Heard::Partial(Partial::new(clock.now(), text, false)));
+                let mut partial = Partial::new(clock.now(), text, false);
+                if in_pause
+                    && matches!(&self.config.turn_end, TurnEnd::Semantic(policy) if policy.weigh_last_word)
+                {
+                    if let Some(probability) = self.last_word_probability(clock)? {
+                        partial = partial.with_last_word_probability(probability);
+                    }
+                }
+                heard.push(Heard::Partial(partial));
             }
         } else {
             self.keep_recent();
@@ -503,6 +512,19 @@ impl Listener {
         Ok(text.clone())
     }
 
+    /// Whisper's probability of the last word of the utterance's newest transcript (one
+    /// decoder forward, charged to `clock`), for the semantic end of turn: a word heard in the
+    /// silence after the speech is seldom probable.
+    fn last_word_probability(&mut self, clock: &Clock) -> Result<Option<f32>> {
+        let Recognizer::Utterance { stream, .. } = &mut self.recognizer else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let word = stream.last_word()?;
+        clock.charge(started.elapsed());
+        Ok(word.map(|word| word.probability as f32))
+    }
+
     /// Outside an utterance, keeps only the audio a pre-roll may need.
     fn keep_recent(&mut self) {
         let endpoint = &self.config.endpoint;
@@ -651,6 +673,55 @@ mod tests {
             Listener::new(whisper, uneven),
             Err(Error::Config(_))
         ));
+    }
+
+    #[test]
+    fn the_transcript_of_a_pause_carries_whispers_probability_of_its_last_word() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut whisper = Some(transcriber(&dir));
+        for weigh_last_word in [true, false] {
+            let semantic = ListenerConfig {
+                turn_end: TurnEnd::Semantic(crate::SemanticTurnEnd {
+                    weigh_last_word,
+                    ..Default::default()
+                }),
+                ..config()
+            };
+            let mut listener = Listener::new(whisper.take().unwrap(), semantic).unwrap();
+            let clock = Clock::simulated();
+            let (mut in_speech, mut in_pause) = (Vec::new(), Vec::new());
+            for packet in utterance().chunks(320) {
+                for heard in listener.push(packet, &clock).unwrap() {
+                    if let Heard::Partial(partial) = heard {
+                        let paused = listener.pause().is_some();
+                        (if paused {
+                            &mut in_pause
+                        } else {
+                            &mut in_speech
+                        })
+                        .push(partial);
+                    }
+                }
+            }
+            assert!(!in_speech.is_empty() && !in_pause.is_empty());
+            assert!(in_speech.iter().all(|p| p.last_word_probability.is_none()));
+            for partial in &in_pause {
+                match partial.last_word_probability {
+                    Some(p) => {
+                        assert!(weigh_last_word && !partial.text.trim().is_empty());
+                        assert!((0.0..=1.0).contains(&p), "{p}");
+                    }
+                    None => assert!(!weigh_last_word || partial.text.trim().is_empty()),
+                }
+            }
+            if weigh_last_word {
+                assert!(
+                    in_pause.iter().any(|p| p.last_word_probability.is_some()),
+                    "{in_pause:?}"
+                );
+            }
+            whisper = Some(listener.into_transcriber());
+        }
     }
 
     #[test]

@@ -38,6 +38,13 @@ pub struct SemanticTurnEnd {
     pub longest: Duration,
     /// The probability from which the model counts as confident. Default 0.5.
     pub confident: f32,
+    /// Whether the estimate weighs Whisper's probability of the pause transcript's last word
+    /// (`p · P(end | words) + (1 − p) · P(end | words but the last)`): Whisper often ends the
+    /// transcript of a pause with a short word it "heard" in the silence ("I'd like to book a
+    /// table for you."), which makes the words read as complete. It costs one Whisper decoder
+    /// forward per pause. Default off: on the turn-taking set it cut one pause fewer in 18 but
+    /// ended two complete questions of 24 a second late (docs/turns.md).
+    pub weigh_last_word: bool,
 }
 
 impl Default for SemanticTurnEnd {
@@ -46,6 +53,7 @@ impl Default for SemanticTurnEnd {
             shortest: Duration::from_millis(150),
             longest: Duration::from_millis(1200),
             confident: 0.5,
+            weigh_last_word: false,
         }
     }
 }

@@ -60,16 +60,8 @@ pub fn config(verifier: Verifier, continuation: Continuation) -> PredGenConfig {
 /// Partial prompts with self-corrections: earlier words change, as ASR partials do.
 pub fn corrected_inputs(final_text: &str) -> Vec<Partial> {
     let mut inputs = vec![
-        Partial {
-            at: Duration::from_millis(100),
-            text: "what is".into(),
-            is_final: false,
-        },
-        Partial {
-            at: Duration::from_millis(400),
-            text: "what is one plus twenty".into(),
-            is_final: false,
-        },
+        Partial::new(Duration::from_millis(100), "what is", false),
+        Partial::new(Duration::from_millis(400), "what is one plus twenty", false),
     ];
     let spoken = spoken_at_rate(final_text, 600.0).unwrap();
     inputs.extend(spoken.into_iter().map(|mut p| {

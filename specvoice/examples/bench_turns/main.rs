@@ -95,7 +95,8 @@ struct Args {
     #[arg(long)]
     noisy: bool,
 
-    /// The policies compared: fixed500, fixed300, silero500, semantic, silero-semantic (the
+    /// The policies compared: fixed500, fixed300, silero500, semantic, semantic-last-word (the
+    /// semantic policy weighing Whisper's probability of the last word), silero-semantic (the
     /// product's default)
     #[arg(long, num_args = 1.., value_delimiter = ',', default_values = ["fixed500", "fixed300", "silero500", "semantic", "silero-semantic"])]
     policies: Vec<String>,
@@ -489,6 +490,17 @@ fn bench(args: &Args, set: &TurnSet, models: &Path) -> Result<()> {
                 "silero500" => policies::Policy::silero_fixed(500, &silero, &base),
                 "semantic" => {
                     policies::Policy::semantic(specvoice::SemanticTurnEnd::default(), &base)
+                }
+                "semantic-last-word" => {
+                    let mut policy = policies::Policy::semantic(
+                        specvoice::SemanticTurnEnd {
+                            weigh_last_word: true,
+                            ..Default::default()
+                        },
+                        &base,
+                    );
+                    policy.name = "semantic, last word weighed".into();
+                    policy
                 }
                 "silero-semantic" => {
                     let mut policy = policies::Policy::silero_fixed(500, &silero, &base);

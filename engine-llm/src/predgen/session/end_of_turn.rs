@@ -46,6 +46,8 @@ pub struct EndOfTurn {
 pub(super) struct Estimate {
     pub(super) end_of_turn: EndOfTurn,
     pub(super) next_token: u32,
+    /// The recognizer's probability of the last word the estimate weighed, if any.
+    last_word: Option<f32>,
 }
 
 impl PredGen<'_> {
@@ -59,59 +61,85 @@ impl PredGen<'_> {
             .map(|estimate| &estimate.end_of_turn)
     }
 
-    /// The words of the newest partial heard, when they are still to be estimated.
+    /// The words of the newest partial heard, when they are still to be estimated: new words,
+    /// or the same with a new probability of the last word.
     pub(super) fn end_of_turn_wanted(&self, turn: &TurnState) -> Option<String> {
         if !self.config.estimate_end_of_turn {
             return None;
         }
-        let words = turn.pending.as_ref()?.text.clone();
-        let known = turn
-            .end_of_turn
-            .as_ref()
-            .is_some_and(|estimate| estimate.end_of_turn.words == words);
+        let pending = turn.pending.as_ref()?;
+        let words = pending.text.clone();
+        let known = turn.end_of_turn.as_ref().is_some_and(|estimate| {
+            estimate.end_of_turn.words == words
+                && (pending.last_word_probability.is_none()
+                    || estimate.last_word == pending.last_word_probability)
+        });
         (!known && !words.trim().is_empty()).then_some(words)
     }
 
     /// Measures the end of the user's turn after `words` and reports it: one forward over the
     /// chat prompt up to the end of the words (the cached prefix reused), two when marks inside
     /// the words were dropped (the words read as one sentence are then not a prefix of them).
+    ///
+    /// When the recognizer gave its probability `p` of the last word
+    /// ([`Partial::last_word_probability`](spec_voice::Partial::last_word_probability)), the
+    /// estimate is the expectation over whether that word was said:
+    /// `p · P(end | words) + (1 − p) · P(end | words but the last)`, the second read from a row
+    /// of the same forward.
     pub(super) fn estimate_end_of_turn(&mut self, turn: &mut TurnState, words: &str) -> Result<()> {
         let started = Instant::now();
         let context = self.words_context(words)?;
-        let sentence = match as_one_sentence(words) {
-            one if !one.is_empty() && one != words => self.words_context(&one)?,
-            _ => context.clone(),
+        let one = as_one_sentence(words);
+        let sentence = if !one.is_empty() && one != words {
+            self.words_context(&one)?
+        } else {
+            context.clone()
         };
-        let keep = rewind_to_prefix(&mut self.model.model, &sentence)?;
-        let (mut sentence_row, next_token) = if context.starts_with(&sentence) {
+        let heard_last_word = turn
+            .pending
+            .as_ref()
+            .and_then(|partial| partial.last_word_probability);
+        let last_word = heard_last_word.filter(|&p| p < 1.0);
+        let shorter = match (last_word, without_last_word(&one)) {
+            (Some(_), Some(shorter)) => Some(self.words_context(shorter)?)
+                .filter(|s| s.len() < sentence.len() && sentence.starts_with(s)),
+            _ => None,
+        };
+        // The first row wanted follows `first` tokens: the words but the last, or all of them.
+        let first = shorter.as_ref().map_or(sentence.len(), Vec::len);
+        let keep = rewind_to_prefix(&mut self.model.model, &sentence[..first])?;
+        let (rows, next_token) = if context.starts_with(&sentence) {
             // One forward gives the rows after the unmarked words and after all of them.
-            let rows = context.len() - sentence.len() + 1;
+            let rows = context.len() - first + 1;
             let logits = forward_tokens(
                 &mut self.model.model,
                 &context[keep..],
                 LogitRows::Last(rows),
             )?;
             let next_token = argmax(logits.row(rows - 1));
-            (logits.row(0).to_vec(), next_token)
+            (logits, next_token)
         } else {
-            let row = forward_tokens(&mut self.model.model, &sentence[keep..], LogitRows::Last(1))?
-                .into_last_row();
+            let rows = sentence.len() - first + 1;
+            let logits = forward_tokens(
+                &mut self.model.model,
+                &sentence[keep..],
+                LogitRows::Last(rows),
+            )?;
             let keep = rewind_to_prefix(&mut self.model.model, &context)?;
             let last = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?
                 .into_last_row();
             turn.forwards_during_input += 1;
-            (row, argmax(&last))
+            (logits, argmax(&last))
         };
         turn.forwards_during_input += 1;
-        softmax_in_place(&mut sentence_row);
-        let probability = self
-            .model
-            .tokenizer
-            .sentence_end_tokens()
-            .iter()
-            .filter_map(|&token| sentence_row.get(token as usize))
-            .sum::<f32>()
-            .min(1.0);
+        let with_last = self.sentence_end_probability(rows.row(sentence.len() - first));
+        let probability = match last_word {
+            Some(p) if shorter.is_some() => {
+                let without_last = self.sentence_end_probability(rows.row(0));
+                p * with_last + (1.0 - p) * without_last
+            }
+            _ => with_last,
+        };
         let end_tokens = self.model.tokenizer.end_tokens();
         let end_of_turn = EndOfTurn {
             words: words.to_string(),
@@ -126,9 +154,33 @@ impl PredGen<'_> {
         turn.end_of_turn = Some(Estimate {
             end_of_turn,
             next_token,
+            last_word: heard_last_word,
         });
         Ok(())
     }
+}
+
+impl PredGen<'_> {
+    /// The probability of a sentence end (a token opening with `.`, `?` or `!`, or an end
+    /// token) in the next-token `logits`.
+    fn sentence_end_probability(&self, logits: &[f32]) -> f32 {
+        let mut row = logits.to_vec();
+        softmax_in_place(&mut row);
+        self.model
+            .tokenizer
+            .sentence_end_tokens()
+            .iter()
+            .filter_map(|&token| row.get(token as usize))
+            .sum::<f32>()
+            .min(1.0)
+    }
+}
+
+/// The words of `sentence` (as [`as_one_sentence`] gives it) but the last; `None` for one
+/// word or none.
+fn without_last_word(sentence: &str) -> Option<&str> {
+    let (rest, _) = sentence.trim_end().rsplit_once(char::is_whitespace)?;
+    Some(rest.trim_end()).filter(|rest| !rest.is_empty())
 }
 
 /// `words` as one unfinished sentence: without the marks that end them, and without the
@@ -163,7 +215,18 @@ pub(super) fn as_one_sentence(words: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::as_one_sentence;
+    use super::{as_one_sentence, without_last_word};
+
+    #[test]
+    fn the_words_but_the_last() {
+        assert_eq!(
+            without_last_word("I'd like to book a table for us"),
+            Some("I'd like to book a table for")
+        );
+        assert_eq!(without_last_word("two  words "), Some("two"));
+        assert_eq!(without_last_word("one"), None);
+        assert_eq!(without_last_word(""), None);
+    }
 
     #[test]
     fn the_sentence_ends_whisper_writes_at_pauses_are_dropped() {
