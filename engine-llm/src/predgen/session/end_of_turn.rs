@@ -108,28 +108,24 @@ impl PredGen<'_> {
         // The first row wanted follows `first` tokens: the words but the last, or all of them.
         let first = shorter.as_ref().map_or(sentence.len(), Vec::len);
         let keep = rewind_to_prefix(&mut self.model.model, &sentence[..first])?;
-        let (rows, next_token) = if context.starts_with(&sentence) {
-            // One forward gives the rows after the unmarked words and after all of them.
-            let rows = context.len() - first + 1;
-            let logits = forward_tokens(
-                &mut self.model.model,
-                &context[keep..],
-                LogitRows::Last(rows),
-            )?;
-            let next_token = argmax(logits.row(rows - 1));
-            (logits, next_token)
+        // When the unmarked words are a prefix of the words (no marks inside them), one forward
+        // gives the rows after the unmarked words and after all of them.
+        let one_forward = context.starts_with(&sentence);
+        let forwarded = if one_forward { &context } else { &sentence };
+        let count = forwarded.len() - first + 1;
+        let rows = forward_tokens(
+            &mut self.model.model,
+            &forwarded[keep..],
+            LogitRows::Last(count),
+        )?;
+        let next_token = if one_forward {
+            argmax(rows.row(count - 1))
         } else {
-            let rows = sentence.len() - first + 1;
-            let logits = forward_tokens(
-                &mut self.model.model,
-                &sentence[keep..],
-                LogitRows::Last(rows),
-            )?;
             let keep = rewind_to_prefix(&mut self.model.model, &context)?;
             let last = forward_tokens(&mut self.model.model, &context[keep..], LogitRows::Last(1))?
                 .into_last_row();
             turn.forwards_during_input += 1;
-            (logits, argmax(&last))
+            argmax(&last)
         };
         turn.forwards_during_input += 1;
         let with_last = self.sentence_end_probability(rows.row(sentence.len() - first));
