@@ -154,9 +154,7 @@ impl PredGen<'_> {
         });
         Ok(())
     }
-}
 
-impl PredGen<'_> {
     /// The probability of a sentence end (a token opening with `.`, `?` or `!`, or an end
     /// token) in the next-token `logits`.
     fn sentence_end_probability(&self, logits: &[f32]) -> f32 {
